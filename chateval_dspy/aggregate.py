@@ -1,0 +1,80 @@
+"""Pure reductions from referees' verdicts to the panel's verdict."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from statistics import fmean
+
+
+def preference(score_1: float, score_2: float) -> str:
+    """``"1"``, ``"2"`` or ``"tie"`` from two scores.
+
+    Example:
+        >>> preference(7, 7.0)
+        'tie'
+    """
+    if score_1 > score_2:
+        return "1"
+    if score_2 > score_1:
+        return "2"
+    return "tie"
+
+
+def majority(votes: Iterable[str | None]) -> str | None:
+    """The most common vote; an even split between the leaders is a tie; no votes is None.
+
+    Abstentions (None) do not vote.
+
+    Example:
+        >>> majority(["1", "2"]), majority(["1", "1", "tie"]), majority([None])
+        ('tie', '1', None)
+    """
+    counts = Counter(v for v in votes if v is not None).most_common()
+    if not counts:
+        return None
+    if len(counts) > 1 and counts[0][1] == counts[1][1]:
+        return "tie"
+    return counts[0][0]
+
+
+def mean_scores(verdicts: Sequence[dict[str, float] | None]) -> dict[str, float] | None:
+    """Per-key mean over the verdicts that were given (abstentions skipped); None if none were.
+
+    Example:
+        >>> mean_scores([{"score_1": 8, "score_2": 4}, None, {"score_1": 6, "score_2": 6}])
+        {'score_1': 7.0, 'score_2': 5.0}
+    """
+    given = [v for v in verdicts if v is not None]
+    if not given:
+        return None
+    return {key: fmean(v[key] for v in given) for key in given[0]}
+
+
+def mode_scores(verdicts: Sequence[dict[str, float] | None]) -> dict[str, float] | None:
+    """Per-key most common score; when several are equally common, their mean."""
+    given = [v for v in verdicts if v is not None]
+    if not given:
+        return None
+    out = {}
+    for key in given[0]:
+        counts = Counter(v[key] for v in given).most_common()
+        top = [value for value, n in counts if n == counts[0][1]]
+        out[key] = fmean(top)
+    return out
+
+
+def pairwise_verdict(verdicts: Sequence[dict[str, int] | None], how: str) -> tuple[str | None, dict | None]:
+    """The panel's preference and mean scores from referees' ``score_1``/``score_2`` verdicts.
+
+    ``how="mean"`` compares the mean scores (the paper); ``how="majority"`` votes with each referee's preference.
+    """
+    means = mean_scores(verdicts)
+    if how == "majority":
+        return majority(preference(v["score_1"], v["score_2"]) if v else None for v in verdicts), means
+    return (preference(means["score_1"], means["score_2"]) if means else None), means
+
+
+def scoring_verdict(verdicts: Sequence[dict[str, int] | None], how: str) -> dict[str, float] | None:
+    """Per-aspect panel scores: the mean (the paper) or the most common rating."""
+    return mode_scores(verdicts) if how == "majority" else mean_scores(verdicts)

@@ -1,0 +1,159 @@
+"""``chateval``: a thin command line over the Python API (flags -> DebateConfig -> evaluate)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+from chateval_dspy.offline import ensure_offline
+
+ensure_offline()  # before dspy/litellm are imported anywhere below
+
+from chateval_dspy.errors import ChatEvalError, ConfigError  # noqa: E402
+
+
+def _add_panel_flags(p: argparse.ArgumentParser) -> None:
+    from chateval_dspy.strategies import STRATEGIES
+
+    g = p.add_argument_group("panel")
+    who = g.add_mutually_exclusive_group()
+    who.add_argument("--roles", type=int, metavar="N", help="use the first N built-in personas (1-5; default 2)")
+    who.add_argument("--role", action="append", metavar="SLUG", help="a persona by slug; repeat for more referees")
+    who.add_argument("--same-role", type=int, metavar="N", help="N referees sharing one persona (the paper's ablation)")
+    g.add_argument("--role-file", help="YAML/JSON file of extra personas (see chateval_dspy/roles/default.yaml)")
+    g.add_argument("--strategy", default="one_by_one", choices=list(STRATEGIES))
+    g.add_argument("--turns", type=int, default=2, help="rounds of talk; the last is the verdict (default 2)")
+    g.add_argument("--aggregate", default="mean", choices=["mean", "majority"])
+    g.add_argument("--no-calibrate", action="store_true", help="pairwise: judge one answer order only")
+    g.add_argument("--parse-retries", type=int, default=1)
+    g.add_argument("--max-text-chars", type=int, default=6000, help="judged texts longer than this are truncated")
+
+
+def _add_data_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("data")
+    g.add_argument("--dataset", required=True, help="faireval, topical_chat, or a .jsonl/.csv file of your own")
+    g.add_argument("--format", choices=["pairwise", "scoring"], help="the format of a custom file")
+    g.add_argument("--columns", help="custom file: map fields to your columns, e.g. question=prompt,answer_1=a,label=winner")
+    g.add_argument("--split", default="all", choices=["all", "train", "dev", "test"])
+    g.add_argument("--seed", type=int, default=0, help="split and bootstrap seed")
+    g.add_argument("--limit", type=int, help="judge only the first N items of the split")
+
+
+def _add_lm_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--model", default="embedded",
+                   help="embedded (default: Gemma 3 270M, started for you), an OpenAI-compatible base URL, "
+                        "or a LiteLLM model string such as openai/gpt-4o-mini")
+    g.add_argument("--served-model", help="model id at a base URL (default: the first it lists)")
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--max-tokens", type=int)
+    g.add_argument("--timeout", type=float, default=120.0, help="seconds per LM request")
+    g.add_argument("--concurrency", type=int, default=1, help="items judged at once")
+    g.add_argument("--no-cache", action="store_true", help="turn DSPy's LM cache off")
+    g.add_argument("--cache-dir", help="DSPy cache directory (default: $CHATEVAL_CACHE_DIR or ~/.cache/chateval-dspy)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="chateval", description="Multi-referee debate evaluation (ChatEval) in DSPy.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log every LM warning")
+    sub = parser.add_subparsers(dest="command", required=True)
+    ev = sub.add_parser("evaluate", help="judge a dataset and report agreement with the human labels")
+    _add_data_flags(ev)
+    _add_panel_flags(ev)
+    _add_lm_flags(ev)
+    ev.add_argument("--out", help="results JSONL, one line per item (default: results/<dataset>-<time>.jsonl)")
+    ev.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    ev.add_argument("--no-progress", action="store_true")
+    return parser
+
+
+def config_from_args(args, fmt: str):
+    """Flags -> DebateConfig (the CLI's only translation step)."""
+    from chateval_dspy.config import DebateConfig
+    from chateval_dspy.roles import first_roles, same_roles
+
+    if args.same_role is not None:
+        if args.same_role < 1:
+            raise ConfigError(f"--same-role takes a positive number, got {args.same_role}")
+        roles = same_roles(args.same_role)
+    elif args.role:
+        roles = tuple(args.role)
+    else:
+        roles = first_roles(args.roles if args.roles is not None else 2)
+    return DebateConfig(format=fmt, roles=roles, strategy=args.strategy, turns=args.turns,
+                        calibrate=not args.no_calibrate, aggregate=args.aggregate, parse_retries=args.parse_retries,
+                        max_text_chars=args.max_text_chars, role_file=args.role_file)
+
+
+def _out_path(args) -> Path:
+    if args.out:
+        path = Path(args.out)
+    else:
+        stem = Path(args.dataset).stem if Path(args.dataset).suffix else args.dataset
+        path = Path("results") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
+    if path.exists() and path.stat().st_size and not args.overwrite:
+        raise ConfigError(f"{path} exists; pass --overwrite to replace it or choose another --out")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("", encoding="utf-8")
+    return path
+
+
+def cmd_evaluate(args) -> int:
+    import dspy
+    from tqdm import tqdm
+
+    from chateval_dspy.data import load_dataset, parse_columns, select
+    from chateval_dspy.evaluate import evaluate
+    from chateval_dspy.lm import configure_cache, resolve_lm
+    from chateval_dspy.program import build_evaluator
+    from chateval_dspy.summary import summary_table
+
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError(f"--limit must be positive, got {args.limit}")
+    if args.concurrency < 1:
+        raise ConfigError(f"--concurrency must be positive, got {args.concurrency}")
+    items, fmt = load_dataset(args.dataset, fmt=args.format, columns=parse_columns(args.columns))
+    cfg = config_from_args(args, fmt)
+    items = select(items, args.split, seed=args.seed, limit=args.limit)
+    program = build_evaluator(cfg)
+    out = _out_path(args)
+    configure_cache(not args.no_cache, args.cache_dir)
+    slots = args.concurrency * (len(cfg.roles) if cfg.strategy != "one_by_one" else 1)
+    with resolve_lm(args.model, slots=max(2, slots), temperature=args.temperature, max_tokens=args.max_tokens,
+                    served_model=args.served_model, timeout=args.timeout) as lm:
+        with dspy.context(lm=lm, adapter=dspy.JSONAdapter()), \
+                tqdm(total=len(items), unit="item", disable=args.no_progress, file=sys.stderr) as bar:
+            result = evaluate(program, items, cfg, out=out, concurrency=args.concurrency,
+                              on_item=lambda r: bar.update(1))
+        model_id = lm.model
+    header = {"model": model_id, "data": args.dataset, "split": f"{args.split} (seed {args.seed})",
+              "items": result.n, "strategy": cfg.strategy, "roles": ",".join(cfg.roles), "turns": cfg.turns,
+              "calibrate": cfg.calibrate, "aggregate": cfg.aggregate}
+    print(summary_table(result.metrics(seed=args.seed), result.cost(), header))
+    if result.abstentions:
+        print("abstentions by cause: " + ", ".join(f"{k}={v}" for k, v in result.abstentions.most_common()))
+    print(f"results: {out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if not args.verbose:
+        for noisy in ("dspy", "httpx", "openai", "LiteLLM"):
+            logging.getLogger(noisy).setLevel(logging.ERROR)
+    try:
+        return {"evaluate": cmd_evaluate}[args.command](args)
+    except ChatEvalError as exc:
+        print(f"chateval: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("chateval: interrupted; finished items are in the results file", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

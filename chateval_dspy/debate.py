@@ -1,0 +1,132 @@
+"""The debate: N referees over T rounds, under one strategy. The only debate loop.
+
+Rounds before the last are talk (``argue``); in the last round each referee gives
+its verdict (``judge``) with its evidence, which later speakers may also see.
+An LM call costs N x T per answer order, plus T-1 summaries under the summarizer
+strategy. A verdict that still fails to parse after the retries, or an LM call that
+fails, is recorded as that referee's abstention with its reason, never as a score.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import dspy
+from dspy.utils.exceptions import AdapterParseError, LMAuthError, LMConfigurationError
+
+from chateval_dspy.concurrency import parallel_map
+from chateval_dspy.config import DebateConfig
+from chateval_dspy.debater import Debater
+from chateval_dspy.errors import LMError
+from chateval_dspy.roles import Role
+from chateval_dspy.signatures import INPUTS, Summarize, check_scores
+from chateval_dspy.strategies import STRATEGIES, SUMMARIZER, Utterance, render
+
+log = logging.getLogger(__name__)
+
+# Retries of an unparseable output sample at this temperature under a new
+# rollout id: at temperature 0 the same prompt would return the same text.
+RETRY_TEMPERATURE = 0.7
+
+
+def material(fmt: str, inputs: dict) -> str:
+    """The judged texts as one block, for the summarizer."""
+    if fmt == "pairwise":
+        return f"Question: {inputs['question']}\n\nAnswer 1: {inputs['answer_1']}\n\nAnswer 2: {inputs['answer_2']}"
+    return f"Conversation:\n{inputs['dialogue_history']}\n\nFact: {inputs['fact']}\n\nResponse: {inputs['response']}"
+
+
+class Debate(dspy.Module):
+    """A panel of debaters composed by a strategy.
+
+    Args:
+        config: The panel's shape (format, strategy, turns, retries).
+        roles: The referees, in speaking order.
+
+    Example:
+        >>> from chateval_dspy.roles import resolve_roles
+        >>> cfg = DebateConfig(roles=("critic", "scientist"))
+        >>> debate = Debate(cfg, resolve_roles(cfg.roles, cfg.format))
+        >>> sorted(debate.referees)
+        ['critic', 'scientist']
+    """
+
+    def __init__(self, config: DebateConfig, roles: list[Role]):
+        super().__init__()
+        self.config = config
+        self.strategy = STRATEGIES[config.strategy]
+        self.referees = {role.slug: Debater(role, config.format) for role in roles}
+        self.summarizer = dspy.Predict(Summarize) if self.strategy.summarize else None
+
+    def forward(self, **inputs) -> dspy.Prediction:
+        cfg, fmt = self.config, self.config.format
+        item = {k: inputs[k] for k in INPUTS[fmt]}
+        transcript: list[Utterance] = []
+        verdicts: dict[str, dict | None] = {}
+        abstentions: dict[str, str] = {}
+        calls = 0
+        for rnd in range(1, cfg.turns + 1):
+            final = rnd == cfg.turns
+            speakers = list(self.referees.values())
+            if self.strategy.concurrent_rounds:
+                # Nobody in such a round sees another's turn, so the turns are independent.
+                seen = render(self.strategy.visible(transcript, rnd))
+                outcomes = parallel_map(lambda d: self._turn(d, item, seen, final), speakers, len(speakers))
+                transcript.extend(self._utterance(rnd, d, o, final) for d, o in zip(speakers, outcomes))
+            else:
+                outcomes = []
+                for debater in speakers:
+                    seen = render(self.strategy.visible(transcript, rnd))
+                    outcome = self._turn(debater, item, seen, final)
+                    outcomes.append(outcome)
+                    transcript.append(self._utterance(rnd, debater, outcome, final))
+            for debater, outcome in zip(speakers, outcomes):
+                calls += outcome["calls"]
+                if final:
+                    verdicts[debater.slug] = outcome["scores"]
+                if outcome["abstained"]:
+                    abstentions[f"{debater.slug}@{rnd}"] = outcome["abstained"]
+            if self.summarizer is not None and not final:
+                calls += 1
+                summary = self._summarize(fmt, item, [u for u in transcript if u.round == rnd or u.speaker == SUMMARIZER])
+                transcript.append(Utterance(rnd, SUMMARIZER, "Summary", summary, "summary"))
+        return dspy.Prediction(transcript=transcript, verdicts=verdicts, abstentions=abstentions, calls=calls)
+
+    def _turn(self, debater: Debater, item: dict, seen: str, final: bool) -> dict:
+        """One referee's turn, with retries; returns text, scores (verdicts) and any abstention reason."""
+        reason = None
+        attempts = 1 + self.config.parse_retries
+        for attempt in range(attempts):
+            config = {} if attempt == 0 else {"rollout_id": attempt, "temperature": RETRY_TEMPERATURE}
+            try:
+                pred = debater(final=final, config=config, discussion=seen, **item)
+                if not final:
+                    return {"text": pred.argument.strip(), "scores": None, "abstained": None, "calls": attempt + 1}
+                scores = check_scores(self.config.format, dict(pred))
+                return {"text": pred.evidence.strip(), "scores": scores, "abstained": None, "calls": attempt + 1}
+            except (LMAuthError, LMConfigurationError) as exc:
+                raise LMError(f"the LM refused the request ({type(exc).__name__}): {exc}") from exc
+            except (AdapterParseError, ValueError) as exc:
+                reason = "parse_failure"
+                log.warning("%s: unparseable %s (attempt %d/%d): %s", debater.slug,
+                            "verdict" if final else "argument", attempt + 1, attempts, str(exc)[:200])
+            except dspy.utils.exceptions.LMError as exc:
+                # Transport faults were already retried inside the LM client; record and move on.
+                reason = f"lm_error:{type(exc).__name__}"
+                log.warning("%s: LM call failed: %s", debater.slug, str(exc)[:200])
+                return {"text": "", "scores": None, "abstained": reason, "calls": attempt + 1}
+        return {"text": "", "scores": None, "abstained": reason, "calls": attempts}
+
+    def _utterance(self, rnd: int, debater: Debater, outcome: dict, final: bool) -> Utterance:
+        text = outcome["text"] or f"(no {'verdict' if final else 'argument'}: {outcome['abstained']})"
+        if final and outcome["scores"]:
+            text = f"{text} Scores: " + ", ".join(f"{k}={v}" for k, v in outcome["scores"].items())
+        return Utterance(rnd, debater.slug, debater.name, text, "verdict" if final else "argument")
+
+    def _summarize(self, fmt: str, item: dict, shown: list[Utterance]) -> str:
+        try:
+            return self.summarizer(material=material(fmt, item), discussion=render(shown)).summary.strip()
+        except (AdapterParseError, dspy.utils.exceptions.LMError) as exc:
+            # A lost summary degrades the next round to "nobody has spoken yet", not the item.
+            log.warning("summarizer failed: %s", str(exc)[:200])
+            return f"(no summary: {type(exc).__name__})"

@@ -1,0 +1,42 @@
+"""Errors sorted by who can fix them and when.
+
+``ConfigError`` is fixed by changing flags, a roles file or a config; ``DataError``
+by changing an input file (it names the file, row and field); ``LMError`` by
+pointing at a working model. LM faults inside a debate are not raised to the
+caller: they become recorded abstentions (see ``debate.py``).
+"""
+
+from __future__ import annotations
+
+
+class ChatEvalError(Exception):
+    """Base class for every error chateval-dspy raises on purpose."""
+
+
+class ConfigError(ChatEvalError, ValueError):
+    """A flag, option, role file or configuration value is wrong."""
+
+
+class DataError(ChatEvalError, ValueError):
+    """An input item is malformed.
+
+    Args:
+        message: What is wrong and how to fix it.
+        source: The file (or other source) the item came from.
+        row: 1-based line or row number in that source, when known.
+        field: The offending field, when known.
+
+    Example:
+        >>> str(DataError("field is empty", source="a.jsonl", row=3, field="answer_2"))
+        "a.jsonl row 3: field 'answer_2': field is empty"
+    """
+
+    def __init__(self, message: str, *, source: str | None = None, row: int | None = None, field: str | None = None):
+        self.source, self.row, self.field, self.reason = source, row, field, message
+        where = " ".join(p for p in (source, f"row {row}" if row is not None else None) if p)
+        prefix = ": ".join(p for p in (where, f"field '{field}'" if field else None) if p)
+        super().__init__(f"{prefix}: {message}" if prefix else message)
+
+
+class LMError(ChatEvalError, RuntimeError):
+    """The language model could not be started or reached."""

@@ -1,0 +1,102 @@
+"""A scripted, deterministic LM for tests and overhead benchmarks.
+
+It is a DSPy engine (the 3.4 forward-compatible way), so a program runs against
+it exactly as against a real server: same adapter, same JSON schema, same
+parsing. Each call is recorded with what it was shown, so tests can assert
+visibility, call counts and prompt contents.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import dspy
+from dspy.lm15 import Message, Response, TextPart, Usage, response_to_events
+
+_FIELD = re.compile(r"\[\[ ## (\w+) ## \]\]\n(.*?)(?=\n\n\[\[ ## \w+ ## \]\]|\n\nRespond with|\Z)", re.S)
+
+
+@dataclass
+class Call:
+    """One request as the fake LM saw it."""
+
+    system: str
+    user: str
+    outputs: list[str]  # the output fields the schema asks for
+    inputs: dict[str, str] = field(default_factory=dict)  # the last user message's fields
+    config: dict = field(default_factory=dict)
+
+    @property
+    def kind(self) -> str:
+        if "summary" in self.outputs:
+            return "summary"
+        if "argument" in self.outputs:
+            return "argument"
+        return "verdict"
+
+
+def default_responder(call: Call) -> dict:
+    """Arguments name the speaker; verdicts depend on content (lengths), never on position."""
+    persona = call.inputs.get("persona", "")[:40]
+    if call.kind == "summary":
+        return {"summary": f"summary of {call.inputs.get('discussion', '').count('round')} turns"}
+    if call.kind == "argument":
+        return {"argument": f"argument by <{persona}>"}
+    if "score_1" in call.outputs:
+        a1, a2 = call.inputs.get("answer_1", ""), call.inputs.get("answer_2", "")
+        s1, s2 = min(10, 1 + len(a1) // 10), min(10, 1 + len(a2) // 10)
+        return {"evidence": f"verdict by <{persona}>", "score_1": s1, "score_2": s2}
+    return {"evidence": f"verdict by <{persona}>", "naturalness": 2, "coherence": 2, "engagingness": 3,
+            "groundedness": 1 if call.inputs.get("fact", "")[:10].lower() in call.inputs.get("response", "").lower() else 0}
+
+
+class ScriptedEngine:
+    """A DSPy engine whose answers come from ``responder(call) -> dict | str``.
+
+    Args:
+        responder: Returns the output fields as a dict (sent as JSON) or raw text (to test parse failures),
+            or raises a ``dspy.lm15`` error to simulate an LM fault.
+        latency: Seconds to sleep per call (0 for overhead measurements).
+    """
+
+    supports_response_schema = True
+    supported_params = frozenset({"response_format", "temperature", "max_tokens", "seed"})
+
+    def __init__(self, responder: Callable[[Call], dict | str] = default_responder, latency: float = 0.0):
+        self.responder, self.latency = responder, latency
+        self.calls: list[Call] = []
+        self._lock = threading.Lock()
+
+    def complete(self, request) -> Response:
+        system = request.system if isinstance(request.system, str) else "".join(p.text for p in request.system or ())
+        user = request.messages[-1].text or ""
+        fmt = request.config.response_format or {}
+        outputs = list((fmt.get("schema") or {}).get("properties", {}))
+        config = {"temperature": request.config.temperature, "max_tokens": request.config.max_tokens}
+        call = Call(system, user, outputs, {k: v.strip() for k, v in _FIELD.findall(user)}, config)
+        with self._lock:
+            self.calls.append(call)
+        if self.latency:
+            time.sleep(self.latency)
+        out = self.responder(call)
+        text = out if isinstance(out, str) else json.dumps(out)
+        return Response(id=None, model="fake", message=Message.assistant([TextPart(text)]), finish_reason="stop",
+                        usage=Usage(input_tokens=(len(system) + len(user)) // 4, output_tokens=len(text) // 4,
+                                    total_tokens=(len(system) + len(user) + len(text)) // 4))
+
+    def stream(self, request):
+        return response_to_events(self.complete(request))
+
+    def close(self) -> None:
+        pass
+
+
+def fake_lm(responder: Callable[[Call], dict | str] = default_responder, latency: float = 0.0) -> dspy.LM:
+    """A ``dspy.LM`` over a ``ScriptedEngine`` (reachable as ``lm.engine``), with the cache off."""
+    return dspy.LM("fake/scripted", engine=ScriptedEngine(responder, latency), cache=False, temperature=0.0,
+                   max_tokens=256, num_retries=0)
