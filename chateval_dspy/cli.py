@@ -56,18 +56,24 @@ def _add_lm_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cache-dir", help="DSPy cache directory (default: $CHATEVAL_CACHE_DIR or ~/.cache/chateval-dspy)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def add_common_flags(p: argparse.ArgumentParser) -> None:
+    """Data, panel and model flags, shared by every command that judges items."""
+    _add_data_flags(p)
+    _add_panel_flags(p)
+    _add_lm_flags(p)
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
+    """The runtime commands; ``optim.cli`` adds compile, search and report to the same parser."""
     parser = argparse.ArgumentParser(prog="chateval", description="Multi-referee debate evaluation (ChatEval) in DSPy.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log every LM warning")
     sub = parser.add_subparsers(dest="command", required=True)
     ev = sub.add_parser("evaluate", help="judge a dataset and report agreement with the human labels")
-    _add_data_flags(ev)
-    _add_panel_flags(ev)
-    _add_lm_flags(ev)
+    add_common_flags(ev)
     ev.add_argument("--out", help="results JSONL, one line per item (default: results/<dataset>-<time>.jsonl)")
     ev.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     ev.add_argument("--no-progress", action="store_true")
-    return parser
+    return parser, sub
 
 
 def config_from_args(args, fmt: str):
@@ -101,52 +107,101 @@ def _out_path(args) -> Path:
     return path
 
 
-def cmd_evaluate(args) -> int:
-    import dspy
-    from tqdm import tqdm
+def lm_context(args, cfg):
+    """The LM named by the flags, entered with the JSON adapter (a context manager yielding the LM)."""
+    import contextlib
 
-    from chateval_dspy.data import load_dataset, parse_columns, select
-    from chateval_dspy.evaluate import evaluate
+    import dspy
+
     from chateval_dspy.lm import configure_cache, resolve_lm
-    from chateval_dspy.program import build_evaluator
-    from chateval_dspy.summary import summary_table
+
+    configure_cache(not args.no_cache, args.cache_dir)
+    slots = args.concurrency * (len(cfg.roles) if cfg.strategy != "one_by_one" else 1)
+
+    @contextlib.contextmanager
+    def entered():
+        with resolve_lm(args.model, slots=max(2, slots), temperature=args.temperature, max_tokens=args.max_tokens,
+                        served_model=args.served_model, timeout=args.timeout) as lm, \
+                dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+            yield lm
+
+    return entered()
+
+
+def load_items(args):
+    """The dataset named by the flags: (items, format)."""
+    from chateval_dspy.data import load_dataset, parse_columns
 
     if args.limit is not None and args.limit < 1:
         raise ConfigError(f"--limit must be positive, got {args.limit}")
     if args.concurrency < 1:
         raise ConfigError(f"--concurrency must be positive, got {args.concurrency}")
-    items, fmt = load_dataset(args.dataset, fmt=args.format, columns=parse_columns(args.columns))
+    return load_dataset(args.dataset, fmt=args.format, columns=parse_columns(args.columns))
+
+
+def run_judged(program, items, cfg, args, out, progress: bool = True):
+    """Judge ``items`` with a progress bar; returns the RunResult."""
+    from tqdm import tqdm
+
+    from chateval_dspy.evaluate import evaluate
+
+    with tqdm(total=len(items), unit="item", disable=not progress, file=sys.stderr) as bar:
+        return evaluate(program, items, cfg, out=out, concurrency=args.concurrency, on_item=lambda r: bar.update(1))
+
+
+def header_of(args, cfg, model: str, n: int, split: str | None = None) -> dict:
+    """What every printed or logged figure states: model, data, split, panel."""
+    return {"model": model, "data": args.dataset, "split": f"{split or args.split} (seed {args.seed})", "items": n,
+            "strategy": cfg.strategy, "roles": ",".join(cfg.roles), "turns": cfg.turns,
+            "calibrate": cfg.calibrate, "aggregate": cfg.aggregate}
+
+
+def run_evaluate(args):
+    """``chateval evaluate`` without printing: (config, result, header, results path)."""
+    from chateval_dspy.data import select
+    from chateval_dspy.program import build_evaluator
+
+    items, fmt = load_items(args)
     cfg = config_from_args(args, fmt)
     items = select(items, args.split, seed=args.seed, limit=args.limit)
     program = build_evaluator(cfg)
     out = _out_path(args)
-    configure_cache(not args.no_cache, args.cache_dir)
-    slots = args.concurrency * (len(cfg.roles) if cfg.strategy != "one_by_one" else 1)
-    with resolve_lm(args.model, slots=max(2, slots), temperature=args.temperature, max_tokens=args.max_tokens,
-                    served_model=args.served_model, timeout=args.timeout) as lm:
-        with dspy.context(lm=lm, adapter=dspy.JSONAdapter()), \
-                tqdm(total=len(items), unit="item", disable=args.no_progress, file=sys.stderr) as bar:
-            result = evaluate(program, items, cfg, out=out, concurrency=args.concurrency,
-                              on_item=lambda r: bar.update(1))
-        model_id = lm.model
-    header = {"model": model_id, "data": args.dataset, "split": f"{args.split} (seed {args.seed})",
-              "items": result.n, "strategy": cfg.strategy, "roles": ",".join(cfg.roles), "turns": cfg.turns,
-              "calibrate": cfg.calibrate, "aggregate": cfg.aggregate}
-    print(summary_table(result.metrics(seed=args.seed), result.cost(), header))
+    with lm_context(args, cfg) as lm:
+        result = run_judged(program, items, cfg, args, out, progress=not args.no_progress)
+        model = lm.model
+    return cfg, result, header_of(args, cfg, model, result.n), out
+
+
+def print_summary(result, header, seed: int) -> dict:
+    from chateval_dspy.summary import summary_table
+
+    metrics = result.metrics(seed=seed)
+    print(summary_table(metrics, result.cost(), header))
     if result.abstentions:
         print("abstentions by cause: " + ", ".join(f"{k}={v}" for k, v in result.abstentions.most_common()))
+    return metrics
+
+
+def cmd_evaluate(args) -> int:
+    _, result, header, out = run_evaluate(args)
+    print_summary(result, header, args.seed)
     print(f"results: {out}")
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+COMMANDS = {"evaluate": cmd_evaluate}
+
+
+def main(argv: list[str] | None = None, *, parser: argparse.ArgumentParser | None = None,
+         commands: dict | None = None) -> int:
+    """Parse, set up logging, dispatch; every ChatEvalError becomes one line on stderr and exit 2."""
+    args = (parser or build_parser()[0]).parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if not args.verbose:
         for noisy in ("dspy", "httpx", "openai", "LiteLLM"):
             logging.getLogger(noisy).setLevel(logging.ERROR)
     try:
-        return {"evaluate": cmd_evaluate}[args.command](args)
+        return (commands or COMMANDS)[args.command](args)
     except ChatEvalError as exc:
         print(f"chateval: error: {exc}", file=sys.stderr)
         return 2

@@ -30,6 +30,8 @@ class Call:
     outputs: list[str]  # the output fields the schema asks for
     inputs: dict[str, str] = field(default_factory=dict)  # the last user message's fields
     config: dict = field(default_factory=dict)
+    schema: dict = field(default_factory=dict)  # the JSON schema of the expected output
+    n_messages: int = 1  # > 1 when demonstrations precede the question
 
     @property
     def kind(self) -> str:
@@ -37,12 +39,33 @@ class Call:
             return "summary"
         if "argument" in self.outputs:
             return "argument"
-        return "verdict"
+        if "evidence" in self.outputs:
+            return "verdict"
+        return "other"  # an optimizer's own signature (instruction proposals, reflections)
+
+
+def schema_filler(call: Call) -> dict:
+    """Any valid object for the requested schema: the first enum value, or a short text."""
+    out = {}
+    for name, prop in call.schema.get("properties", {}).items():
+        if "enum" in prop:
+            out[name] = prop["enum"][0]
+        elif prop.get("type") in ("integer", "number"):
+            out[name] = 1
+        elif prop.get("type") == "array":
+            out[name] = []
+        elif prop.get("type") == "boolean":
+            out[name] = True
+        else:
+            out[name] = f"{name} from the fake LM"
+    return out
 
 
 def default_responder(call: Call) -> dict:
     """Arguments name the speaker; verdicts depend on content (lengths), never on position."""
     persona = call.inputs.get("persona", "")[:40]
+    if call.kind == "other":
+        return schema_filler(call)
     if call.kind == "summary":
         return {"summary": f"summary of {call.inputs.get('discussion', '').count('round')} turns"}
     if call.kind == "argument":
@@ -76,9 +99,10 @@ class ScriptedEngine:
         system = request.system if isinstance(request.system, str) else "".join(p.text for p in request.system or ())
         user = request.messages[-1].text or ""
         fmt = request.config.response_format or {}
-        outputs = list((fmt.get("schema") or {}).get("properties", {}))
+        schema = fmt.get("schema") or {}
         config = {"temperature": request.config.temperature, "max_tokens": request.config.max_tokens}
-        call = Call(system, user, outputs, {k: v.strip() for k, v in _FIELD.findall(user)}, config)
+        call = Call(system, user, list(schema.get("properties", {})), {k: v.strip() for k, v in _FIELD.findall(user)},
+                    config, schema, len(request.messages))
         with self._lock:
             self.calls.append(call)
         if self.latency:

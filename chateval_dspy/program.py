@@ -12,7 +12,8 @@ from chateval_dspy import calibration
 from chateval_dspy.aggregate import pairwise_verdict, scoring_verdict
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.debate import Debate
-from chateval_dspy.roles import resolve_roles
+from chateval_dspy.errors import ConfigError
+from chateval_dspy.roles import Role, resolve_roles
 from chateval_dspy.signatures import ASPECTS, INPUTS
 
 
@@ -21,6 +22,8 @@ class ChatEval(dspy.Module):
 
     Args:
         config: The panel's shape; the same object goes to MLflow and the judge card.
+        roles: The resolved referees (a saved evaluator passes the personas from its card);
+            by default resolved from ``config.roles`` and ``config.role_file``.
 
     The prediction carries ``preference`` (``"1"``, ``"2"``, ``"tie"`` or None when every
     referee abstained) and ``score_1``/``score_2`` for pairwise items, or one field per aspect
@@ -34,10 +37,13 @@ class ChatEval(dspy.Module):
         ['debate.referees['critic'].argue', "debate.referees['critic'].judge"]
     """
 
-    def __init__(self, config: DebateConfig):
+    def __init__(self, config: DebateConfig, roles: list[Role] | None = None):
         super().__init__()
         self.config = config
-        self.debate = Debate(config, resolve_roles(config.roles, config.format, config.role_file))
+        self.roles = roles or resolve_roles(config.roles, config.format, config.role_file)
+        if [r.slug for r in self.roles] != list(config.roles):
+            raise ConfigError(f"roles {[r.slug for r in self.roles]} do not match the config's {list(config.roles)}")
+        self.debate = Debate(config, self.roles)
 
     def forward(self, **inputs) -> dspy.Prediction:
         missing = [k for k in INPUTS[self.config.format] if k not in inputs]
@@ -90,6 +96,6 @@ class ChatEval(dspy.Module):
         }
 
 
-def build_evaluator(config: DebateConfig) -> ChatEval:
+def build_evaluator(config: DebateConfig, roles: list[Role] | None = None) -> ChatEval:
     """The one builder the CLI, Optuna trials and loaders go through."""
-    return ChatEval(config)
+    return ChatEval(config, roles)

@@ -1,0 +1,76 @@
+"""Shared fixtures: offline switches, a clean DSPy state per test, and the scripted fake LM.
+
+Nothing here needs the network or the embedded model.
+"""
+
+from __future__ import annotations
+
+from chateval_dspy.offline import ensure_offline
+
+ensure_offline()  # before anything below imports dspy / litellm
+
+import importlib  # noqa: E402
+import os  # noqa: E402
+
+import dspy  # noqa: E402
+import pytest  # noqa: E402
+from dspy.dsp.utils.utils import dotdict  # noqa: E402
+
+from chateval_dspy.fake_lm import fake_lm  # noqa: E402
+
+# The module, not the ``settings`` singleton that ``dspy.dsp.utils`` re-exports under the same name.
+_dspy_settings = importlib.import_module("dspy.dsp.utils.settings")
+
+# The LM cache is off for the whole session: a cached answer would hide calls from the fake LM's log.
+dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=False)
+_SESSION_CACHE = dspy.cache
+
+PAIRWISE_ITEM = {"question": "Which is better?", "answer_1": "first answer", "answer_2": "second answer"}
+SCORING_ITEM = {"dialogue_history": "A: hi\nB: hello", "fact": "cats purr", "response": "Did you know cats purr?"}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_environment(tmp_path_factory):
+    """Keep anything that would write a cache (a CLI run without --no-cache) inside a temporary directory."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("CHATEVAL_CACHE_DIR", str(tmp_path_factory.mktemp("chateval-cache")))
+    for key in ("CHATEVAL_API_KEY", "OPENAI_API_KEY"):
+        mp.delenv(key, raising=False)
+    yield
+    mp.undo()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dspy_state():
+    """Every test starts with DSPy's defaults (no LM, no adapter) and no context overrides, and leaves none behind."""
+    saved = {k: (list(v) if isinstance(v, list) else v) for k, v in _dspy_settings.main_thread_config.items()}
+    token = _dspy_settings.thread_local_overrides.set(dotdict())
+    assert dspy.settings.lm is None, "a previous test leaked a configured LM"
+    yield
+    try:
+        _dspy_settings.thread_local_overrides.reset(token)
+    except ValueError:  # the token belongs to another context; clear instead
+        _dspy_settings.thread_local_overrides.set(dotdict())
+    _dspy_settings.main_thread_config.clear()
+    _dspy_settings.main_thread_config.update(saved)
+    if dspy.cache is not _SESSION_CACHE:  # e.g. the CLI called configure_cache
+        dspy.cache = _SESSION_CACHE
+    assert os.environ.get("LITELLM_LOCAL_MODEL_COST_MAP") == "True"
+
+
+@pytest.fixture
+def fake():
+    """A fresh scripted LM with the default (content-based) responder; its calls are in ``fake.engine.calls``."""
+    return fake_lm()
+
+
+def run_program(program, lm, **inputs) -> dspy.Prediction:
+    """Run ``program`` under ``lm`` with the JSON adapter, as the CLI does."""
+    with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+        return program(**inputs)
+
+
+@pytest.fixture
+def run():
+    """``run(program, lm, **inputs)``: the program's prediction under the given LM and the JSON adapter."""
+    return run_program
