@@ -25,9 +25,6 @@ _dspy_settings = importlib.import_module("dspy.dsp.utils.settings")
 dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=False)
 _SESSION_CACHE = dspy.cache
 
-PAIRWISE_ITEM = {"question": "Which is better?", "answer_1": "first answer", "answer_2": "second answer"}
-SCORING_ITEM = {"dialogue_history": "A: hi\nB: hello", "fact": "cats purr", "response": "Did you know cats purr?"}
-
 
 @pytest.fixture(scope="session", autouse=True)
 def _session_environment(tmp_path_factory):

@@ -41,7 +41,8 @@ def test_mean_scores_skips_abstentions():
                                                                                               "score_2": 5.0}
     assert mean_scores([None, None]) is None
     assert mean_scores([]) is None
-    assert mean_scores([{"a": 1, "b": 0}, {"a": 2, "b": 1}, {"a": 2, "b": 1}]) == pytest.approx({"a": 5 / 3, "b": 2 / 3})
+    three = [{"a": 1, "b": 0}, {"a": 2, "b": 1}, {"a": 2, "b": 1}]
+    assert mean_scores(three) == pytest.approx({"a": 5 / 3, "b": 2 / 3})
 
 
 def test_mode_scores_most_common_then_mean_of_ties():
@@ -76,7 +77,8 @@ def test_pairwise_verdict_all_abstain(how):
 
 
 def test_scoring_verdict_mean_vs_mode():
-    verdicts = [{"naturalness": 3, "coherence": 1}, {"naturalness": 1, "coherence": 1}, {"naturalness": 3, "coherence": 2}]
+    verdicts = [{"naturalness": 3, "coherence": 1}, {"naturalness": 1, "coherence": 1},
+                {"naturalness": 3, "coherence": 2}]
     assert scoring_verdict(verdicts, "mean") == pytest.approx({"naturalness": 7 / 3, "coherence": 4 / 3})
     assert scoring_verdict(verdicts, "majority") == {"naturalness": 3, "coherence": 1}
     assert scoring_verdict([None], "mean") is None and scoring_verdict([None], "majority") is None

@@ -29,7 +29,8 @@ def test_unswap_preference(pref, back):
 
 
 @pytest.mark.parametrize(("first", "second", "expected"), [
-    ("1", "1", True), ("tie", "tie", True), ("1", "2", False), ("2", "tie", False), (None, "1", None), ("1", None, None),
+    ("1", "1", True), ("tie", "tie", True), ("1", "2", False), ("2", "tie", False),
+    (None, "1", None), ("1", None, None),
 ])
 def test_consistent(first, second, expected):
     assert consistent(first, second) is expected

@@ -15,7 +15,8 @@ from chateval_dspy.program import build_evaluator
 from chateval_dspy.roles import DEFAULT_ORDER, resolve_roles
 from chateval_dspy.strategies import STRATEGIES
 
-from conftest import PAIRWISE_ITEM, SCORING_ITEM
+PAIRWISE_ITEM = {"question": "Which is better?", "answer_1": "first answer", "answer_2": "second answer"}
+SCORING_ITEM = {"dialogue_history": "A: hi\nB: hello", "fact": "cats purr", "response": "Did you know cats purr?"}
 
 GP, CRITIC = "general_public", "critic"
 GP_PERSONA = resolve_roles([GP], "pairwise")[0].persona("pairwise")

@@ -9,7 +9,8 @@ from chateval_dspy.fake_lm import default_responder, fake_lm
 from chateval_dspy.program import ChatEval, build_evaluator
 from chateval_dspy.roles import resolve_roles
 
-from conftest import PAIRWISE_ITEM, SCORING_ITEM
+PAIRWISE_ITEM = {"question": "Which is better?", "answer_1": "first answer", "answer_2": "second answer"}
+SCORING_ITEM = {"dialogue_history": "A: hi\nB: hello", "fact": "cats purr", "response": "Did you know cats purr?"}
 
 ROLES = ("general_public", "critic")
 GOOD, BAD = "GOOD: a careful, correct answer.", "BAD: wrong."
@@ -123,16 +124,17 @@ def scoring_panel(call):
     slug = persona_to_slug(("general_public", "critic", "scientist"), "scoring")[call.inputs["persona"]]
     if call.kind != "verdict":
         return default_responder(call)
-    return {"general_public": {"evidence": "x", "naturalness": 3, "coherence": 1, "engagingness": 2, "groundedness": 1},
-            "critic": {"evidence": "x", "naturalness": 1, "coherence": 2, "engagingness": 2, "groundedness": 0},
-            "scientist": {"evidence": "x", "naturalness": 3, "coherence": 3, "engagingness": 1, "groundedness": 1}}[slug]
+    scores = {"general_public": (3, 1, 2, 1), "critic": (1, 2, 2, 0), "scientist": (3, 3, 1, 1)}[slug]
+    return {"evidence": slug, **dict(zip(("naturalness", "coherence", "engagingness", "groundedness"), scores,
+                                         strict=True))}
 
 
 def test_scoring_mean(run):
     cfg = DebateConfig(format="scoring", roles=("general_public", "critic", "scientist"), turns=1)
     pred = run(build_evaluator(cfg), fake_lm(scoring_panel), **SCORING_ITEM)
     assert pred.naturalness == pytest.approx(7 / 3)
-    assert pred.coherence == 2 and pred.engagingness == pytest.approx(5 / 3) and pred.groundedness == pytest.approx(2 / 3)
+    assert pred.coherence == 2
+    assert pred.engagingness == pytest.approx(5 / 3) and pred.groundedness == pytest.approx(2 / 3)
     assert pred.consistent is None and pred.abstained is None
     assert pred.referees["critic"] == [{"naturalness": 1, "coherence": 2, "engagingness": 2, "groundedness": 0}]
 

@@ -72,7 +72,8 @@ def _u(rnd, speaker, kind="argument"):
     return Utterance(rnd, speaker, speaker.title(), f"{speaker}@{rnd}", kind)
 
 
-TRANSCRIPT = [_u(1, "a"), _u(1, "b"), _u(1, SUMMARIZER, "summary"), _u(2, "a"), _u(2, "b"), _u(2, SUMMARIZER, "summary")]
+TRANSCRIPT = [_u(1, "a"), _u(1, "b"), _u(1, SUMMARIZER, "summary"),
+              _u(2, "a"), _u(2, "b"), _u(2, SUMMARIZER, "summary")]
 
 
 def test_registry_names_and_flags():

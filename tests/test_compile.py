@@ -1,0 +1,122 @@
+"""Compiling against human labels (issue #3): DSPy optimizers make a measurable difference on a toy task."""
+
+from __future__ import annotations
+
+import dspy
+import pytest
+
+from chateval_dspy.config import DebateConfig
+from chateval_dspy.errors import ConfigError
+from chateval_dspy.fake_lm import Call, fake_lm
+from chateval_dspy.metrics import accuracy
+from chateval_dspy.program import build_evaluator
+from optim.compile import OPTIMIZERS, OptimizerSettings, compile_evaluator, label_demo
+from optim.objectives import agreement, balanced, make_metric, score_error
+
+
+def _item(i: int, good_first: bool, easy: bool) -> dspy.Example:
+    good, bad = f"correct answer {i}", f"wrong answer {i}"
+    mark = "obviously " if easy else ""
+    a1, a2 = (mark + good, bad) if good_first else (bad, mark + good)
+    return dspy.Example(id=str(i), question=f"q{i}", answer_1=a1, answer_2=a2,
+                        label="1" if good_first else "2").with_inputs("question", "answer_1", "answer_2")
+
+
+def toy_judge(call: Call) -> dict:
+    """Right when shown demonstrations or when the good answer is marked 'obviously'; else position-biased."""
+    if call.kind == "argument":
+        return {"argument": "ok"}
+    if call.kind != "verdict":
+        return {name: "text" for name in call.outputs}
+    a1, a2 = call.inputs["answer_1"], call.inputs["answer_2"]
+    if call.n_messages > 1 or "obviously" in a1 + a2:
+        first_good = "correct" in a1
+        return {"evidence": "content", "score_1": 9 if first_good else 2, "score_2": 2 if first_good else 9}
+    return {"evidence": "position", "score_1": 9, "score_2": 2}
+
+
+def _accuracy(program, items) -> float:
+    return accuracy([x.label for x in items], [program(**x.inputs()).preference for x in items])
+
+
+@pytest.fixture
+def toy():
+    train = [_item(i, i % 2 == 0, easy=True) for i in range(6)]
+    test = [_item(i, i % 2 == 0, easy=False) for i in range(10, 16)]
+    return train, test
+
+
+@pytest.mark.parametrize("optimizer", ["labeled", "bootstrap"])
+def test_compiling_improves_agreement_where_demos_matter(toy, optimizer):
+    train, test = toy
+    cfg = DebateConfig(roles=("critic", "scientist"), turns=1)
+    student = build_evaluator(cfg)
+    with dspy.context(lm=fake_lm(toy_judge), adapter=dspy.JSONAdapter()):
+        before = _accuracy(student, test)
+        compiled = compile_evaluator(student, optimizer=optimizer, trainset=train, valset=train[:2], metric=agreement,
+                                     settings=OptimizerSettings(max_demos=2))
+        after = _accuracy(compiled, test)
+    assert before == 0.0  # position bias + calibration = ties on every hard item
+    assert after == 1.0
+    # every role's judge got its own demonstrations; the student is untouched
+    judges = {n: p for n, p in compiled.named_predictors() if n.endswith(".judge")}
+    assert len(judges) == 2 and all(len(p.demos) == 2 for p in judges.values())
+    assert all(len(p.demos) == 0 for _, p in student.named_predictors())
+
+
+def test_bootstrap_tunes_argument_predictors_too(toy):
+    train, _ = toy
+    cfg = DebateConfig(roles=("critic", "scientist"), turns=2)
+    with dspy.context(lm=fake_lm(toy_judge), adapter=dspy.JSONAdapter()):
+        compiled = compile_evaluator(build_evaluator(cfg), optimizer="bootstrap", trainset=train, valset=None,
+                                     metric=agreement, settings=OptimizerSettings(max_demos=1))
+    demos = {n: len(p.demos) for n, p in compiled.named_predictors()}
+    assert demos == {"debate.referees['critic'].argue": 1, "debate.referees['critic'].judge": 1,
+                     "debate.referees['scientist'].argue": 1, "debate.referees['scientist'].judge": 1}
+
+
+@pytest.mark.parametrize("optimizer", ["bootstrap_rs", "mipro", "simba"])
+def test_other_optimizers_run_on_every_role(toy, optimizer):
+    train, test = toy
+    cfg = DebateConfig(roles=("critic", "scientist"), turns=1)
+    with dspy.context(lm=fake_lm(toy_judge), adapter=dspy.JSONAdapter()):
+        compiled = compile_evaluator(build_evaluator(cfg), optimizer=optimizer, trainset=train + test[:4],
+                                     valset=test[4:], metric=agreement,
+                                     settings=OptimizerSettings(max_demos=1, candidates=2))
+    assert {n for n, _ in compiled.named_predictors()} >= {"debate.referees['critic'].judge",
+                                                          "debate.referees['scientist'].judge"}
+
+
+def test_unknown_optimizer_and_empty_train_are_config_errors(toy):
+    student = build_evaluator(DebateConfig(roles=("critic",), turns=1))
+    with pytest.raises(ConfigError, match="choose one of: " + ", ".join(OPTIMIZERS)):
+        compile_evaluator(student, optimizer="adam", trainset=toy[0], valset=None, metric=agreement)
+    with pytest.raises(ConfigError, match="non-empty train"):
+        compile_evaluator(student, optimizer="bootstrap", trainset=[], valset=None, metric=agreement)
+
+
+def test_label_demo_writes_the_human_label_as_a_verdict():
+    ex = _item(1, good_first=False, easy=False)
+    demo = label_demo(ex, "pairwise", "a critic")
+    assert (demo.score_1, demo.score_2, demo.persona) == (4, 8, "a critic")
+    scoring = dspy.Example(dialogue_history="h", fact="f", response="r",
+                           human={"naturalness": 2.6, "coherence": 1.2, "engagingness": 3.0, "groundedness": 0.4})
+    d = label_demo(scoring, "scoring", "p")
+    assert (d.naturalness, d.coherence, d.engagingness, d.groundedness) == (3, 1, 3, 0)
+
+
+def test_metrics_for_optimizers():
+    ex = _item(1, True, False)
+    assert agreement(ex, dspy.Prediction(preference="1")) == 1.0
+    assert agreement(ex, dspy.Prediction(preference=None)) == 0.0
+    train = [dspy.Example(label=lab) for lab in ["1", "1", "1", "2"]]
+    weighted = balanced(train)
+    # rare labels weigh more: 4/(2*1) for "2", 4/(2*3) for "1"
+    assert weighted(dspy.Example(label="2"), dspy.Prediction(preference="2")) == pytest.approx(2.0)
+    assert weighted(dspy.Example(label="1"), dspy.Prediction(preference="1")) == pytest.approx(2 / 3)
+    human = {"naturalness": 3.0, "coherence": 1.0, "engagingness": 2.0, "groundedness": 1.0}
+    pred = dspy.Prediction(abstained=None, naturalness=2.0, coherence=1.0, engagingness=2.0, groundedness=0.0)
+    # errors scaled by range: 1/2, 0, 0, 1 -> mean 0.375
+    assert score_error(dspy.Example(human=human), pred) == pytest.approx(0.625)
+    with pytest.raises(ConfigError, match="does not apply"):
+        make_metric("score_error", "pairwise", train)

@@ -1,0 +1,81 @@
+"""Saved evaluators (issue #3): JSON state + judge card, loaded back into an identical program."""
+
+from __future__ import annotations
+
+import json
+
+import dspy
+import pytest
+
+from chateval_dspy.config import DebateConfig
+from chateval_dspy.errors import ConfigError
+from chateval_dspy.evaluator import CARD_FILE, PROGRAM_FILE, load_evaluator, make_card, save_evaluator
+from chateval_dspy.fake_lm import fake_lm
+from chateval_dspy.program import build_evaluator
+
+ITEMS = [
+    {"question": "q1", "answer_1": "short", "answer_2": "a much longer answer"},
+    {"question": "q2", "answer_1": "a long and careful answer", "answer_2": "brief"},
+]
+
+
+def _compiled(tmp_path):
+    cfg = DebateConfig(roles=("critic", "psychologist"), strategy="simultaneous_talk_with_summarizer", turns=2)
+    program = build_evaluator(cfg)
+    program.debate.referees["critic"].judge.demos = [
+        dspy.Example(question="dq", answer_1="x", answer_2="y", persona="p", discussion="d", evidence="e",
+                     score_1=7, score_2=3)]
+    program.debate.referees["psychologist"].argue.signature = \
+        program.debate.referees["psychologist"].argue.signature.with_instructions("Argue kindly.")
+    path = save_evaluator(program, tmp_path / "prog", make_card(program, model="fake/scripted", dataset="toy"))
+    return program, path
+
+
+def _run(program, items):
+    lm = fake_lm()
+    with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+        preds = [program(**x) for x in items]
+    return preds, [(c.system, c.user, c.n_messages) for c in lm.engine.calls]
+
+
+def test_round_trip_gives_identical_prompts_and_predictions(tmp_path):
+    program, path = _compiled(tmp_path)
+    loaded, card = load_evaluator(path)
+    assert card["model"] == "fake/scripted" and card["config"]["strategy"] == "simultaneous_talk_with_summarizer"
+    p1, calls1 = _run(program, ITEMS)
+    p2, calls2 = _run(loaded, ITEMS)
+    assert sorted(calls1) == sorted(calls2)  # same instructions, demos and inputs, call for call
+    assert [p.preference for p in p1] == [p.preference for p in p2]
+    assert [p.referees for p in p1] == [p.referees for p in p2]
+    assert loaded.debate.referees["psychologist"].argue.signature.instructions == "Argue kindly."
+
+
+def test_saved_directory_is_plain_json_with_a_card(tmp_path):
+    _, path = _compiled(tmp_path)
+    state = json.loads((path / PROGRAM_FILE).read_text())
+    assert "debate.referees['critic'].judge" in state
+    card = json.loads((path / CARD_FILE).read_text())
+    assert {"model", "config", "roles", "versions", "created", "card_format"} <= set(card)
+    assert card["versions"]["dspy"] == dspy.__version__
+    assert [r["slug"] for r in card["roles"]] == ["critic", "psychologist"]
+    assert (path / "card.md").read_text().startswith("# Judge card")
+
+
+def test_loading_uses_personas_from_the_card_not_the_library(tmp_path):
+    _, path = _compiled(tmp_path)
+    card = json.loads((path / CARD_FILE).read_text())
+    card["roles"][0]["personas"] = {"*": "A persona only the card knows."}
+    (path / CARD_FILE).write_text(json.dumps(card))
+    loaded, _ = load_evaluator(path)
+    assert loaded.debate.referees["critic"].persona == "A persona only the card knows."
+
+
+def test_bad_directories_are_clear_errors(tmp_path):
+    with pytest.raises(ConfigError, match="not a saved evaluator"):
+        load_evaluator(tmp_path)
+    _, path = _compiled(tmp_path)
+    card = json.loads((path / CARD_FILE).read_text())
+    card["card_format"] = 99
+    (path / CARD_FILE).write_text(json.dumps(card))
+    with pytest.raises(ConfigError, match="card format 99"):
+        load_evaluator(path)

@@ -1,0 +1,195 @@
+"""Referee personas: the built-in five, role files, the same-role ablation, and per-role predictors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from chateval_dspy.config import DebateConfig
+from chateval_dspy.debater import Debater
+from chateval_dspy.errors import ConfigError
+from chateval_dspy.fake_lm import fake_lm
+from chateval_dspy.program import build_evaluator
+from chateval_dspy.roles import (
+    DEFAULT_ORDER,
+    SAME_ROLE_PERSONA,
+    first_roles,
+    load_role_file,
+    resolve_roles,
+    role_library,
+    same_roles,
+)
+
+PAIRWISE_ITEM = {"question": "Which is better?", "answer_1": "first answer", "answer_2": "second answer"}
+
+BUILT_IN = ("general_public", "critic", "news_author", "psychologist", "scientist")
+
+ROLE_YAML = """
+roles:
+  - slug: lawyer
+    name: Lawyer
+    persona: You are a   lawyer who
+      reads every word.
+  - slug: critic
+    name: Harsh Critic
+    persona:
+      pairwise: You hate everything.
+"""
+
+
+def test_five_built_in_personas():
+    library = role_library()
+    assert tuple(library) == BUILT_IN == DEFAULT_ORDER
+    for fmt in ("pairwise", "scoring"):
+        personas = [library[s].persona(fmt) for s in BUILT_IN]
+        assert len(set(personas)) == 5 and all(len(p) > 40 for p in personas)
+    for slug in BUILT_IN:  # each role has its own text per format
+        assert library[slug].persona("pairwise") != library[slug].persona("scoring")
+    assert [library[s].name for s in BUILT_IN] == ["General Public", "Critic", "News Author", "Psychologist",
+                                                    "Scientist"]
+
+
+def test_first_roles():
+    assert first_roles(2) == ("general_public", "critic")
+    assert first_roles(5) == BUILT_IN
+    for bad in (0, 6, 9):
+        with pytest.raises(ConfigError, match="--roles takes 1 to 5"):
+            first_roles(bad)
+
+
+def test_yaml_role_file_adds_and_overrides(tmp_path):
+    path = tmp_path / "roles.yaml"
+    path.write_text(ROLE_YAML, encoding="utf-8")
+    library = role_library(path)
+    assert library["lawyer"].persona("pairwise") == "You are a lawyer who reads every word."  # whitespace normalised
+    assert library["lawyer"].persona("scoring") == library["lawyer"].persona("pairwise")  # "*" serves every format
+    assert library["critic"].name == "Harsh Critic"
+    assert library["critic"].persona("pairwise") == "You hate everything."
+    assert library["scientist"] == role_library()["scientist"]  # the rest untouched
+    with pytest.raises(ConfigError, match="no persona for the 'scoring' format"):
+        library["critic"].persona("scoring")
+
+
+def test_json_role_file(tmp_path):
+    path = tmp_path / "roles.json"
+    path.write_text(json.dumps({"roles": [{"slug": "editor", "name": "Editor",
+                                           "persona": {"pairwise": "P text", "scoring": "S text"}}]}),
+                    encoding="utf-8")
+    (role,) = resolve_roles(["editor"], "scoring", path)
+    assert role.persona("scoring") == "S text" and role.persona("pairwise") == "P text"
+    assert load_role_file(path)["editor"].name == "Editor"
+
+
+def test_custom_role_reaches_the_lm(tmp_path, run):
+    path = tmp_path / "roles.yaml"
+    path.write_text(ROLE_YAML, encoding="utf-8")
+    lm = fake_lm()
+    run(build_evaluator(DebateConfig(roles=("lawyer",), turns=1, calibrate=False, role_file=str(path))), lm,
+        **PAIRWISE_ITEM)
+    assert lm.engine.calls[0].inputs["persona"] == "You are a lawyer who reads every word."
+
+
+def test_custom_role_without_persona_for_the_format_fails_before_any_call(tmp_path):
+    path = tmp_path / "roles.yaml"
+    path.write_text(ROLE_YAML, encoding="utf-8")
+    with pytest.raises(ConfigError, match="'critic' has no persona for the 'scoring' format"):
+        build_evaluator(DebateConfig(format="scoring", roles=("critic",), role_file=str(path)))
+
+
+@pytest.mark.parametrize(("entry", "message"), [
+    ({"slug": "Bad-Slug", "name": "X", "persona": "p"}, "'slug' must match"),
+    ({"slug": "1abc", "name": "X", "persona": "p"}, "'slug' must match"),
+    ({"name": "X", "persona": "p"}, "'slug' must match"),
+    ({"slug": "referee_2", "name": "X", "persona": "p"}, "reserved for the same-role ablation"),
+    ({"slug": "ok", "persona": "p"}, "'name' is missing"),
+    ({"slug": "ok", "name": "X"}, "'persona' must be a text or a mapping"),
+    ({"slug": "ok", "name": "X", "persona": "  "}, "non-empty text"),
+    ({"slug": "ok", "name": "X", "persona": {"ranking": "p"}}, "persona for 'ranking'"),
+    ("just text", "expected a mapping with slug"),
+])
+def test_bad_role_entries(tmp_path, entry, message):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"roles": [{"slug": "fine", "name": "Fine", "persona": "p"}, entry]}), encoding="utf-8")
+    with pytest.raises(ConfigError, match=message) as err:
+        load_role_file(path)
+    assert "bad.json role #2" in str(err.value)
+
+
+def test_bad_role_files(tmp_path):
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("roles:\n  - {slug: a, name: A, persona: p}\n  - {slug: a, name: B, persona: q}\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="duplicate slug 'a'"):
+        load_role_file(dup)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("roles: [unclosed", encoding="utf-8")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_role_file(broken)
+    not_json = tmp_path / "x.json"
+    not_json.write_text("{", encoding="utf-8")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        load_role_file(not_json)
+    shape = tmp_path / "shape.yaml"
+    shape.write_text("- slug: a\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="expected a mapping with a 'roles' list"):
+        load_role_file(shape)
+    with pytest.raises(ConfigError, match="cannot read role file"):
+        load_role_file(tmp_path / "missing.yaml")
+
+
+def test_unknown_role_lists_known_slugs(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        resolve_roles(["critic", "astronaut"], "pairwise")
+    text = str(err.value)
+    assert "unknown role 'astronaut'" in text
+    assert all(slug in text for slug in BUILT_IN)
+    assert "referee_1..referee_N" in text
+    path = tmp_path / "roles.yaml"
+    path.write_text(ROLE_YAML, encoding="utf-8")
+    with pytest.raises(ConfigError, match="lawyer"):
+        resolve_roles(["astronaut"], "pairwise", path)
+    with pytest.raises(ConfigError, match="unknown role"):
+        build_evaluator(DebateConfig(roles=("astronaut",)))
+
+
+def test_same_roles_identical_personas_distinct_predictors(run):
+    assert same_roles(3) == ("referee_1", "referee_2", "referee_3")
+    program = build_evaluator(DebateConfig(roles=same_roles(3), turns=2, calibrate=False))
+    referees = program.debate.referees
+    assert {d.persona for d in referees.values()} == {SAME_ROLE_PERSONA}
+    assert [d.name for d in referees.values()] == ["Referee 1", "Referee 2", "Referee 3"]
+    predictors = [p for d in referees.values() for p in (d.argue, d.judge)]
+    assert len({id(p) for p in predictors}) == 6
+    lm = fake_lm()
+    run(program, lm, **PAIRWISE_ITEM)
+    assert {c.inputs["persona"] for c in lm.engine.calls} == {SAME_ROLE_PERSONA}
+    assert len(lm.engine.calls) == 6
+
+
+def test_named_predictors_one_pair_per_role():
+    program = build_evaluator(DebateConfig(roles=("general_public", "critic", "scientist"), turns=2))
+    names = [name for name, _ in program.named_predictors()]
+    assert names == [f"debate.referees['{s}'].{p}" for s in ("general_public", "critic", "scientist")
+                     for p in ("argue", "judge")]
+    assert "debate.referees['critic'].argue" in names and "debate.referees['critic'].judge" in names
+    predictors = [p for _, p in program.named_predictors()]
+    assert len({id(p) for p in predictors}) == len(predictors)
+    # Tuning one role's instructions leaves the others' alone.
+    critic = program.debate.referees["critic"]
+    critic.judge.signature = critic.judge.signature.with_instructions("Be harsh.")
+    others = [p for n, p in program.named_predictors() if n.endswith(".judge") and "critic" not in n]
+    assert all(p.signature.instructions != "Be harsh." for p in others)
+
+
+def test_summarizer_is_a_predictor_only_under_its_strategy():
+    program = build_evaluator(DebateConfig(roles=("critic",), strategy="simultaneous_talk_with_summarizer"))
+    assert "debate.summarizer" in [n for n, _ in program.named_predictors()]
+    program = build_evaluator(DebateConfig(roles=("critic",), strategy="simultaneous_talk"))
+    assert all("summarizer" not in n for n, _ in program.named_predictors())
+
+
+def test_debater_uses_the_format_persona():
+    (role,) = resolve_roles(["critic"], "scoring")
+    debater = Debater(role, "scoring")
+    assert debater.persona == role.persona("scoring") and debater.slug == "critic" and debater.name == "Critic"
+    assert [n for n, _ in debater.named_predictors()] == ["argue", "judge"]
