@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None, *, parser: argparse.ArgumentParser | Non
     args = (parser or build_parser()[0]).parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if not args.verbose:
-        for noisy in ("dspy", "httpx", "openai", "LiteLLM"):
+        for noisy in ("dspy", "httpx", "openai", "LiteLLM", "mlflow", "alembic"):
             logging.getLogger(noisy).setLevel(logging.ERROR)
     try:
         return (commands or COMMANDS)[args.command](args)

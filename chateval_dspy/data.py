@@ -53,7 +53,10 @@ def read_rows(path: str | Path) -> list[tuple[int, dict]]:
             raise DataError(f"not UTF-8 (byte {exc.start}); re-save the file as UTF-8", source=source, row=line) from exc
         reader = csv.DictReader(io.StringIO(text, newline=""))
         # Row numbers count the header as line 1, as a spreadsheet shows them.
-        return [(i, dict(r)) for i, r in enumerate(reader, start=2)]
+        rows = [(i, dict(r)) for i, r in enumerate(reader, start=2)]
+        if not rows:
+            raise DataError("file has no items (only a header, or empty)", source=source)
+        return rows
     if suffix not in (".jsonl", ".json", ".ndjson"):
         raise DataError(f"unknown file type {suffix!r}: use .jsonl or .csv", source=source)
     rows = []
@@ -142,13 +145,8 @@ def parse_columns(spec: str | None) -> dict[str, str]:
     return out
 
 
-def load_custom(path: str | Path, fmt: str, columns: dict[str, str] | None = None) -> list[dspy.Example]:
-    """A user's JSONL/CSV file. ``columns`` maps our field names to theirs.
-
-    Pairwise fields: question, answer_1, answer_2, optional label (1/2/tie, or a/b), optional id.
-    Scoring fields: dialogue_history, response, optional fact, optional aspect columns
-    (naturalness, coherence, engagingness, groundedness: all or none), optional id.
-    """
+def column_map(fmt: str, columns: dict[str, str] | None = None) -> dict[str, str]:
+    """Our field name -> the user's column name, for every field of ``fmt`` (unmapped fields keep their name)."""
     if fmt not in INPUTS:
         raise DataError(f"unknown format {fmt!r}: choose pairwise or scoring")
     columns = dict(columns or {})
@@ -156,44 +154,67 @@ def load_custom(path: str | Path, fmt: str, columns: dict[str, str] | None = Non
     unknown = sorted(set(columns) - allowed)
     if unknown:
         raise DataError(f"--columns names unknown fields {unknown}; {fmt} fields are {sorted(allowed)}")
-    col = {name: columns.get(name, name) for name in allowed}
+    return {name: columns.get(name, name) for name in allowed}
+
+
+def item_from_record(record: dict, fmt: str, *, columns: dict[str, str] | None = None, source: str = "input",
+                     row: int | None = None) -> dspy.Example:
+    """One user record as an item, validated; errors name ``source``, ``row`` and the field.
+
+    Pairwise fields: question, answer_1, answer_2, optional label (1/2/tie, or a/b), optional id.
+    Scoring fields: dialogue_history, response, optional fact, optional aspect scores
+    (naturalness, coherence, engagingness, groundedness: all or none), optional id.
+    """
+    if not isinstance(record, dict):
+        raise DataError(f"expected an object, got {type(record).__name__}", source=source, row=row)
+    col = column_map(fmt, columns)
+    raw_id = record.get(col["id"])
+    item_id = str(raw_id if raw_id not in (None, "") else row)
+    if fmt == "pairwise":
+        texts = {k: _text(record, k, source, row, col[k]) for k in INPUTS[fmt]}
+        raw = record.get(col["label"])
+        label = None
+        if raw not in (None, ""):
+            label = LABELS.get(str(raw).strip().lower())
+            if label is None:
+                raise DataError(f"label must be 1, 2 or tie (or a/b), got {raw!r}", source=source, row=row,
+                                field=col["label"])
+        return _example(fmt, item_id, texts, label=label)
+    texts = {k: _text(record, k, source, row, col[k]) for k in ("dialogue_history", "response")}
+    texts["fact"] = _text(record, "fact", source, row, col["fact"]) if col["fact"] in record else "(no fact given)"
+    given = [a for a in ASPECTS if record.get(col[a]) not in (None, "")]
+    human = None
+    if given:
+        if len(given) != len(ASPECTS):
+            missing = sorted(set(ASPECTS) - set(given))
+            raise DataError(f"give all four aspect columns or none; missing {missing}", source=source, row=row)
+        values = {}
+        for a in ASPECTS:
+            try:
+                values[a] = float(record[col[a]])
+            except (TypeError, ValueError) as exc:
+                raise DataError(f"expected a number, got {record[col[a]]!r}", source=source, row=row, field=col[a]) from exc
+        human = _human_scores(values, source, row, "human")
+    return _example(fmt, item_id, texts, human=human)
+
+
+def load_custom(path: str | Path, fmt: str, columns: dict[str, str] | None = None) -> list[dspy.Example]:
+    """A user's JSONL/CSV file; ``columns`` maps our field names to theirs (see ``item_from_record``)."""
+    col = column_map(fmt, columns)
     src = str(path)
-    rows = read_rows(path)
-    header = set(rows[0][1])
-    items = []
-    for row, r in rows:
-        item_id = str(r.get(col["id"]) if r.get(col["id"]) not in (None, "") else row)
-        if fmt == "pairwise":
-            texts = {k: _text(r, k, src, row, col[k]) for k in INPUTS[fmt]}
-            raw = r.get(col["label"])
-            label = None
-            if raw not in (None, ""):
-                label = LABELS.get(str(raw).strip().lower())
-                if label is None:
-                    raise DataError(f"label must be 1, 2 or tie (or a/b), got {raw!r}", source=src, row=row, field=col["label"])
-            items.append(_example(fmt, item_id, texts, label=label))
-        else:
-            texts = {k: _text(r, k, src, row, col[k]) for k in ("dialogue_history", "response")}
-            texts["fact"] = _text(r, "fact", src, row, col["fact"]) if col["fact"] in header else "(no fact given)"
-            given = [a for a in ASPECTS if col[a] in header]
-            human = None
-            if given:
-                if len(given) != len(ASPECTS):
-                    raise DataError(f"give all four aspect columns or none; missing {sorted(set(ASPECTS) - set(given))}", source=src)
-                try:
-                    values = {a: float(r[col[a]]) for a in ASPECTS}
-                except (TypeError, ValueError) as exc:
-                    raise DataError(f"aspect scores must be numbers ({exc})", source=src, row=row) from exc
-                human = _human_scores(values, src, row, "human")
-            items.append(_example(fmt, item_id, texts, human=human))
-    ids = [x.id for x in items]
-    if len(set(ids)) != len(ids):
-        dup = next(i for i in ids if ids.count(i) > 1)
-        raise DataError(f"duplicate id {dup!r}: ids must be unique so results can be matched to items", source=src)
+    items, seen = [], {}
+    for row, record in read_rows(path):
+        item = item_from_record(record, fmt, columns=col, source=src, row=row)
+        if item.id in seen:
+            raise DataError(f"duplicate id {item.id!r} (first on row {seen[item.id]}): ids must be unique so results "
+                            "can be matched to items", source=src, row=row, field=col["id"])
+        seen[item.id] = row
+        items.append(item)
     return items
 
 
-def load_dataset(name_or_path: str, *, fmt: str | None = None, columns: dict[str, str] | None = None) -> tuple[list[dspy.Example], str]:
+def load_dataset(name_or_path: str, *, fmt: str | None = None,
+                 columns: dict[str, str] | None = None) -> tuple[list[dspy.Example], str]:
     """Items and their format, from a built-in name (``faireval``, ``topical_chat``) or a file."""
     if name_or_path in BUILTIN:
         return (load_faireval() if name_or_path == "faireval" else load_topical_chat()), BUILTIN[name_or_path][1]

@@ -9,6 +9,7 @@ fails, is recorded as that referee's abstention with its reason, never as a scor
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import dspy
@@ -71,7 +72,8 @@ class Debate(dspy.Module):
             if self.strategy.concurrent_rounds:
                 # Nobody in such a round sees another's turn, so the turns are independent.
                 seen = render(self.strategy.visible(transcript, rnd))
-                outcomes = parallel_map(lambda d: self._turn(d, item, seen, final), speakers, len(speakers))
+                turn = functools.partial(self._turn, item=item, seen=seen, final=final)
+                outcomes = parallel_map(turn, speakers, len(speakers))
                 transcript.extend(self._utterance(rnd, d, o, final) for d, o in zip(speakers, outcomes))
             else:
                 outcomes = []

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import dspy
 
-from chateval_dspy.config import DebateConfig
 from chateval_dspy.concurrency import bounded_unordered
+from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import ChatEvalError
 from chateval_dspy.metrics import pairwise_report, scoring_report
 from chateval_dspy.signatures import ASPECTS, INPUTS

@@ -102,8 +102,9 @@ def read_card(directory: str | Path) -> dict:
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path} is not valid JSON: {exc}") from exc
     if card.get("card_format") != CARD_FORMAT:
+        wrote = card.get("versions", {}).get("chateval-dspy", "?")
         raise ConfigError(f"{path} has card format {card.get('card_format')!r}; this chateval-dspy reads format "
-                          f"{CARD_FORMAT}. Use the chateval-dspy version that wrote it ({card.get('versions', {}).get('chateval-dspy', '?')})")
+                          f"{CARD_FORMAT}. Use the chateval-dspy version that wrote it ({wrote})")
     return card
 
 

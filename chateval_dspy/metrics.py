@@ -24,6 +24,8 @@ from chateval_dspy.signatures import ASPECTS
 PAIRWISE_CLASSES = ["1", "2", "tie"]
 ABSTAIN = "abstain"
 N_RESAMPLES = 2000
+# Below this share of resamples with a defined statistic, no interval is reported.
+MIN_DEFINED = 0.5
 
 
 @dataclass(frozen=True)
@@ -38,8 +40,9 @@ class Estimate:
     def __str__(self) -> str:
         if math.isnan(self.value):
             return "n/a"
-        ci = "" if math.isnan(self.low) else f" [{self.low:.3f}, {self.high:.3f}]"
-        return f"{self.value:.3f}{ci}"
+        if math.isnan(self.low):
+            return f"{self.value:.3f} [no CI: n={self.n}]"
+        return f"{self.value:.3f} [{self.low:.3f}, {self.high:.3f}]"
 
     def as_dict(self, name: str) -> dict[str, float]:
         return {name: self.value, f"{name}_ci_low": self.low, f"{name}_ci_high": self.high}
@@ -58,7 +61,13 @@ def bootstrap(statistic: Callable[..., float], *columns: Sequence, seed: int = 0
         res = stats.bootstrap(tuple(arrays), lambda *a: statistic(*a), paired=True, vectorized=False,
                               n_resamples=N_RESAMPLES, confidence_level=0.95, method="percentile",
                               random_state=np.random.default_rng(seed))
-    low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    # The percentile interval over the resamples where the statistic is defined: with few items some
+    # resamples hold one class only (kappa undefined), which would otherwise blank the whole interval.
+    dist = np.asarray(res.bootstrap_distribution, dtype=float)
+    defined = dist[~np.isnan(dist)]
+    if len(defined) < MIN_DEFINED * len(dist):
+        return Estimate(value, math.nan, math.nan, n)
+    low, high = (float(x) for x in np.percentile(defined, [2.5, 97.5]))
     return Estimate(value, low, high, n)
 
 

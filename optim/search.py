@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import socket
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -99,7 +100,7 @@ def persona_sets(n: int) -> list[str]:
 def suggest_config(trial: optuna.Trial, space: SearchSpace, base: DebateConfig) -> tuple[DebateConfig, str]:
     """The trial's panel as a ``DebateConfig`` (everything not searched comes from ``base``) and its compile choice.
 
-    Parameters: ``panel`` (distinct/same), ``n_roles``, ``personas_<n>`` (distinct panels only),
+    Parameters: ``panel`` (distinct/same), ``n_roles``, ``personas_<n>`` (distinct panels of 1-4),
     ``turns``, ``strategy``, ``aggregate``, ``compile``. Persona sets are one categorical per
     panel size, so ``n_roles`` stays a parameter of its own (the paper's Figure 3 axis).
 
@@ -114,7 +115,8 @@ def suggest_config(trial: optuna.Trial, space: SearchSpace, base: DebateConfig) 
     if panel == "same":
         roles = same_roles(n)
     else:
-        roles = tuple(trial.suggest_categorical(f"personas_{n}", persona_sets(n)).split("+"))
+        choices = persona_sets(n)  # a panel of all five has nothing to choose
+        roles = tuple((trial.suggest_categorical(f"personas_{n}", choices) if len(choices) > 1 else choices[0]).split("+"))
     turns = trial.suggest_int("turns", *space.turns)
     strategy = trial.suggest_categorical("strategy", space.strategies)
     aggregate = trial.suggest_categorical("aggregate", space.aggregates)
@@ -152,7 +154,9 @@ def open_storage(url: str):
             path.parent.mkdir(parents=True, exist_ok=True)
     if url.startswith(("sqlite:", "postgresql", "mysql")):
         kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite:") else {}
-        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=60, grace_period=180)
+        with warnings.catch_warnings():  # heartbeats are "experimental" since Optuna 2.9 and still the documented way
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=60, grace_period=180)
     return url
 
 
@@ -360,11 +364,17 @@ class Objective:
             out.write_text("", encoding="utf-8")
             trial.set_user_attr("results", str(out))
         result = RunResult(config)
+
+        def judged(record: dict) -> None:
+            result.add(record)
+            if self.on_item:
+                self.on_item(record)
+
         prune = len(self.objectives) == 1
         step = max(1, self.report_every)
         for start in range(0, len(dev), step):
             chunk = evaluate(program, dev[start:start + step], config, out=out, concurrency=self.concurrency,
-                             on_item=lambda r: (result.add(r), self.on_item and self.on_item(r)))
+                             on_item=judged)
             result.wall_seconds += chunk.wall_seconds
             value = running_agreement(result)
             if prune and not math.isnan(value):
@@ -474,12 +484,30 @@ def trials_frame(study: optuna.Study):
     return pd.DataFrame(rows)
 
 
+def panel_label(roles: Sequence[str]) -> str:
+    """A short name for a panel in printed tables.
+
+    Example:
+        >>> panel_label(["referee_1", "referee_2"]), panel_label(DEFAULT_ORDER)
+        ('same-role x2', 'all five')
+    """
+    roles = list(roles)
+    if roles and all(r.startswith("referee_") for r in roles):
+        return f"same-role x{len(roles)}"
+    if roles == list(DEFAULT_ORDER):
+        return "all five"
+    return ",".join(roles)
+
+
 def _note(t: FrozenTrial) -> str:
     notes = []
     if "duplicate_of" in t.user_attrs:
         notes.append(f"same as #{t.user_attrs['duplicate_of']}")
     if t.user_attrs.get("agreement_undefined"):
         notes.append("undefined->0")
+    if t.state == TrialState.PRUNED and t.intermediate_values:
+        step = max(t.intermediate_values)
+        notes.append(f"pruned at {step} items ({t.intermediate_values[step]:.3f})")
     if t.user_attrs.get("surplus"):
         notes.append("surplus")
     return ", ".join(notes)

@@ -70,15 +70,13 @@ def test_evaluate_faireval(tmp_path, capsys, fake_model):
 
 def test_evaluate_summary_shows_kappa_with_ci_on_more_items(tmp_path, capsys, fake_model):
     code, out, err = cli(capsys, "evaluate", "--dataset", "faireval", "--limit", "16",
-                         "--out", str(tmp_path / "r.jsonl"), "--no-progress", "--no-cache", "--roles", "1", "--turns", "1")
+                         "--out", str(tmp_path / "r.jsonl"), "--no-progress", "--no-cache",
+                         "--roles", "1", "--turns", "1")
     assert code == 0, err
     for metric in ("accuracy", "kappa"):
         assert re.search(rf"^\s*{metric}\s+{BRACKET}\s+{BRACKET}\s*$", out, re.M), out  # chateval and baseline
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "metrics.bootstrap returns a NaN CI for kappa on a few items (NaN resample statistics poison the "
-    "percentile interval), so `--limit 4` prints kappa without the CI bracket that summary.py promises"))
 def test_evaluate_summary_kappa_has_ci_bracket_with_limit_4(tmp_path, capsys, fake_model):
     code, out, _ = cli(capsys, "evaluate", "--dataset", "faireval", "--limit", "4", "--out", str(tmp_path / "r.jsonl"),
                        "--no-progress", "--no-cache")
@@ -211,7 +209,8 @@ def test_roles_flags_are_mutually_exclusive(capsys):
 
 def test_same_role_ablation_from_the_cli(tmp_path, capsys, fake_model):
     code, out, err = cli(capsys, "evaluate", "--dataset", "faireval", "--limit", "1",
-                         "--out", str(tmp_path / "r.jsonl"), "--no-progress", "--no-cache", "--same-role", "3", "--turns", "1", "--no-calibrate")
+                         "--out", str(tmp_path / "r.jsonl"), "--no-progress", "--no-cache",
+                         "--same-role", "3", "--turns", "1", "--no-calibrate")
     assert code == 0, err
     assert "roles=referee_1,referee_2,referee_3" in out
     assert len(fake_model["lms"][0].engine.calls) == 3

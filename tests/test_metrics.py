@@ -105,7 +105,7 @@ def test_ci_is_nan_below_three_items():
     est = bootstrap(accuracy, ["1", "2"], ["1", "1"])
     assert est.value == 0.5 and est.n == 2
     assert math.isnan(est.low) and math.isnan(est.high)
-    assert str(est) == "0.500"  # no bracket without a CI
+    assert str(est) == "0.500 [no CI: n=2]"  # says why there is no interval
     empty = bootstrap(accuracy, [], [])
     assert math.isnan(empty.value) and str(empty) == "n/a"
 
@@ -115,10 +115,6 @@ def test_ci_is_deterministic_per_seed():
     assert bootstrap(accuracy, human, predicted, seed=3) == bootstrap(accuracy, human, predicted, seed=3)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "metrics.bootstrap: resamples whose kappa is undefined (p_e = 1, e.g. every resampled human label and "
-    "prediction the same) return NaN, and the percentile interval over a distribution containing NaN is NaN; "
-    "with a handful of items this is near certain, so a defined kappa is reported without its CI"))
 def test_kappa_ci_defined_when_point_estimate_is_defined_on_few_items():
     est = bootstrap(kappa, ["1", "2", "1", "tie"], ["1", "2", "2", "tie"])
     assert est.value == pytest.approx(kappa_by_hand(["1", "2", "1", "tie"], ["1", "2", "2", "tie"]))

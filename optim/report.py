@@ -1,0 +1,349 @@
+"""Tables and plots for a search study or an MLflow run (matplotlib with the Agg backend).
+
+A study gets its trials table and PNGs: agreement against panel size and turns (the
+paper's Figure 3), the optimisation history, parameter importances, the intermediate
+values that drove pruning, and the Pareto front of a two-objective study. A run gets its
+metrics table and, from its results JSONL, a confusion matrix (pairwise) or a scatter
+of predicted against human scores per aspect (scoring).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from chateval_dspy.errors import ConfigError
+
+RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+PAIRWISE_LABELS = ["1", "2", "tie", "abstain"]
+
+
+@dataclass
+class Report:
+    """What a report printed and wrote: the table, the PNG files, and notes on what could not be drawn."""
+
+    title: str
+    table: str
+    files: list[Path] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display needed, none opened
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path, files: list[Path]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    _pyplot().close(fig)
+    files.append(path)
+
+
+# --- finding the target ---------------------------------------------------------------------------------------
+
+
+def _sqlite_missing(url: str) -> bool:
+    """A sqlite URL whose file does not exist (opening it would create an empty store)."""
+    if not url.startswith("sqlite:///"):
+        return False
+    path = url[len("sqlite:///"):]
+    return path not in ("", ":memory:") and not Path(path).exists()
+
+
+def study_names(storage: str) -> list[str]:
+    import optuna
+
+    if _sqlite_missing(storage):
+        return []
+    return sorted(optuna.get_all_study_names(storage=storage))
+
+
+def load_study(name: str, storage: str):
+    """The study called ``name`` in ``storage``, or None."""
+    import optuna
+
+    if name not in study_names(storage):
+        return None
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+def _client(uri: str | None):
+    """An MLflow client on the tracking store, or None when the default local store was never created."""
+    from optim import tracking
+
+    resolved = tracking.tracking_uri(uri)
+    if _sqlite_missing(resolved):
+        return None, resolved
+    # tracking.py has no read helpers yet (get a run, list, download and attach artifacts): the client does that here.
+    return tracking.mlflow.MlflowClient(resolved), resolved
+
+
+def find(target: str, *, storage: str, uri: str | None = None):
+    """``("study", study)`` or ``("run", (client, run))`` for ``target``, else a ConfigError saying what exists.
+
+    Example:
+        >>> kind, found = find("faireval-agreement", storage="sqlite:///mlruns/optuna.db")  # doctest: +SKIP
+    """
+    from optim.search import redact_url
+
+    study = load_study(target, storage)
+    if study is not None:
+        return "study", study
+    known = study_names(storage)
+    where = f"studies in {redact_url(storage)}: {', '.join(known) if known else 'none'}"
+    if RUN_ID.match(target):
+        client, resolved = _client(uri)
+        if client is None:
+            raise ConfigError(f"no study or MLflow run {target!r}: there is no MLflow store at {resolved} ({where})")
+        from optim import tracking
+
+        try:
+            return "run", (client, client.get_run(target))
+        except tracking.mlflow.exceptions.MlflowException as exc:
+            raise ConfigError(f"no study or MLflow run {target!r}: the run is not in {resolved} ({where})") from exc
+    raise ConfigError(f"no study named {target!r} ({where}); an MLflow run id is 32 hex characters, "
+                      "as printed on a command's 'mlflow run:' line")
+
+
+# --- studies --------------------------------------------------------------------------------------------------
+
+
+def study_table(study) -> str:
+    from optim.search import panel_label, trials_frame
+
+    frame = trials_frame(study)
+    if frame.empty:
+        return "(the study has no trials)"
+    frame = frame.assign(roles=[panel_label(r.split(",")) if r else "" for r in frame.roles],
+                         tokens_per_item=[f"{t:.0f}" if t == t else "-" for t in frame.tokens_per_item])
+    return frame.drop(columns=["n_roles"]).to_string(index=False, float_format=lambda v: f"{v:.3f}", na_rep="-")
+
+
+def figure3(study, path: Path, files: list[Path]) -> None:
+    """Agreement against panel size and against turns, one line (mean) and dots (trials) per strategy."""
+    import pandas as pd
+
+    from chateval_dspy.strategies import STRATEGIES
+    from optim.search import trials_frame
+
+    frame = trials_frame(study)
+    frame = frame[frame.state == "complete"]
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    colors = {s: f"C{i}" for i, s in enumerate(STRATEGIES)}
+    for ax, column, label in ((axes[0], "n_roles", "number of referees"), (axes[1], "turns", "discussion turns")):
+        for strategy, rows in frame.dropna(subset=[column]).groupby("strategy"):
+            color = colors.get(strategy, "C9")
+            ax.scatter(rows[column], rows["agreement"], alpha=0.3, s=18, color=color)
+            means = rows.groupby(column)["agreement"].mean()
+            ax.plot(means.index, means.values, marker="o", label=strategy.replace("_", " "), color=color)
+        ax.set_xlabel(label)
+        ax.set_xticks(sorted(pd.unique(frame[column].dropna())))
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(f"dev agreement ({_metric_name(study)})")
+    axes[1].legend(fontsize=8, loc="best")
+    fig.suptitle(f"{study.study_name}: agreement by panel size and turns (cf. ChatEval Figure 3)\n"
+                 "lines: mean over complete trials; other dimensions vary", fontsize=10)
+    _save(fig, path, files)
+
+
+def _metric_name(study) -> str:
+    settings = study.user_attrs.get("settings", {})
+    return "average Spearman" if settings.get("format") == "scoring" else "accuracy"
+
+
+def _agreement_target(study):
+    """``(target, name)`` for Optuna's plots: the first objective of a two-objective study."""
+    if len(study.directions) == 1:
+        return None, f"dev {_metric_name(study)}"
+    return (lambda t: t.values[0]), f"dev {_metric_name(study)}"
+
+
+def _importances(study, path: Path, files: list[Path], target_name: str) -> str:
+    """Plot parameter importances for agreement; returns the line to print."""
+    import optuna
+    from optuna.visualization import matplotlib as vis
+
+    values = {t.values[0] for t in study.get_trials(deepcopy=False) if t.values}
+    if len(values) < 2:
+        return "parameter importances: every complete trial has the same agreement, so no parameter explains it"
+    # The default evaluator ranks what leads to *low* targets when given one: negate agreement (importance is
+    # about which parameters matter, so the sign does not change the picture, only which tail is studied).
+    target = None if len(study.directions) == 1 else (lambda t: -t.values[0])
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            importances = optuna.importance.get_param_importances(study, target=target)
+            ax = vis.plot_param_importances(study, target=target, target_name=target_name)
+    except (RuntimeError, ValueError, ZeroDivisionError) as exc:
+        return f"parameter importances could not be computed: {exc}"
+    _save(ax.figure, path, files)
+    return "parameter importances: " + ", ".join(f"{k} {v:.2f}" for k, v in importances.items())
+
+
+def study_report(study, out: Path) -> Report:
+    """Write the study's PNGs under ``out`` and return the table, files and notes."""
+    import optuna
+    from optuna.trial import TrialState
+    from optuna.visualization import matplotlib as vis
+
+    out = Path(out)
+    files: list[Path] = []
+    notes: list[str] = []
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    target, target_name = _agreement_target(study)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # the matplotlib backend is "experimental"
+        if complete:
+            figure3(study, out / "agreement_vs_roles_turns.png", files)
+            ax = vis.plot_optimization_history(study, target=target, target_name=target_name)
+            _save(ax.figure, out / "optimization_history.png", files)
+        else:
+            notes.append("no complete trials: no agreement or history plot")
+        if len(complete) < 2:
+            notes.append(f"parameter importances need at least 2 complete trials; the study has {len(complete)}")
+        else:
+            notes.append(_importances(study, out / "param_importances.png", files, target_name))
+        if any(t.intermediate_values for t in study.get_trials(deepcopy=False)):
+            ax = vis.plot_intermediate_values(study)
+            ax.set_xlabel("dev items judged")
+            _save(ax.figure, out / "intermediate_values.png", files)
+        if len(study.directions) == 2:
+            if complete:
+                ax = vis.plot_pareto_front(study, target_names=[target_name, "tokens per dev item"])
+                _save(ax.figure, out / "pareto_front.png", files)
+            pareto = ", ".join(str(t.number) for t in sorted(study.best_trials, key=lambda t: t.number))
+            notes.append(f"Pareto front (agreement vs tokens): trials {pareto or 'none'}")
+    final = study.user_attrs.get("final")
+    if final:
+        notes.append(f"best trial {final['trial']} was tested and saved in {final['out']}")
+    title = f"study {study.study_name}: {len(study.trials)} trials, {len(complete)} complete, objectives " \
+            f"{'+'.join(d.name.lower() for d in study.directions)}"
+    return Report(title, study_table(study), files, notes)
+
+
+def study_run_id(study, uri: str | None) -> str | None:
+    """The study's MLflow parent run in this tracking store, if one was recorded."""
+    from optim import tracking
+
+    return (study.user_attrs.get("mlflow_runs") or {}).get(tracking.tracking_uri(uri))
+
+
+# --- runs -----------------------------------------------------------------------------------------------------
+
+
+def metrics_table(run) -> str:
+    """The run's metrics, with 95% CIs beside each figure that has them."""
+    import pandas as pd
+
+    metrics = run.data.metrics
+    rows = []
+    for key in sorted(metrics):
+        if key.endswith(("_ci_low", "_ci_high")):
+            continue
+        low, high = metrics.get(f"{key}_ci_low"), metrics.get(f"{key}_ci_high")
+        ci = f"[{low:.3f}, {high:.3f}]" if low is not None and high is not None else ""
+        rows.append((key, f"{metrics[key]:.3f}", ci))
+    if not rows:
+        return "(the run has no metrics)"
+    return pd.DataFrame(rows, columns=["metric", "value", "95% CI"]).to_string(index=False)
+
+
+def _run_header(run) -> str:
+    p, tags = run.data.params, run.data.tags
+    keys = ("model", "dataset", "split", "limit", "config.format", "config.roles", "config.strategy", "config.turns",
+            "config.aggregate", "optimizer", "study", "trial", "compile")
+    shown = "  ".join(f"{k.removeprefix('config.')}={p[k]}" for k in keys if k in p)
+    return f"run {run.info.run_id} ({run.info.run_name}, {tags.get('command', 'trial' if 'trial' in p else '?')}, " \
+           f"{run.info.status.lower()})\n{shown}"
+
+
+def result_files(client, run_id: str, dest: Path) -> list[Path]:
+    """Download the run's results JSONL files (those under ``results/`` first, else any)."""
+    def walk(path=None):
+        for entry in client.list_artifacts(run_id, path):
+            if entry.is_dir:
+                yield from walk(entry.path)
+            elif entry.path.endswith(".jsonl"):
+                yield entry.path
+
+    found = list(walk())
+    chosen = [p for p in found if p.startswith("results/")] or found
+    return [Path(client.download_artifacts(run_id, p, str(dest))) for p in chosen]
+
+
+def read_records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def confusion(records: list[dict], path: Path, files: list[Path], title: str) -> None:
+    """Human label (rows) against the panel's verdict (columns); abstentions are their own column."""
+    from sklearn.metrics import ConfusionMatrixDisplay, confusion_matrix
+
+    labelled = [r for r in records if r.get("human") is not None]
+    human = [r["human"] for r in labelled]
+    said = [r["prediction"] if r.get("prediction") is not None else "abstain" for r in labelled]
+    matrix = confusion_matrix(human, said, labels=PAIRWISE_LABELS)
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(4.8, 4.2))
+    ConfusionMatrixDisplay(matrix, display_labels=PAIRWISE_LABELS).plot(ax=ax, colorbar=False, cmap="Blues")
+    ax.set_xlabel("panel's verdict")
+    ax.set_ylabel("human label")
+    accuracy = sum(h == s for h, s in zip(human, said)) / max(len(human), 1)
+    ax.set_title(f"{title}\naccuracy {accuracy:.3f} over {len(human)} items", fontsize=9)
+    _save(fig, path, files)
+
+
+def scatter(records: list[dict], path: Path, files: list[Path], title: str) -> None:
+    """Predicted against human score per aspect, with each aspect's Spearman."""
+    from chateval_dspy.metrics import spearman
+    from chateval_dspy.signatures import ASPECTS
+
+    pairs = [(r["human"], r["prediction"]) for r in records if r.get("human") and r.get("prediction")]
+    plt = _pyplot()
+    fig, axes = plt.subplots(2, 2, figsize=(8, 7))
+    for ax, aspect in zip(axes.flat, ASPECTS):
+        h = [float(x[aspect]) for x, _ in pairs]
+        p = [float(y[aspect]) for _, y in pairs]
+        ax.scatter(h, p, alpha=0.6, s=20)
+        rho = spearman(h, p) if len(h) > 1 else math.nan
+        ax.set_title(f"{aspect}: Spearman {'n/a' if math.isnan(rho) else f'{rho:.3f}'}", fontsize=9)
+        ax.set_xlabel("human (mean)")
+        ax.set_ylabel("panel")
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{title}: {len(pairs)} items with a verdict", fontsize=10)
+    _save(fig, path, files)
+
+
+def run_report(client, run, out: Path, workdir: Path) -> Report:
+    """The run's metrics table and one plot per results file."""
+    out = Path(out)
+    files: list[Path] = []
+    notes: list[str] = []
+    downloaded = result_files(client, run.info.run_id, workdir)
+    if not downloaded:
+        notes.append("the run has no results JSONL artifact: no confusion matrix or scatter")
+    for path in downloaded:
+        records = read_records(path)
+        if not records:
+            notes.append(f"{path.name} is empty")
+            continue
+        if records[0].get("format") == "pairwise":
+            confusion(records, out / f"confusion_{path.stem}.png", files, path.stem)
+        else:
+            scatter(records, out / f"scatter_{path.stem}.png", files, path.stem)
+    return Report(_run_header(run), metrics_table(run), files, notes)
+
+
+def attach(client, run_id: str, out: Path, artifact_dir: str = "report") -> None:
+    """Add the report's files to an MLflow run (any state: a finished run keeps its status)."""
+    client.log_artifacts(run_id, str(out), artifact_dir)
