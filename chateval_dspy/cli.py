@@ -73,6 +73,30 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]
     ev.add_argument("--out", help="results JSONL, one line per item (default: results/<dataset>-<time>.jsonl)")
     ev.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     ev.add_argument("--no-progress", action="store_true")
+
+    def add_loaded(name: str, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help)
+        p.add_argument("evaluator", help="saved evaluator dir, runs:/<run_id>[/path] or models:/<name>/<version>")
+        p.add_argument("--model", help="LM for this evaluator (default: the card's model)")
+        p.add_argument("--served-model", help="model id at a base URL")
+        p.add_argument("--timeout", type=float, default=120.0, help="seconds per LM request")
+        p.add_argument("--concurrency", type=int, default=2, help="items judged at once")
+        p.add_argument("--trust-pickle", action="store_true", help="allow a pickled program (runs code from the file)")
+        return p
+
+    sc = add_loaded("score", "judge a JSONL/CSV file with a saved evaluator (resumable)")
+    sc.add_argument("--in", dest="src", required=True, help="items, .jsonl or .csv")
+    sc.add_argument("--out", required=True, help="verdicts .jsonl; rerunning skips ids already in it")
+    sc.add_argument("--columns", help="map fields to your columns, e.g. question=prompt,answer_1=a")
+    sc.add_argument("--no-progress", action="store_true")
+    sv = add_loaded("serve", "serve a saved evaluator as an HTTP JSON API")
+    sv.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--token-env", default="CHATEVAL_SERVE_TOKEN",
+                    help="environment variable holding the bearer token (unset: no token required)")
+    sv.add_argument("--queue", type=int, default=4, help="requests in flight before 503")
+    sv.add_argument("--max-items", type=int, default=32, help="items per request")
+    sv.add_argument("--max-body-bytes", type=int, default=1_000_000)
     return parser, sub
 
 
@@ -189,7 +213,50 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
-COMMANDS = {"evaluate": cmd_evaluate}
+def _load(args):
+    from chateval_dspy.production import load
+
+    if args.concurrency < 1:
+        raise ConfigError(f"--concurrency must be positive, got {args.concurrency}")
+    return load(args.evaluator, model=args.model, trust_pickle=args.trust_pickle, slots=max(2, args.concurrency),
+                timeout=args.timeout, served_model=args.served_model)
+
+
+def cmd_score(args) -> int:
+    from tqdm import tqdm
+
+    from chateval_dspy.batch import score_file
+    from chateval_dspy.data import parse_columns
+
+    columns = parse_columns(args.columns)
+    with _load(args) as judge, tqdm(unit="item", disable=args.no_progress, file=sys.stderr) as bar:
+        report = score_file(judge, args.src, args.out, columns=columns, concurrency=args.concurrency,
+                            on_item=lambda r: bar.update(1))
+    print(f"rows: {report.total}  scored now: {report.scored}  already done: {report.skipped}  "
+          f"rejected: {len(report.rejected)}  -> {args.out}")
+    for row, reason in report.rejected:
+        print(f"  row {row}: {reason}")
+    return 0
+
+
+def cmd_serve(args) -> int:
+    import os
+
+    import uvicorn
+
+    from chateval_dspy.serve import create_app
+
+    token = os.environ.get(args.token_env) or None
+    with _load(args) as judge:
+        app = create_app(judge, token=token, max_body_bytes=args.max_body_bytes, max_items=args.max_items,
+                         queue=args.queue, concurrency=args.concurrency)
+        print(f"serving {args.evaluator} on http://{args.host}:{args.port} "
+              f"({'bearer token required' if token else 'no token'}); Ctrl-C stops", file=sys.stderr)
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+COMMANDS = {"evaluate": cmd_evaluate, "score": cmd_score, "serve": cmd_serve}
 
 
 def main(argv: list[str] | None = None, *, parser: argparse.ArgumentParser | None = None,

@@ -91,7 +91,7 @@ def _default_model(card: dict) -> str:
     model = card.get("model") or ""
     if model == EMBEDDED_MODEL_ID:
         return EMBEDDED
-    if model.startswith("openai-compatible/") or model.startswith("fake/") or not model:
+    if model.startswith("openai-compatible/") or not model:
         raise ConfigError(f"this evaluator was compiled for {model or 'an unknown model'!r}, which cannot be reached "
                           "from its name alone: pass model= (a base URL or LiteLLM model string)")
     return model

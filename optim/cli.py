@@ -159,7 +159,7 @@ def _extensions():
 
 
 def main(argv: list[str] | None = None) -> int:
-    commands = {"evaluate": cmd_evaluate, "compile": cmd_compile}
+    commands = {**runtime.COMMANDS, "evaluate": cmd_evaluate, "compile": cmd_compile}
     for extra in _extensions():
         commands.update(extra.COMMANDS)
     return runtime.main(argv, parser=build_parser(), commands=commands)

@@ -1,0 +1,226 @@
+"""Production (issue #4): load with one call, typed verdicts, batch, safe loading, HTTP API, resumable scoring."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+
+import dspy
+import httpx
+import pandas as pd
+import pytest
+
+import chateval_dspy.production as production
+from chateval_dspy.batch import score_file
+from chateval_dspy.config import DebateConfig
+from chateval_dspy.errors import ConfigError
+from chateval_dspy.evaluator import CARD_FILE, make_card, save_evaluator
+from chateval_dspy.fake_lm import ScriptedEngine
+from chateval_dspy.production import Verdict, load
+from chateval_dspy.program import build_evaluator
+
+ITEM = {"id": "a", "question": "Which?", "answer_1": "short", "answer_2": "a considerably longer answer"}
+
+
+@pytest.fixture
+def engine(monkeypatch):
+    """One fake engine shared by every LM that load() builds, so calls can be counted across loads."""
+    shared = ScriptedEngine()
+
+    @contextlib.contextmanager
+    def fake_resolve(spec, **kwargs):
+        yield dspy.LM(spec if "/" in spec else f"fake/{spec}", engine=shared, cache=False, num_retries=0)
+
+    monkeypatch.setattr(production, "resolve_lm", fake_resolve)
+    return shared
+
+
+@pytest.fixture
+def saved(tmp_path):
+    program = build_evaluator(DebateConfig(roles=("critic", "scientist"), turns=2))
+    program.debate.referees["critic"].judge.demos = [dspy.Example(
+        question="dq", answer_1="x", answer_2="y", persona="p", discussion="d", evidence="e", score_1=7, score_2=3)]
+    return program, save_evaluator(program, tmp_path / "prog", make_card(program, model="fake/card-model"))
+
+
+def test_load_gives_the_same_verdicts_as_the_program_in_memory(saved, engine):
+    program, path = saved
+    with dspy.context(lm=dspy.LM("fake/x", engine=ScriptedEngine(), cache=False), adapter=dspy.JSONAdapter()):
+        expected = program(**{k: v for k, v in ITEM.items() if k != "id"})
+    with load(path) as judge:
+        verdict = judge(ITEM)
+    assert isinstance(verdict, Verdict)
+    assert verdict.id == "a" and verdict.format == "pairwise"
+    assert verdict.winner == expected.preference == "2"
+    assert verdict.scores == {"answer_1": expected.score_1, "answer_2": expected.score_2}
+    assert verdict.referees == expected.referees
+    assert set(verdict.rationales) == {"critic", "scientist"} and all(len(r) == 2 for r in verdict.rationales.values())
+    assert verdict.consistent is True and verdict.calls == 8 and verdict.prompt_tokens > 0
+
+
+def test_the_lm_is_chosen_at_load_time_and_a_different_model_warns(saved, engine):
+    _, path = saved
+    with pytest.warns(UserWarning, match="compiled for fake/card-model and now runs on fake/other"):
+        with load(path, model="other") as judge:
+            assert judge.lm.model == "fake/other"
+
+
+def test_card_from_an_incompatible_version_is_an_error_naming_the_version(saved, engine):
+    _, path = saved
+    card = json.loads((path / CARD_FILE).read_text())
+    card["versions"]["chateval-dspy"] = "9.1.0"
+    (path / CARD_FILE).write_text(json.dumps(card))
+    with pytest.raises(ConfigError, match=r"chateval-dspy==9\.1\.0"):
+        load(path)
+
+
+def test_a_pickled_program_is_refused_unless_trusted(saved, engine, tmp_path):
+    program, _ = saved
+    pickled = tmp_path / "pickled"
+    program.save(str(pickled), save_program=True)
+    with pytest.raises(ConfigError, match="trust_pickle=True"):
+        load(pickled, model="x")
+    assert engine.calls == []
+    with load(pickled, model="x", trust_pickle=True) as judge:
+        assert judge(ITEM).winner == "2"
+
+
+def test_evaluate_batch_keeps_order_and_reports_bad_rows(saved, engine):
+    _, path = saved
+    frame = pd.DataFrame([ITEM, {**ITEM, "id": "b", "answer_2": ""}, {**ITEM, "id": "c", "answer_1": "a long one here"}])
+    with load(path) as judge:
+        out = judge.evaluate_batch(frame, concurrency=3)
+    assert list(out["id"]) == ["a", "b", "c"]
+    assert out.loc[1, "error"] and "answer_2" in out.loc[1, "error"] and "row 2" in out.loc[1, "error"]
+    assert out.loc[0, "winner"] == "2" and pd.isna(out.loc[0, "error"])
+
+
+# ---------------------------------------------------------------- resumable scoring
+
+
+def test_score_resumes_after_an_interruption_without_repeating_calls(saved, engine, tmp_path):
+    _, path = saved
+    src = tmp_path / "items.jsonl"
+    rows = [{**ITEM, "id": f"i{i}", "answer_1": "x" * (i + 1)} for i in range(5)]
+    rows.insert(2, {"id": "bad", "question": "q", "answer_1": "a"})  # missing answer_2
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "verdicts.jsonl"
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_two(record, seen=[]):  # noqa: B006 - a counter across calls
+        seen.append(record)
+        if len(seen) == 2:
+            raise Stop
+
+    with load(path) as judge:
+        with pytest.raises(Stop):
+            score_file(judge, src, out, on_item=stop_after_two)
+        calls_first = len(engine.calls)
+        with open(out, "a") as f:
+            f.write('{"id": "torn", "win')  # what a kill mid-write would leave
+        report = score_file(judge, src, out)
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    ids = [r["id"] for r in lines]
+    assert sorted(ids) == sorted(["i0", "i1", "bad", "i2", "i3", "i4"]) and len(ids) == len(set(ids))
+    assert report.skipped == 2 and report.scored == 3 and [r for r, _ in report.rejected] == [3]
+    assert "answer_2" in report.rejected[0][1]
+    judged = [r for r in lines if not r.get("error")]
+    assert len(engine.calls) == 8 * len(judged)  # no item was judged twice
+    assert calls_first == 16
+
+
+# ---------------------------------------------------------------- HTTP API
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serving(judge, **kwargs):
+    import uvicorn
+
+    from chateval_dspy.serve import create_app
+
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(judge, **kwargs), host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    for _ in range(200):
+        if server.started:
+            break
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(5)
+
+
+def test_http_api_validates_and_judges(saved, engine):
+    _, path = saved
+    with load(path) as judge, serving(judge, token="s3cret", max_body_bytes=5000, max_items=3) as url:
+        auth = {"Authorization": "Bearer s3cret"}
+        assert httpx.get(f"{url}/health").json()["status"] == "ok"
+        assert httpx.get(f"{url}/card").status_code == 401
+        assert httpx.get(f"{url}/card", headers=auth).json()["model"] == "fake/card-model"
+        assert httpx.post(f"{url}/evaluate", json=ITEM).status_code == 401
+        assert httpx.post(f"{url}/evaluate", json=ITEM, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        one = httpx.post(f"{url}/evaluate", json=ITEM, headers=auth, timeout=30)
+        assert one.status_code == 200 and one.json()["winner"] == "2" and one.json()["id"] == "a"
+        many = httpx.post(f"{url}/evaluate", json=[ITEM, {**ITEM, "id": "b"}], headers=auth, timeout=30)
+        assert [v["id"] for v in many.json()] == ["a", "b"]
+        bad = httpx.post(f"{url}/evaluate", content=b"{not json", headers=auth)
+        assert bad.status_code == 400 and "JSON" in bad.json()["error"]
+        missing = httpx.post(f"{url}/evaluate", json={"question": "q", "answer_1": "a"}, headers=auth)
+        assert missing.status_code == 422 and "answer_2" in missing.json()["error"]
+        assert httpx.post(f"{url}/evaluate", json=[1, 2], headers=auth).status_code == 422
+        big = httpx.post(f"{url}/evaluate", json={**ITEM, "answer_1": "x" * 6000}, headers=auth)
+        assert big.status_code == 413
+        assert httpx.post(f"{url}/evaluate", json=[ITEM] * 4, headers=auth).status_code == 413
+
+
+def test_http_api_sheds_load_past_its_queue(saved, engine):
+    _, path = saved
+    engine.latency = 0.05  # 8 calls -> ~0.4 s per request
+    with load(path) as judge, serving(judge, queue=1) as url:
+        results = []
+
+        def post():
+            results.append(httpx.post(f"{url}/evaluate", json=ITEM, timeout=30).status_code)
+
+        threads = [threading.Thread(target=post) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert httpx.get(f"{url}/health").status_code == 200  # still up
+    assert sorted(results).count(200) >= 1 and 503 in results
+
+
+def test_load_from_an_mlflow_run_and_a_registered_model(saved, engine, tmp_path, monkeypatch):
+    import mlflow
+
+    from optim import tracking
+
+    program, path = saved
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    with tracking.run("compile", params={"x": 1}) as active:
+        tracking.log_file(path, "evaluator")
+        tracking.log_dspy_model(program, registered_name="toy-judge")
+    with load(f"runs:/{active.info.run_id}") as judge:
+        assert judge(ITEM).winner == "2"
+    with load("models:/toy-judge/1") as judge:  # the registered model's run holds the JSON evaluator
+        assert judge.card["model"] == "fake/card-model" and judge(ITEM).winner == "2"
+    with pytest.raises(ConfigError, match="no saved evaluator"):
+        with mlflow.start_run() as empty:
+            pass
+        load(f"runs:/{empty.info.run_id}")
