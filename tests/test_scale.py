@@ -1,0 +1,65 @@
+"""Scale out (issue #4): Ray Data workers load the saved evaluator and share an OpenAI-compatible LM server."""
+
+from __future__ import annotations
+
+import dspy
+import pandas as pd
+import pytest
+
+from chateval_dspy.config import DebateConfig
+from chateval_dspy.evaluator import make_card, save_evaluator
+from chateval_dspy.fake_server import FakeOpenAIServer
+from chateval_dspy.lm import resolve_lm
+from chateval_dspy.program import build_evaluator
+
+ITEMS = [{"id": f"i{i}", "question": f"q{i}", "answer_1": "a" * (5 + 15 * i), "answer_2": "b" * (40 - 10 * i)}
+         for i in range(4)]
+
+
+@pytest.fixture
+def saved(tmp_path):
+    program = build_evaluator(DebateConfig(roles=("critic",), turns=1))
+    return save_evaluator(program, tmp_path / "prog", make_card(program, model="openai-compatible/fake-served"))
+
+
+def test_a_base_url_selects_an_openai_compatible_server(saved):
+    from chateval_dspy.production import load
+
+    with FakeOpenAIServer() as url, load(saved, model=url) as judge:
+        verdicts = [judge(x) for x in ITEMS]
+        assert judge.lm.model == "openai-compatible/fake-served"  # discovered from /v1/models
+    # answer lengths decide the fake's scores: i0 and i1 favour answer 2, i2 and i3 answer 1
+    assert [v.winner for v in verdicts] == ["2", "2", "1", "1"]
+
+
+def test_resolve_lm_reports_a_dead_endpoint_clearly():
+    from chateval_dspy.errors import LMError
+
+    with pytest.raises(LMError, match="cannot reach the LM server at http://127.0.0.1:9/v1"):
+        with resolve_lm("http://127.0.0.1:9/v1"):
+            pass
+
+
+def test_ray_data_workers_judge_a_dataset(saved):
+    ray = pytest.importorskip("ray")
+    from chateval_dspy.scale import judge_dataset
+
+    with FakeOpenAIServer() as url:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+        try:
+            ds = ray.data.from_pandas(pd.DataFrame(ITEMS))
+            out = judge_dataset(ds, str(saved), model=url, actors=1, batch_size=2).to_pandas()
+        finally:
+            ray.shutdown()
+    out = out.sort_values("id").reset_index(drop=True)
+    assert list(out["id"]) == ["i0", "i1", "i2", "i3"]
+    assert list(out["winner"]) == ["2", "2", "1", "1"]
+    assert out["error"].isna().all()
+
+
+def test_dspy_context_is_untouched_by_loading(saved):
+    # load() binds its LM to the evaluator, never to DSPy's global settings
+    from chateval_dspy.production import load
+
+    with FakeOpenAIServer() as url, load(saved, model=url):
+        assert dspy.settings.lm is None

@@ -1,0 +1,334 @@
+"""Optuna panel search: trial -> DebateConfig, resumable and shared studies, pruning, MLflow trial runs, no leaked key."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import zlib
+from pathlib import Path
+
+import dspy
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+import chateval_dspy.lm
+from chateval_dspy import metrics
+from chateval_dspy.config import AGGREGATES, DebateConfig
+from chateval_dspy.data import load_faireval, load_topical_chat, split
+from chateval_dspy.errors import ConfigError
+from chateval_dspy.fake_lm import ScriptedEngine, default_responder, fake_lm
+from chateval_dspy.program import build_evaluator
+from chateval_dspy.roles import DEFAULT_ORDER
+from chateval_dspy.strategies import STRATEGIES
+from optim import search
+from optim.search import COMPILE_CHOICES, SearchSpace, suggest_config
+
+PLANTED = "sk-planted-XYZ123456789"
+# Few resamples: these tests check that CIs are there and ordered, not how precise they are.
+RESAMPLES = 20
+
+
+def varied(call):
+    """Scores that depend on the referee and the answer (never on its position), so panels differ in agreement."""
+    out = default_responder(call)
+    if "score_1" in out:
+        persona = call.inputs.get("persona", "")[:30]
+        out["score_1"], out["score_2"] = (1 + zlib.crc32((persona + call.inputs.get(k, "")).encode()) % 10
+                                          for k in ("answer_1", "answer_2"))
+    return out
+
+
+class KeyHoldingEngine(ScriptedEngine):
+    """Holds the API key as a real client does: were the LM ever pickled or logged, the key would leak."""
+
+    def __init__(self, responder=varied):
+        super().__init__(responder)
+        self.api_key = os.environ.get("OPENAI_API_KEY", "")
+
+
+@pytest.fixture(scope="session")
+def mlflow_db(tmp_path_factory) -> Path:
+    """An MLflow sqlite store whose tables exist already (its migrations take seconds); each test copies it."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    root = tmp_path_factory.mktemp("mlflow-template")
+    SqlAlchemyStore(f"sqlite:///{root / 'mlflow.db'}", str(root / "artifacts"))
+    return root / "mlflow.db"
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch, mlflow_db):
+    """Run in tmp_path with the fake LM behind resolve_lm; returns the LMs handed out (their calls are recorded)."""
+    handed = []
+
+    @contextlib.contextmanager
+    def resolve(*args, **kwargs):
+        lm = dspy.LM("fake/keyholder", engine=KeyHoldingEngine(), cache=False, num_retries=0)
+        handed.append(lm)
+        yield lm
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setattr(chateval_dspy.lm, "resolve_lm", resolve)
+    monkeypatch.setattr(metrics, "N_RESAMPLES", RESAMPLES)
+    (tmp_path / "mlruns").mkdir()
+    shutil.copy(mlflow_db, tmp_path / "mlruns" / "mlflow.db")
+    return handed
+
+
+def cli(*argv: str) -> int:
+    from optim.cli import main
+
+    return main(list(argv))
+
+
+def faireval_parts(limit: int) -> dict:
+    return {k: v[:limit] for k, v in split(load_faireval(), seed=0).items()}
+
+
+# --- the trial -> config mapping ------------------------------------------------------------------------------
+
+
+def test_every_suggestion_is_a_valid_config():
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    space, base = SearchSpace(compile=COMPILE_CHOICES), DebateConfig(format="pairwise", calibrate=False)
+    seen = {"panel": set(), "n": set(), "compile": set()}
+    for _ in range(60):
+        trial = study.ask()
+        cfg, choice = suggest_config(trial, space, base)
+        assert isinstance(cfg, DebateConfig) and not cfg.calibrate and cfg.format == "pairwise"
+        assert len(cfg.roles) == trial.params["n_roles"] and 1 <= len(cfg.roles) <= 5
+        if trial.params["panel"] == "same":
+            assert cfg.roles == tuple(f"referee_{i}" for i in range(1, len(cfg.roles) + 1))
+        else:
+            assert [r for r in DEFAULT_ORDER if r in cfg.roles] == list(cfg.roles)  # a subset, in the paper's order
+        assert 1 <= cfg.turns <= 4 and cfg.strategy in STRATEGIES and cfg.aggregate in AGGREGATES
+        assert choice in COMPILE_CHOICES
+        seen["panel"].add(trial.params["panel"])
+        seen["n"].add(len(cfg.roles))
+        seen["compile"].add(choice)
+        study.tell(trial, 0.0)
+    assert seen == {"panel": {"distinct", "same"}, "n": {1, 2, 3, 4, 5}, "compile": set(COMPILE_CHOICES)}
+    build_evaluator(cfg)  # the last one builds
+
+
+def test_fixed_parameters_give_the_expected_config():
+    params = {"panel": "distinct", "n_roles": 2, "personas_2": "critic+scientist", "turns": 3,
+              "strategy": "simultaneous_talk", "aggregate": "majority", "compile": "labeled"}
+    base = DebateConfig(format="scoring", parse_retries=0)
+    cfg, choice = suggest_config(optuna.trial.FixedTrial(params), SearchSpace(compile=COMPILE_CHOICES), base)
+    assert cfg == DebateConfig(format="scoring", roles=("critic", "scientist"), turns=3, strategy="simultaneous_talk",
+                               aggregate="majority", parse_retries=0)
+    assert choice == "labeled"
+    all_five = {**params, "n_roles": 5, "compile": "none"}
+    del all_five["personas_2"]
+    assert suggest_config(optuna.trial.FixedTrial(all_five), SearchSpace(), base)[0].roles == DEFAULT_ORDER
+
+
+def test_panel_flags_fix_dimensions_and_bad_spaces_are_config_errors():
+    from optim.cli import build_parser
+    from optim.search_cli import space_from_args
+
+    args = build_parser().parse_args(["search", "--dataset", "faireval", "--trials", "1", "--strategy", "one_by_one",
+                                      "--turns", "2", "--roles", "3", "--compile", "none,bootstrap"])
+    space = space_from_args(args)
+    assert space.strategies == ("one_by_one",) and space.turns == (2, 2) and space.n_roles == (3, 3)
+    assert space.compile == ("none", "bootstrap") and space.aggregates == AGGREGATES
+    same = space_from_args(build_parser().parse_args(["search", "--dataset", "faireval", "--trials", "1",
+                                                      "--same-role", "2"]))
+    assert same.panels == ("same",) and same.n_roles == (2, 2)
+    with pytest.raises(ConfigError, match="--roles N"):
+        space_from_args(build_parser().parse_args(["search", "--dataset", "faireval", "--trials", "1",
+                                                   "--role", "critic"]))
+    with pytest.raises(ConfigError, match="panel size"):
+        SearchSpace(n_roles=(1, 6))
+    with pytest.raises(ConfigError, match="unknown compile"):
+        SearchSpace(compile=("mipro",))
+    with pytest.raises(ConfigError, match="agreement,tokens"):
+        search.parse_objectives("tokens")
+
+
+# --- studies --------------------------------------------------------------------------------------------------
+
+
+def _run(study, parts, n_trials, lm, **kwargs) -> list[int]:
+    objective = search.Objective(space=SearchSpace(turns=(1, 2)), base=DebateConfig(), parts=parts,
+                                 n_trials=n_trials, **kwargs)
+    with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+        return search.run_trials(study, objective, n_trials)
+
+
+def test_a_stopped_study_resumes_at_trial_k_and_never_reruns_a_finished_trial(tmp_path, monkeypatch):
+    monkeypatch.setattr(metrics, "N_RESAMPLES", RESAMPLES)
+    storage, parts = f"sqlite:///{tmp_path / 'optuna.db'}", faireval_parts(3)
+    study = search.open_study("resume", storage, ("agreement",), seed=1)
+    assert _run(study, parts, 3, fake_lm(varied)) == [0, 1, 2]
+    before = {t.number: (t.params, t.values, t.datetime_complete) for t in study.trials}
+
+    again = search.open_study("resume", storage, ("agreement",), seed=1)  # a new process would do the same
+    assert _run(again, parts, 5, fake_lm(varied)) == [3, 4]
+    trials = again.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))
+    assert [t.number for t in trials] == [0, 1, 2, 3, 4]
+    assert {n: (t.params, t.values, t.datetime_complete) for n, t in enumerate(trials[:3])} == before
+    for t in trials[3:]:  # per-trial seeding: no replay of the first run's random draws
+        assert t.params not in [p for p, _, _ in before.values()] or "duplicate_of" in t.user_attrs
+
+    idle = fake_lm(varied)
+    assert _run(search.open_study("resume", storage, ("agreement",), seed=1), parts, 5, idle) == []
+    assert idle.engine.calls == []
+
+
+def test_an_interrupted_trial_fails_and_the_rerun_completes_the_budget(workdir, capsys):
+    calls = []
+
+    def interrupting(call):
+        calls.append(call)
+        if len(calls) == 30:
+            raise KeyboardInterrupt
+        return varied(call)
+
+    @contextlib.contextmanager
+    def resolve(*args, **kwargs):
+        yield fake_lm(interrupting)
+
+    argv = ["search", "--dataset", "faireval", "--limit", "3", "--trials", "4", "--turns", "1", "--no-mlflow",
+            "--no-test", "--no-progress", "--study", "stop"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(chateval_dspy.lm, "resolve_lm", resolve)
+        assert cli(*argv) == 130
+    study = optuna.load_study(study_name="stop", storage="sqlite:///mlruns/optuna.db")
+    failed = [t.number for t in study.trials if t.state == TrialState.FAIL]
+    finished = {t.number: t.params for t in study.trials if t.state == TrialState.COMPLETE}
+    assert len(failed) == 1 and failed[0] == max(t.number for t in study.trials)
+
+    assert cli(*argv) == 0
+    study = optuna.load_study(study_name="stop", storage="sqlite:///mlruns/optuna.db")
+    done = [t for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    assert len(done) == 4 and failed[0] not in [t.number for t in done]
+    assert {t.number: t.params for t in done if t.number in finished} == finished  # kept, not rerun
+    assert "the study holds 4 finished trial(s)" in capsys.readouterr().out
+
+
+WORKER = textwrap.dedent("""
+    import contextlib, pathlib, sys, time
+    from chateval_dspy.offline import ensure_offline
+    ensure_offline()
+    import chateval_dspy.lm, chateval_dspy.metrics
+    from chateval_dspy.fake_lm import fake_lm
+    chateval_dspy.metrics.N_RESAMPLES = 20
+
+    @contextlib.contextmanager
+    def resolve(*args, **kwargs):
+        yield fake_lm(latency=0.005)
+
+    chateval_dspy.lm.resolve_lm = resolve
+    from optim.cli import main
+
+    pathlib.Path("ready-" + sys.argv[1]).touch()
+    while len(list(pathlib.Path().glob("ready-*"))) < 2:  # start together, so the two really share the study
+        time.sleep(0.02)
+    sys.exit(main(sys.argv[2:]))
+""")
+
+
+def test_two_worker_processes_share_one_sqlite_study(tmp_path):
+    argv = ["search", "--dataset", "faireval", "--limit", "3", "--trials", "6", "--turns", "1", "--no-mlflow",
+            "--no-test", "--no-progress", "--storage", "sqlite:///shared.db", "--study", "shared"]
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "OPENAI_API_KEY")}
+    workers = [subprocess.Popen([sys.executable, "-c", WORKER, str(i), *argv], cwd=tmp_path, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    outputs = [w.communicate(timeout=120) for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], outputs
+    study = optuna.load_study(study_name="shared", storage=f"sqlite:///{tmp_path / 'shared.db'}")
+    done = study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))
+    assert len(done) == 6 and len({t.number for t in done}) == 6
+    assert all(t.user_attrs.get("surplus") for t in study.trials if t.state == TrialState.FAIL)
+    assert len({t.user_attrs["worker"] for t in done}) == 2  # both contributed
+    ran = sum(int(out.split("ran ")[1].split(" ")[0]) for out, _ in outputs)
+    assert ran == len(study.trials)
+
+
+def test_pruning_stops_a_trial_after_a_chunk_and_records_what_it_measured(tmp_path, monkeypatch):
+    monkeypatch.setattr(metrics, "N_RESAMPLES", RESAMPLES)
+    study = optuna.create_study(pruner=optuna.pruners.ThresholdPruner(lower=1.01), direction="maximize")
+    lm = fake_lm(varied)
+    _run(study, faireval_parts(3), 1, lm, report_every=1)
+    (trial,) = study.trials
+    assert trial.state == TrialState.PRUNED and list(trial.intermediate_values) == [1]
+    assert trial.user_attrs["cost"]["items"] == 1
+    per_item = len(lm.engine.calls)
+    assert per_item == search.config_of(trial)[0].calls_per_item()  # only the first item was judged
+
+
+def test_undefined_scoring_agreement_counts_as_zero_and_two_objectives_give_a_pareto_front(tmp_path, monkeypatch):
+    monkeypatch.setattr(metrics, "N_RESAMPLES", RESAMPLES)
+    parts = {k: v[:3] for k, v in split(load_topical_chat(), seed=0).items()}
+    study = search.open_study("scoring", f"sqlite:///{tmp_path / 's.db'}", ("agreement", "tokens"))
+    objective = search.Objective(space=SearchSpace(turns=(1, 1)), base=DebateConfig(format="scoring"), parts=parts,
+                                 objectives=("agreement", "tokens"), n_trials=3)
+    with dspy.context(lm=fake_lm(), adapter=dspy.JSONAdapter()):  # constant scores: Spearman is undefined
+        search.run_trials(study, objective, 3)
+    trials = study.get_trials(states=(TrialState.COMPLETE,))
+    assert len(trials) == 3 and all(t.values[0] == 0.0 and t.values[1] > 0 for t in trials)
+    assert all(t.user_attrs["agreement_undefined"] for t in trials) and not trials[0].intermediate_values
+    best = search.best_trial(study)
+    assert best in study.best_trials and best.values[1] == min(t.values[1] for t in study.best_trials)
+
+
+# --- the command: MLflow and secrets --------------------------------------------------------------------------
+
+
+def test_search_logs_nested_trial_runs_saves_the_best_and_leaks_no_key(workdir, tmp_path, monkeypatch, capsys):
+    import mlflow
+
+    monkeypatch.setenv("OPENAI_API_KEY", PLANTED)
+    argv = ["search", "--dataset", "faireval", "--limit", "3", "--turns", "1", "--no-progress", "--study", "tracked",
+            "--out", "programs/best"]
+    assert cli(*argv, "--trials", "3") == 0
+    assert cli(*argv, "--trials", "4", "--no-log-model") == 0  # resumed: same parent run, one more trial
+    out = capsys.readouterr().out
+    assert "trial   3" in out and "== best trial" in out and "saved evaluator: programs/best" in out
+
+    study = optuna.load_study(study_name="tracked", storage="sqlite:///mlruns/optuna.db")
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}")
+    runs = mlflow.search_runs(experiment_names=["chateval-dspy"], output_format="list")
+    (parent,) = [r for r in runs if r.info.run_name == "search-tracked"]
+    children = {int(r.data.params["trial"]): r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
+    judged = [t for t in study.trials if "duplicate_of" not in t.user_attrs]
+    assert sorted(children) == [t.number for t in judged] and len(children) >= 3
+    for t in judged:
+        child = children[t.number]
+        assert child.data.params["config.roles"] == ",".join(t.user_attrs["config"]["roles"])
+        assert child.data.params["config.turns"] == "1" and child.data.params["compile"] == "none"
+        assert child.data.metrics["dev.accuracy_ci_low"] <= child.data.metrics["dev.accuracy"] \
+            <= child.data.metrics["dev.accuracy_ci_high"]
+        assert child.data.metrics["objective.agreement"] == t.value and child.data.metrics["dev.calls_per_item"] > 0
+        assert child.info.run_id == t.user_attrs["mlflow_run_id"]
+    assert parent.data.params["dataset"] == "faireval" and "test.accuracy" in parent.data.metrics
+    client = mlflow.MlflowClient()
+    assert {"evaluator/card.json", "evaluator/program.json"} <= {a.path for a in client.list_artifacts(parent.info.run_id,
+                                                                                                     "evaluator")}
+    card = json.loads((tmp_path / "programs" / "best" / "card.json").read_text())
+    best = search.best_trial(study)
+    assert card["search"]["study"] == "tracked" and card["search"]["trial"] == best.number
+    assert card["config"] == best.user_attrs["config"]
+    test = card["test_metrics"]["accuracy"]
+    assert test["ci_low"] <= test["value"] <= test["ci_high"] and "accuracy" in card["dev_metrics"]
+
+    leaks = [f for f in tmp_path.rglob("*") if f.is_file() and PLANTED.encode() in f.read_bytes()]
+    assert leaks == []
+    assert any(a.path == "search" for a in client.list_artifacts(parent.info.run_id))
+
+
+def test_search_refuses_to_mix_settings_into_a_study(workdir, capsys):
+    argv = ["search", "--dataset", "faireval", "--trials", "1", "--turns", "1", "--roles", "1", "--no-mlflow",
+            "--no-test", "--no-progress", "--study", "fixed"]
+    assert cli(*argv, "--limit", "2") == 0
+    assert cli(*argv, "--limit", "3") == 2
+    assert "was run with other settings (limit: study has 2, now 3)" in capsys.readouterr().err
