@@ -9,6 +9,7 @@ model by default), and never read from the files.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import tempfile
 import threading
@@ -29,6 +30,7 @@ from chateval_dspy.lm import EMBEDDED, EMBEDDED_MODEL_ID, resolve_lm
 from chateval_dspy.program import ChatEval
 
 log = logging.getLogger(__name__)
+NESTED_COLUMNS = ("scores", "rationales", "referees", "truncated")
 
 
 @dataclass(frozen=True)
@@ -165,11 +167,13 @@ class Evaluator:
         with dspy.context(lm=self.lm, adapter=dspy.JSONAdapter()):
             return Verdict.from_record(judge_item(self.program, example, self.config))
 
-    def evaluate_batch(self, items, *, concurrency: int = 4) -> pd.DataFrame:
+    def evaluate_batch(self, items, *, concurrency: int = 4, flat: bool = False) -> pd.DataFrame:
         """Judge many items (a DataFrame or records) with at most ``concurrency`` in flight.
 
         Returns a DataFrame in input order with one row per item; an invalid row gets its
-        error in the ``error`` column and the batch goes on.
+        error in the ``error`` column and the batch goes on. ``flat=True`` turns the nested
+        columns (scores, rationales, referees, truncated) into JSON text, for Arrow-based
+        engines (Ray, Spark, MLflow serving).
         """
         records = items.to_dict("records") if isinstance(items, pd.DataFrame) else list(items)
 
@@ -183,7 +187,12 @@ class Evaluator:
         out = [None] * len(records)
         for (i, _), verdict in bounded_unordered(one, list(enumerate(records)), concurrency):
             out[i] = verdict
-        return pd.DataFrame(out)
+        frame = pd.DataFrame(out)
+        if flat:
+            for column in NESTED_COLUMNS:
+                if column in frame:
+                    frame[column] = frame[column].map(lambda v: None if v is None else json.dumps(v, default=str))
+        return frame
 
     def close(self) -> None:
         self._stack.close()

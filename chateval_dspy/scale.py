@@ -23,14 +23,8 @@ class JudgeBatches:
         self.concurrency = concurrency
 
     def __call__(self, batch):
-        import json
-
-        frame = self.judge.evaluate_batch(batch, concurrency=self.concurrency)
         # Ray's Arrow blocks want flat, consistent columns: nested fields travel as JSON text.
-        for column in ("scores", "rationales", "referees", "truncated"):
-            if column in frame:
-                frame[column] = frame[column].map(lambda v: None if v is None else json.dumps(v, default=str))
-        return frame
+        return self.judge.evaluate_batch(batch, concurrency=self.concurrency, flat=True)
 
 
 def judge_dataset(dataset, evaluator: str, *, model: str | None = None, actors: int = 1, batch_size: int = 8,

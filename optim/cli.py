@@ -131,6 +131,7 @@ def cmd_compile(args) -> int:
             tracking.log_file(out, "evaluator")
             if not args.no_log_model:
                 tracking.log_dspy_model(compiled, registered_name=args.register)
+                tracking.log_pyfunc_model(out)
     print(f"\nsaved evaluator: {out} (card: {out / 'card.md'})")
     return 0
 

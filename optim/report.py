@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from chateval_dspy.errors import ConfigError
 
+PROGRESS_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 PAIRWISE_LABELS = ["1", "2", "tie", "abstain"]
 
@@ -278,7 +280,15 @@ def result_files(client, run_id: str, dest: Path) -> list[Path]:
 
     found = list(walk())
     chosen = [p for p in found if p.startswith("results/")] or found
-    return [Path(client.download_artifacts(run_id, p, str(dest))) for p in chosen]
+    quiet = os.environ.get(PROGRESS_BAR)
+    os.environ[PROGRESS_BAR] = "false"  # MLflow's download bar would land in the printed report
+    try:
+        return [Path(client.download_artifacts(run_id, p, str(dest))) for p in chosen]
+    finally:
+        if quiet is None:
+            os.environ.pop(PROGRESS_BAR, None)
+        else:
+            os.environ[PROGRESS_BAR] = quiet
 
 
 def read_records(path: Path) -> list[dict]:

@@ -115,6 +115,19 @@ def log_file(path: str | Path, artifact_dir: str | None = None) -> None:
         mlflow.log_artifact(str(path), artifact_dir)
 
 
+def log_pyfunc_model(evaluator_dir: str | Path, name: str = "pyfunc", registered_name: str | None = None):
+    """The saved evaluator as a pyfunc model logged as code (``optim/pyfunc_model.py``): no pickle,
+    servable with ``mlflow models serve`` and usable as ``mlflow.pyfunc.spark_udf``."""
+    import chateval_dspy
+
+    code = Path(__file__).with_name("pyfunc_model.py")
+    return mlflow.pyfunc.log_model(
+        name=name, python_model=str(code), artifacts={"evaluator": str(evaluator_dir)},
+        registered_model_name=registered_name, pip_requirements=["chateval-dspy"],
+        code_paths=[str(Path(chateval_dspy.__file__).parent)],
+    )
+
+
 def log_dspy_model(program, name: str = "evaluator", registered_name: str | None = None):
     """The program as an MLflow model (dspy flavor), optionally registered.
 

@@ -63,3 +63,21 @@ def test_dspy_context_is_untouched_by_loading(saved):
 
     with FakeOpenAIServer() as url, load(saved, model=url):
         assert dspy.settings.lm is None
+
+
+def test_mlflow_pyfunc_model_judges_without_pickle(saved, tmp_path, monkeypatch):
+    import mlflow
+
+    from optim import tracking
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    with FakeOpenAIServer() as url:
+        monkeypatch.setenv("CHATEVAL_MODEL", url)
+        monkeypatch.delenv("MLFLOW_ALLOW_PICKLE_DESERIALIZATION", raising=False)
+        with tracking.run("t", params={}):
+            info = tracking.log_pyfunc_model(saved)
+        model = mlflow.pyfunc.load_model(info.model_uri)
+        out = model.predict(pd.DataFrame(ITEMS))
+    assert list(out["winner"]) == ["2", "2", "1", "1"]
+    assert out["scores"].map(type).eq(str).all()  # nested columns arrive as JSON text

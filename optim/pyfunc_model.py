@@ -1,0 +1,27 @@
+"""The saved evaluator as an MLflow pyfunc model, logged as code (no pickle).
+
+MLflow runs this file when it loads the model: the artifact ``evaluator`` is the saved evaluator
+directory (JSON state + card), and the LM comes from ``CHATEVAL_MODEL`` (default: the card's
+model), so ``mlflow models serve`` and ``mlflow.pyfunc.spark_udf`` judge with the LM of the
+machine they run on. Input: a DataFrame with the format's fields; output: one row of verdict per item.
+"""
+
+from __future__ import annotations
+
+import os
+
+import mlflow
+from mlflow.pyfunc import PythonModel
+
+
+class ChatEvalPyfunc(PythonModel):
+    def load_context(self, context):
+        from chateval_dspy.production import load
+
+        self.judge = load(context.artifacts["evaluator"], model=os.environ.get("CHATEVAL_MODEL") or None)
+
+    def predict(self, context, model_input, params=None):
+        return self.judge.evaluate_batch(model_input, concurrency=int((params or {}).get("concurrency", 2)), flat=True)
+
+
+mlflow.models.set_model(ChatEvalPyfunc())
