@@ -7,9 +7,7 @@ finished item is judged (or paid for) twice. A half-written last line, left by a
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,6 +16,7 @@ from pathlib import Path
 from chateval_dspy.concurrency import bounded_unordered
 from chateval_dspy.data import column_map, read_rows
 from chateval_dspy.errors import DataError
+from chateval_dspy.results_io import append_record, read_records
 
 log = logging.getLogger(__name__)
 
@@ -31,24 +30,8 @@ class ScoreReport:
 
 
 def finished_ids(out: Path) -> set[str]:
-    """Ids already in ``out``; a torn last line (no newline) is cut off so appending stays valid JSONL."""
-    if not out.exists():
-        return set()
-    data = out.read_bytes()
-    if data and not data.endswith(b"\n"):
-        keep = data.rfind(b"\n") + 1
-        log.warning("%s: dropping an incomplete last line (%d bytes) left by an interrupted run", out, len(data) - keep)
-        with open(out, "r+b") as f:
-            f.truncate(keep)
-        data = data[:keep]
-    done = set()
-    for i, line in enumerate(data.splitlines(), start=1):
-        try:
-            done.add(str(json.loads(line)["id"]))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise DataError(f"not a results line ({exc}); move the file away or choose another --out",
-                            source=str(out), row=i) from exc
-    return done
+    """Ids already in ``out`` (a torn last line is cut off first, so appending stays valid JSONL)."""
+    return {str(r["id"]) for r in read_records(out)}
 
 
 def score_file(evaluator, src: str | Path, out: str | Path, *, columns: dict[str, str] | None = None,
@@ -88,11 +71,8 @@ def score_file(evaluator, src: str | Path, out: str | Path, *, columns: dict[str
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "a", encoding="utf-8") as sink:
         for _, result in bounded_unordered(judge, todo, concurrency):
-            line = json.dumps(result, ensure_ascii=False, default=str) + "\n"
             with lock:
-                sink.write(line)  # one write per whole line
-                sink.flush()
-                os.fsync(sink.fileno())
+                append_record(sink, result)
                 if result.get("error"):
                     if not result["error"].startswith("duplicate id"):
                         report.rejected.append((result["row"], result["error"]))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import time
 from pathlib import Path
 
 from chateval_dspy.offline import ensure_offline
@@ -70,8 +69,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]
     sub = parser.add_subparsers(dest="command", required=True)
     ev = sub.add_parser("evaluate", help="judge a dataset and report agreement with the human labels")
     add_common_flags(ev)
-    ev.add_argument("--out", help="results JSONL, one line per item (default: results/<dataset>-<time>.jsonl)")
-    ev.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    ev.add_argument("--out", help="results JSONL, one line per item (default: results/<dataset>-<run key>.jsonl); "
+                                  "rerunning the same command resumes it")
+    ev.add_argument("--overwrite", action="store_true", help="start --out afresh instead of resuming it")
     ev.add_argument("--no-progress", action="store_true")
 
     def add_loaded(name: str, help: str) -> argparse.ArgumentParser:
@@ -118,16 +118,31 @@ def config_from_args(args, fmt: str):
                         max_text_chars=args.max_text_chars, role_file=args.role_file)
 
 
-def _out_path(args) -> Path:
+def run_key(args, cfg, items) -> str:
+    """What makes two runs the same run: config, model flags and the exact items (a resumed run must match)."""
+    import hashlib
+    import json
+
+    from chateval_dspy.data import dataset_hash
+
+    key = {"config": cfg.to_dict(), "model": args.model, "served_model": args.served_model,
+           "temperature": args.temperature, "max_tokens": args.max_tokens, "items": dataset_hash(items)}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _out_path(args, key: str) -> Path:
+    """``--out`` or ``results/<dataset>-<run key>.jsonl``: the same command finds its own file again and resumes."""
     if args.out:
         path = Path(args.out)
     else:
         stem = Path(args.dataset).stem if Path(args.dataset).suffix else args.dataset
-        path = Path("results") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
-    if path.exists() and path.stat().st_size and not args.overwrite:
-        raise ConfigError(f"{path} exists; pass --overwrite to replace it or choose another --out")
+        path = Path("results") / f"{stem}-{key}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("", encoding="utf-8")
+    if args.overwrite and path.exists():
+        path.write_text("", encoding="utf-8")
+    from chateval_dspy.evaluate import finished_records
+
+    finished_records(path, key)  # a foreign or malformed file fails here, before any model starts
     return path
 
 
@@ -163,14 +178,18 @@ def load_items(args):
     return load_dataset(args.dataset, fmt=args.format, columns=parse_columns(args.columns))
 
 
-def run_judged(program, items, cfg, args, out, progress: bool = True):
-    """Judge ``items`` with a progress bar; returns the RunResult."""
+def run_judged(program, items, cfg, args, out, progress: bool = True, key: str | None = None):
+    """Judge ``items`` with a progress bar, resuming from ``out`` if it holds part of this run; returns the RunResult."""
     from tqdm import tqdm
 
     from chateval_dspy.evaluate import evaluate
 
     with tqdm(total=len(items), unit="item", disable=not progress, file=sys.stderr) as bar:
-        return evaluate(program, items, cfg, out=out, concurrency=args.concurrency, on_item=lambda r: bar.update(1))
+        result = evaluate(program, items, cfg, out=out, concurrency=args.concurrency, on_item=lambda r: bar.update(1),
+                          run_key=key)
+    if result.resumed:
+        print(f"resumed: {result.resumed} item(s) were already judged in {out}", file=sys.stderr)
+    return result
 
 
 def header_of(args, cfg, model: str, n: int, split: str | None = None) -> dict:
@@ -189,9 +208,10 @@ def run_evaluate(args):
     cfg = config_from_args(args, fmt)
     items = select(items, args.split, seed=args.seed, limit=args.limit)
     program = build_evaluator(cfg)
-    out = _out_path(args)
+    key = run_key(args, cfg, items)
+    out = _out_path(args, key)
     with lm_context(args, cfg) as lm:
-        result = run_judged(program, items, cfg, args, out, progress=not args.no_progress)
+        result = run_judged(program, items, cfg, args, out, progress=not args.no_progress, key=key)
         model = lm.model
     return cfg, result, header_of(args, cfg, model, result.n), out
 

@@ -8,6 +8,7 @@ Every problem names the file, row and field.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import logging
@@ -221,6 +222,14 @@ def load_dataset(name_or_path: str, *, fmt: str | None = None,
     if not fmt:
         raise DataError(f"{name_or_path}: a custom file needs --format pairwise|scoring (built-ins: {', '.join(BUILTIN)})")
     return load_custom(name_or_path, fmt, columns), fmt
+
+
+def dataset_hash(items) -> str:
+    """A stable hash of the items a run saw (their ids, inputs and labels)."""
+    h = hashlib.sha256()
+    for x in items:
+        h.update(json.dumps(x.toDict(), sort_keys=True, default=str).encode())
+    return h.hexdigest()[:16]
 
 
 def _group(item: dspy.Example) -> str:

@@ -6,7 +6,6 @@ bar and the printed table.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -20,8 +19,9 @@ import dspy
 
 from chateval_dspy.concurrency import bounded_unordered
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.errors import ChatEvalError
+from chateval_dspy.errors import ChatEvalError, ConfigError
 from chateval_dspy.metrics import pairwise_report, scoring_report
+from chateval_dspy.results_io import append_record, read_records
 from chateval_dspy.signatures import ASPECTS, INPUTS
 
 log = logging.getLogger(__name__)
@@ -118,6 +118,7 @@ class RunResult:
     wall_seconds: float = 0.0
     consistent: list = field(default_factory=list)
     abstentions: Counter = field(default_factory=Counter)
+    resumed: int = 0  # records read back from an earlier, interrupted run
 
     def add(self, record: dict) -> None:
         self.n += 1
@@ -155,17 +156,30 @@ class RunResult:
         }
 
 
+def finished_records(out: str | Path, run_key: str | None) -> list[dict]:
+    """Records of this run already in ``out`` (for resuming); records of another run are an error."""
+    records = read_records(out)
+    for record in records:
+        if record.get("run_key") != run_key:
+            raise ConfigError(f"{out} holds results of another run (run key {record.get('run_key')!r}, this run "
+                              f"{run_key!r}); choose another --out or pass --overwrite")
+    return records
+
+
 def evaluate(program: dspy.Module, items: Iterable[dspy.Example], config: DebateConfig, *, out: str | Path | None = None,
-             concurrency: int = 1, on_item: Callable[[dict], None] | None = None) -> RunResult:
+             concurrency: int = 1, on_item: Callable[[dict], None] | None = None, run_key: str | None = None) -> RunResult:
     """Judge ``items`` with ``program`` under the LM of the current DSPy context.
 
     Args:
         program: Usually ``build_evaluator(config)`` or a loaded, compiled evaluator.
         items: Examples from ``data.load_dataset``.
         config: The program's config (format, truncation limit).
-        out: A JSONL file; one complete line per item is appended as soon as it is judged.
+        out: A JSONL file; one complete line per item is appended as soon as it is judged. If it already
+            holds records of the same run (same ``run_key``), those items are not judged again: their
+            records count in the result and the run goes on with the rest (resume after a crash or kill).
         concurrency: Items judged at once (bounded; results may finish out of order).
         on_item: Called with each record (the CLI advances its progress bar here).
+        run_key: What identifies the run (config, model, data); stored in each record and checked on resume.
 
     Example:
         >>> with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):  # doctest: +SKIP
@@ -173,16 +187,24 @@ def evaluate(program: dspy.Module, items: Iterable[dspy.Example], config: Debate
         >>> result.metrics()["accuracy"]  # doctest: +SKIP
     """
     result = RunResult(config)
+    done: set[str] = set()
+    for record in finished_records(out, run_key) if out else []:
+        done.add(str(record["id"]))
+        result.add(record)
+    result.resumed = len(done)
+    todo = (x for x in items if str(x.id) not in done)
+
+    def judge(item):
+        return {**judge_item(program, item, config), "run_key": run_key}
+
     lock = threading.Lock()
     sink = open(out, "a", encoding="utf-8") if out else None  # noqa: SIM115 - closed in finally
     start = time.perf_counter()
     try:
-        for _, record in bounded_unordered(lambda it: judge_item(program, it, config), items, concurrency):
-            line = json.dumps(record, ensure_ascii=False, default=str) + "\n"
+        for _, record in bounded_unordered(judge, todo, concurrency):
             with lock:
                 if sink:
-                    sink.write(line)  # one write per whole line, then flush: never half a record on disk
-                    sink.flush()
+                    append_record(sink, record)  # one whole line, flushed and fsynced
                 result.add(record)
             if on_item:
                 on_item(record)

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
-import json
 import sys
 from pathlib import Path
 
 from chateval_dspy import cli as runtime
+from chateval_dspy.data import dataset_hash
 from chateval_dspy.errors import ConfigError
 
 
@@ -17,14 +16,6 @@ def add_tracking_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("tracking")
     g.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite under ./mlruns)")
     g.add_argument("--no-mlflow", action="store_true", help="do not log this run to MLflow")
-
-
-def dataset_hash(items) -> str:
-    """A stable hash of the items a run saw (their ids, inputs and labels)."""
-    h = hashlib.sha256()
-    for x in items:
-        h.update(json.dumps(x.toDict(), sort_keys=True, default=str).encode())
-    return h.hexdigest()[:16]
 
 
 def run_params(args, cfg, model: str, items, **extra) -> dict:

@@ -37,7 +37,7 @@ def fake_model(monkeypatch):
 @pytest.fixture(autouse=True)
 def _restore_logging():
     """main() sets logging up for a terminal; undo it so other tests keep their log levels."""
-    names = ("dspy", "httpx", "openai", "LiteLLM")
+    names = ("dspy", "httpx", "openai", "LiteLLM", "mlflow", "alembic")
     levels = {n: logging.getLogger(n).level for n in names}
     yield
     for name, level in levels.items():
@@ -181,15 +181,30 @@ def test_bad_data_row_exit_2_naming_file_row_field(tmp_path, capsys, fake_model)
     assert "mine.jsonl row 2: field 'answer_1': field is empty" in err
 
 
-def test_existing_out_without_overwrite_exit_2(tmp_path, capsys, fake_model):
+def test_existing_out_that_is_not_results_exit_2(tmp_path, capsys, fake_model):
     out_file = tmp_path / "r.jsonl"
     out_file.write_text("precious results\n", encoding="utf-8")
     code, _, err = cli(capsys, "evaluate", "--dataset", "faireval", "--limit", "1", "--out", str(out_file),
                        "--no-progress", "--no-cache")
     assert code == 2
-    assert "exists; pass --overwrite" in err and str(out_file) in err
+    assert f"{out_file} row 1: not a results line" in err and "--out" in err
     assert out_file.read_text() == "precious results\n"  # untouched
     assert fake_model["requests"] == []
+
+
+def test_rerunning_the_same_command_resumes_and_another_run_is_refused(tmp_path, capsys, fake_model):
+    out_file = tmp_path / "r.jsonl"
+    args = ["evaluate", "--dataset", "faireval", "--limit", "3", "--out", str(out_file), "--no-progress", "--no-cache"]
+    assert cli(capsys, *args)[0] == 0
+    lines = out_file.read_text().splitlines()
+    out_file.write_text("\n".join(lines[:1]) + "\n" + lines[1][:25])  # one finished item and a torn line
+    code, out, err = cli(capsys, *args)
+    assert code == 0 and "resumed: 1 item(s)" in err
+    assert len(fake_model["lms"][-1].engine.calls) == 2 * 8  # only the two unfinished items were judged
+    assert sorted(json.loads(x)["id"] for x in out_file.read_text().splitlines()) == ["1", "2", "3"]
+    assert "items=3" in out
+    code, _, err = cli(capsys, *args[:-2], "--turns", "1", "--no-progress", "--no-cache")
+    assert code == 2 and "holds results of another run" in err
 
 
 def test_unknown_strategy_is_an_argparse_error(capsys):
