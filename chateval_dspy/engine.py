@@ -8,10 +8,13 @@ errors so that the debate can record it as an abstention.
 from __future__ import annotations
 
 import copy
+import threading
 
 import openai
 from dspy import lm15
 from dspy.lm15 import Message, Response, TextPart, Usage, response_to_events
+
+from chateval_dspy.errors import LMError
 
 
 def _text(system) -> str:
@@ -111,3 +114,35 @@ class OpenAICompatEngine:
 
     def close(self) -> None:
         self.client.close()
+
+
+class RestartingEngine(OpenAICompatEngine):
+    """An engine for a server this process owns: when it stops answering, restart it once.
+
+    Args:
+        restart: Restarts the server and returns its new base URL.
+
+    A second loss is fatal: ``complete`` raises ``chateval_dspy.errors.LMError``, which the
+    debate re-raises instead of recording abstentions for every remaining item.
+    """
+
+    def __init__(self, base_url: str, model: str, *, restart, **kwargs):
+        super().__init__(base_url, model, **kwargs)
+        self._restart, self._kwargs, self.restarts = restart, kwargs, 0
+        self._lock = threading.Lock()
+
+    def complete(self, request) -> Response:
+        failed_url = self.base_url
+        try:
+            return super().complete(request)
+        except lm15.TransportError as exc:
+            with self._lock:
+                if self.base_url == failed_url:  # no other thread restarted it meanwhile
+                    if self.restarts >= 1:
+                        raise LMError(f"the model server at {failed_url} died again after a restart; giving up "
+                                      "(check memory, or run with --concurrency 1)") from exc
+                    self.restarts += 1
+                    self.base_url = self._restart()
+                    self.client = openai.OpenAI(base_url=self.base_url, api_key=self.client.api_key,
+                                                timeout=self.client.timeout, max_retries=self.client.max_retries)
+            return super().complete(request)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import dspy
 
-from chateval_dspy.engine import OpenAICompatEngine
+from chateval_dspy.engine import OpenAICompatEngine, RestartingEngine
 from chateval_dspy.errors import ConfigError, LMError
 
 log = logging.getLogger(__name__)
@@ -122,11 +122,27 @@ class EmbeddedServer:
         # xllamacpp stops its loop when the Server object is destroyed.
         self._server = None
 
+    def restart(self) -> str:
+        """Stop (if still running) and start again; returns the new base URL."""
+        log.warning("restarting the embedded model server")
+        self._server = None
+        return self.__enter__()
+
 
 def _api_key() -> str:
+    """The key for a base URL: ``CHATEVAL_API_KEY``, ``OPENAI_API_KEY``, or the file named by ``CHATEVAL_API_KEY_FILE``."""
     for name in KEY_VARIABLES:
         if os.environ.get(name):
             return os.environ[name]
+    key_file = os.environ.get("CHATEVAL_API_KEY_FILE")
+    if key_file:
+        try:
+            key = Path(key_file).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ConfigError(f"CHATEVAL_API_KEY_FILE={key_file}: cannot read it ({exc.strerror or exc})") from exc
+        if not key:
+            raise ConfigError(f"CHATEVAL_API_KEY_FILE={key_file} is empty")
+        return key
     return "none"
 
 
@@ -163,8 +179,10 @@ def resolve_lm(spec: str = EMBEDDED, *, slots: int = 2, temperature: float = 0.0
     if not isinstance(spec, str) or not spec.strip():
         raise ConfigError("--model must be 'embedded', an http(s) base URL or a LiteLLM model string")
     if spec == EMBEDDED:
-        with EmbeddedServer(slots=slots) as base_url:
-            engine = OpenAICompatEngine(base_url, "gemma-3-270m", timeout=timeout, compact_json=True)
+        server = EmbeddedServer(slots=slots)
+        with server as base_url:
+            engine = RestartingEngine(base_url, "gemma-3-270m", restart=server.restart, timeout=timeout,
+                                      compact_json=True)
             yield dspy.LM(EMBEDDED_MODEL_ID, engine=engine, temperature=temperature, max_tokens=max_tokens or 320)
         return
     if spec.startswith(("http://", "https://")):
