@@ -27,6 +27,8 @@ def _add_panel_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--turns", type=int, default=2, help="rounds of talk; the last is the verdict (default 2)")
     g.add_argument("--aggregate", default="mean", choices=["mean", "majority"])
     g.add_argument("--no-calibrate", action="store_true", help="pairwise: judge one answer order only")
+    g.add_argument("--consensus-stop", action="store_true",
+                   help="every round ends in scores; stop once all referees agree (fewer LM calls)")
     g.add_argument("--parse-retries", type=int, default=1)
     g.add_argument("--max-text-chars", type=int, default=6000, help="judged texts longer than this are truncated")
 
@@ -115,7 +117,8 @@ def config_from_args(args, fmt: str):
         roles = first_roles(args.roles if args.roles is not None else 2)
     return DebateConfig(format=fmt, roles=roles, strategy=args.strategy, turns=args.turns,
                         calibrate=not args.no_calibrate, aggregate=args.aggregate, parse_retries=args.parse_retries,
-                        max_text_chars=args.max_text_chars, role_file=args.role_file)
+                        max_text_chars=args.max_text_chars, role_file=args.role_file,
+                        consensus_stop=args.consensus_stop)
 
 
 def run_key(args, cfg, items) -> str:

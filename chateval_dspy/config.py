@@ -28,6 +28,9 @@ class DebateConfig:
         aggregate: ``mean`` of scores (the paper's default) or ``majority`` vote of preferences.
         parse_retries: Extra attempts when a verdict will not parse, before it becomes an abstention.
         max_text_chars: Longer judged texts are cut to this many characters, with a warning.
+        consensus_stop: Every round ends in scores and the debate stops once all referees agree
+            (fewer calls; ``calls_per_item`` is then the most an item can cost).
+        role_file: Extra personas (YAML/JSON), resolved when the program is built.
 
     Example:
         >>> cfg = DebateConfig(format="pairwise", roles=("general_public", "critic"))
@@ -43,6 +46,7 @@ class DebateConfig:
     aggregate: str = "mean"
     parse_retries: int = 1
     max_text_chars: int = 6000
+    consensus_stop: bool = False
     role_file: str | None = field(default=None)
 
     def __post_init__(self) -> None:
@@ -72,7 +76,7 @@ class DebateConfig:
         return 2 if (self.calibrate and self.format == "pairwise") else 1
 
     def calls_per_item(self) -> int:
-        """LM calls one item costs when every call parses on the first try."""
+        """LM calls one item costs when every call parses on the first try (at most, with ``consensus_stop``)."""
         from chateval_dspy.strategies import STRATEGIES
 
         summaries = (self.turns - 1) if STRATEGIES[self.strategy].summarize else 0

@@ -3,8 +3,10 @@
 Rounds before the last are talk (``argue``); in the last round each referee gives
 its verdict (``judge``) with its evidence, which later speakers may also see.
 An LM call costs N x T per answer order, plus T-1 summaries under the summarizer
-strategy. A verdict that still fails to parse after the retries, or an LM call that
-fails, is recorded as that referee's abstention with its reason, never as a score.
+strategy. With ``consensus_stop`` every round is a verdict round and the debate ends
+after the first round in which all referees agree (so N x T is then an upper bound).
+A verdict that still fails to parse after the retries, or an LM call that fails, is
+recorded as that referee's abstention with its reason, never as a score.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import logging
 import dspy
 from dspy.utils.exceptions import AdapterParseError, LMAuthError, LMConfigurationError
 
+from chateval_dspy.aggregate import preference
 from chateval_dspy.concurrency import parallel_map
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.debater import Debater
@@ -39,6 +42,20 @@ def _fatal_cause(exc: BaseException) -> LMError | None:
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__
     return None
+
+
+def consensus(fmt: str, verdicts: list[dict | None]) -> bool:
+    """Whether every referee gave a verdict and they all agree (same preference; same ratings when scoring).
+
+    Example:
+        >>> consensus("pairwise", [{"score_1": 8, "score_2": 3}, {"score_1": 6, "score_2": 5}])
+        True
+    """
+    if not verdicts or any(v is None for v in verdicts):
+        return False
+    if fmt == "pairwise":
+        return len({preference(v["score_1"], v["score_2"]) for v in verdicts}) == 1
+    return len({tuple(sorted(v.items())) for v in verdicts}) == 1
 
 
 def guard(text: str) -> str:
@@ -87,33 +104,39 @@ class Debate(dspy.Module):
         verdicts: dict[str, dict | None] = {}
         abstentions: dict[str, str] = {}
         calls = 0
+        rounds = 0
         for rnd in range(1, cfg.turns + 1):
-            final = rnd == cfg.turns
+            rounds, final = rnd, rnd == cfg.turns
+            # With consensus_stop every round ends in scores, so agreement can be checked after each one.
+            judging = final or cfg.consensus_stop
             speakers = list(self.referees.values())
             if self.strategy.concurrent_rounds:
                 # Nobody in such a round sees another's turn, so the turns are independent.
                 seen = render(self.strategy.visible(transcript, rnd))
-                turn = functools.partial(self._turn, item=item, seen=seen, final=final)
+                turn = functools.partial(self._turn, item=item, seen=seen, final=judging)
                 outcomes = parallel_map(turn, speakers, len(speakers))
-                transcript.extend(self._utterance(rnd, d, o, final) for d, o in zip(speakers, outcomes))
+                transcript.extend(self._utterance(rnd, d, o, judging) for d, o in zip(speakers, outcomes))
             else:
                 outcomes = []
                 for debater in speakers:
                     seen = render(self.strategy.visible(transcript, rnd))
-                    outcome = self._turn(debater, item, seen, final)
+                    outcome = self._turn(debater, item, seen, judging)
                     outcomes.append(outcome)
-                    transcript.append(self._utterance(rnd, debater, outcome, final))
+                    transcript.append(self._utterance(rnd, debater, outcome, judging))
             for debater, outcome in zip(speakers, outcomes):
                 calls += outcome["calls"]
-                if final:
+                if judging:
                     verdicts[debater.slug] = outcome["scores"]
                 if outcome["abstained"]:
                     abstentions[f"{debater.slug}@{rnd}"] = outcome["abstained"]
-            if self.summarizer is not None and not final:
+            if final or (cfg.consensus_stop and consensus(fmt, list(verdicts.values()))):
+                break
+            if self.summarizer is not None:
                 calls += 1
                 summary = self._summarize(fmt, item, [u for u in transcript if u.round == rnd or u.speaker == SUMMARIZER])
                 transcript.append(Utterance(rnd, SUMMARIZER, "Summary", summary, "summary"))
-        return dspy.Prediction(transcript=transcript, verdicts=verdicts, abstentions=abstentions, calls=calls)
+        return dspy.Prediction(transcript=transcript, verdicts=verdicts, abstentions=abstentions, calls=calls,
+                               rounds=rounds)
 
     def _turn(self, debater: Debater, item: dict, seen: str, final: bool) -> dict:
         """One referee's turn, with retries; returns text, scores (verdicts) and any abstention reason."""

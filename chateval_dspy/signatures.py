@@ -2,8 +2,10 @@
 
 Each docstring is the instruction an optimizer rewrites. Personas and the
 visible discussion are input fields, so every role shares these signatures
-while holding its own predictors. Judged texts come first (shared prefix for
-the server's prompt cache) and are declared as data, not instructions.
+while holding its own predictors. Fields are ordered from most to least shared
+(judged texts, then the discussion, then the persona) so that the server's
+prompt cache reuses the longest prefix across referees and turns; judged texts
+are declared as data, not instructions.
 Literal outputs are enforced by DSPy and by the JSON schema sent to the LM.
 """
 
@@ -36,8 +38,8 @@ class PairwiseArgument(dspy.Signature):
     question: str = dspy.InputField(desc=DATA_NOTE)
     answer_1: str = dspy.InputField(desc="Assistant 1's answer. " + DATA_NOTE)
     answer_2: str = dspy.InputField(desc="Assistant 2's answer. " + DATA_NOTE)
-    persona: str = dspy.InputField(desc="who you are as a referee")
     discussion: str = dspy.InputField(desc="what the panel has said so far")
+    persona: str = dspy.InputField(desc="who you are as a referee")
     argument: str = dspy.OutputField(desc="your turn in the discussion")
 
 
@@ -51,8 +53,8 @@ class PairwiseVerdict(dspy.Signature):
     question: str = dspy.InputField(desc=DATA_NOTE)
     answer_1: str = dspy.InputField(desc="Assistant 1's answer. " + DATA_NOTE)
     answer_2: str = dspy.InputField(desc="Assistant 2's answer. " + DATA_NOTE)
-    persona: str = dspy.InputField(desc="who you are as a referee")
     discussion: str = dspy.InputField(desc="what the panel has said so far")
+    persona: str = dspy.InputField(desc="who you are as a referee")
     evidence: str = dspy.OutputField(desc="the reasons for your scores, briefly")
     score_1: Score10 = dspy.OutputField(desc="overall score of Assistant 1's answer")
     score_2: Score10 = dspy.OutputField(desc="overall score of Assistant 2's answer")
@@ -66,8 +68,8 @@ class ScoringArgument(dspy.Signature):
     dialogue_history: str = dspy.InputField(desc="the conversation so far. " + DATA_NOTE)
     fact: str = dspy.InputField(desc="the knowledge the response should draw on. " + DATA_NOTE)
     response: str = dspy.InputField(desc="the next turn to be rated. " + DATA_NOTE)
-    persona: str = dspy.InputField(desc="who you are as a referee")
     discussion: str = dspy.InputField(desc="what the panel has said so far")
+    persona: str = dspy.InputField(desc="who you are as a referee")
     argument: str = dspy.OutputField(desc="your turn in the discussion")
 
 
@@ -80,8 +82,8 @@ class ScoringVerdict(dspy.Signature):
     dialogue_history: str = dspy.InputField(desc="the conversation so far. " + DATA_NOTE)
     fact: str = dspy.InputField(desc="the knowledge the response should draw on. " + DATA_NOTE)
     response: str = dspy.InputField(desc="the next turn to be rated. " + DATA_NOTE)
-    persona: str = dspy.InputField(desc="who you are as a referee")
     discussion: str = dspy.InputField(desc="what the panel has said so far")
+    persona: str = dspy.InputField(desc="who you are as a referee")
     evidence: str = dspy.OutputField(desc="the reasons for your ratings, briefly")
     naturalness: Score3 = dspy.OutputField()
     coherence: Score3 = dspy.OutputField()

@@ -251,3 +251,48 @@ def test_judged_texts_reach_the_lm_verbatim(run):
     (call,) = lm.engine.calls
     assert {k: call.inputs[k] for k in item} == item
     assert call.inputs["persona"] == GP_PERSONA
+
+
+# ---------------------------------------------------------------- consensus stop (issue #5)
+
+
+def _scores_by_persona(agree: bool):
+    def respond(call):
+        if call.kind == "summary":
+            return {"summary": "s"}
+        if call.kind == "argument":
+            return {"argument": "a"}
+        critic = "critic" in call.inputs.get("persona", "")
+        high_first = True if agree else critic
+        return {"evidence": "e", "score_1": 8 if high_first else 3, "score_2": 3 if high_first else 8}
+    return respond
+
+
+def test_consensus_stop_ends_the_debate_after_a_round_of_agreement():
+    from chateval_dspy.config import DebateConfig
+    from chateval_dspy.fake_lm import fake_lm
+    from chateval_dspy.program import build_evaluator
+
+    cfg = DebateConfig(roles=("critic", "scientist"), turns=3, consensus_stop=True)
+    lm = fake_lm(_scores_by_persona(agree=True))
+    with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+        pred = build_evaluator(cfg)(question="q", answer_1="a", answer_2="b")
+    assert pred.calls == 2 * 2  # one round of two referees, in each order
+    assert all(c.kind == "verdict" for c in lm.engine.calls)
+    assert cfg.calls_per_item() == 2 * 2 * 3  # the bound without agreement
+
+
+def test_consensus_stop_keeps_debating_while_referees_disagree():
+    from chateval_dspy.config import DebateConfig
+    from chateval_dspy.fake_lm import fake_lm
+    from chateval_dspy.program import build_evaluator
+
+    cfg = DebateConfig(roles=("critic", "scientist"), turns=3, consensus_stop=True,
+                       strategy="simultaneous_talk_with_summarizer")
+    lm = fake_lm(_scores_by_persona(agree=False))
+    with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+        pred = build_evaluator(cfg)(question="q", answer_1="a", answer_2="b")
+    assert pred.calls == cfg.calls_per_item() == 2 * (2 * 3 + 2)
+    assert pred.preference == "tie"  # one referee each way, in both orders
+    # every round's turns are verdicts, and later rounds see the earlier scores through the summary
+    assert sum(c.kind == "verdict" for c in lm.engine.calls) == 12
