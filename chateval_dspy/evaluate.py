@@ -98,8 +98,10 @@ def judge_item(program: dspy.Module, item: dspy.Example, config: DebateConfig) -
         )
     if config.format == "pairwise" and record["human"] is not None:
         record["correct"] = record["prediction"] == record["human"]
+    # DSPy records usage only for calls that reached the LM; the rest were answered from its cache.
+    lm_calls = sum(len(entries) for entries in usage.usage_data.values())
     record.update(prompt_tokens=tokens["prompt"], completion_tokens=tokens["completion"],
-                  seconds=round(seconds, 3), truncated=cut)
+                  cached_calls=max(0, (record["calls"] or 0) - lm_calls), seconds=round(seconds, 3), truncated=cut)
     return record
 
 
@@ -112,6 +114,7 @@ class RunResult:
     human: list = field(default_factory=list)
     predicted: list = field(default_factory=list)
     calls: int = 0
+    cached_calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     seconds: float = 0.0
@@ -126,6 +129,7 @@ class RunResult:
             self.human.append(record["human"])
             self.predicted.append(record["prediction"])
         self.calls += record["calls"] or 0
+        self.cached_calls += record.get("cached_calls") or 0
         self.prompt_tokens += record["prompt_tokens"]
         self.completion_tokens += record["completion_tokens"]
         self.seconds += record["seconds"]
@@ -147,6 +151,7 @@ class RunResult:
         return {
             "items": self.n,
             "calls_per_item": self.calls / n,
+            "cached_calls_per_item": self.cached_calls / n,  # answered by the LM cache: no tokens, no time
             "prompt_tokens_per_item": self.prompt_tokens / n,
             "completion_tokens_per_item": self.completion_tokens / n,
             "seconds_per_item": self.seconds / n,

@@ -69,12 +69,18 @@ def _markdown(card: dict) -> str:
     for key in ("dataset", "dataset_hash", "split", "optimizer", "optimizer_settings", "metric"):
         if key in card:
             lines.append(f"- {key.replace('_', ' ')}: {card[key]}")
-    for stage in ("before", "after"):
-        if card.get("test_metrics", {}).get(stage):
-            figures = card["test_metrics"][stage]
-            shown = ", ".join(f"{k} {v['value']:.3f} [{v['ci_low']:.3f}, {v['ci_high']:.3f}]"
-                              for k, v in figures.items() if isinstance(v, dict))
-            lines.append(f"- test {stage} compiling: {shown}")
+    def figures(metrics: dict) -> str:
+        return ", ".join(f"{k} {v['value']:.3f} [{v['ci_low']:.3f}, {v['ci_high']:.3f}]"
+                         for k, v in metrics.items() if isinstance(v, dict) and "value" in v)
+
+    for key in ("dev_metrics", "test_metrics"):
+        block = card.get(key) or {}
+        stages = {s: m for s, m in block.items() if isinstance(m, dict) and "value" not in m}
+        if stages:  # {"before": {...}, "after": {...}}
+            for stage, metrics in stages.items():
+                lines.append(f"- {key.split('_')[0]} split, {stage} compiling: {figures(metrics)}")
+        elif block:
+            lines.append(f"- {key.split('_')[0]} split: {figures(block)}")
     if "cost" in card:
         lines.append("- cost per item: " + ", ".join(f"{k} {v:.1f}" for k, v in card["cost"].items()
                                                        if isinstance(v, (int, float))))

@@ -44,4 +44,6 @@ def summary_table(metrics: dict, cost: dict, header: dict) -> str:
         lines += ["", "(no human labels in these items: no agreement figures)"]
     cost_frame = pd.DataFrame([(k, _fmt(v)) for k, v in cost.items()], columns=["cost", "value"])
     lines += ["", cost_frame.to_string(index=False)]
+    if cost.get("cached_calls_per_item"):
+        lines.append("(tokens and seconds count only calls that reached the LM; rerun with --no-cache for full costs)")
     return "\n".join(lines)

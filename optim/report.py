@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chateval_dspy.errors import ConfigError
+from chateval_dspy.roles import DEFAULT_ORDER
 
 PROGRESS_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
@@ -78,7 +79,7 @@ def load_study(name: str, storage: str):
     return optuna.load_study(study_name=name, storage=storage)
 
 
-def _client(uri: str | None):
+def mlflow_client(uri: str | None):
     """An MLflow client on the tracking store, or None when the default local store was never created."""
     from optim import tracking
 
@@ -103,7 +104,7 @@ def find(target: str, *, storage: str, uri: str | None = None):
     known = study_names(storage)
     where = f"studies in {redact_url(storage)}: {', '.join(known) if known else 'none'}"
     if RUN_ID.match(target):
-        client, resolved = _client(uri)
+        client, resolved = mlflow_client(uri)
         if client is None:
             raise ConfigError(f"no study or MLflow run {target!r}: there is no MLflow store at {resolved} ({where})")
         from optim import tracking
@@ -119,9 +120,63 @@ def find(target: str, *, storage: str, uri: str | None = None):
 # --- studies --------------------------------------------------------------------------------------------------
 
 
-def study_table(study) -> str:
-    from optim.search import panel_label, trials_frame
+def trials_frame(study):
+    """One row per trial: state, panel, turns, strategy, aggregate, compile, dev agreement with CI, tokens per item."""
+    import pandas as pd
 
+    metric = None
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        cfg = t.user_attrs.get("config") or {}
+        dev = t.user_attrs.get("dev") or {}
+        metric = metric or next((k for k in ("accuracy", "average_spearman") if k in dev), None)
+        figure = dev.get(metric) if metric else None
+        cost = t.user_attrs.get("cost") or {}
+        tokens = (cost.get("prompt_tokens_per_item", math.nan) + cost.get("completion_tokens_per_item", math.nan)
+                  if cost else math.nan)
+        rows.append({
+            "trial": t.number, "state": t.state.name.lower(),
+            "roles": ",".join(cfg.get("roles", [])), "n_roles": len(cfg.get("roles", [])) or None,
+            "turns": cfg.get("turns"), "strategy": cfg.get("strategy"), "aggregate": cfg.get("aggregate"),
+            "compile": t.user_attrs.get("compile"),
+            "agreement": t.values[0] if t.values else math.nan,
+            "ci_low": figure["ci_low"] if figure else math.nan, "ci_high": figure["ci_high"] if figure else math.nan,
+            "tokens_per_item": tokens,
+            "note": _note(t),
+        })
+    return pd.DataFrame(rows)
+
+
+def panel_label(roles) -> str:
+    """A short name for a panel in printed tables.
+
+    Example:
+        >>> panel_label(["referee_1", "referee_2"]), panel_label(DEFAULT_ORDER)
+        ('same-role x2', 'all five')
+    """
+    roles = list(roles)
+    if roles and all(r.startswith("referee_") for r in roles):
+        return f"same-role x{len(roles)}"
+    if roles == list(DEFAULT_ORDER):
+        return "all five"
+    return ",".join(roles)
+
+
+def _note(t) -> str:
+    notes = []
+    if "duplicate_of" in t.user_attrs:
+        notes.append(f"same as #{t.user_attrs['duplicate_of']}")
+    if t.user_attrs.get("agreement_undefined"):
+        notes.append("undefined->0")
+    if t.state.name == "PRUNED" and t.intermediate_values:
+        step = max(t.intermediate_values)
+        notes.append(f"pruned at {step} items ({t.intermediate_values[step]:.3f})")
+    if t.user_attrs.get("surplus"):
+        notes.append("surplus")
+    return ", ".join(notes)
+
+
+def study_table(study) -> str:
     frame = trials_frame(study)
     if frame.empty:
         return "(the study has no trials)"
@@ -135,7 +190,6 @@ def figure3(study, path: Path, files: list[Path]) -> None:
     import pandas as pd
 
     from chateval_dspy.strategies import STRATEGIES
-    from optim.search import trials_frame
 
     frame = trials_frame(study)
     frame = frame[frame.state == "complete"]
@@ -218,6 +272,7 @@ def study_report(study, out: Path) -> Report:
         if any(t.intermediate_values for t in study.get_trials(deepcopy=False)):
             ax = vis.plot_intermediate_values(study)
             ax.set_xlabel("dev items judged")
+            ax.set_ylabel("dev agreement so far")
             _save(ax.figure, out / "intermediate_values.png", files)
         if len(study.directions) == 2:
             if complete:
@@ -249,14 +304,18 @@ def metrics_table(run) -> str:
 
     metrics = run.data.metrics
     rows = []
-    for key in sorted(metrics):
+    for key in metrics:
         if key.endswith(("_ci_low", "_ci_high")):
             continue
         low, high = metrics.get(f"{key}_ci_low"), metrics.get(f"{key}_ci_high")
         ci = f"[{low:.3f}, {high:.3f}]" if low is not None and high is not None else ""
-        rows.append((key, f"{metrics[key]:.3f}", ci))
+        value = metrics[key]
+        shown = f"{value:.0f}" if float(value).is_integer() and not ci else f"{value:.3f}"
+        rows.append((key, shown, ci))
     if not rows:
         return "(the run has no metrics)"
+    # Grouped by prefix (test_before., dev. ...), figures with a CI (agreement) before cost and counts.
+    rows.sort(key=lambda r: (r[0].rpartition(".")[0], not r[2], r[0]))
     return pd.DataFrame(rows, columns=["metric", "value", "95% CI"]).to_string(index=False)
 
 
@@ -304,8 +363,11 @@ def confusion(records: list[dict], path: Path, files: list[Path], title: str) ->
     said = [r["prediction"] if r.get("prediction") is not None else "abstain" for r in labelled]
     matrix = confusion_matrix(human, said, labels=PAIRWISE_LABELS)
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(4.8, 4.2))
-    ConfusionMatrixDisplay(matrix, display_labels=PAIRWISE_LABELS).plot(ax=ax, colorbar=False, cmap="Blues")
+    fig, ax = plt.subplots(figsize=(4.8, 3.6))
+    shown = ConfusionMatrixDisplay(matrix, display_labels=PAIRWISE_LABELS).plot(ax=ax, colorbar=False, cmap="Blues")
+    for text in shown.text_[-1]:  # people never abstain: drop that row, keep the panel's abstention column
+        text.remove()
+    ax.set_ylim(len(PAIRWISE_LABELS) - 1.5, -0.5)
     ax.set_xlabel("panel's verdict")
     ax.set_ylabel("human label")
     accuracy = sum(h == s for h, s in zip(human, said)) / max(len(human), 1)

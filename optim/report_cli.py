@@ -18,6 +18,9 @@ def add_command(sub) -> None:
     p.add_argument("--storage", default=DEFAULT_STORAGE, help=f"Optuna storage URL (default {DEFAULT_STORAGE})")
     p.add_argument("--out", help="directory for the PNG files (default reports/<study or run id>)")
     add_tracking_flags(p)
+    for action in p._actions:  # argparse has no public way to reword a shared flag's help
+        if action.dest == "no_mlflow":
+            action.help = "do not attach the plots to the study's or run's MLflow run"
 
 
 def cmd_report(args) -> int:
@@ -28,7 +31,7 @@ def cmd_report(args) -> int:
     if kind == "study":
         result = report.study_report(found, out)
         run_id = report.study_run_id(found, args.tracking_uri)
-        client = report._client(args.tracking_uri)[0] if run_id and not args.no_mlflow else None
+        client = report.mlflow_client(args.tracking_uri)[0] if run_id and not args.no_mlflow else None
     else:
         client, run = found
         with tempfile.TemporaryDirectory(prefix="chateval-report-") as work:

