@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -263,8 +264,6 @@ def cmd_score(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    import os
-
     import uvicorn
 
     from chateval_dspy.serve import create_app
@@ -288,6 +287,7 @@ def main(argv: list[str] | None = None, *, parser: argparse.ArgumentParser | Non
     args = (parser or build_parser()[0]).parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if not args.verbose:
+        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # mlflow resets its logger level when imported
         for noisy in ("dspy", "httpx", "openai", "LiteLLM", "mlflow", "alembic"):
             logging.getLogger(noisy).setLevel(logging.ERROR)
     try:
