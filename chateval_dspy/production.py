@@ -130,16 +130,27 @@ def _from_mlflow(uri: str, workdir: Path, trust_pickle: bool) -> Path | ChatEval
         raise ConfigError(f"run {run_id} has no saved evaluator (artifact 'evaluator/'): {exc}") from exc
 
 
-def _unpickle(uri: str, trust_pickle: bool) -> ChatEval:
+def _refuse_pickle(source, trust_pickle: bool) -> None:
     if not trust_pickle:
-        raise ConfigError(f"{uri} is a pickled program: loading it can run arbitrary code. "
+        raise ConfigError(f"{source} is a pickled program: loading it can run arbitrary code. "
                           "Pass trust_pickle=True (CLI: --trust-pickle) only for files you trust")
+
+
+def _unpickle(uri: str, trust_pickle: bool) -> ChatEval:
+    _refuse_pickle(uri, trust_pickle)
     import os
 
     import mlflow
 
-    os.environ["MLFLOW_ALLOW_PICKLE_DESERIALIZATION"] = "true"
-    return mlflow.dspy.load_model(uri)
+    previous = os.environ.get("MLFLOW_ALLOW_PICKLE_DESERIALIZATION")
+    os.environ["MLFLOW_ALLOW_PICKLE_DESERIALIZATION"] = "true"  # the caller trusts this one model only
+    try:
+        return mlflow.dspy.load_model(uri)
+    finally:
+        if previous is None:
+            os.environ.pop("MLFLOW_ALLOW_PICKLE_DESERIALIZATION", None)
+        else:
+            os.environ["MLFLOW_ALLOW_PICKLE_DESERIALIZATION"] = previous
 
 
 class Evaluator:
@@ -246,9 +257,7 @@ def load(path_or_uri: str | Path, *, model: str | None = None, trust_pickle: boo
 
 
 def _unpickle_file(path: Path, trust_pickle: bool) -> ChatEval:
-    if not trust_pickle:
-        raise ConfigError(f"{path} is a pickled program: loading it can run arbitrary code. "
-                          "Pass trust_pickle=True (CLI: --trust-pickle) only for files you trust")
+    _refuse_pickle(path, trust_pickle)
     program = dspy.load(str(path), allow_pickle=True)
     if not isinstance(program, ChatEval):
         raise ConfigError(f"{path} holds a {type(program).__name__}, not a chateval-dspy evaluator")
