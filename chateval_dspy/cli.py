@@ -179,6 +179,12 @@ def load_items(args):
         raise ConfigError(f"--limit must be positive, got {args.limit}")
     if args.concurrency < 1:
         raise ConfigError(f"--concurrency must be positive, got {args.concurrency}")
+    if args.timeout <= 0:
+        raise ConfigError(f"--timeout must be positive seconds, got {args.timeout}")
+    if not 0 <= args.temperature <= 2:
+        raise ConfigError(f"--temperature must lie in 0..2, got {args.temperature}")
+    if args.max_tokens is not None and args.max_tokens < 16:
+        raise ConfigError(f"--max-tokens must be at least 16, got {args.max_tokens}")
     return load_dataset(args.dataset, fmt=args.format, columns=parse_columns(args.columns))
 
 

@@ -118,11 +118,18 @@ def load_evaluator(directory: str | Path) -> tuple[ChatEval, dict]:
     """Rebuild a saved evaluator and its card. The LM is chosen by the caller, never read from the files."""
     directory = Path(directory)
     card = read_card(directory)
-    config = DebateConfig.from_dict(card["config"])
-    roles = [Role(r["slug"], r["name"], tuple(sorted(r["personas"].items()))) for r in card["roles"]]
+    where = directory / CARD_FILE
+    try:
+        config = DebateConfig.from_dict(card["config"])
+        roles = [Role(r["slug"], r["name"], tuple(sorted(r["personas"].items()))) for r in card["roles"]]
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ConfigError(f"{where}: malformed card, missing or wrong field {exc}") from exc
     program = build_evaluator(config, roles)
     state = directory / PROGRAM_FILE
     if not state.exists():
         raise ConfigError(f"{directory} has a card but no {PROGRAM_FILE}")
-    program.load(str(state), allow_pickle=False)
+    try:
+        program.load(str(state), allow_pickle=False)
+    except Exception as exc:  # DSPy raises assorted errors for a state that does not match the program
+        raise ConfigError(f"{state}: not a valid program state for this card ({type(exc).__name__}: {exc})") from exc
     return program, card

@@ -15,6 +15,7 @@ OFFLINE_ENV = {
     "MLFLOW_DISABLE_TELEMETRY": "true",
     "DO_NOT_TRACK": "true",
     "HF_HUB_OFFLINE": "1",
+    "RAY_USAGE_STATS_ENABLED": "0",
 }
 
 

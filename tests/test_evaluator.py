@@ -79,3 +79,15 @@ def test_bad_directories_are_clear_errors(tmp_path):
     (path / CARD_FILE).write_text(json.dumps(card))
     with pytest.raises(ConfigError, match="card format 99"):
         load_evaluator(path)
+
+
+def test_corrupt_state_or_card_is_a_clear_error(tmp_path):
+    _, path = _compiled(tmp_path)
+    (path / PROGRAM_FILE).write_text('{"debate.referees[\'critic\'].judge": 42}')
+    with pytest.raises(ConfigError, match="not a valid program state"):
+        load_evaluator(path)
+    card = json.loads((path / CARD_FILE).read_text())
+    del card["roles"]
+    (path / CARD_FILE).write_text(json.dumps(card))
+    with pytest.raises(ConfigError, match="malformed card"):
+        load_evaluator(path)
