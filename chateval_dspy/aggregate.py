@@ -38,8 +38,19 @@ def majority(votes: Iterable[str | None]) -> str | None:
     return counts[0][0]
 
 
+def _numeric(verdict: dict) -> list[str]:
+    return [k for k, v in verdict.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+
+
+def vote(verdict: dict | None) -> str | None:
+    """A referee's vote: its stated preference, or (for verdicts without one) what its scores imply."""
+    if verdict is None:
+        return None
+    return verdict.get("preference") or preference(verdict["score_1"], verdict["score_2"])
+
+
 def mean_scores(verdicts: Sequence[dict[str, float] | None]) -> dict[str, float] | None:
-    """Per-key mean over the verdicts that were given (abstentions skipped); None if none were.
+    """Per-score mean over the verdicts that were given (abstentions skipped); None if none were.
 
     Example:
         >>> mean_scores([{"score_1": 8, "score_2": 4}, None, {"score_1": 6, "score_2": 6}])
@@ -48,7 +59,7 @@ def mean_scores(verdicts: Sequence[dict[str, float] | None]) -> dict[str, float]
     given = [v for v in verdicts if v is not None]
     if not given:
         return None
-    return {key: fmean(v[key] for v in given) for key in given[0]}
+    return {key: fmean(v[key] for v in given) for key in _numeric(given[0])}
 
 
 def mode_scores(verdicts: Sequence[dict[str, float] | None]) -> dict[str, float] | None:
@@ -57,7 +68,7 @@ def mode_scores(verdicts: Sequence[dict[str, float] | None]) -> dict[str, float]
     if not given:
         return None
     out = {}
-    for key in given[0]:
+    for key in _numeric(given[0]):
         counts = Counter(v[key] for v in given).most_common()
         top = [value for value, n in counts if n == counts[0][1]]
         out[key] = fmean(top)
@@ -65,13 +76,14 @@ def mode_scores(verdicts: Sequence[dict[str, float] | None]) -> dict[str, float]
 
 
 def pairwise_verdict(verdicts: Sequence[dict[str, int] | None], how: str) -> tuple[str | None, dict | None]:
-    """The panel's preference and mean scores from referees' ``score_1``/``score_2`` verdicts.
+    """The panel's preference and mean scores from referees' verdicts.
 
-    ``how="mean"`` compares the mean scores (the paper); ``how="majority"`` votes with each referee's preference.
+    ``how="mean"`` compares the mean ``score_1``/``score_2`` (the paper); ``how="majority"`` counts each
+    referee's vote (its stated ``preference``).
     """
     means = mean_scores(verdicts)
     if how == "majority":
-        return majority(preference(v["score_1"], v["score_2"]) if v else None for v in verdicts), means
+        return majority(vote(v) for v in verdicts), means
     return (preference(means["score_1"], means["score_2"]) if means else None), means
 
 

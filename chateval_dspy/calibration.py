@@ -27,6 +27,8 @@ def unswap_scores(verdict: dict | None) -> dict | None:
         return None
     out = dict(verdict)
     out["score_1"], out["score_2"] = verdict["score_2"], verdict["score_1"]
+    if "preference" in verdict:
+        out["preference"] = _FLIP[verdict["preference"]]
     return out
 
 

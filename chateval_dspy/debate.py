@@ -17,7 +17,7 @@ import logging
 import dspy
 from dspy.utils.exceptions import AdapterParseError, LMAuthError, LMConfigurationError
 
-from chateval_dspy.aggregate import preference
+from chateval_dspy.aggregate import vote
 from chateval_dspy.concurrency import parallel_map
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.debater import Debater
@@ -54,7 +54,7 @@ def consensus(fmt: str, verdicts: list[dict | None]) -> bool:
     if not verdicts or any(v is None for v in verdicts):
         return False
     if fmt == "pairwise":
-        return len({preference(v["score_1"], v["score_2"]) for v in verdicts}) == 1
+        return len({vote(v) for v in verdicts}) == 1
     return len({tuple(sorted(v.items())) for v in verdicts}) == 1
 
 
@@ -169,7 +169,10 @@ class Debate(dspy.Module):
     def _utterance(self, rnd: int, debater: Debater, outcome: dict, final: bool) -> Utterance:
         text = outcome["text"] or f"(no {'verdict' if final else 'argument'}: {outcome['abstained']})"
         if final and outcome["scores"]:
-            text = f"{text} Scores: " + ", ".join(f"{k}={v}" for k, v in outcome["scores"].items())
+            scores = dict(outcome["scores"])
+            stated = scores.pop("preference", None)
+            prefix = f" Prefers: {'a tie' if stated == 'tie' else 'answer ' + stated}." if stated else ""
+            text = f"{text}{prefix} Scores: " + ", ".join(f"{k}={v}" for k, v in scores.items())
         return Utterance(rnd, debater.slug, debater.name, text, "verdict" if final else "argument")
 
     def _summarize(self, fmt: str, item: dict, shown: list[Utterance]) -> str:

@@ -78,6 +78,14 @@ def default_responder(call: Call) -> dict:
             "groundedness": 1 if call.inputs.get("fact", "")[:10].lower() in call.inputs.get("response", "").lower() else 0}
 
 
+def with_stated_preference(call: Call, out):
+    """Scripts written for scores alone state the preference their scores imply."""
+    if isinstance(out, dict) and "preference" in call.outputs and "preference" not in out and "score_1" in out:
+        s1, s2 = out["score_1"], out["score_2"]
+        return {"evidence": out.get("evidence", ""), "preference": "1" if s1 > s2 else "2" if s2 > s1 else "tie", **out}
+    return out
+
+
 class ScriptedEngine:
     """A DSPy engine whose answers come from ``responder(call) -> dict | str``.
 
@@ -107,7 +115,7 @@ class ScriptedEngine:
             self.calls.append(call)
         if self.latency:
             time.sleep(self.latency)
-        out = self.responder(call)
+        out = with_stated_preference(call, self.responder(call))
         text = out if isinstance(out, str) else json.dumps(out)
         return Response(id=None, model="fake", message=Message.assistant([TextPart(text)]), finish_reason="stop",
                         usage=Usage(input_tokens=(len(system) + len(user)) // 4, output_tokens=len(text) // 4,

@@ -12,7 +12,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from chateval_dspy.fake_lm import _FIELD, Call, default_responder
+from chateval_dspy.fake_lm import _FIELD, Call, default_responder, with_stated_preference
 
 
 class FakeOpenAIServer:
@@ -70,7 +70,7 @@ class FakeOpenAIServer:
                 elif fault == "empty":
                     text = ""
                 else:
-                    out = server.responder(call)
+                    out = with_stated_preference(call, server.responder(call))
                     text = out if isinstance(out, str) else json.dumps(out)
                 reply = {"id": "fake", "object": "chat.completion", "model": server.model, "created": 0,
                          "choices": [{"index": 0, "finish_reason": "stop",

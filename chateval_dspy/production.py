@@ -26,7 +26,7 @@ from chateval_dspy.data import item_from_record
 from chateval_dspy.errors import ConfigError, DataError
 from chateval_dspy.evaluate import judge_item
 from chateval_dspy.evaluator import CARD_FILE, load_evaluator, read_card
-from chateval_dspy.lm import EMBEDDED, EMBEDDED_MODEL_ID, resolve_lm
+from chateval_dspy.lm import EMBEDDED, EMBEDDED_MODEL_ID, configure_cache, resolve_lm
 from chateval_dspy.program import ChatEval
 
 log = logging.getLogger(__name__)
@@ -216,7 +216,7 @@ class Evaluator:
 
 
 def load(path_or_uri: str | Path, *, model: str | None = None, trust_pickle: bool = False, slots: int = 4,
-         timeout: float = 120.0, served_model: str | None = None) -> Evaluator:
+         timeout: float = 120.0, served_model: str | None = None, cache: bool = True) -> Evaluator:
     """Load a saved evaluator and bind it to an LM.
 
     Args:
@@ -226,6 +226,8 @@ def load(path_or_uri: str | Path, *, model: str | None = None, trust_pickle: boo
         slots: Concurrent requests the embedded server decodes.
         timeout: Seconds per LM request.
         served_model: The model id at a base URL.
+        cache: DSPy's LM cache in ``$CHATEVAL_CACHE_DIR`` (default ``~/.cache/chateval-dspy``), or off.
+            The cache is process-wide, so this sets it for the whole process.
     """
     stack = contextlib.ExitStack()
     try:
@@ -245,6 +247,7 @@ def load(path_or_uri: str | Path, *, model: str | None = None, trust_pickle: boo
             _check_version(read_card(found), str(found / CARD_FILE))
             program, card = load_evaluator(found)
         spec = model or _default_model(card)
+        configure_cache(cache)
         lm = stack.enter_context(resolve_lm(spec, slots=slots, timeout=timeout, served_model=served_model))
         if card.get("model") and lm.model != card["model"]:
             warnings.warn(f"this evaluator was compiled for {card['model']} and now runs on {lm.model}: its instructions "

@@ -18,6 +18,7 @@ import dspy
 Score10 = Literal[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
 Score3 = Literal[1, 2, 3]
 Score01 = Literal[0, 1]
+Preference = Literal["1", "2", "tie"]
 
 # Human scales of Topical-Chat USR, per aspect (the verdict must use the same scale).
 ASPECTS: dict[str, tuple[int, int]] = {
@@ -56,6 +57,7 @@ class PairwiseVerdict(PairwiseInputs):
     when the answers are truly equally good."""
 
     evidence: str = dspy.OutputField(desc="the reasons for your scores, briefly")
+    preference: Preference = dspy.OutputField(desc="which answer is better overall: 1, 2, or tie")
     score_1: Score10 = dspy.OutputField(desc="overall score of Assistant 1's answer")
     score_2: Score10 = dspy.OutputField(desc="overall score of Assistant 2's answer")
 
@@ -110,18 +112,22 @@ INPUTS = {
 }
 
 
-def check_scores(fmt: str, verdict: dict) -> dict[str, int]:
-    """Pull the scores out of a verdict and check their ranges.
+def check_scores(fmt: str, verdict: dict) -> dict:
+    """Pull the scores (and, pairwise, the stated preference) out of a verdict and check them.
 
     DSPy enforces the Literal types, but a custom adapter or a demo edited by hand
     can bypass that; a score out of range is an error here, not a silent clamp.
 
     Example:
-        >>> check_scores("pairwise", {"score_1": 7, "score_2": 3})
-        {'score_1': 7, 'score_2': 3}
+        >>> check_scores("pairwise", {"score_1": 7, "score_2": 3, "preference": "1"})
+        {'preference': '1', 'score_1': 7, 'score_2': 3}
     """
     ranges = {"score_1": (1, 10), "score_2": (1, 10)} if fmt == "pairwise" else ASPECTS
     out = {}
+    if fmt == "pairwise":
+        if verdict.get("preference") not in ("1", "2", "tie"):
+            raise ValueError(f"preference={verdict.get('preference')!r} is not one of 1, 2, tie")
+        out["preference"] = verdict["preference"]
     for name, (lo, hi) in ranges.items():
         value = verdict.get(name)
         if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:

@@ -48,7 +48,7 @@ def label_demo(example: dspy.Example, fmt: str, persona: str) -> dspy.Example:
         said = {"1": "Answer 1 is better.", "2": "Answer 2 is better.", "tie": "Both answers are equally good."}
         return dspy.Example(question=example.question, answer_1=example.answer_1, answer_2=example.answer_2,
                             persona=persona, discussion="(no discussion)", evidence=f"Human referees: {said[example.label]}",
-                            score_1=scores[0], score_2=scores[1])
+                            preference=example.label, score_1=scores[0], score_2=scores[1])
     ratings = {a: int(min(hi, max(lo, round(example.human[a])))) for a, (lo, hi) in ASPECTS.items()}
     return dspy.Example(dialogue_history=example.dialogue_history, fact=example.fact, response=example.response,
                         persona=persona, discussion="(no discussion)", evidence="Human referees' ratings.", **ratings)

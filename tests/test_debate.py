@@ -110,7 +110,7 @@ def test_only_one_referee_fails_the_other_decides(run):
     assert (pred.score_1, pred.score_2) == (3, 8)
     assert pred.abstained is None
     assert pred.abstentions == {f"order1:{GP}@2": "parse_failure"}
-    assert pred.referees == {GP: [None], CRITIC: [{"score_1": 3, "score_2": 8}]}
+    assert pred.referees == {GP: [None], CRITIC: [{"preference": "2", "score_1": 3, "score_2": 8}]}
 
 
 def test_a_retry_that_parses_is_used(run):

@@ -192,7 +192,7 @@ def test_engine_serves_a_dspy_program(server, run):
     from chateval_dspy.program import build_evaluator
 
     reply = json.loads(json.dumps(GOOD))
-    reply["choices"][0]["message"]["content"] = json.dumps({"evidence": "ok", "score_1": 3, "score_2": 9})
+    reply["choices"][0]["message"]["content"] = json.dumps({"evidence": "ok", "preference": "2", "score_1": 3, "score_2": 9})
     server.reply = (200, reply)
     eng = OpenAICompatEngine(url(server), "served-model", max_retries=0, timeout=5)
     lm = dspy.LM("openai-compatible/served-model", engine=eng, cache=False, num_retries=0)

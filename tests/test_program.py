@@ -48,7 +48,9 @@ def test_position_bias_cancels_out_to_a_tie(run):
     assert pred.preference == "tie"
     assert pred.score_1 == pred.score_2 == 5.5
     for slug in ROLES:
-        assert pred.referees[slug] == [{"score_1": 8, "score_2": 3}, {"score_1": 3, "score_2": 8}]
+        # the swapped order's scores and stated preference are mapped back to the original answers
+        assert pred.referees[slug] == [{"preference": "1", "score_1": 8, "score_2": 3},
+                                       {"preference": "2", "score_1": 3, "score_2": 8}]
 
 
 def test_position_bias_with_majority_vote_is_also_a_tie(run):
@@ -65,7 +67,8 @@ def test_content_judge_agrees_across_orders_and_points_to_the_original_answer(ru
     assert pred.preference == "2"
     assert (pred.score_1, pred.score_2) == (2, 9)
     for slug in ROLES:  # both orders' scores refer to the original answers
-        assert pred.referees[slug] == [{"score_1": 2, "score_2": 9}, {"score_1": 2, "score_2": 9}]
+        assert pred.referees[slug] == [{"preference": "2", "score_1": 2, "score_2": 9},
+                                       {"preference": "2", "score_1": 2, "score_2": 9}]
     # The second order really was judged swapped (and the calls of each order are contiguous).
     verdicts = [c for c in lm.engine.calls if c.kind == "verdict"]
     assert [c.inputs["answer_1"] for c in verdicts] == [BAD, BAD, GOOD, GOOD]

@@ -40,10 +40,11 @@ def test_resolve_lm_reports_a_dead_endpoint_clearly():
             pass
 
 
-def test_ray_data_workers_judge_a_dataset(saved):
+def test_ray_data_workers_judge_a_dataset(saved, tmp_path, monkeypatch):
     ray = pytest.importorskip("ray")
     from chateval_dspy.scale import judge_dataset
 
+    monkeypatch.setenv("CHATEVAL_CACHE_DIR", str(tmp_path / "cache"))  # workers inherit it: no stale answers
     with FakeOpenAIServer() as url:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
         try:

@@ -205,4 +205,4 @@ def test_transcript_records_every_turn_with_round_and_kind(run, strategy):
     assert turns == [(s, 1, "argument") for s in ROLES[:2]] + [(s, 2, "verdict") for s in ROLES[:2]]
     texts = {(u["speaker"], u["round"]): u["text"] for u in pred.transcripts[0]}
     assert texts[(ROLES[0], 1)] == turn(ROLES[0], 1)
-    assert texts[(ROLES[1], 2)].startswith(turn(ROLES[1], 2) + " Scores:")
+    assert texts[(ROLES[1], 2)].startswith(turn(ROLES[1], 2) + " Prefers: answer 2. Scores:")
