@@ -49,6 +49,11 @@ def vote(verdict: dict | None) -> str | None:
     return verdict.get("preference") or preference(verdict["score_1"], verdict["score_2"])
 
 
+def _score(verdict: dict, key: str) -> float:
+    # A G-Eval expected score, where the LM gave one, stands in for the integer rating.
+    return verdict.get("expected", {}).get(key, verdict[key])
+
+
 def mean_scores(verdicts: Sequence[dict[str, float] | None]) -> dict[str, float] | None:
     """Per-score mean over the verdicts that were given (abstentions skipped); None if none were.
 
@@ -59,7 +64,7 @@ def mean_scores(verdicts: Sequence[dict[str, float] | None]) -> dict[str, float]
     given = [v for v in verdicts if v is not None]
     if not given:
         return None
-    return {key: fmean(v[key] for v in given) for key in _numeric(given[0])}
+    return {key: fmean(_score(v, key) for v in given) for key in _numeric(given[0])}
 
 
 def mode_scores(verdicts: Sequence[dict[str, float] | None]) -> dict[str, float] | None:

@@ -29,6 +29,8 @@ def unswap_scores(verdict: dict | None) -> dict | None:
     out["score_1"], out["score_2"] = verdict["score_2"], verdict["score_1"]
     if "preference" in verdict:
         out["preference"] = _FLIP[verdict["preference"]]
+    if "expected" in verdict:
+        out["expected"] = {{"score_1": "score_2", "score_2": "score_1"}[k]: v for k, v in verdict["expected"].items()}
     return out
 
 

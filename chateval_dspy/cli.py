@@ -30,6 +30,8 @@ def _add_panel_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-calibrate", action="store_true", help="pairwise: judge one answer order only")
     g.add_argument("--consensus-stop", action="store_true",
                    help="every round ends in scores; stop once all referees agree (fewer LM calls)")
+    g.add_argument("--weighted-scores", action="store_true",
+                   help="G-Eval style: expected score under the LM's token probabilities (needs an LM with logprobs)")
     g.add_argument("--parse-retries", type=int, default=1)
     g.add_argument("--max-text-chars", type=int, default=6000, help="judged texts longer than this are truncated")
 
@@ -119,7 +121,7 @@ def config_from_args(args, fmt: str):
     return DebateConfig(format=fmt, roles=roles, strategy=args.strategy, turns=args.turns,
                         calibrate=not args.no_calibrate, aggregate=args.aggregate, parse_retries=args.parse_retries,
                         max_text_chars=args.max_text_chars, role_file=args.role_file,
-                        consensus_stop=args.consensus_stop)
+                        consensus_stop=args.consensus_stop, weighted_scores=args.weighted_scores)
 
 
 def run_key(args, cfg, items) -> str:

@@ -30,6 +30,8 @@ class DebateConfig:
         max_text_chars: Longer judged texts are cut to this many characters, with a warning.
         consensus_stop: Every round ends in scores and the debate stops once all referees agree
             (fewer calls; ``calls_per_item`` is then the most an item can cost).
+        weighted_scores: Ask the LM for log-probabilities and use each score's expected value
+            (G-Eval style) in the mean; the integer score is kept when the LM returns none.
         role_file: Extra personas (YAML/JSON), resolved when the program is built.
 
     Example:
@@ -47,6 +49,7 @@ class DebateConfig:
     parse_retries: int = 1
     max_text_chars: int = 6000
     consensus_stop: bool = False
+    weighted_scores: bool = False
     role_file: str | None = field(default=None)
 
     def __post_init__(self) -> None:

@@ -23,14 +23,17 @@ from chateval_dspy.config import DebateConfig
 from chateval_dspy.debater import Debater
 from chateval_dspy.errors import LMError
 from chateval_dspy.roles import Role
-from chateval_dspy.signatures import INPUTS, Summarize, check_scores
+from chateval_dspy.signatures import INPUTS, SCORE_RANGES, Summarize, check_scores
 from chateval_dspy.strategies import STRATEGIES, SUMMARIZER, Utterance, render
+from chateval_dspy.weighting import expected_scores
 
 log = logging.getLogger(__name__)
 
 # Retries of an unparseable output sample at this temperature under a new
 # rollout id: at temperature 0 the same prompt would return the same text.
 RETRY_TEMPERATURE = 0.7
+# Alternatives per token for weighted scores: enough to cover a 1-10 scale's plausible values.
+TOP_LOGPROBS = 10
 
 
 def _fatal_cause(exc: BaseException) -> LMError | None:
@@ -55,7 +58,7 @@ def consensus(fmt: str, verdicts: list[dict | None]) -> bool:
         return False
     if fmt == "pairwise":
         return len({vote(v) for v in verdicts}) == 1
-    return len({tuple(sorted(v.items())) for v in verdicts}) == 1
+    return len({tuple(v[a] for a in SCORE_RANGES[fmt]) for v in verdicts}) == 1
 
 
 def guard(text: str) -> str:
@@ -144,11 +147,18 @@ class Debate(dspy.Module):
         attempts = 1 + self.config.parse_retries
         for attempt in range(attempts):
             config = {} if attempt == 0 else {"rollout_id": attempt, "temperature": RETRY_TEMPERATURE}
+            if final and self.config.weighted_scores:
+                config.update(logprobs=True, top_logprobs=TOP_LOGPROBS)
             try:
                 pred = debater(final=final, config=config, discussion=seen, **item)
                 if not final:
                     return {"text": pred.argument.strip(), "scores": None, "abstained": None, "calls": attempt + 1}
                 scores = check_scores(self.config.format, dict(pred))
+                content = (getattr(pred, "logprobs", None) or {}).get("content") if self.config.weighted_scores else None
+                if content:
+                    expected = expected_scores(content, SCORE_RANGES[self.config.format])
+                    if expected:
+                        scores["expected"] = expected
                 return {"text": pred.evidence.strip(), "scores": scores, "abstained": None, "calls": attempt + 1}
             except (LMAuthError, LMConfigurationError) as exc:
                 raise LMError(f"the LM refused the request ({type(exc).__name__}): {exc}") from exc
@@ -171,6 +181,7 @@ class Debate(dspy.Module):
         if final and outcome["scores"]:
             scores = dict(outcome["scores"])
             stated = scores.pop("preference", None)
+            scores.pop("expected", None)
             prefix = f" Prefers: {'a tie' if stated == 'tie' else 'answer ' + stated}." if stated else ""
             text = f"{text}{prefix} Scores: " + ", ".join(f"{k}={v}" for k, v in scores.items())
         return Utterance(rnd, debater.slug, debater.name, text, "verdict" if final else "argument")

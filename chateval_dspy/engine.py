@@ -12,7 +12,7 @@ import threading
 
 import openai
 from dspy import lm15
-from dspy.lm15 import Message, Response, TextPart, Usage, response_to_events
+from dspy.lm15 import Message, Response, TextPart, TokenLogprob, TopLogprob, Usage, response_to_events
 
 from chateval_dspy.errors import LMError
 
@@ -40,7 +40,8 @@ class OpenAICompatEngine:
     """
 
     supports_response_schema = True
-    supported_params = frozenset({"response_format", "temperature", "max_tokens", "top_p", "stop", "seed", "logprobs"})
+    supported_params = frozenset({"response_format", "temperature", "max_tokens", "top_p", "stop", "seed", "logprobs",
+                                  "top_logprobs"})
 
     def __init__(self, base_url: str, model: str, api_key: str = "none", *, timeout: float = 120.0,
                  max_retries: int = 3, compact_json: bool = False, max_string_chars: int = 600):
@@ -77,6 +78,10 @@ class OpenAICompatEngine:
             body["stop"] = list(cfg.stop)
         if cfg.response_format:
             body["response_format"] = self._response_format(dict(cfg.response_format))
+        if cfg.logprobs is not None:
+            body["logprobs"] = True
+            if cfg.logprobs > 0:
+                body["top_logprobs"] = cfg.logprobs
         return body
 
     def complete(self, request) -> Response:
@@ -101,8 +106,13 @@ class OpenAICompatEngine:
         choice = r.choices[0]
         finish = choice.finish_reason if choice.finish_reason in ("stop", "length", "content_filter") else "stop"
         usage = r.usage
+        content = getattr(choice.logprobs, "content", None) if choice.logprobs else None
+        logprobs = None if not content else tuple(
+            TokenLogprob(t.token, float(t.logprob), top=tuple(TopLogprob(a.token, float(a.logprob))
+                                                              for a in (t.top_logprobs or ())))
+            for t in content if t.token)
         return Response(
-            id=r.id, model=r.model or self.model, finish_reason=finish,
+            id=r.id, model=r.model or self.model, finish_reason=finish, logprobs=logprobs,
             message=Message.assistant([TextPart(choice.message.content or "")]),
             usage=Usage(input_tokens=usage.prompt_tokens if usage else 0,
                         output_tokens=usage.completion_tokens if usage else 0,

@@ -112,6 +112,12 @@ INPUTS = {
 }
 
 
+SCORE_RANGES: dict[str, dict[str, tuple[int, int]]] = {
+    "pairwise": {"score_1": (1, 10), "score_2": (1, 10)},
+    "scoring": ASPECTS,
+}
+
+
 def check_scores(fmt: str, verdict: dict) -> dict:
     """Pull the scores (and, pairwise, the stated preference) out of a verdict and check them.
 
@@ -122,7 +128,7 @@ def check_scores(fmt: str, verdict: dict) -> dict:
         >>> check_scores("pairwise", {"score_1": 7, "score_2": 3, "preference": "1"})
         {'preference': '1', 'score_1': 7, 'score_2': 3}
     """
-    ranges = {"score_1": (1, 10), "score_2": (1, 10)} if fmt == "pairwise" else ASPECTS
+    ranges = SCORE_RANGES[fmt]
     out = {}
     if fmt == "pairwise":
         if verdict.get("preference") not in ("1", "2", "tie"):

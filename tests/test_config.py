@@ -77,7 +77,7 @@ def test_dict_round_trip(cfg):
     assert DebateConfig.from_dict(data) == cfg
     assert DebateConfig.from_dict(json.loads(json.dumps(data))) == cfg
     assert set(data) == {"format", "roles", "strategy", "turns", "calibrate", "aggregate", "parse_retries",
-                         "max_text_chars", "consensus_stop", "role_file"}
+                         "max_text_chars", "consensus_stop", "weighted_scores", "role_file"}
 
 
 def test_from_dict_rejects_unknown_keys_and_validates():
