@@ -154,11 +154,8 @@ class Debate(dspy.Module):
                 if not final:
                     return {"text": pred.argument.strip(), "scores": None, "abstained": None, "calls": attempt + 1}
                 scores = check_scores(self.config.format, dict(pred))
-                content = (getattr(pred, "logprobs", None) or {}).get("content") if self.config.weighted_scores else None
-                if content:
-                    expected = expected_scores(content, SCORE_RANGES[self.config.format])
-                    if expected:
-                        scores["expected"] = expected
+                if self.config.weighted_scores:
+                    scores.update(self._expected(pred))
                 return {"text": pred.evidence.strip(), "scores": scores, "abstained": None, "calls": attempt + 1}
             except (LMAuthError, LMConfigurationError) as exc:
                 raise LMError(f"the LM refused the request ({type(exc).__name__}): {exc}") from exc
@@ -176,6 +173,12 @@ class Debate(dspy.Module):
                 return {"text": "", "scores": None, "abstained": reason, "calls": attempt + 1}
         return {"text": "", "scores": None, "abstained": reason, "calls": attempts}
 
+    def _expected(self, pred: dspy.Prediction) -> dict:
+        """``{"expected": {...}}`` from the verdict's token log-probabilities, or {} when the LM gave none."""
+        content = (getattr(pred, "logprobs", None) or {}).get("content")
+        expected = expected_scores(content, SCORE_RANGES[self.config.format]) if content else {}
+        return {"expected": expected} if expected else {}
+
     def _utterance(self, rnd: int, debater: Debater, outcome: dict, final: bool) -> Utterance:
         text = outcome["text"] or f"(no {'verdict' if final else 'argument'}: {outcome['abstained']})"
         if final and outcome["scores"]:
@@ -190,6 +193,9 @@ class Debate(dspy.Module):
         try:
             return self.summarizer(material=material(fmt, item), discussion=render(shown)).summary.strip()
         except (AdapterParseError, dspy.utils.exceptions.LMError) as exc:
-            # A lost summary degrades the next round to "nobody has spoken yet", not the item.
+            fatal = _fatal_cause(exc)
+            if fatal is not None:
+                raise fatal from exc
+            # A lost summary costs the next round its context, not the item its verdict.
             log.warning("summarizer failed: %s", str(exc)[:200])
             return f"(no summary: {type(exc).__name__})"
