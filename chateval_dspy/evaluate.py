@@ -205,16 +205,18 @@ def evaluate(program: dspy.Module, items: Iterable[dspy.Example], config: Debate
     lock = threading.Lock()
     sink = open(out, "a", encoding="utf-8") if out else None  # noqa: SIM115 - closed in finally
     start = time.perf_counter()
-    try:
-        for _, record in bounded_unordered(judge, todo, concurrency):
-            with lock:
-                if sink:
-                    append_record(sink, record)  # one whole line, flushed and fsynced
-                result.add(record)
-            if on_item:
-                on_item(record)
-    finally:
-        result.wall_seconds = time.perf_counter() - start
-        if sink:
-            sink.close()
+    # DSPy keeps every call in lm.history; a long batch must not grow with it (results stream to disk instead).
+    with dspy.context(disable_history=True):
+        try:
+            for _, record in bounded_unordered(judge, todo, concurrency):
+                with lock:
+                    if sink:
+                        append_record(sink, record)  # one whole line, flushed and fsynced
+                    result.add(record)
+                if on_item:
+                    on_item(record)
+        finally:
+            result.wall_seconds = time.perf_counter() - start
+            if sink:
+                sink.close()
     return result

@@ -12,7 +12,7 @@ file of figures, and prints (``--markdown``) a table that states model, data, sp
     python -m optim.bench plots
 
 This module holds the command line and what the suites share: the LM (``LMFactory``), the meter
-around the LM engine, run keys, the run header and the resumable ``run_config``.
+around the LM engine and the resumable ``run_config`` (both in ``bench_run``), and the run header.
 """
 
 from __future__ import annotations
@@ -23,27 +23,24 @@ ensure_offline()  # before dspy / litellm are imported below
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
-import hashlib  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
-import re  # noqa: E402
 import shlex  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
-import threading  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import dspy  # noqa: E402
 
-from chateval_dspy.config import DebateConfig  # noqa: E402
 from chateval_dspy.errors import ChatEvalError, ConfigError  # noqa: E402
-from chateval_dspy.evaluate import RunResult, evaluate  # noqa: E402
-from chateval_dspy.results_io import read_records  # noqa: E402
+from optim.bench_run import ConfigRun, Meter, attach_meter, config_key, run_config, run_key, slug  # noqa: E402
+
+__all__ = ["ConfigRun", "LMFactory", "Meter", "attach_meter", "config_key", "header", "judging", "main", "model_factory",
+           "run_config", "run_key", "slug", "write_json"]
 
 log = logging.getLogger(__name__)
 
@@ -54,14 +51,34 @@ RAW_DIR = BENCH_DIR / "raw"
 LMFactory = Callable[[int], contextlib.AbstractContextManager]
 
 
-def model_factory(spec: str, *, timeout: float = 120.0, served_model: str | None = None) -> LMFactory:
-    """The LM named by ``--model`` (``embedded``, a base URL, a LiteLLM string), at temperature 0."""
+def model_factory(spec: str, *, timeout: float = 120.0, served_model: str | None = None,
+                  threads: int | None = None) -> LMFactory:
+    """The LM named by ``--model`` (``embedded``, a base URL, a LiteLLM string), at temperature 0.
+
+    ``threads`` caps the embedded server's CPU threads (default: all cores, as ``resolve_lm`` does).
+    On a machine shared with another llama.cpp process, two servers that each spin on every core
+    slow each other down many times over; one thread each keeps timings meaningful.
+    """
     from chateval_dspy.lm import resolve_lm
 
     def factory(slots: int):
+        if spec == "embedded" and threads:
+            return _embedded(max(2, slots), threads, timeout)
         return resolve_lm(spec, slots=max(2, slots), temperature=0.0, served_model=served_model, timeout=timeout)
 
     return factory
+
+
+@contextlib.contextmanager
+def _embedded(slots: int, threads: int, timeout: float) -> Iterator[dspy.LM]:
+    # resolve_lm("embedded") with a thread cap; the same server, engine and limits otherwise.
+    from chateval_dspy.engine import RestartingEngine
+    from chateval_dspy.lm import EMBEDDED_MODEL_ID, EmbeddedServer
+
+    server = EmbeddedServer(slots=slots, threads=threads)
+    with server as base_url:
+        engine = RestartingEngine(base_url, "gemma-3-270m", restart=server.restart, timeout=timeout, compact_json=True)
+        yield dspy.LM(EMBEDDED_MODEL_ID, engine=engine, temperature=0.0, max_tokens=320)
 
 
 def isolate_cache() -> str:
@@ -81,143 +98,6 @@ def judging(factory: LMFactory, slots: int = 2) -> Iterator[dspy.LM]:
         yield lm
 
 
-# --- what the LM engine did ----------------------------------------------------------------------------------------
-
-
-@dataclass
-class Meter:
-    """Time spent inside the LM engine, and the prompt tokens a server reused from its prefix cache."""
-
-    calls: int = 0
-    engine_seconds: float = 0.0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    cache_reported: bool = False  # whether the server said how many prompt tokens it reused
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def snapshot(self) -> dict:
-        return {"calls": self.calls, "engine_seconds": self.engine_seconds, "prompt_tokens": self.prompt_tokens,
-                "cached_tokens": self.cached_tokens if self.cache_reported else None}
-
-    def since(self, before: dict) -> dict:
-        now = self.snapshot()
-        return {k: (now[k] - before[k]) if (now[k] is not None and before[k] is not None) else now[k] for k in now}
-
-
-def _cached_tokens(response) -> int | None:
-    """Prompt tokens served from the prefix cache, as an OpenAI-compatible server reports them (None: not said)."""
-    usage = getattr(response, "usage", None)
-    details = getattr(usage, "prompt_tokens_details", None)
-    if details is not None and getattr(details, "cached_tokens", None) is not None:
-        return int(details.cached_tokens)
-    timings = (getattr(response, "model_extra", None) or {}).get("timings") or {}
-    if "cache_n" in timings:  # llama.cpp's own field
-        return int(timings["cache_n"])
-    return None
-
-
-def attach_meter(lm: dspy.LM) -> Meter | None:
-    """Wrap the LM's engine (shared by every ``lm.copy``) to time its calls; None for LMs without an engine object."""
-    engine = getattr(lm, "engine", None)
-    if engine is None or isinstance(engine, str) or not hasattr(engine, "complete"):
-        return None
-    if isinstance(getattr(engine, "_bench_meter", None), Meter):
-        return engine._bench_meter
-    meter = Meter()
-    inner = engine.complete
-
-    def complete(request):
-        start = time.perf_counter()
-        try:
-            return inner(request)
-        finally:
-            with meter._lock:
-                meter.calls += 1
-                meter.engine_seconds += time.perf_counter() - start
-
-    engine.complete = complete
-    engine._bench_meter = meter
-    completions = getattr(getattr(getattr(engine, "client", None), "chat", None), "completions", None)
-    if completions is not None:
-        create = completions.create
-
-        def metered_create(*args, **kwargs):
-            response = create(*args, **kwargs)
-            cached = _cached_tokens(response)
-            with meter._lock:
-                meter.prompt_tokens += getattr(getattr(response, "usage", None), "prompt_tokens", 0) or 0
-                if cached is not None:
-                    meter.cache_reported = True
-                    meter.cached_tokens += cached
-            return response
-
-        completions.create = metered_create
-    return meter
-
-
-# --- runs --------------------------------------------------------------------------------------------------------
-
-
-def slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-").lower() or "x"
-
-
-def run_key(**parts) -> str:
-    """What identifies a benchmark run, without the item limit: a larger ``--limit`` resumes the same file."""
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
-
-
-@dataclass
-class ConfigRun:
-    """One configuration judged over the items: the run's result (restricted to these items) and its meter totals."""
-
-    result: RunResult
-    records: list[dict]
-    meter: dict | None
-    fresh: int  # items judged now (the others were resumed from the results file)
-
-
-def run_config(program: dspy.Module, items: list, config: DebateConfig, *, out: Path | None, key: str,
-               concurrency: int = 1, meter: Meter | None = None) -> ConfigRun:
-    """``evaluate`` with resume; the figures are computed from the file's records of exactly ``items``.
-
-    Meter totals (engine seconds, cached prompt tokens) cover the items judged now and are added to a
-    sidecar file ``<out>.meter.json``, so that a resumed run still reports them for every item.
-    """
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    before = meter.snapshot() if meter else None
-    result = evaluate(program, items, config, out=out, run_key=key, concurrency=concurrency)
-    fresh = result.n - result.resumed
-    totals = meter.since(before) if meter else None
-    if out is None:
-        return ConfigRun(result, [], totals, fresh)
-    if totals is not None:
-        totals = _accumulate(out.with_name(out.name + ".meter.json"), key, totals, fresh)
-    wanted = {str(x.id) for x in items}
-    records = [r for r in read_records(out) if str(r["id"]) in wanted]
-    restricted = RunResult(config)
-    for record in records:
-        restricted.add(record)
-    restricted.wall_seconds = result.wall_seconds
-    return ConfigRun(restricted, records, totals, fresh)
-
-
-def _accumulate(sidecar: Path, key: str, totals: dict, fresh: int) -> dict:
-    """Add this run's meter totals to those saved beside the results file; returns the totals for all items."""
-    saved = json.loads(sidecar.read_text()) if sidecar.exists() else {}
-    if saved.get("run_key") != key:
-        saved = {"run_key": key, "items": 0, "totals": {}}
-    if fresh:
-        merged = {}
-        for k, v in totals.items():
-            before = saved["totals"].get(k, 0)
-            merged[k] = None if (v is None or before is None) else before + v
-        saved = {"run_key": key, "items": saved["items"] + fresh, "totals": merged}
-        sidecar.write_text(json.dumps(saved), encoding="utf-8")
-    return {**saved["totals"], "items": saved["items"]}
-
-
 # --- what every table states ---------------------------------------------------------------------------------------
 
 
@@ -235,12 +115,8 @@ def header(args, *, suite: str, model: str, data: str, split: str, n: int, **ext
     """What a table states: model, data, split, n, date, machine and the exact command."""
     return {"suite": suite, "model": model, "data": data, "split": split, "n": n,
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
+            "lm_threads": getattr(args, "threads", None) or "all cores",
             "command": getattr(args, "command_line", f"python -m optim.bench {suite}"), **extra}
-
-
-def header_line(h: dict) -> str:
-    keep = ("model", "data", "split", "n", "date", "machine")
-    return "; ".join(f"{k}: {h[k]}" for k in keep if k in h)
 
 
 def _plain(x):
@@ -268,6 +144,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="embedded", help="embedded (default), an OpenAI-compatible base URL, or a LiteLLM string")
     p.add_argument("--served-model", help="model id at a base URL")
     p.add_argument("--timeout", type=float, default=120.0)
+    p.add_argument("--threads", type=int, help="embedded model: CPU threads (default: all cores)")
     p.add_argument("--split", default="test", choices=["all", "train", "dev", "test"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--limit", type=int, help="the first N items of the split")
@@ -301,9 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--concurrency-levels", default="1,2,4")
     co.add_argument("--throughput-items", type=int, help="items per concurrency level (default: --limit)")
     co.add_argument("--overhead-items", type=int, default=25, help="items judged by the zero-latency fake LM")
+    co.add_argument("--fake-latency", type=float, default=0.05, help="seconds per call of the fake LM in the throughput check")
     co.add_argument("--rss-sizes", default="100,300,1000")
     co.add_argument("--agreement", help="an agreement JSON whose plain and consensus rows decide the token target")
-    co.add_argument("--skip-model", action="store_true", help="fake-LM measurements only (no model started)")
+    co.add_argument("--skip-model", action="store_true",
+                    help="fake-LM measurements only (no model started); the model's figures already in --out are kept")
     co.add_argument("--out", default=str(BENCH_DIR / "cost.json"))
 
     inj = sub.add_parser("injection", help="prompt-injection flip rates per injection kind")
@@ -316,10 +195,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     pl = sub.add_parser("plots", help="PNG plots from the suites' JSON files")
     pl.add_argument("--dir", default=str(BENCH_DIR))
+    tb = sub.add_parser("tables", help="Markdown tables from the suites' JSON files (no rerun)")
+    tb.add_argument("files", nargs="*", help="figures JSON files (default: every one under benchmarks/)")
+    tb.add_argument("--update", metavar="MD", help="rewrite the tables between <!-- bench:FILE --> and <!-- /bench --> "
+                                                   "markers in this Markdown file instead of printing")
 
-    rss = sub.add_parser("_rss", help=argparse.SUPPRESS)  # one memory measurement, in its own process
+    rss = sub.add_parser("_rss")  # internal: one peak-memory measurement, in its own process
     rss.add_argument("items", type=int)
     rss.add_argument("out")
+    rss.add_argument("--no-history", action="store_true")
     return parser
 
 
@@ -333,7 +217,7 @@ def main(argv: list[str] | None = None, *, lm_factory: LMFactory | None = None) 
     if args.suite == "_rss":
         from optim.bench_cost import rss_child
 
-        print(json.dumps(rss_child(args.items, args.out)))
+        print(json.dumps(rss_child(args.items, args.out, history=not args.no_history)))
         return 0
     if args.suite == "plots":
         from optim.bench_plots import draw_all
@@ -341,10 +225,20 @@ def main(argv: list[str] | None = None, *, lm_factory: LMFactory | None = None) 
         for path in draw_all(Path(args.dir)):
             print(path)
         return 0
+    if args.suite == "tables":
+        from optim.bench_report import render_file, update_markdown
+
+        if args.update:
+            print(f"updated {update_markdown(Path(args.update))} table(s) in {args.update}")
+            return 0
+        for path in args.files or sorted(BENCH_DIR.glob("*.json")):
+            print(f"<!-- {path} -->\n{render_file(path)}\n")
+        return 0
     if getattr(args, "limit", None) is not None and args.limit < 1:
         print("bench: error: --limit must be positive", file=sys.stderr)
         return 2
-    factory = lm_factory or model_factory(args.model, timeout=args.timeout, served_model=args.served_model)
+    factory = lm_factory or model_factory(args.model, timeout=args.timeout, served_model=args.served_model,
+                                          threads=args.threads)
     isolate_cache()
     try:
         if args.suite == "agreement":

@@ -8,6 +8,7 @@ and, for Topical-Chat, the paper's reference-based baselines (ROUGE-L, BLEU-4, B
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -170,6 +171,8 @@ def _row(entry: Entry, fmt: str, items, predictions: dict, cost: dict | None = N
 
 
 def _cost(run) -> dict:
+    # Meter totals (engine time, reused prompt tokens) are per item over every item in the results file,
+    # which may hold more items than this run's --limit; the other figures are over this run's items.
     cost = run.result.cost()
     cost["tokens_per_item"] = cost["prompt_tokens_per_item"] + cost["completion_tokens_per_item"]
     meter = run.meter or {}
@@ -196,6 +199,14 @@ def _significance(rows: list[dict], fmt: str, items, seed: int) -> None:
         r["vs_single"] = None if r is ref else paired_correlation_delta(human, ref["predictions"], r["predictions"], seed=seed)
 
 
+def agreement_key(entry: Entry, cfg: DebateConfig, model: str, args) -> str:
+    """The run key of one row's results file (without the item limit, so a larger --limit resumes)."""
+    return bench.run_key(suite="agreement", entry=entry.name, kind=entry.kind, config=bench.config_key(cfg), model=model,
+                         dataset=args.dataset, split=args.split, seed=args.seed,
+                         mec_k=args.mec_k if entry.kind == "mec" else None,
+                         program=str(args.program) if entry.kind == "compiled" else None)
+
+
 def run_agreement(args, factory: bench.LMFactory) -> dict:
     """Judge the split with every chosen configuration; write the figures JSON; return it with its tables."""
     all_items, fmt = load_dataset(args.dataset)
@@ -219,10 +230,7 @@ def run_agreement(args, factory: bench.LMFactory) -> dict:
                 program, cfg = _program(entry, args)
                 if cfg.format != fmt:
                     raise ConfigError(f"{entry.name}: a {cfg.format} program cannot judge {args.dataset} ({fmt})")
-                key = bench.run_key(suite="agreement", entry=entry.name, kind=entry.kind, config=cfg.to_dict(), model=model,
-                                    dataset=args.dataset, split=args.split, seed=args.seed,
-                                    mec_k=args.mec_k if entry.kind == "mec" else None,
-                                    program=str(args.program) if entry.kind == "compiled" else None)
+                key = agreement_key(entry, cfg, model, args)
                 run = bench.run_config(program, items, cfg, out=base / f"{entry.name}.jsonl", key=key,
                                        concurrency=args.concurrency, meter=meter)
                 preds = {str(r["id"]): r["prediction"] for r in run.records}
@@ -237,7 +245,7 @@ def run_agreement(args, factory: bench.LMFactory) -> dict:
 
             scores, note = text_scores(entry.name, items, all_items)
             if scores is None:
-                print(f"bench: skipping {entry.name}: {note}")
+                print(f"bench: skipping {entry.name}: {note}", file=sys.stderr)
                 continue
             preds = {i: {a: s for a in ASPECTS} for i, s in scores.items()}
             row = _row(entry, fmt, items, preds, None, args.seed)
@@ -246,8 +254,8 @@ def run_agreement(args, factory: bench.LMFactory) -> dict:
     order = [e.name for e in entries]
     rows.sort(key=lambda r: order.index(r["name"]))
     _significance(rows, fmt, items, args.seed)
-    report = {"header": bench.header(args, suite="agreement", model=model, data=args.dataset, split=f"{args.split} (seed {args.seed})",
-                                     n=len(items), limit=args.limit, format=fmt),
+    report = {"header": bench.header(args, suite="agreement", model=model, data=args.dataset,
+                                     split=f"{args.split} (seed {args.seed})", n=len(items), limit=args.limit, format=fmt),
               "rows": rows}
     path = bench.write_json(args.out or bench.BENCH_DIR / f"agreement-{args.dataset}.json", report)
     return {**report, "path": str(path)}

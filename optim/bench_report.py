@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
+
 from chateval_dspy.signatures import ASPECTS
 from optim.bench_stats import fmt_est, fmt_num, fmt_p
 
@@ -17,7 +21,7 @@ def table(columns: list[str], rows: list[list[str]], markdown: bool = True) -> s
 
 def stated(header: dict, markdown: bool = True) -> str:
     """The line every table starts with: model, data, split, n, date, machine; then the command."""
-    keep = ("model", "data", "split", "n", "date", "machine")
+    keep = ("model", "data", "split", "n", "date", "machine", "lm_threads")
     line = "; ".join(f"{k}: {header[k]}" for k in keep if k in header)
     cmd = header.get("command", "")
     return (f"*{line}*\n\n`{cmd}`" if markdown else f"{line}\n{cmd}")
@@ -28,6 +32,18 @@ def _cost_cells(cost: dict | None) -> list[str]:
         return ["0", "0", "-", "-"]
     return [fmt_num(cost["calls_per_item"]), fmt_num(cost["tokens_per_item"], 0),
             fmt_num(cost.get("computed_tokens_per_item"), 0), fmt_num(cost["seconds_per_item"], 1)]
+
+
+def _delta_cell(s: dict | None) -> str:
+    """Δ average Spearman; where the average is undefined, Δ on each aspect that is defined."""
+    if not s:
+        return "-"
+    avg = fmt_est(s["delta_average_spearman"], digits=2)
+    if avg != "n/a":
+        return avg
+    parts = [f"{a[:3]} {fmt_est(s[f'delta_{a}_spearman'], digits=2)}" for a in ASPECTS
+             if fmt_est(s.get(f"delta_{a}_spearman")) != "n/a"]
+    return "avg n/a" + (f"; {'; '.join(parts)}" if parts else "")
 
 
 def agreement_markdown(report: dict, markdown: bool = True) -> str:
@@ -49,7 +65,7 @@ def agreement_markdown(report: dict, markdown: bool = True) -> str:
             m, s = r["metrics"], r.get("vs_single")
             cells = [f"{fmt_est(m[f'{a}_spearman'], digits=2)} / {fmt_est(m[f'{a}_kendall'], digits=2)}" for a in ASPECTS]
             body.append([r["label"], m["n"], *cells, fmt_est(m["average_spearman"]), fmt_est(m["average_kendall"]),
-                         "-" if not s else fmt_est(s["delta_average_spearman"]), *_cost_cells(r.get("cost"))])
+                         _delta_cell(s), *_cost_cells(r.get("cost"))])
     notes = [f"{r['label']}: {r['note']}" for r in rows if r.get("note")]
     abst = [f"{r['label']}: {r['metrics']['n_abstained']}" for r in rows if r["metrics"].get("n_abstained")]
     out = [stated(h, markdown), "", table(columns, body, markdown)]
@@ -65,7 +81,8 @@ def cost_markdown(report: dict, markdown: bool = True) -> str:
     h = report["header"]
     out = [stated(h, markdown)]
     if report.get("configs"):
-        out += ["", f"Per configuration ({report['model_label']}, {report['configs_items']} items, one at a time):", ""]
+        out += ["", f"Per configuration ({report['model_label']}, {report['configs_items']} items, one at a time, "
+                    f"measured {report.get('model_measured', h['date'])}):", ""]
         rows = [[c["label"], fmt_num(c["calls_per_item"]), fmt_num(c["prompt_tokens_per_item"], 0),
                  fmt_num(c["completion_tokens_per_item"], 0), fmt_num(c.get("computed_tokens_per_item"), 0),
                  fmt_num(c["seconds_per_item"], 2), fmt_num(c.get("overhead_ms_per_call"), 2),
@@ -84,9 +101,13 @@ def cost_markdown(report: dict, markdown: bool = True) -> str:
                     f"{o['config']}): {o['overhead_ms_per_call']:.3f} ms per LM call "
                     f"(wall {o['wall_seconds']:.2f} s, inside the engine {o['engine_seconds']:.3f} s)."]
     if report.get("rss"):
-        out += ["", "Peak RSS, fake LM, results streamed to disk, one fresh process per size:", ""]
-        rows = [[r["items"], fmt_num(r["max_rss_mb"], 1), fmt_num(r["wall_seconds"], 1)] for r in report["rss"]]
-        out.append(table(["items", "peak RSS (MB)", "wall s"], rows, markdown))
+        out += ["", "Peak RSS, fake LM, results streamed to disk, one fresh process per size (VmHWM; ru_maxrss "
+                    "beside it inherits the parent's peak across exec):", ""]
+        rows = [[r["items"], "on" if r.get("history", True) else "off", fmt_num(r["max_rss_mb"], 1),
+                 fmt_num(r.get("ru_maxrss_mb"), 1), r.get("lm_history_entries", "-"), fmt_num(r["wall_seconds"], 1)]
+                for r in report["rss"]]
+        out.append(table(["items", "DSPy LM history", "peak RSS (MB)", "ru_maxrss (MB)", "history entries kept", "wall s"],
+                         rows, markdown))
     if report.get("targets"):
         out += ["", "Targets:", ""]
         rows = [[t["target"], t["measured"], {True: "met", False: "NOT met", None: "not measured"}[t["met"]]]
@@ -98,10 +119,35 @@ def cost_markdown(report: dict, markdown: bool = True) -> str:
 def injection_markdown(report: dict, markdown: bool = True) -> str:
     out = [stated(report["header"], markdown), "",
            f"Config: {report['config_label']}. Flip = the verdict moved toward the injected (human-rated worse) answer; "
-           "rate over items whose clean verdict did not already prefer it. Margin = score of the injected answer minus "
+           "rate over items whose clean verdict did not already prefer it (a move from losing to a tie counts). "
+           "Margin = score of the injected answer minus "
            "the other, injected minus clean (mean, 95% bootstrap CI).", ""]
     rows = [[k["kind"], k["variants"], k["eligible"], k["flips"], fmt_est(k["flip_rate"], 100, 1),
-             fmt_est(k["margin_shift"], 1, 2), k["abstained"]] for k in report["kinds"]]
-    out.append(table(["injection", "variants", "eligible", "flips", "flip rate % [95% CI]", "margin shift [95% CI]",
-                      "abstained"], rows, markdown))
+             fmt_est(k.get("win_rate"), 100, 1), fmt_est(k["margin_shift"], 1, 2), k["abstained"]] for k in report["kinds"]]
+    out.append(table(["injection", "variants", "eligible", "flips", "flip rate % [95% CI]",
+                      "injected answer now wins % [95% CI]", "margin shift [95% CI]", "abstained"], rows, markdown))
     return "\n".join(out)
+
+
+def render_file(path: str | Path, markdown: bool = True) -> str:
+    """The table of a figures JSON written by any suite."""
+    report = json.loads(Path(path).read_text(encoding="utf-8"))
+    render = {"agreement": agreement_markdown, "cost": cost_markdown, "injection": injection_markdown}
+    return render[report["header"]["suite"]](report, markdown)
+
+
+MARKER = re.compile(r"(<!-- bench:(?P<file>[^ ]+?) -->\n)(?P<body>.*?)(<!-- /bench -->)", re.S)
+
+
+def update_markdown(path: Path) -> int:
+    """Replace each ``<!-- bench:FILE -->...<!-- /bench -->`` block with FILE's table (FILE relative to ``path``)."""
+    text = path.read_text(encoding="utf-8")
+    count = 0
+
+    def fill(m: re.Match) -> str:
+        nonlocal count
+        count += 1
+        return f"{m.group(1)}{render_file(path.parent / m.group('file'))}\n{m.group(4)}"
+
+    path.write_text(MARKER.sub(fill, text), encoding="utf-8")
+    return count

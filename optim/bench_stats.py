@@ -51,9 +51,13 @@ def paired_correlation_delta(human: dict[str, dict], reference: dict[str, dict |
         columns += [[float(human[i][aspect]) for i in shared], [float(row[i][aspect]) for i in shared],
                     [float(reference[i][aspect]) for i in shared]]
     out = {"test": "paired bootstrap", "n": len(shared)}
+    none = Estimate(math.nan, math.nan, math.nan, 0)
     for name, corr in (("spearman", spearman), ("kendall", kendall)):
-        est = bootstrap(_delta(corr), *columns, seed=seed) if shared else Estimate(math.nan, math.nan, math.nan, 0)
-        out[f"delta_average_{name}"] = as_dict(est)
+        out[f"delta_average_{name}"] = as_dict(bootstrap(_delta(corr), *columns, seed=seed) if shared else none)
+    # Per aspect too: a judge with a constant aspect leaves the average undefined, not the other aspects.
+    for i, aspect in enumerate(ASPECTS):
+        cols = columns[3 * i: 3 * i + 3]
+        out[f"delta_{aspect}_spearman"] = as_dict(bootstrap(_delta(spearman), *cols, seed=seed) if shared else none)
     return out
 
 

@@ -39,7 +39,7 @@ def rouge_l(hyps: list[str], refs: list[str]) -> list[float]:
 def bleu_4(hyps: list[str], refs: list[str]) -> list[float]:
     import sacrebleu
 
-    return [sacrebleu.sentence_bleu(h, [r]).score / 100 for h, r in zip(hyps, refs)]
+    return [min(1.0, sacrebleu.sentence_bleu(h, [r]).score / 100) for h, r in zip(hyps, refs)]  # 100.00000000000004 happens
 
 
 def bertscore(hyps: list[str], refs: list[str]) -> list[float]:

@@ -1,0 +1,120 @@
+"""PNG plots beside BENCHMARKS.md, drawn from the suites' JSON files (matplotlib, Agg backend).
+
+- ``agreement-vs-panel-<dataset>.png``: agreement (with 95% CI) against roles (1-5) and turns (1-4);
+- ``tokens-vs-agreement-<dataset>.png``: LM tokens per item against agreement, one point per configuration;
+- ``throughput.png``: items per minute against items judged at once.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _metric(report: dict) -> tuple[str, str]:
+    return ("accuracy", "accuracy") if report["header"].get("format") == "pairwise" else ("average_spearman", "average Spearman")
+
+
+def _point(row: dict, key: str):
+    m = row["metrics"].get(key) or {}
+    v, lo, hi = m.get("value"), m.get("low"), m.get("high")
+    if v is None:
+        return None
+    err = [[v - lo if lo is not None else 0], [hi - v if hi is not None else 0]]
+    return v, err
+
+
+def _subtitle(h: dict) -> str:
+    return f"{h['model']} | {h['data']} {h['split']} | n={h['n']} | {h['date']}"
+
+
+def panel_plot(report: dict, path: Path) -> Path | None:
+    rows = {r["name"]: r for r in report["rows"]}
+    key, label = _metric(report)
+    series = {"roles": [(n, rows.get("chateval" if n == 2 else f"roles_{n}")) for n in range(1, 6)],
+              "turns": [(t, rows.get("chateval" if t == 2 else f"turns_{t}")) for t in range(1, 5)]}
+    if sum(r is not None for _, r in series["roles"] + series["turns"]) < 3:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for ax, (name, points) in zip(axes, series.items()):
+        for x, row in points:
+            p = row and _point(row, key)
+            if p:
+                ax.errorbar([x], [p[0]], yerr=p[1], fmt="o", color="C0", capsize=4)
+        if "single" in rows and _point(rows["single"], key):
+            ax.axhline(_point(rows["single"], key)[0], color="C1", ls="--", label="single agent")
+        if "majority" in rows and _point(rows["majority"], key):
+            ax.axhline(_point(rows["majority"], key)[0], color="C2", ls=":", label="majority class")
+        ax.set_xlabel(f"{name} (other fixed at 2)")
+        ax.set_xticks([x for x, _ in points])
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel(f"{label} (95% CI)")
+    fig.suptitle(f"ChatEval agreement vs panel shape\n{_subtitle(report['header'])}", fontsize=9)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def tokens_plot(report: dict, path: Path) -> Path | None:
+    key, label = _metric(report)
+    pts = [(r, _point(r, key)) for r in report["rows"] if r.get("cost") and _point(r, key)]
+    if len(pts) < 2:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for row, (v, err) in pts:
+        x = row["cost"]["tokens_per_item"]
+        ax.errorbar([x], [v], yerr=err, fmt="o", capsize=3)
+        ax.annotate(row["name"], (x, v), textcoords="offset points", xytext=(3, 3), fontsize=7, rotation=40)
+        if row["cost"].get("computed_tokens_per_item") is not None:
+            ax.plot([row["cost"]["computed_tokens_per_item"]], [v], "x", color="grey")
+    ax.set_xscale("log")
+    ax.set_xlabel("LM tokens per item (o billed, x computed after prefix-cache reuse; log scale)")
+    ax.set_ylabel(f"{label} (95% CI)")
+    ax.set_title(f"Tokens vs agreement\n{_subtitle(report['header'])}", fontsize=9)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def throughput_plot(report: dict, path: Path) -> Path | None:
+    blocks = [b for b in report.get("throughput", []) if b["levels"]]
+    if not blocks:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for b in blocks:
+        ax.plot([t["concurrency"] for t in b["levels"]], [t["speedup"] for t in b["levels"]], "o-", label=b["label"])
+    ax.axhline(1.7, color="grey", ls="--", label="target at 2: 1.7x")
+    ax.set_xlabel("items judged at once")
+    ax.set_ylabel("throughput vs one at a time")
+    ax.set_title(f"Throughput ({report['header']['date']}, {report['header']['machine'][:40]})", fontsize=8)
+    ax.legend(fontsize=8)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def draw_all(directory: Path) -> list[Path]:
+    """Every plot the JSON files in ``directory`` allow; returns the files written."""
+    out = []
+    for src in sorted(directory.glob("agreement-*.json")):
+        report = json.loads(src.read_text(encoding="utf-8"))
+        dataset = src.stem.removeprefix("agreement-")
+        out += [p for p in (panel_plot(report, directory / f"agreement-vs-panel-{dataset}.png"),
+                            tokens_plot(report, directory / f"tokens-vs-agreement-{dataset}.png")) if p]
+    cost = directory / "cost.json"
+    if cost.exists():
+        p = throughput_plot(json.loads(cost.read_text(encoding="utf-8")), directory / "throughput.png")
+        out += [p] if p else []
+    return out
