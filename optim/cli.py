@@ -79,8 +79,10 @@ def cmd_compile(args) -> int:
     settings = OptimizerSettings(max_demos=args.max_demos, candidates=args.candidates, auto=args.auto,
                                  threads=args.threads, seed=args.seed)
     out = Path(args.out)
-    if out.exists() and any(out.iterdir()):
-        raise ConfigError(f"{out} exists and is not empty; choose another --out")
+    if (out / "card.json").exists():
+        raise ConfigError(f"{out} already holds a compiled evaluator; choose another --out")
+    # An interrupted compile left only results/: rerunning resumes the test files, and the LM cache
+    # answers every call the optimizer already made, so no finished LM call is repeated.
     work = out / "results"
     work.mkdir(parents=True, exist_ok=True)
     student = build_evaluator(cfg)
@@ -104,8 +106,9 @@ def cmd_compile(args) -> int:
                           file=sys.stderr)
                     compiled = compile_evaluator(student, optimizer=args.optimizer, trainset=parts["train"],
                                                  valset=parts["dev"], metric=metric, settings=settings)
+                key = runtime.run_key(args, cfg, parts["test"]) + f"-{stage}-{args.optimizer}"
                 result = runtime.run_judged(compiled or student, parts["test"], cfg, args, work / f"test_{stage}.jsonl",
-                                            progress=not args.no_progress)
+                                            progress=not args.no_progress, key=key)
                 figures[stage], costs[stage] = result.metrics(seed=args.seed), result.cost()
                 print(f"\n== test split, {stage} compiling ==")
                 print(summary_table(figures[stage], costs[stage], runtime.header_of(args, cfg, model, result.n, "test")))

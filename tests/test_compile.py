@@ -120,3 +120,37 @@ def test_metrics_for_optimizers():
     assert score_error(dspy.Example(human=human), pred) == pytest.approx(0.625)
     with pytest.raises(ConfigError, match="does not apply"):
         make_metric("score_error", "pairwise", train)
+
+
+def test_an_interrupted_compile_resumes_without_judging_finished_items_again(tmp_path, monkeypatch):
+    """Issue #6: rerunning the same compile command after a crash finishes the job."""
+    import contextlib
+
+    import chateval_dspy.lm as lm_module
+    import optim.compile as compile_module
+    from optim.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    lms = []
+
+    @contextlib.contextmanager
+    def fake_resolve(*args, **kwargs):
+        lms.append(fake_lm(toy_judge))
+        yield lms[-1]
+
+    monkeypatch.setattr(lm_module, "resolve_lm", fake_resolve)
+    real = compile_module.compile_evaluator
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt  # as if killed while the optimizer ran
+
+    args = ["compile", "--dataset", "faireval", "--limit", "3", "--turns", "1", "--roles", "1", "--optimizer", "labeled",
+            "--out", "programs/p", "--no-progress", "--no-mlflow", "--no-cache"]
+    monkeypatch.setattr(compile_module, "compile_evaluator", crash)
+    assert main(args) == 130
+    assert len((tmp_path / "programs/p/results/test_before.jsonl").read_text().splitlines()) == 3
+    monkeypatch.setattr(compile_module, "compile_evaluator", real)
+    assert main(args) == 0
+    assert len(lms[-1].engine.calls) == 3 * 2  # only the "after" test items were judged on the rerun
+    assert (tmp_path / "programs/p/card.json").exists()
+    assert main(args) == 2  # a finished evaluator is never overwritten
