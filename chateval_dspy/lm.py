@@ -161,7 +161,7 @@ def _served_model(base_url: str, key: str) -> str:
 
 @contextlib.contextmanager
 def resolve_lm(spec: str = EMBEDDED, *, slots: int = 2, temperature: float = 0.0, max_tokens: int | None = None,
-               served_model: str | None = None, timeout: float = 120.0) -> Iterator[dspy.LM]:
+               served_model: str | None = None, timeout: float = 120.0, threads: int | None = None) -> Iterator[dspy.LM]:
     """Build (and for ``embedded``, start and later stop) the LM named by ``spec``.
 
     Args:
@@ -171,6 +171,7 @@ def resolve_lm(spec: str = EMBEDDED, *, slots: int = 2, temperature: float = 0.0
         max_tokens: Cap per call; defaults to 320 for the embedded model and 1024 otherwise.
         served_model: The model id at a base URL (default: the first the server lists).
         timeout: Seconds per request.
+        threads: CPU threads of the embedded server (default: all cores).
 
     Example:
         >>> with resolve_lm("embedded") as lm, dspy.context(lm=lm):  # doctest: +SKIP
@@ -179,7 +180,7 @@ def resolve_lm(spec: str = EMBEDDED, *, slots: int = 2, temperature: float = 0.0
     if not isinstance(spec, str) or not spec.strip():
         raise ConfigError("--model must be 'embedded', an http(s) base URL or a LiteLLM model string")
     if spec == EMBEDDED:
-        server = EmbeddedServer(slots=slots)
+        server = EmbeddedServer(slots=slots, threads=threads)
         with server as base_url:
             engine = RestartingEngine(base_url, "gemma-3-270m", restart=server.restart, timeout=timeout,
                                       compact_json=True)

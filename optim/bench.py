@@ -62,23 +62,10 @@ def model_factory(spec: str, *, timeout: float = 120.0, served_model: str | None
     from chateval_dspy.lm import resolve_lm
 
     def factory(slots: int):
-        if spec == "embedded" and threads:
-            return _embedded(max(2, slots), threads, timeout)
-        return resolve_lm(spec, slots=max(2, slots), temperature=0.0, served_model=served_model, timeout=timeout)
+        return resolve_lm(spec, slots=max(2, slots), temperature=0.0, served_model=served_model, timeout=timeout,
+                          threads=threads or None)
 
     return factory
-
-
-@contextlib.contextmanager
-def _embedded(slots: int, threads: int, timeout: float) -> Iterator[dspy.LM]:
-    # resolve_lm("embedded") with a thread cap; the same server, engine and limits otherwise.
-    from chateval_dspy.engine import RestartingEngine
-    from chateval_dspy.lm import EMBEDDED_MODEL_ID, EmbeddedServer
-
-    server = EmbeddedServer(slots=slots, threads=threads)
-    with server as base_url:
-        engine = RestartingEngine(base_url, "gemma-3-270m", restart=server.restart, timeout=timeout, compact_json=True)
-        yield dspy.LM(EMBEDDED_MODEL_ID, engine=engine, temperature=0.0, max_tokens=320)
 
 
 def isolate_cache() -> str:
