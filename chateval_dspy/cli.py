@@ -216,7 +216,7 @@ def header_of(args, cfg, model: str, n: int, split: str | None = None) -> dict:
 
 
 def run_evaluate(args):
-    """``chateval evaluate`` without printing: (config, result, header, results path)."""
+    """``chateval evaluate`` without printing: (config, items judged, result, header, results path)."""
     from chateval_dspy.data import select
     from chateval_dspy.program import build_evaluator
 
@@ -229,7 +229,7 @@ def run_evaluate(args):
     with lm_context(args, cfg) as lm:
         result = run_judged(program, items, cfg, args, out, progress=not args.no_progress, key=key)
         model = lm.model
-    return cfg, result, header_of(args, cfg, model, result.n), out
+    return cfg, items, result, header_of(args, cfg, model, result.n), out
 
 
 def print_summary(result, header, seed: int) -> dict:
@@ -243,7 +243,7 @@ def print_summary(result, header, seed: int) -> dict:
 
 
 def cmd_evaluate(args) -> int:
-    _, result, header, out = run_evaluate(args)
+    _, _, result, header, out = run_evaluate(args)
     print_summary(result, header, args.seed)
     print(f"results: {out}")
     return 0

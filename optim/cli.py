@@ -24,15 +24,12 @@ def run_params(args, cfg, model: str, items, **extra) -> dict:
 
 
 def cmd_evaluate(args) -> int:
-    cfg, result, header, out = runtime.run_evaluate(args)
+    cfg, items, result, header, out = runtime.run_evaluate(args)
     metrics = runtime.print_summary(result, header, args.seed)
     print(f"results: {out}")
     if not args.no_mlflow:
-        from chateval_dspy.data import load_dataset, parse_columns, select
         from optim import tracking
 
-        items = select(load_dataset(args.dataset, fmt=args.format, columns=parse_columns(args.columns))[0],
-                       args.split, seed=args.seed, limit=args.limit)
         with tracking.run("evaluate", params=run_params(args, cfg, header["model"], items), uri=args.tracking_uri,
                           tags={"command": "evaluate"}) as active:
             tracking.log_metrics(metrics, result.cost())
