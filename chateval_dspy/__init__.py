@@ -4,7 +4,7 @@ Example:
     >>> import dspy, chateval_dspy as ce
     >>> cfg = ce.DebateConfig(format="pairwise", roles=("general_public", "critic"))
     >>> program = ce.build_evaluator(cfg)
-    >>> with ce.resolve_lm("embedded") as lm, dspy.context(lm=lm, adapter=dspy.JSONAdapter()):  # doctest: +SKIP
+    >>> with ce.resolve_lm("embedded") as lm, dspy.context(lm=lm, adapter=ce.JudgeAdapter()):  # doctest: +SKIP
     ...     verdict = program(question="...", answer_1="...", answer_2="...")
 """
 
@@ -12,6 +12,7 @@ from chateval_dspy.offline import ensure_offline
 
 ensure_offline()  # must precede the first import of dspy/litellm
 
+from chateval_dspy.adapter import JudgeAdapter  # noqa: E402
 from chateval_dspy.config import DebateConfig  # noqa: E402
 from chateval_dspy.data import load_dataset, select, split  # noqa: E402
 from chateval_dspy.errors import ChatEvalError, ConfigError, DataError, LMError  # noqa: E402
@@ -26,6 +27,7 @@ __all__ = [
     "ConfigError",
     "DataError",
     "DebateConfig",
+    "JudgeAdapter",
     "LMError",
     "STRATEGIES",
     "build_evaluator",

@@ -162,6 +162,7 @@ def lm_context(args, cfg):
 
     import dspy
 
+    from chateval_dspy.adapter import JudgeAdapter
     from chateval_dspy.lm import configure_cache, resolve_lm
 
     configure_cache(not args.no_cache, args.cache_dir)
@@ -169,9 +170,9 @@ def lm_context(args, cfg):
 
     @contextlib.contextmanager
     def entered():
-        with resolve_lm(args.model, slots=max(2, slots), temperature=args.temperature, max_tokens=args.max_tokens,
+        with resolve_lm(args.model, slots=slots, temperature=args.temperature, max_tokens=args.max_tokens,
                         served_model=args.served_model, timeout=args.timeout) as lm, \
-                dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+                dspy.context(lm=lm, adapter=JudgeAdapter()):
             yield lm
 
     return entered()
@@ -254,7 +255,7 @@ def _load(args):
 
     if args.concurrency < 1:
         raise ConfigError(f"--concurrency must be positive, got {args.concurrency}")
-    return load(args.evaluator, model=args.model, trust_pickle=args.trust_pickle, slots=max(2, args.concurrency),
+    return load(args.evaluator, model=args.model, trust_pickle=args.trust_pickle, slots=args.concurrency,
                 timeout=args.timeout, served_model=args.served_model)
 
 

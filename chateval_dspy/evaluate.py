@@ -187,7 +187,7 @@ def evaluate(program: dspy.Module, items: Iterable[dspy.Example], config: Debate
         run_key: What identifies the run (config, model, data); stored in each record and checked on resume.
 
     Example:
-        >>> with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):  # doctest: +SKIP
+        >>> with dspy.context(lm=lm, adapter=JudgeAdapter()):  # doctest: +SKIP
         ...     result = evaluate(build_evaluator(cfg), items, cfg, out="results.jsonl")
         >>> result.metrics()["accuracy"]  # doctest: +SKIP
     """

@@ -21,6 +21,7 @@ from pathlib import Path
 import dspy
 import pandas as pd
 
+from chateval_dspy.adapter import JudgeAdapter
 from chateval_dspy.concurrency import bounded_unordered
 from chateval_dspy.data import item_from_record
 from chateval_dspy.errors import ConfigError, DataError
@@ -175,7 +176,7 @@ class Evaluator:
     def __call__(self, item: dict, *, row: int | None = None, source: str = "item") -> Verdict:
         """Judge one item (a dict with the format's fields; ``id`` optional)."""
         example = item_from_record(item, self.format, source=source, row=row)
-        with dspy.context(lm=self.lm, adapter=dspy.JSONAdapter()):
+        with dspy.context(lm=self.lm, adapter=JudgeAdapter()):
             return Verdict.from_record(judge_item(self.program, example, self.config))
 
     def evaluate_batch(self, items, *, concurrency: int = 4, flat: bool = False) -> pd.DataFrame:
@@ -223,7 +224,7 @@ def load(path_or_uri: str | Path, *, model: str | None = None, trust_pickle: boo
         path_or_uri: A saved evaluator directory, ``runs:/<run_id>[/path]`` or ``models:/<name>/<version>``.
         model: The LM spec (``embedded``, a base URL, a LiteLLM string); default: the card's model.
         trust_pickle: Allow loading a pickled program (runs code from the file). Off by default.
-        slots: Concurrent requests the embedded server decodes.
+        slots: Requests kept in flight at once (the embedded model is laid out for them).
         timeout: Seconds per LM request.
         served_model: The model id at a base URL.
         cache: DSPy's LM cache in ``$CHATEVAL_CACHE_DIR`` (default ``~/.cache/chateval-dspy``), or off.

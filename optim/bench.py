@@ -36,6 +36,7 @@ from pathlib import Path  # noqa: E402
 
 import dspy  # noqa: E402
 
+from chateval_dspy.adapter import JudgeAdapter  # noqa: E402
 from chateval_dspy.errors import ChatEvalError, ConfigError  # noqa: E402
 from optim.bench_run import ConfigRun, Meter, attach_meter, config_key, run_config, run_key, slug  # noqa: E402
 
@@ -62,7 +63,7 @@ def model_factory(spec: str, *, timeout: float = 120.0, served_model: str | None
     from chateval_dspy.lm import resolve_lm
 
     def factory(slots: int):
-        return resolve_lm(spec, slots=max(2, slots), temperature=0.0, served_model=served_model, timeout=timeout,
+        return resolve_lm(spec, slots=slots, temperature=0.0, served_model=served_model, timeout=timeout,
                           threads=threads or None)
 
     return factory
@@ -79,9 +80,9 @@ def isolate_cache() -> str:
 
 
 @contextlib.contextmanager
-def judging(factory: LMFactory, slots: int = 2) -> Iterator[dspy.LM]:
+def judging(factory: LMFactory, slots: int = 1) -> Iterator[dspy.LM]:
     """Enter the LM with the JSON adapter, as the CLI does."""
-    with factory(slots) as lm, dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+    with factory(slots) as lm, dspy.context(lm=lm, adapter=JudgeAdapter()):
         yield lm
 
 

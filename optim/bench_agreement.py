@@ -222,7 +222,7 @@ def run_agreement(args, factory: bench.LMFactory) -> dict:
     lm_entries = [e for e in entries if e.kind in ("debate", "mec", "compiled")]
     model = args.model
     if lm_entries:
-        with bench.judging(factory, slots=2 * args.concurrency) as lm:
+        with bench.judging(factory, slots=args.concurrency) as lm:
             model = lm.model
             meter = bench.attach_meter(lm)
             base = Path(args.work_dir) / f"agreement-{args.dataset}-{args.split}-s{args.seed}-{bench.slug(model)}"

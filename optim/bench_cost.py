@@ -22,6 +22,7 @@ from pathlib import Path
 
 import dspy
 
+from chateval_dspy.adapter import JudgeAdapter
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.data import load_dataset, select
 from chateval_dspy.evaluate import evaluate
@@ -70,7 +71,7 @@ def overhead(items, cfg: DebateConfig, workdir: Path) -> dict:
     """The framework's own time per LM call, with a zero-latency fake LM and results streamed to a file."""
     lm = fake_lm()
     program = build_evaluator(cfg)
-    with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+    with dspy.context(lm=lm, adapter=JudgeAdapter()):
         evaluate(program, items[:2], cfg)  # warm-up: first calls build the adapter's schemas and import lazily
         meter = bench.attach_meter(lm)
         result = evaluate(program, items, cfg, out=workdir / "overhead.jsonl")
@@ -97,7 +98,7 @@ def rss_child(n: int, out: str, history: bool = True) -> dict:
             yield x.copy(id=f"{x.id}-{i}")
 
     start = time.perf_counter()
-    with dspy.context(lm=lm, adapter=dspy.JSONAdapter(), disable_history=not history):
+    with dspy.context(lm=lm, adapter=JudgeAdapter(), disable_history=not history):
         result = evaluate(build_evaluator(cfg), items(), cfg, out=out)
     ru_maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {"items": result.n, "calls": result.calls, "wall_seconds": time.perf_counter() - start, "history": history,
@@ -212,7 +213,7 @@ def run_cost(args, factory: bench.LMFactory) -> dict:
         model = kept["header"]["model"]
     workdir = Path(tempfile.mkdtemp(prefix="chateval-bench-cost-"))
     if not args.skip_model:
-        with bench.judging(factory, slots=2) as lm:
+        with bench.judging(factory) as lm:
             model = lm.model
             meter = bench.attach_meter(lm)
             for entry in entries:

@@ -56,6 +56,26 @@ def _cached_tokens(response) -> int | None:
     return None
 
 
+def _meter_prefix_cache(engine, meter: Meter) -> None:
+    """Count the prompt tokens the server reused from its prefix cache, from the raw responses of ``engine.client``."""
+    completions = getattr(getattr(getattr(engine, "client", None), "chat", None), "completions", None)
+    if completions is None:
+        return
+    create = completions.create
+
+    def metered_create(*args, **kwargs):
+        response = create(*args, **kwargs)
+        cached = _cached_tokens(response)
+        with meter._lock:
+            meter.prompt_tokens += getattr(getattr(response, "usage", None), "prompt_tokens", 0) or 0
+            if cached is not None:
+                meter.cache_reported = True
+                meter.cached_tokens += cached
+        return response
+
+    completions.create = metered_create
+
+
 def attach_meter(lm: dspy.LM) -> Meter | None:
     """Wrap the LM's engine (shared by every ``lm.copy``) to time its calls; None for LMs without an engine object."""
     engine = getattr(lm, "engine", None)
@@ -77,21 +97,8 @@ def attach_meter(lm: dspy.LM) -> Meter | None:
 
     engine.complete = complete
     engine._bench_meter = meter
-    completions = getattr(getattr(getattr(engine, "client", None), "chat", None), "completions", None)
-    if completions is not None:
-        create = completions.create
-
-        def metered_create(*args, **kwargs):
-            response = create(*args, **kwargs)
-            cached = _cached_tokens(response)
-            with meter._lock:
-                meter.prompt_tokens += getattr(getattr(response, "usage", None), "prompt_tokens", 0) or 0
-                if cached is not None:
-                    meter.cache_reported = True
-                    meter.cached_tokens += cached
-            return response
-
-        completions.create = metered_create
+    for server in getattr(engine, "replicas", [engine]):  # a ReplicaEngine talks to several servers
+        _meter_prefix_cache(server, meter)
     return meter
 
 

@@ -137,7 +137,7 @@ def run_injection(args, factory) -> dict:
     entry = known[args.config]
     args.mec_k, args.program = getattr(args, "mec_k", 3), None
     program, cfg = _program(entry, args)
-    with bench.judging(factory, slots=2) as lm:
+    with bench.judging(factory) as lm:
         model = lm.model
         out = Path(args.work_dir) / f"injection-{args.split}-s{args.seed}-{bench.slug(model)}" / f"{entry.name}.jsonl"
         key = bench.run_key(suite="injection", config=bench.config_key(cfg), entry=entry.name, model=model, split=args.split,

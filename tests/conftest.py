@@ -16,6 +16,7 @@ import dspy  # noqa: E402
 import pytest  # noqa: E402
 from dspy.dsp.utils.utils import dotdict  # noqa: E402
 
+from chateval_dspy.adapter import JudgeAdapter  # noqa: E402
 from chateval_dspy.fake_lm import fake_lm  # noqa: E402
 
 # The module, not the ``settings`` singleton that ``dspy.dsp.utils`` re-exports under the same name.
@@ -63,7 +64,7 @@ def fake():
 
 def run_program(program, lm, **inputs) -> dspy.Prediction:
     """Run ``program`` under ``lm`` with the JSON adapter, as the CLI does."""
-    with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+    with dspy.context(lm=lm, adapter=JudgeAdapter()):
         return program(**inputs)
 
 

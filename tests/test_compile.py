@@ -5,6 +5,7 @@ from __future__ import annotations
 import dspy
 import pytest
 
+from chateval_dspy.adapter import JudgeAdapter
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.fake_lm import Call, fake_lm
@@ -51,7 +52,7 @@ def test_compiling_improves_agreement_where_demos_matter(toy, optimizer):
     train, test = toy
     cfg = DebateConfig(roles=("critic", "scientist"), turns=1)
     student = build_evaluator(cfg)
-    with dspy.context(lm=fake_lm(toy_judge), adapter=dspy.JSONAdapter()):
+    with dspy.context(lm=fake_lm(toy_judge), adapter=JudgeAdapter()):
         before = _accuracy(student, test)
         compiled = compile_evaluator(student, optimizer=optimizer, trainset=train, valset=train[:2], metric=agreement,
                                      settings=OptimizerSettings(max_demos=2))
@@ -67,7 +68,7 @@ def test_compiling_improves_agreement_where_demos_matter(toy, optimizer):
 def test_bootstrap_tunes_argument_predictors_too(toy):
     train, _ = toy
     cfg = DebateConfig(roles=("critic", "scientist"), turns=2)
-    with dspy.context(lm=fake_lm(toy_judge), adapter=dspy.JSONAdapter()):
+    with dspy.context(lm=fake_lm(toy_judge), adapter=JudgeAdapter()):
         compiled = compile_evaluator(build_evaluator(cfg), optimizer="bootstrap", trainset=train, valset=None,
                                      metric=agreement, settings=OptimizerSettings(max_demos=1))
     demos = {n: len(p.demos) for n, p in compiled.named_predictors()}
@@ -79,7 +80,7 @@ def test_bootstrap_tunes_argument_predictors_too(toy):
 def test_other_optimizers_run_on_every_role(toy, optimizer):
     train, test = toy
     cfg = DebateConfig(roles=("critic", "scientist"), turns=1)
-    with dspy.context(lm=fake_lm(toy_judge), adapter=dspy.JSONAdapter()):
+    with dspy.context(lm=fake_lm(toy_judge), adapter=JudgeAdapter()):
         compiled = compile_evaluator(build_evaluator(cfg), optimizer=optimizer, trainset=train + test[:4],
                                      valset=test[4:], metric=agreement,
                                      settings=OptimizerSettings(max_demos=1, candidates=2))

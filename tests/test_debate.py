@@ -7,6 +7,7 @@ import threading
 import dspy
 import pytest
 
+from chateval_dspy.adapter import JudgeAdapter
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.debate import RETRY_TEMPERATURE, Debate, material
 from chateval_dspy.errors import LMError
@@ -275,7 +276,7 @@ def test_consensus_stop_ends_the_debate_after_a_round_of_agreement():
 
     cfg = DebateConfig(roles=("critic", "scientist"), turns=3, consensus_stop=True)
     lm = fake_lm(_scores_by_persona(agree=True))
-    with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+    with dspy.context(lm=lm, adapter=JudgeAdapter()):
         pred = build_evaluator(cfg)(question="q", answer_1="a", answer_2="b")
     assert pred.calls == 2 * 2  # one round of two referees, in each order
     assert all(c.kind == "verdict" for c in lm.engine.calls)
@@ -290,7 +291,7 @@ def test_consensus_stop_keeps_debating_while_referees_disagree():
     cfg = DebateConfig(roles=("critic", "scientist"), turns=3, consensus_stop=True,
                        strategy="simultaneous_talk_with_summarizer")
     lm = fake_lm(_scores_by_persona(agree=False))
-    with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+    with dspy.context(lm=lm, adapter=JudgeAdapter()):
         pred = build_evaluator(cfg)(question="q", answer_1="a", answer_2="b")
     assert pred.calls == cfg.calls_per_item() == 2 * (2 * 3 + 2)
     assert pred.preference == "tie"  # one referee each way, in both orders

@@ -50,7 +50,9 @@ def test_faireval_end_to_end(tmp_path):
 
 def test_topical_chat_end_to_end(tmp_path):
     out = tmp_path / "tc.jsonl"
-    _run(tmp_path, "--dataset", "topical_chat", "--limit", "2", "--turns", "1", "--roles", "2", "--out", str(out))
+    # Two items at once: on a multi-core machine that is two embedded servers behind one ReplicaEngine.
+    _run(tmp_path, "--dataset", "topical_chat", "--limit", "2", "--turns", "1", "--roles", "2", "--out", str(out),
+         "--concurrency", "2")
     records = _records(out)
     assert len(records) == 2
     for r in records:

@@ -10,6 +10,7 @@ import dspy
 import pytest
 
 from chateval_dspy import metrics
+from chateval_dspy.adapter import JudgeAdapter
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import LMError
 from chateval_dspy.evaluate import TRUNCATION_MARK, RunResult, evaluate, judge_item, prepare, truncate
@@ -43,7 +44,7 @@ def read_lines(path):
 
 def run_eval(items, cfg=CFG, lm=None, program=None, **kwargs):
     lm = lm or fake_lm()
-    with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+    with dspy.context(lm=lm, adapter=JudgeAdapter()):
         return evaluate(program or build_evaluator(cfg), items, cfg, **kwargs), lm
 
 
@@ -247,5 +248,5 @@ def test_judge_item_reraises_chateval_errors():
     def responder(call):
         raise dspy.lm15.AuthError("no")
 
-    with dspy.context(lm=fake_lm(responder), adapter=dspy.JSONAdapter()), pytest.raises(LMError):
+    with dspy.context(lm=fake_lm(responder), adapter=JudgeAdapter()), pytest.raises(LMError):
         judge_item(build_evaluator(CFG), ITEMS[0], CFG)

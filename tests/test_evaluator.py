@@ -7,6 +7,7 @@ import json
 import dspy
 import pytest
 
+from chateval_dspy.adapter import JudgeAdapter
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.evaluator import CARD_FILE, PROGRAM_FILE, load_evaluator, make_card, save_evaluator
@@ -33,7 +34,7 @@ def _compiled(tmp_path):
 
 def _run(program, items):
     lm = fake_lm()
-    with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+    with dspy.context(lm=lm, adapter=JudgeAdapter()):
         preds = [program(**x) for x in items]
     return preds, [(c.system, c.user, c.n_messages) for c in lm.engine.calls]
 

@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 import chateval_dspy.production as production
+from chateval_dspy.adapter import JudgeAdapter
 from chateval_dspy.batch import score_file
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import ConfigError
@@ -48,7 +49,7 @@ def saved(tmp_path):
 
 def test_load_gives_the_same_verdicts_as_the_program_in_memory(saved, engine):
     program, path = saved
-    with dspy.context(lm=dspy.LM("fake/x", engine=ScriptedEngine(), cache=False), adapter=dspy.JSONAdapter()):
+    with dspy.context(lm=dspy.LM("fake/x", engine=ScriptedEngine(), cache=False), adapter=JudgeAdapter()):
         expected = program(**{k: v for k, v in ITEM.items() if k != "id"})
     with load(path) as judge:
         verdict = judge(ITEM)

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from chateval_dspy.adapter import JudgeAdapter
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.data import item_from_record, parse_columns, read_rows
 from chateval_dspy.debate import guard
@@ -36,7 +37,7 @@ def _lm(url, **kwargs):
 
 
 def _run(lm, items=ITEMS, cfg=CFG):
-    with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+    with dspy.context(lm=lm, adapter=JudgeAdapter()):
         return evaluate(build_evaluator(cfg), items, cfg)
 
 
@@ -106,7 +107,7 @@ def test_api_key_from_a_key_file_is_sent_and_never_in_results(tmp_path, monkeypa
     monkeypatch.setenv("CHATEVAL_API_KEY_FILE", str(key_file))
     out = tmp_path / "r.jsonl"
     server = FakeOpenAIServer()
-    with server as url, resolve_lm(url) as lm, dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+    with server as url, resolve_lm(url) as lm, dspy.context(lm=lm, adapter=JudgeAdapter()):
         evaluate(build_evaluator(CFG), ITEMS[:1], CFG, out=out)
     assert {r["auth"] for r in server.requests} == {"Bearer sk-from-file-0123456789"}
     assert "sk-from-file" not in out.read_text() and "sk-from-file" not in repr(lm) + repr(lm.engine)

@@ -19,6 +19,7 @@ from optuna.trial import TrialState
 
 import chateval_dspy.lm
 from chateval_dspy import metrics
+from chateval_dspy.adapter import JudgeAdapter
 from chateval_dspy.config import AGGREGATES, DebateConfig
 from chateval_dspy.data import load_faireval, load_topical_chat, split
 from chateval_dspy.errors import ConfigError
@@ -162,7 +163,7 @@ def test_panel_flags_fix_dimensions_and_bad_spaces_are_config_errors():
 def _run(study, parts, n_trials, lm, **kwargs) -> list[int]:
     objective = search.Objective(space=SearchSpace(turns=(1, 2)), base=DebateConfig(), parts=parts,
                                  n_trials=n_trials, **kwargs)
-    with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+    with dspy.context(lm=lm, adapter=JudgeAdapter()):
         return search.run_trials(study, objective, n_trials)
 
 
@@ -263,7 +264,7 @@ def test_a_panel_drawn_again_is_not_judged_again(monkeypatch):
                             aggregates=("mean",))
     objective = search.Objective(space=one_panel, base=DebateConfig(), parts=faireval_parts(3), n_trials=3)
     lm = fake_lm(varied)
-    with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+    with dspy.context(lm=lm, adapter=JudgeAdapter()):
         assert search.run_trials(study, objective, 3) == [0, 1, 2]
     first, *again = study.trials
     assert [t.user_attrs.get("duplicate_of") for t in study.trials] == [None, 0, 0]
@@ -301,7 +302,7 @@ def test_undefined_scoring_agreement_counts_as_zero_and_two_objectives_give_a_pa
     study = search.open_study("scoring", f"sqlite:///{tmp_path / 's.db'}", ("agreement", "tokens"))
     objective = search.Objective(space=SearchSpace(turns=(1, 1)), base=DebateConfig(format="scoring"), parts=parts,
                                  objectives=("agreement", "tokens"), n_trials=3)
-    with dspy.context(lm=fake_lm(), adapter=dspy.JSONAdapter()):  # constant scores: Spearman is undefined
+    with dspy.context(lm=fake_lm(), adapter=JudgeAdapter()):  # constant scores: Spearman is undefined
         search.run_trials(study, objective, 3)
     trials = study.get_trials(states=(TrialState.COMPLETE,))
     assert len(trials) == 3 and all(t.values[0] == 0.0 and t.values[1] > 0 for t in trials)
