@@ -108,6 +108,6 @@ def test_a_debate_over_replicas_gives_the_same_results_as_over_one_engine(tmp_pa
         return sorted((r["id"], r["prediction"], r["calls"]) for r in records)
 
     single = run(ScriptedEngine())
-    spread = ReplicaEngine([ScriptedEngine(), ScriptedEngine()])
+    spread = ReplicaEngine([ScriptedEngine(latency=0.02), ScriptedEngine(latency=0.02)])  # calls overlap
     assert run(spread) == single
     assert all(e.calls for e in spread.replicas)  # both servers did work
