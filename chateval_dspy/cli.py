@@ -166,7 +166,9 @@ def lm_context(args, cfg):
     from chateval_dspy.lm import configure_cache, resolve_lm
 
     configure_cache(not args.no_cache, args.cache_dir)
-    slots = args.concurrency * (len(cfg.roles) if cfg.strategy != "one_by_one" else 1)
+    # Requests in flight: items at once (an optimizer's --threads counts too), times the referees who talk at once.
+    at_once = max(args.concurrency, getattr(args, "threads", 1) or 1)
+    slots = at_once * (len(cfg.roles) if cfg.strategy != "one_by_one" else 1)
 
     @contextlib.contextmanager
     def entered():

@@ -240,8 +240,10 @@ def cmd_search(args) -> int:
     tracked = not args.no_mlflow
     params = {"study": name, "storage": search.redact_url(args.storage), **settings}
     parent = search.study_run(study, params=params, uri=args.tracking_uri) if tracked else contextlib.nullcontext()
+    # The LM is laid out once for every trial. Lay it out for parallel referees only when every trial has them:
+    # on a small CPU, servers split for parallel requests run a one-by-one trial on a fraction of the cores.
     slot_cfg = base.replace(roles=tuple(f"referee_{i + 1}" for i in range(space.n_roles[1])),
-                            strategy="simultaneous_talk" if space.strategies != ("one_by_one",) else "one_by_one")
+                            strategy="one_by_one" if "one_by_one" in space.strategies else "simultaneous_talk")
     tracking = None
     if tracked:
         from optim import tracking
