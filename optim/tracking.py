@@ -19,6 +19,9 @@ from chateval_dspy.metrics import Estimate
 from chateval_dspy.offline import ensure_offline
 
 ensure_offline()
+# MLflow draws a progress bar for every artifact it reads back (DSPy autolog does, per optimizer step),
+# which interleaves with the command's own progress.
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 import mlflow  # noqa: E402
 
