@@ -229,3 +229,15 @@ def test_same_role_ablation_from_the_cli(tmp_path, capsys, fake_model):
     assert code == 0, err
     assert "roles=referee_1,referee_2,referee_3" in out
     assert len(fake_model["lms"][0].engine.calls) == 3
+
+
+@pytest.mark.parametrize(("flags", "slots"), [
+    ((), 1),                                            # one item, referees in turn: one request in flight
+    (("--concurrency", "3"), 3),
+    (("--strategy", "simultaneous_talk"), 2),           # both referees of a round at once
+])
+def test_the_lm_is_laid_out_for_the_requests_in_flight(tmp_path, capsys, fake_model, flags, slots):
+    code, _, err = cli(capsys, "evaluate", "--dataset", "faireval", "--limit", "1", "--out", str(tmp_path / "r.jsonl"),
+                       "--no-progress", "--no-cache", *flags)
+    assert code == 0, err
+    assert fake_model["requests"][0][1]["slots"] == slots
