@@ -82,8 +82,13 @@ def _markdown(card: dict) -> str:
         elif block:
             lines.append(f"- {key.split('_')[0]} split: {figures(block)}")
     if "cost" in card:
-        lines.append("- cost per item: " + ", ".join(f"{k} {v:.1f}" for k, v in card["cost"].items()
-                                                       if isinstance(v, (int, float))))
+        cost = card["cost"]
+        line = "- cost per item: " + ", ".join(f"{k} {v:.1f}" for k, v in cost.items() if isinstance(v, (int, float)))
+        if cost.get("cached_calls_per_item"):
+            # A compile that keeps the original prompts meets its test calls again in the LM cache.
+            line += (f" ({cost['cached_calls_per_item']:.1f} of {cost.get('calls_per_item', 0):.1f} calls per item were "
+                     "answered from the LM cache, which bills no tokens: tokens and seconds count only the others)")
+        lines.append(line)
     lines.append(f"- versions: {', '.join(f'{k} {v}' for k, v in card['versions'].items())}")
     lines.append(f"- created: {card['created']}")
     return "\n".join(lines) + "\n"

@@ -33,6 +33,8 @@ EMBEDDED = "embedded"
 EMBEDDED_MODEL_ID = "embedded/gemma-3-270m-q4_k_m"
 # Per slot: FairEval's longest item is ~1,100 tokens of text plus ~600 of instructions and discussion.
 EMBEDDED_CTX_PER_SLOT = 8192
+# Gemma 3 270M's KV state is about 18 KB per token: 1 GiB holds ~58k prompt tokens, a few dozen debates.
+EMBEDDED_PROMPT_CACHE_MIB = 1024
 KEY_VARIABLES = ("CHATEVAL_API_KEY", "OPENAI_API_KEY")
 
 
@@ -71,6 +73,9 @@ class EmbeddedServer:
     Args:
         slots: Requests the server decodes at once (``n_parallel``).
         threads: CPU threads; defaults to all cores.
+        cache_mib: Host memory for llama.cpp's prompt cache (earlier prompts' KV state, reused when a
+            prompt with the same opening returns, as the same items do in every optimizer trial).
+            llama.cpp's own default is 8 GiB per server, which a long compile fills.
 
     Example:
         >>> with EmbeddedServer(slots=2) as base_url:  # doctest: +SKIP
@@ -78,8 +83,9 @@ class EmbeddedServer:
         http://127.0.0.1:41103/v1
     """
 
-    def __init__(self, slots: int = 2, threads: int | None = None):
+    def __init__(self, slots: int = 2, threads: int | None = None, cache_mib: int = EMBEDDED_PROMPT_CACHE_MIB):
         self.slots, self.threads = max(1, slots), threads or os.cpu_count() or 2
+        self.cache_mib = cache_mib
         self._server = None
 
     def __enter__(self) -> str:
@@ -94,6 +100,7 @@ class EmbeddedServer:
         params.n_ctx = EMBEDDED_CTX_PER_SLOT * self.slots
         params.cpuparams.n_threads = self.threads
         params.cpuparams_batch.n_threads = self.threads
+        params.cache_ram_mib = self.cache_mib
         # The GGUF is a base model without a chat template. With Jinja on, "gemma" would be
         # taken as a literal template and every prompt would silently become the word "gemma".
         params.use_jinja = False

@@ -92,3 +92,13 @@ def test_corrupt_state_or_card_is_a_clear_error(tmp_path):
     (path / CARD_FILE).write_text(json.dumps(card))
     with pytest.raises(ConfigError, match="malformed card"):
         load_evaluator(path)
+
+
+def test_card_says_when_its_cost_was_answered_from_the_cache(tmp_path):
+    program = build_evaluator(DebateConfig())
+    fresh = {"calls_per_item": 8.0, "cached_calls_per_item": 0.0, "prompt_tokens_per_item": 900.0}
+    cached = {"calls_per_item": 8.0, "cached_calls_per_item": 8.0, "prompt_tokens_per_item": 0.0}
+    path = save_evaluator(program, tmp_path / "a", make_card(program, model="fake/scripted", cost=fresh))
+    assert "LM cache" not in (path / "card.md").read_text()
+    path = save_evaluator(program, tmp_path / "b", make_card(program, model="fake/scripted", cost=cached))
+    assert "8.0 of 8.0 calls per item were answered from the LM cache" in (path / "card.md").read_text()
