@@ -24,7 +24,7 @@ from pathlib import Path
 
 import dspy
 
-from chateval_dspy.engine import OpenAICompatEngine, ReplicaEngine, RestartingEngine
+from chateval_dspy.engine import OpenAICompatEngine, RestartingEngine
 from chateval_dspy.errors import ConfigError, LMError
 
 log = logging.getLogger(__name__)
@@ -136,22 +136,6 @@ class EmbeddedServer:
         return self.__enter__()
 
 
-def embedded_layout(slots: int, threads: int | None = None, cores: int | None = None) -> list[tuple[int, int]]:
-    """How to serve ``slots`` concurrent requests on this machine: one ``(slots, threads)`` pair per server.
-
-    The embedded model is compute-bound on a CPU: one llama.cpp server decoding two sequences at once
-    takes about as long as decoding them in turn, and its threads scale sub-linearly (1.5x from one to
-    two cores, measured). Independent single-threaded servers side by side do better, so concurrent
-    requests get up to one server per core, the cores shared among them; one request at a time gets
-    one server with every core. ``threads`` fixes the threads per server instead.
-    """
-    cores = max(1, cores or os.cpu_count() or 1)
-    slots = max(1, slots)
-    per_server = threads or max(1, cores // min(slots, cores))
-    servers = max(1, min(slots, cores // per_server))
-    return [(-(-slots // servers), per_server)] * servers
-
-
 def _api_key() -> str:
     """The key for a base URL: ``CHATEVAL_API_KEY``, ``OPENAI_API_KEY``, or the file named by ``CHATEVAL_API_KEY_FILE``."""
     for name in KEY_VARIABLES:
@@ -189,13 +173,12 @@ def resolve_lm(spec: str = EMBEDDED, *, slots: int = 2, temperature: float = 0.0
 
     Args:
         spec: ``embedded``, an OpenAI-compatible base URL, or a LiteLLM model string.
-        slots: Requests the caller keeps in flight at once; the embedded model is laid out for them
-            (``embedded_layout``).
+        slots: Requests the caller keeps in flight at once (the embedded server's slots).
         temperature: Sampling temperature (0 by default, as in the paper).
         max_tokens: Cap per call; defaults to 320 for the embedded model and 1024 otherwise.
         served_model: The model id at a base URL (default: the first the server lists).
         timeout: Seconds per request.
-        threads: CPU threads per embedded server (default: the cores divided among them).
+        threads: CPU threads of the embedded server (default: all cores).
 
     Example:
         >>> with resolve_lm("embedded") as lm, dspy.context(lm=lm):  # doctest: +SKIP
@@ -204,13 +187,10 @@ def resolve_lm(spec: str = EMBEDDED, *, slots: int = 2, temperature: float = 0.0
     if not isinstance(spec, str) or not spec.strip():
         raise ConfigError("--model must be 'embedded', an http(s) base URL or a LiteLLM model string")
     if spec == EMBEDDED:
-        with contextlib.ExitStack() as stack:
-            engines = []
-            for n_slots, n_threads in embedded_layout(slots, threads):
-                server = EmbeddedServer(slots=n_slots, threads=n_threads)
-                engines.append(RestartingEngine(stack.enter_context(server), "gemma-3-270m", restart=server.restart,
-                                                timeout=timeout, compact_json=True))
-            engine = engines[0] if len(engines) == 1 else ReplicaEngine(engines)
+        server = EmbeddedServer(slots=slots, threads=threads)
+        with server as base_url:
+            engine = RestartingEngine(base_url, "gemma-3-270m", restart=server.restart, timeout=timeout,
+                                      compact_json=True)
             yield dspy.LM(EMBEDDED_MODEL_ID, engine=engine, temperature=temperature, max_tokens=max_tokens or 320)
         return
     if spec.startswith(("http://", "https://")):

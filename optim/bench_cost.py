@@ -68,13 +68,14 @@ def throughput(factory: bench.LMFactory, items, cfg: DebateConfig, levels: list[
     return out
 
 
-def server_ceiling(items, requests: int = 6, max_tokens: int = 150) -> dict:
+def server_ceiling(items, requests: int = 6, generated: tuple[int, ...] = (20, 150)) -> dict:
     """What the hardware allows any framework: the same raw chat requests, straight to embedded servers.
 
-    Three layouts, each sending ``requests`` prompts (an item's question and answers, asking for a
-    critique of ``max_tokens`` tokens): one server with every core, one request at a time; the same server
-    with two slots and two requests at once (llama.cpp's batched decoding); and one single-threaded
-    server per core, one request each at once (what ``embedded_layout`` picks for concurrent requests).
+    Three layouts, each sent ``requests`` prompts (an item's question and answers, asking which is
+    better): one server with every core, one request at a time; the same server with two slots and two
+    requests at once (llama.cpp's batched decoding, what ``--concurrency 2`` uses); and one
+    single-threaded server per core, one request each at once. Each for short outputs (a verdict: the
+    prompt dominates) and long ones (an argument: decoding dominates).
     """
     import concurrent.futures
     import os
@@ -87,7 +88,7 @@ def server_ceiling(items, requests: int = 6, max_tokens: int = 150) -> dict:
     prompts = [f"Question: {x.question}\n\nAnswer 1: {x.answer_1}\n\nAnswer 2: {x.answer_2}\n\n"
                "Which answer is better, and why?" for x in items]
 
-    def measure(layout: list[tuple[int, int]], at_once: int) -> dict:
+    def measure(layout: list[tuple[int, int]], at_once: int, max_tokens: int) -> dict:
         with contextlib.ExitStack() as stack:
             clients = [openai.OpenAI(base_url=stack.enter_context(EmbeddedServer(slots=s, threads=t)), api_key="none")
                        for s, t in layout]
@@ -102,18 +103,21 @@ def server_ceiling(items, requests: int = 6, max_tokens: int = 150) -> dict:
                 c.chat.completions.create(model="m", max_tokens=1, messages=[{"role": "user", "content": "hi"}])
             start = time.perf_counter()
             with concurrent.futures.ThreadPoolExecutor(at_once) as pool:
-                generated = sum(pool.map(send, range(requests)))
+                out = sum(pool.map(send, range(requests)))
             wall = time.perf_counter() - start
         return {"layout": " + ".join(f"{t}-thread server ({s} slot{'s' if s > 1 else ''})" for s, t in layout),
-                "at_once": at_once, "requests": requests, "generated_tokens": generated, "wall_seconds": wall,
-                "requests_per_minute": requests / wall * 60}
+                "at_once": at_once, "requests": requests, "max_tokens": max_tokens, "generated_tokens": out,
+                "wall_seconds": wall, "requests_per_minute": requests / wall * 60}
 
-    rows = [measure([(1, cores)], 1), measure([(2, cores)], 2)]
-    if cores > 1:
-        rows.append(measure([(1, 1)] * cores, cores))
-    for r in rows:
-        r["speedup"] = r["requests_per_minute"] / rows[0]["requests_per_minute"]
-    return {"cores": cores, "max_tokens": max_tokens, "rows": rows}
+    rows = []
+    for max_tokens in generated:
+        block = [measure([(1, cores)], 1, max_tokens), measure([(2, cores)], 2, max_tokens)]
+        if cores > 1:
+            block.append(measure([(1, 1)] * cores, cores, max_tokens))
+        for r in block:
+            r["speedup"] = r["requests_per_minute"] / block[0]["requests_per_minute"]
+        rows += block
+    return {"cores": cores, "rows": rows}
 
 
 def overhead(items, cfg: DebateConfig, workdir: Path) -> dict:

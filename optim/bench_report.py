@@ -98,11 +98,11 @@ def cost_markdown(report: dict, markdown: bool = True) -> str:
     ceiling = report.get("server_ceiling")
     if ceiling:
         out += ["", f"Server ceiling: raw chat requests straight to the embedded model, no DSPy, no debate "
-                    f"({ceiling['rows'][0]['requests']} requests of up to {ceiling['max_tokens']} generated tokens, "
-                    f"{ceiling['cores']} cores):", ""]
-        rows = [[r["layout"], r["at_once"], fmt_num(r["requests_per_minute"], 2), fmt_num(r["wall_seconds"], 1),
-                 f"{r['speedup']:.2f}x"] for r in ceiling["rows"]]
-        out.append(table(["servers", "requests at once", "requests/min", "wall s", "vs one at a time"], rows, markdown))
+                    f"({ceiling['rows'][0]['requests']} requests per row, {ceiling['cores']} cores):", ""]
+        rows = [[r.get("max_tokens", "-"), r["layout"], r["at_once"], fmt_num(r["requests_per_minute"], 2),
+                 fmt_num(r["wall_seconds"], 1), f"{r['speedup']:.2f}x"] for r in ceiling["rows"]]
+        out.append(table(["max generated tokens", "servers", "requests at once", "requests/min", "wall s",
+                          "vs one at a time"], rows, markdown))
     o = report.get("overhead")
     if o:
         out += ["", f"Framework overhead, zero-latency fake LM ({o['items']} items, {o['calls']} LM calls, "

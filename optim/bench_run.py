@@ -97,8 +97,7 @@ def attach_meter(lm: dspy.LM) -> Meter | None:
 
     engine.complete = complete
     engine._bench_meter = meter
-    for server in getattr(engine, "replicas", [engine]):  # a ReplicaEngine talks to several servers
-        _meter_prefix_cache(server, meter)
+    _meter_prefix_cache(engine, meter)
     return meter
 
 

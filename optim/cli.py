@@ -63,7 +63,7 @@ def cmd_compile(args) -> int:
     from chateval_dspy.program import build_evaluator
     from chateval_dspy.summary import summary_table
     from optim import tracking
-    from optim.compile import OptimizerSettings, compile_evaluator
+    from optim.compile import OptimizerSettings, compile_evaluator, optimizer_progress
     from optim.objectives import make_metric
 
     items, fmt = runtime.load_items(args)
@@ -103,6 +103,13 @@ def cmd_compile(args) -> int:
                           file=sys.stderr)
                     compiled = compile_evaluator(student, optimizer=args.optimizer, trainset=parts["train"],
                                                  valset=parts["dev"], metric=metric, settings=settings)
+                    progress_ = optimizer_progress(compiled)
+                    if progress_:
+                        print(f"{args.optimizer}: {len(progress_)} dev evaluations, best dev {metric_name} "
+                              f"{max(v for _, v in progress_):.3f} (first {progress_[0][1]:.3f})", file=sys.stderr)
+                    if tracked:
+                        for step, value in progress_:
+                            tracking.log_metrics({"optimizer.dev_score": value}, step=step)
                 key = runtime.run_key(args, cfg, parts["test"]) + f"-{stage}-{args.optimizer}"
                 result = runtime.run_judged(compiled or student, parts["test"], cfg, args, work / f"test_{stage}.jsonl",
                                             progress=not args.no_progress, key=key)

@@ -113,9 +113,29 @@ def compile_evaluator(student: ChatEval, *, optimizer: str, trainset: Sequence[d
         return opt.compile(student, trainset=trainset, valset=valset or None, requires_permission_to_run=False)
     if optimizer == "gepa":
         opt = dspy.GEPA(metric=with_feedback(metric), auto=s.auto, num_threads=s.threads, seed=s.seed,
-                        reflection_lm=reflection_lm or dspy.settings.lm)
+                        reflection_lm=reflection_lm or dspy.settings.lm, track_stats=True)
         return opt.compile(student, trainset=trainset, valset=valset or None)
     # SIMBA asserts that the batch fits in the train set.
     opt = dspy.SIMBA(metric=metric, bsize=min(32, len(trainset)), num_candidates=s.candidates,
                      max_steps=s.candidates, max_demos=s.max_demos, num_threads=s.threads)
     return opt.compile(student, trainset=trainset, seed=s.seed)
+
+
+def optimizer_progress(program) -> list[tuple[int, float]]:
+    """The dev scores the optimizer recorded on the program it returned, as ``(step, score)``.
+
+    MIPROv2: each full evaluation by trial number; GEPA: each candidate's aggregate dev score in the
+    order proposed; random search and SIMBA: their candidates, best first (they keep no order; SIMBA
+    scores on the train set, having no dev set).
+    Empty for optimizers that record none (labeled, bootstrap).
+    """
+    logs = getattr(program, "trial_logs", None)
+    full = [(int(t), float(v["full_eval_score"])) for t, v in sorted((logs or {}).items())
+            if isinstance(v, dict) and v.get("full_eval_score") is not None] if isinstance(logs, dict) else []
+    if full:
+        return full
+    scores = getattr(getattr(program, "detailed_results", None), "val_aggregate_scores", None)
+    if scores:
+        return [(i, float(x)) for i, x in enumerate(scores)]
+    candidates = getattr(program, "candidate_programs", None) or []
+    return [(i, float(c["score"])) for i, c in enumerate(candidates) if isinstance(c, dict) and c.get("score") is not None]

@@ -11,7 +11,7 @@ from chateval_dspy.errors import ConfigError
 from chateval_dspy.fake_lm import Call, fake_lm
 from chateval_dspy.metrics import accuracy
 from chateval_dspy.program import build_evaluator
-from optim.compile import OPTIMIZERS, OptimizerSettings, compile_evaluator, label_demo
+from optim.compile import OPTIMIZERS, OptimizerSettings, compile_evaluator, label_demo, optimizer_progress
 from optim.objectives import agreement, balanced, make_metric, score_error
 
 
@@ -86,6 +86,8 @@ def test_other_optimizers_run_on_every_role(toy, optimizer):
                                      settings=OptimizerSettings(max_demos=1, candidates=2))
     assert {n for n, _ in compiled.named_predictors()} >= {"debate.referees['critic'].judge",
                                                           "debate.referees['scientist'].judge"}
+    progress = optimizer_progress(compiled)  # what `chateval compile` logs to MLflow as optimizer.dev_score
+    assert progress and all(0.0 <= score <= 100.0 for _, score in progress)
 
 
 def test_unknown_optimizer_and_empty_train_are_config_errors(toy):

@@ -50,7 +50,7 @@ def test_faireval_end_to_end(tmp_path):
 
 def test_topical_chat_end_to_end(tmp_path):
     out = tmp_path / "tc.jsonl"
-    # Two items at once: on a multi-core machine that is two embedded servers behind one ReplicaEngine.
+    # Two items at once: two slots of the embedded server.
     _run(tmp_path, "--dataset", "topical_chat", "--limit", "2", "--turns", "1", "--roles", "2", "--out", str(out),
          "--concurrency", "2")
     records = _records(out)
