@@ -191,7 +191,6 @@ def build_parser() -> argparse.ArgumentParser:
     rss = sub.add_parser("_rss")  # internal: one peak-memory measurement, in its own process
     rss.add_argument("items", type=int)
     rss.add_argument("out")
-    rss.add_argument("--no-history", action="store_true")
     return parser
 
 
@@ -205,7 +204,7 @@ def main(argv: list[str] | None = None, *, lm_factory: LMFactory | None = None) 
     if args.suite == "_rss":
         from optim.bench_cost import rss_child
 
-        print(json.dumps(rss_child(args.items, args.out, history=not args.no_history)))
+        print(json.dumps(rss_child(args.items, args.out)))
         return 0
     if args.suite == "plots":
         from optim.bench_plots import draw_all

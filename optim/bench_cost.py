@@ -133,12 +133,12 @@ def overhead(items, cfg: DebateConfig, workdir: Path) -> dict:
             "overhead_ms_per_call": (result.wall_seconds - meter.engine_seconds) / max(meter.calls, 1) * 1000}
 
 
-def rss_child(n: int, out: str, history: bool = True) -> dict:
+def rss_child(n: int, out: str) -> dict:
     """Judge ``n`` items (FairEval, cycled under new ids) with the fake LM, streaming to ``out``; report peak RSS.
 
-    ``history=False`` runs under ``dspy.context(disable_history=True)``: DSPy otherwise keeps every LM call's
-    messages and response in ``lm.history`` (up to ``max_history_size``, 10,000 by default). The fake LM's own
-    call log is test instrumentation, so it is switched off either way.
+    ``evaluate`` runs without DSPy's per-call LM history (which would keep up to 10,000 calls' messages);
+    ``lm_history_entries`` shows that it stays empty. The fake LM's own call log is test instrumentation,
+    so it is switched off.
     """
     base, _ = load_dataset("faireval")
     cfg = DebateConfig()
@@ -151,10 +151,10 @@ def rss_child(n: int, out: str, history: bool = True) -> dict:
             yield x.copy(id=f"{x.id}-{i}")
 
     start = time.perf_counter()
-    with dspy.context(lm=lm, adapter=JudgeAdapter(), disable_history=not history):
+    with dspy.context(lm=lm, adapter=JudgeAdapter()):
         result = evaluate(build_evaluator(cfg), items(), cfg, out=out)
     ru_maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"items": result.n, "calls": result.calls, "wall_seconds": time.perf_counter() - start, "history": history,
+    return {"items": result.n, "calls": result.calls, "wall_seconds": time.perf_counter() - start,
             "max_rss_mb": _high_water_mb() or ru_maxrss, "ru_maxrss_mb": ru_maxrss, "lm_history_entries": len(lm.history)}
 
 
@@ -174,16 +174,15 @@ def _high_water_mb() -> float | None:
 
 
 def peak_rss(sizes: list[int], workdir: Path) -> list[dict]:
-    """One fresh process per size, with DSPy's LM history on (as the runtime runs today) and off."""
+    """One fresh process per size."""
     rows = []
-    for history in (True, False):
-        for n in sizes:
-            out = workdir / f"rss-{n}-{history}.jsonl"
-            cmd = [sys.executable, "-m", "optim.bench", "_rss", str(n), str(out)] + ([] if history else ["--no-history"])
-            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-            if proc.returncode:
-                raise RuntimeError(f"peak-RSS child for {n} items failed:\n{proc.stderr[-2000:]}")
-            rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    for n in sizes:
+        out = workdir / f"rss-{n}.jsonl"
+        proc = subprocess.run([sys.executable, "-m", "optim.bench", "_rss", str(n), str(out)], capture_output=True,
+                              text=True, check=False)
+        if proc.returncode:
+            raise RuntimeError(f"peak-RSS child for {n} items failed:\n{proc.stderr[-2000:]}")
+        rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     return rows
 
 
@@ -243,13 +242,12 @@ def targets(report: dict, agreement: dict | None) -> list[dict]:
                              f"{max(r['speedup'] for r in ceiling['rows']):.2f}x on {ceiling['cores']} cores")
             out.append(_target(f"throughput at 2 items at once >= 1.7x one at a time ({block['label']})",
                                measured, two["speedup"] >= 1.7))
-    for history, how in ((True, "as the runtime runs today (DSPy LM history on)"), (False, "with DSPy LM history off")):
-        rss = [r for r in report.get("rss") or [] if r.get("history", True) == history]
-        if len(rss) >= 2:
-            growth = rss[-1]["max_rss_mb"] / rss[0]["max_rss_mb"] - 1
-            out.append(_target(f"peak RSS flat within 10% from {rss[0]['items']} to {rss[-1]['items']} items, {how}",
-                               f"{fmt_num(rss[0]['max_rss_mb'])} -> {fmt_num(rss[-1]['max_rss_mb'])} MB ({growth * 100:+.1f}%)",
-                               abs(growth) <= 0.10))
+    rss = report.get("rss") or []
+    if len(rss) >= 2:
+        growth = rss[-1]["max_rss_mb"] / rss[0]["max_rss_mb"] - 1
+        out.append(_target(f"peak RSS flat within 10% from {rss[0]['items']} to {rss[-1]['items']} items (fake LM)",
+                           f"{fmt_num(rss[0]['max_rss_mb'])} -> {fmt_num(rss[-1]['max_rss_mb'])} MB ({growth * 100:+.1f}%)",
+                           abs(growth) <= 0.10))
     return out
 
 

@@ -111,10 +111,9 @@ def cost_markdown(report: dict, markdown: bool = True) -> str:
     if report.get("rss"):
         out += ["", "Peak RSS, fake LM, results streamed to disk, one fresh process per size (VmHWM; ru_maxrss "
                     "beside it inherits the parent's peak across exec):", ""]
-        rows = [[r["items"], "on" if r.get("history", True) else "off", fmt_num(r["max_rss_mb"], 1),
-                 fmt_num(r.get("ru_maxrss_mb"), 1), r.get("lm_history_entries", "-"), fmt_num(r["wall_seconds"], 1)]
-                for r in report["rss"]]
-        out.append(table(["items", "DSPy LM history", "peak RSS (MB)", "ru_maxrss (MB)", "history entries kept", "wall s"],
+        rows = [[r["items"], fmt_num(r["max_rss_mb"], 1), fmt_num(r.get("ru_maxrss_mb"), 1),
+                 r.get("lm_history_entries", "-"), fmt_num(r["wall_seconds"], 1)] for r in report["rss"]]
+        out.append(table(["items", "peak RSS (MB)", "ru_maxrss (MB)", "DSPy LM history entries kept", "wall s"],
                          rows, markdown))
     if report.get("targets"):
         out += ["", "Targets:", ""]
