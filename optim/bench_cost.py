@@ -265,6 +265,8 @@ def run_cost(args, factory: bench.LMFactory) -> dict:
         report.update(configs=kept.get("configs", []), configs_items=kept.get("configs_items"),
                       throughput=[b for b in kept.get("throughput", []) if b.get("model")],
                       model_measured=kept.get("model_measured") or kept["header"]["date"])
+        if kept.get("server_ceiling"):
+            report["server_ceiling"] = kept["server_ceiling"]
         model = kept["header"]["model"]
     workdir = Path(tempfile.mkdtemp(prefix="chateval-bench-cost-"))
     if not args.skip_model:

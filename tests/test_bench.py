@@ -168,3 +168,20 @@ def test_a_saved_program_is_a_row(tmp_path):
                "--work-dir", str(tmp_path / "raw"), "--out", str(out)])
     rows = {r["name"]: r for r in json.loads(out.read_text())["rows"]}
     assert rows["compiled"]["cost"]["calls_per_item"] == 2 and "labeled" in rows["compiled"]["label"]
+
+
+def test_cost_skip_model_keeps_every_model_figure(tmp_path):
+    out = tmp_path / "cost.json"
+    run_suite(["cost", "--limit", "2", "--configs", "single", "--concurrency-levels", "1", "--overhead-items", "2",
+               "--fake-latency", "0.001", "--rss-sizes", "2,3", "--out", str(out)])
+    report = json.loads(out.read_text())
+    # figures only a real embedded model produces, as a previous full run would have left them
+    report["server_ceiling"] = {"cores": 2, "rows": [{"layout": "x", "at_once": 1, "requests": 6, "max_tokens": 20,
+                                                      "requests_per_minute": 40.0, "wall_seconds": 9.0, "speedup": 1.0}]}
+    out.write_text(json.dumps(report))
+    run_suite(["cost", "--limit", "2", "--configs", "single", "--concurrency-levels", "1", "--overhead-items", "2",
+               "--fake-latency", "0.001", "--rss-sizes", "2,3", "--out", str(out), "--skip-model"])
+    again = json.loads(out.read_text())
+    assert again["server_ceiling"] == report["server_ceiling"]
+    assert again["configs"] == report["configs"]
+    assert [b for b in again["throughput"] if b["model"]] == [b for b in report["throughput"] if b["model"]]
