@@ -188,25 +188,16 @@ def test_bom_is_ignored(tmp_path):
 # --- errors name file, row and field ----------------------------------------------------------------------------
 
 
-def test_missing_field(tmp_path):
-    path = write_jsonl(tmp_path / "miss.jsonl", [pair(1), pair(2, answer_2=...)])
-    with pytest.raises(DataError, match="field is missing") as err:
+@pytest.mark.parametrize(("rows", "needle", "row", "field"), [
+    ([pair(1), pair(2, answer_2=...)], "field is missing", 2, "answer_2"),
+    ([pair(1), pair(2), pair(3, question="   ")], "field is empty", 3, "question"),
+    ([pair(1, answer_1=42)], "expected text, got int", 1, "answer_1"),
+])
+def test_bad_field(tmp_path, rows, needle, row, field):
+    path = write_jsonl(tmp_path / "bad.jsonl", rows)
+    with pytest.raises(DataError, match=needle) as err:
         load_custom(path, "pairwise")
-    assert_names(err, path, row=2, field="answer_2")
-
-
-def test_empty_field(tmp_path):
-    path = write_jsonl(tmp_path / "empty.jsonl", [pair(1), pair(2), pair(3, question="   ")])
-    with pytest.raises(DataError, match="field is empty") as err:
-        load_custom(path, "pairwise")
-    assert_names(err, path, row=3, field="question")
-
-
-def test_non_text_field(tmp_path):
-    path = write_jsonl(tmp_path / "num.jsonl", [pair(1, answer_1=42)])
-    with pytest.raises(DataError, match="expected text, got int") as err:
-        load_custom(path, "pairwise")
-    assert_names(err, path, row=1, field="answer_1")
+    assert_names(err, path, row=row, field=field)
 
 
 def test_wrong_label_value(tmp_path):

@@ -116,25 +116,19 @@ def test_bad_role_entries(tmp_path, entry, message):
     assert "bad.json role #2" in str(err.value)
 
 
-def test_bad_role_files(tmp_path):
-    dup = tmp_path / "dup.yaml"
-    dup.write_text("roles:\n  - {slug: a, name: A, persona: p}\n  - {slug: a, name: B, persona: q}\n", encoding="utf-8")
-    with pytest.raises(ConfigError, match="duplicate slug 'a'"):
-        load_role_file(dup)
-    broken = tmp_path / "broken.yaml"
-    broken.write_text("roles: [unclosed", encoding="utf-8")
-    with pytest.raises(ConfigError, match="not valid YAML"):
-        load_role_file(broken)
-    not_json = tmp_path / "x.json"
-    not_json.write_text("{", encoding="utf-8")
-    with pytest.raises(ConfigError, match="not valid JSON"):
-        load_role_file(not_json)
-    shape = tmp_path / "shape.yaml"
-    shape.write_text("- slug: a\n", encoding="utf-8")
-    with pytest.raises(ConfigError, match="expected a mapping with a 'roles' list"):
-        load_role_file(shape)
-    with pytest.raises(ConfigError, match="cannot read role file"):
-        load_role_file(tmp_path / "missing.yaml")
+@pytest.mark.parametrize(("name", "text", "needle"), [
+    ("dup.yaml", "roles:\n  - {slug: a, name: A, persona: p}\n  - {slug: a, name: B, persona: q}\n", "duplicate slug 'a'"),
+    ("broken.yaml", "roles: [unclosed", "not valid YAML"),
+    ("x.json", "{", "not valid JSON"),
+    ("shape.yaml", "- slug: a\n", "expected a mapping with a 'roles' list"),
+    ("missing.yaml", None, "cannot read role file"),
+])
+def test_bad_role_files(tmp_path, name, text, needle):
+    path = tmp_path / name
+    if text is not None:
+        path.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError, match=needle):
+        load_role_file(path)
 
 
 def test_unknown_role_lists_known_slugs(tmp_path):
