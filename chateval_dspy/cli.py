@@ -129,13 +129,9 @@ def run_key(args, cfg, items) -> str:
     import hashlib
     import json
 
-    from chateval_dspy.config import DebateConfig
     from chateval_dspy.data import dataset_hash
 
-    # Only settings that differ from the defaults: a new config field must not orphan existing results files.
-    defaults = DebateConfig(format=cfg.format).to_dict()
-    changed = {k: v for k, v in cfg.to_dict().items() if v != defaults.get(k) or k == "format"}
-    key = {"config": changed, "model": args.model, "served_model": args.served_model,
+    key = {"config": cfg.changes(), "model": args.model, "served_model": args.served_model,
            "temperature": args.temperature, "max_tokens": args.max_tokens, "items": dataset_hash(items)}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 

@@ -91,6 +91,15 @@ class DebateConfig:
         out["roles"] = list(self.roles)
         return out
 
+    def changes(self) -> dict:
+        """The fields that differ from the defaults for this format (``format`` itself always included).
+
+        Run keys and study settings are built from these, so that a field added later with a default
+        that keeps the old behaviour does not orphan existing results files or studies.
+        """
+        defaults = DebateConfig(format=self.format).to_dict()
+        return {k: v for k, v in self.to_dict().items() if k == "format" or v != defaults[k]}
+
     @classmethod
     def from_dict(cls, data: dict) -> DebateConfig:
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}

@@ -156,4 +156,3 @@ class RestartingEngine(OpenAICompatEngine):
                     self.client = openai.OpenAI(base_url=self.base_url, api_key=self.client.api_key,
                                                 timeout=self.client.timeout, max_retries=self.client.max_retries)
             return super().complete(request)
-

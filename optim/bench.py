@@ -38,9 +38,9 @@ import dspy  # noqa: E402
 
 from chateval_dspy.adapter import JudgeAdapter  # noqa: E402
 from chateval_dspy.errors import ChatEvalError, ConfigError  # noqa: E402
-from optim.bench_run import ConfigRun, Meter, attach_meter, config_key, run_config, run_key, slug  # noqa: E402
+from optim.bench_run import ConfigRun, Meter, attach_meter, run_config, run_key, slug  # noqa: E402
 
-__all__ = ["ConfigRun", "LMFactory", "Meter", "attach_meter", "config_key", "header", "judging", "main", "model_factory",
+__all__ = ["ConfigRun", "LMFactory", "Meter", "attach_meter", "header", "judging", "main", "model_factory",
            "run_config", "run_key", "slug", "write_json"]
 
 log = logging.getLogger(__name__)

@@ -201,7 +201,7 @@ def _significance(rows: list[dict], fmt: str, items, seed: int) -> None:
 
 def agreement_key(entry: Entry, cfg: DebateConfig, model: str, args) -> str:
     """The run key of one row's results file (without the item limit, so a larger --limit resumes)."""
-    return bench.run_key(suite="agreement", entry=entry.name, kind=entry.kind, config=bench.config_key(cfg), model=model,
+    return bench.run_key(suite="agreement", entry=entry.name, kind=entry.kind, config=cfg.changes(), model=model,
                          dataset=args.dataset, split=args.split, seed=args.seed,
                          mec_k=args.mec_k if entry.kind == "mec" else None,
                          program=str(args.program) if entry.kind == "compiled" else None)

@@ -108,16 +108,6 @@ def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-").lower() or "x"
 
 
-def config_key(config: DebateConfig) -> dict:
-    """The config's fields that differ from the defaults (and its format), for a run key.
-
-    A field added to ``DebateConfig`` later, with a default that keeps the old behaviour, then
-    leaves the key unchanged, so results written before it still resume.
-    """
-    defaults = DebateConfig(format=config.format).to_dict()
-    return {k: v for k, v in config.to_dict().items() if k == "format" or v != defaults.get(k)}
-
-
 def run_key(**parts) -> str:
     """What identifies a benchmark run, without the item limit: a larger ``--limit`` resumes the same file."""
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]

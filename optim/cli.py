@@ -103,12 +103,12 @@ def cmd_compile(args) -> int:
                           file=sys.stderr)
                     compiled = compile_evaluator(student, optimizer=args.optimizer, trainset=parts["train"],
                                                  valset=parts["dev"], metric=metric, settings=settings)
-                    progress_ = optimizer_progress(compiled)
-                    if progress_:
-                        print(f"{args.optimizer}: {len(progress_)} dev evaluations, best dev {metric_name} "
-                              f"{max(v for _, v in progress_):.3f} (first {progress_[0][1]:.3f})", file=sys.stderr)
+                    dev_scores = optimizer_progress(compiled)
+                    if dev_scores:
+                        print(f"{args.optimizer}: {len(dev_scores)} dev evaluations, best dev {metric_name} "
+                              f"{max(v for _, v in dev_scores):.3f} (first {dev_scores[0][1]:.3f})", file=sys.stderr)
                     if tracked:
-                        for step, value in progress_:
+                        for step, value in dev_scores:
                             tracking.log_metrics({"optimizer.dev_score": value}, step=step)
                 key = runtime.run_key(args, cfg, parts["test"]) + f"-{stage}-{args.optimizer}"
                 result = runtime.run_judged(compiled or student, parts["test"], cfg, args, work / f"test_{stage}.jsonl",

@@ -130,10 +130,11 @@ def optimizer_progress(program) -> list[tuple[int, float]]:
     Empty for optimizers that record none (labeled, bootstrap).
     """
     logs = getattr(program, "trial_logs", None)
-    full = [(int(t), float(v["full_eval_score"])) for t, v in sorted((logs or {}).items())
-            if isinstance(v, dict) and v.get("full_eval_score") is not None] if isinstance(logs, dict) else []
-    if full:
-        return full
+    if isinstance(logs, dict):  # SIMBA's trial logs hold train scores only; its candidates follow below
+        full = [(int(t), float(v["full_eval_score"])) for t, v in sorted(logs.items())
+                if isinstance(v, dict) and v.get("full_eval_score") is not None]
+        if full:
+            return full
     scores = getattr(getattr(program, "detailed_results", None), "val_aggregate_scores", None)
     if scores:
         return [(i, float(x)) for i, x in enumerate(scores)]

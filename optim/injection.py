@@ -140,7 +140,7 @@ def run_injection(args, factory) -> dict:
     with bench.judging(factory) as lm:
         model = lm.model
         out = Path(args.work_dir) / f"injection-{args.split}-s{args.seed}-{bench.slug(model)}" / f"{entry.name}.jsonl"
-        key = bench.run_key(suite="injection", config=bench.config_key(cfg), entry=entry.name, model=model, split=args.split,
+        key = bench.run_key(suite="injection", config=cfg.changes(), entry=entry.name, model=model, split=args.split,
                             seed=args.seed, templates=INJECTIONS)
         run = bench.run_config(program, [*base, *variants], cfg, out=out, key=key)
     records = {str(r["id"]): r for r in run.records}

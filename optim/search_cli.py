@@ -100,10 +100,7 @@ def base_settings(base) -> dict:
     Only changes are recorded, so a field added to ``DebateConfig`` later (at its default)
     does not stop an older study from resuming.
     """
-    from chateval_dspy.config import DebateConfig
-
-    defaults = DebateConfig(format=base.format).to_dict()
-    return {k: v for k, v in base.to_dict().items() if k not in SEARCHED and v != defaults[k]}
+    return {k: v for k, v in base.changes().items() if k not in (*SEARCHED, "format")}
 
 
 def _check_out(out: Path, study_name: str) -> None:

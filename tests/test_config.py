@@ -106,3 +106,9 @@ def test_replace_validates():
 def test_orders_and_calls_per_item(kwargs, orders, calls):
     cfg = DebateConfig(**kwargs)
     assert cfg.orders == orders and cfg.calls_per_item() == calls
+
+
+def test_changes_are_the_fields_off_their_defaults():
+    assert DebateConfig(format="scoring").changes() == {"format": "scoring"}
+    cfg = DebateConfig(turns=3, consensus_stop=True)
+    assert cfg.changes() == {"format": "pairwise", "turns": 3, "consensus_stop": True}
