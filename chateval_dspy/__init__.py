@@ -8,18 +8,18 @@ Example:
     ...     verdict = program(question="...", answer_1="...", answer_2="...")
 """
 
-from chateval_dspy.offline import ensure_offline
+from chateval_dspy.lm.offline import ensure_offline
 
 ensure_offline()  # must precede the first import of dspy/litellm
 
-from chateval_dspy.adapter import JudgeAdapter  # noqa: E402
 from chateval_dspy.config import DebateConfig  # noqa: E402
-from chateval_dspy.data import load_dataset, select, split  # noqa: E402
+from chateval_dspy.data.loaders import load_dataset, select, split  # noqa: E402
 from chateval_dspy.errors import ChatEvalError, ConfigError, DataError, LMError  # noqa: E402
-from chateval_dspy.evaluate import evaluate  # noqa: E402
-from chateval_dspy.lm import configure_cache, resolve_lm  # noqa: E402
-from chateval_dspy.program import ChatEval, build_evaluator  # noqa: E402
-from chateval_dspy.strategies import STRATEGIES  # noqa: E402
+from chateval_dspy.lm.adapter import JudgeAdapter  # noqa: E402
+from chateval_dspy.lm.resolve import configure_cache, resolve_lm  # noqa: E402
+from chateval_dspy.program.chateval import ChatEval, build_evaluator  # noqa: E402
+from chateval_dspy.program.strategies import STRATEGIES  # noqa: E402
+from chateval_dspy.run.evaluate import evaluate  # noqa: E402
 
 __all__ = [
     "ChatEval",

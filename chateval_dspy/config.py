@@ -53,7 +53,7 @@ class DebateConfig:
     role_file: str | None = field(default=None)
 
     def __post_init__(self) -> None:
-        from chateval_dspy.strategies import STRATEGIES
+        from chateval_dspy.program.strategies import STRATEGIES
 
         if self.format not in ("pairwise", "scoring"):
             raise ConfigError(f"unknown format {self.format!r}; choose one of: pairwise, scoring")
@@ -80,7 +80,7 @@ class DebateConfig:
 
     def calls_per_item(self) -> int:
         """LM calls one item costs when every call parses on the first try (at most, with ``consensus_stop``)."""
-        from chateval_dspy.strategies import STRATEGIES
+        from chateval_dspy.program.strategies import STRATEGIES
 
         summaries = (self.turns - 1) if STRATEGIES[self.strategy].summarize else 0
         return self.orders * (len(self.roles) * self.turns + summaries)

@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass
 import dspy
 
 from chateval_dspy.errors import ConfigError
-from chateval_dspy.program import ChatEval
-from chateval_dspy.signatures import ASPECTS
+from chateval_dspy.program.chateval import ChatEval
+from chateval_dspy.program.signatures import ASPECTS
 from optim.objectives import Metric, with_feedback
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import dspy
 
-from chateval_dspy.signatures import ASPECTS
+from chateval_dspy.program.signatures import ASPECTS
 
 Metric = Callable[..., float]
 

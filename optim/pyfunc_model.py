@@ -16,7 +16,7 @@ from mlflow.pyfunc import PythonModel
 
 class ChatEvalPyfunc(PythonModel):
     def load_context(self, context):
-        from chateval_dspy.production import load
+        from chateval_dspy.deploy.judge import load
 
         self.judge = load(context.artifacts["evaluator"], model=os.environ.get("CHATEVAL_MODEL") or None)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chateval_dspy.errors import ConfigError
-from chateval_dspy.roles import DEFAULT_ORDER
+from chateval_dspy.program.roles import DEFAULT_ORDER
 
 PROGRESS_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
@@ -96,7 +96,7 @@ def find(target: str, *, storage: str, uri: str | None = None):
     Example:
         >>> kind, found = find("faireval-agreement", storage="sqlite:///mlruns/optuna.db")  # doctest: +SKIP
     """
-    from optim.search import redact_url
+    from optim.search.study import redact_url
 
     study = load_study(target, storage)
     if study is not None:
@@ -189,7 +189,7 @@ def figure3(study, path: Path, files: list[Path]) -> None:
     """Agreement against panel size and against turns, one line (mean) and dots (trials) per strategy."""
     import pandas as pd
 
-    from chateval_dspy.strategies import STRATEGIES
+    from chateval_dspy.program.strategies import STRATEGIES
 
     frame = trials_frame(study)
     frame = frame[frame.state == "complete"]
@@ -377,8 +377,8 @@ def confusion(records: list[dict], path: Path, files: list[Path], title: str) ->
 
 def scatter(records: list[dict], path: Path, files: list[Path], title: str) -> None:
     """Predicted against human score per aspect, with each aspect's Spearman."""
-    from chateval_dspy.metrics import spearman
-    from chateval_dspy.signatures import ASPECTS
+    from chateval_dspy.program.signatures import ASPECTS
+    from chateval_dspy.run.metrics import spearman
 
     pairs = [(r["human"], r["prediction"]) for r in records if r.get("human") and r.get("prediction")]
     plt = _pyplot()

@@ -15,8 +15,8 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from chateval_dspy.metrics import Estimate
-from chateval_dspy.offline import ensure_offline
+from chateval_dspy.lm.offline import ensure_offline
+from chateval_dspy.run.metrics import Estimate
 
 ensure_offline()
 # MLflow draws a progress bar for every artifact it reads back (DSPy autolog does, per optimizer step),

@@ -5,7 +5,7 @@ Nothing here needs the network or the embedded model.
 
 from __future__ import annotations
 
-from chateval_dspy.offline import ensure_offline
+from chateval_dspy.lm.offline import ensure_offline
 
 ensure_offline()  # before anything below imports dspy / litellm
 
@@ -16,8 +16,8 @@ import dspy  # noqa: E402
 import pytest  # noqa: E402
 from dspy.dsp.utils.utils import dotdict  # noqa: E402
 
-from chateval_dspy.adapter import JudgeAdapter  # noqa: E402
-from chateval_dspy.fake_lm import fake_lm  # noqa: E402
+from chateval_dspy.lm.adapter import JudgeAdapter  # noqa: E402
+from chateval_dspy.testing.fake_lm import fake_lm  # noqa: E402
 
 # The module, not the ``settings`` singleton that ``dspy.dsp.utils`` re-exports under the same name.
 _dspy_settings = importlib.import_module("dspy.dsp.utils.settings")

@@ -6,9 +6,9 @@ import gc
 
 import dspy
 
-from chateval_dspy.adapter import JudgeAdapter
-from chateval_dspy.fake_lm import fake_lm
-from chateval_dspy.signatures import PairwiseVerdict, ScoringArgument
+from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.program.signatures import PairwiseVerdict, ScoringArgument
+from chateval_dspy.testing.fake_lm import fake_lm
 
 INPUTS = {"question": "What is 2+2?", "answer_1": "4", "answer_2": "5", "persona": "You are strict.",
           "discussion": "(nothing yet)"}

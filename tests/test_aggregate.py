@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from chateval_dspy.aggregate import majority, mean_scores, mode_scores, pairwise_verdict, preference, scoring_verdict
+from chateval_dspy.program.aggregate import majority, mean_scores, mode_scores, pairwise_verdict, preference, scoring_verdict
 
 
 @pytest.mark.parametrize(("s1", "s2", "expected"), [(7, 3, "1"), (3, 7, "2"), (5, 5, "tie"), (7, 7.0, "tie"),

@@ -12,15 +12,15 @@ import json
 import dspy
 import pytest
 
-from chateval_dspy import metrics
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.data import load_faireval
-from chateval_dspy.fake_lm import fake_lm
-from chateval_dspy.program import build_evaluator
-from optim import bench
-from optim.bench_agreement import MultipleEvidence, choose
-from optim.bench_stats import mcnemar, proportion
-from optim.injection import INJECTIONS, build_variants, flip_stats
+from chateval_dspy.data.loaders import load_faireval
+from chateval_dspy.program.chateval import build_evaluator
+from chateval_dspy.run import metrics
+from chateval_dspy.testing.fake_lm import fake_lm
+from optim.bench import main as bench
+from optim.bench.catalogue import MultipleEvidence, choose
+from optim.bench.injection import INJECTIONS, build_variants, flip_stats
+from optim.bench.stats import mcnemar, proportion
 
 
 @pytest.fixture(autouse=True)
@@ -68,8 +68,8 @@ def test_agreement_topical_chat_scoring_rows(tmp_path):
 def test_text_baselines_score_the_reference_perfectly():
     pytest.importorskip("rouge_score")
     pytest.importorskip("sacrebleu")
-    from chateval_dspy.data import load_topical_chat
-    from optim.bench_text import REFERENCE_SYSTEM, text_scores
+    from chateval_dspy.data.loaders import load_topical_chat
+    from optim.bench.text import REFERENCE_SYSTEM, text_scores
 
     items = load_topical_chat()[:6]
     for name in ("rouge_l", "bleu_4"):
@@ -159,7 +159,7 @@ def test_config_sets_always_hold_the_single_agent():
 
 
 def test_a_saved_program_is_a_row(tmp_path):
-    from chateval_dspy.evaluator import make_card, save_evaluator
+    from chateval_dspy.deploy.store import make_card, save_evaluator
 
     program = build_evaluator(DebateConfig(roles=("critic",), turns=1))
     save_evaluator(program, tmp_path / "prog", make_card(program, model="fake/scripted", optimizer="labeled"))

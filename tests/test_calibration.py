@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from chateval_dspy.calibration import consistent, swap, unswap_preference, unswap_scores
+from chateval_dspy.program.calibration import consistent, swap, unswap_preference, unswap_scores
 
 
 def test_swap_exchanges_answers_and_keeps_the_rest():

@@ -9,10 +9,10 @@ import re
 
 import pytest
 
-import chateval_dspy.lm
-from chateval_dspy import metrics
-from chateval_dspy.cli import main
-from chateval_dspy.fake_lm import fake_lm
+import chateval_dspy.lm.resolve
+from chateval_dspy.run import metrics
+from chateval_dspy.testing.fake_lm import fake_lm
+from optim.cli.runtime import main
 
 BRACKET = r"-?\d\.\d{3} \[-?\d\.\d{3}, -?\d\.\d{3}\]"
 
@@ -29,7 +29,7 @@ def fake_model(monkeypatch):
         state["lms"].append(lm)
         yield lm
 
-    monkeypatch.setattr(chateval_dspy.lm, "resolve_lm", resolve)
+    monkeypatch.setattr(chateval_dspy.lm.resolve, "resolve_lm", resolve)
     monkeypatch.setattr(metrics, "N_RESAMPLES", 200)
     return state
 

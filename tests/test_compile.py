@@ -5,12 +5,12 @@ from __future__ import annotations
 import dspy
 import pytest
 
-from chateval_dspy.adapter import JudgeAdapter
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import ConfigError
-from chateval_dspy.fake_lm import Call, fake_lm
-from chateval_dspy.metrics import accuracy
-from chateval_dspy.program import build_evaluator
+from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.program.chateval import build_evaluator
+from chateval_dspy.run.metrics import accuracy
+from chateval_dspy.testing.fake_lm import Call, fake_lm
 from optim.compile import OPTIMIZERS, OptimizerSettings, compile_evaluator, label_demo, optimizer_progress
 from optim.objectives import agreement, balanced, make_metric, score_error
 
@@ -129,9 +129,9 @@ def test_an_interrupted_compile_resumes_without_judging_finished_items_again(tmp
     """Issue #6: rerunning the same compile command after a crash finishes the job."""
     import contextlib
 
-    import chateval_dspy.lm as lm_module
+    import chateval_dspy.lm.resolve as lm_module
     import optim.compile as compile_module
-    from optim.cli import main
+    from optim.cli.main import main
 
     monkeypatch.chdir(tmp_path)
     lms = []

@@ -8,7 +8,7 @@ import pytest
 
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import ChatEvalError, ConfigError
-from chateval_dspy.strategies import STRATEGIES
+from chateval_dspy.program.strategies import STRATEGIES
 
 
 def test_defaults_are_the_papers():

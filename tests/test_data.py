@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from chateval_dspy.data import (
+from chateval_dspy.data.loaders import (
     DATA_DIR,
     SPLITS,
     load_custom,
@@ -20,7 +20,7 @@ from chateval_dspy.data import (
     split,
 )
 from chateval_dspy.errors import ChatEvalError, DataError
-from chateval_dspy.signatures import ASPECTS
+from chateval_dspy.program.signatures import ASPECTS
 
 
 @pytest.fixture(scope="module")

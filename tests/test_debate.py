@@ -7,14 +7,14 @@ import threading
 import dspy
 import pytest
 
-from chateval_dspy.adapter import JudgeAdapter
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.debate import RETRY_TEMPERATURE, Debate, material
 from chateval_dspy.errors import LMError
-from chateval_dspy.fake_lm import default_responder, fake_lm
-from chateval_dspy.program import build_evaluator
-from chateval_dspy.roles import DEFAULT_ORDER, resolve_roles
-from chateval_dspy.strategies import STRATEGIES
+from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.program.chateval import build_evaluator
+from chateval_dspy.program.debate import RETRY_TEMPERATURE, Debate, material
+from chateval_dspy.program.roles import DEFAULT_ORDER, resolve_roles
+from chateval_dspy.program.strategies import STRATEGIES
+from chateval_dspy.testing.fake_lm import default_responder, fake_lm
 
 PAIRWISE_ITEM = {"question": "Which is better?", "answer_1": "first answer", "answer_2": "second answer"}
 SCORING_ITEM = {"dialogue_history": "A: hi\nB: hello", "fact": "cats purr", "response": "Did you know cats purr?"}
@@ -271,8 +271,8 @@ def _scores_by_persona(agree: bool):
 
 def test_consensus_stop_ends_the_debate_after_a_round_of_agreement():
     from chateval_dspy.config import DebateConfig
-    from chateval_dspy.fake_lm import fake_lm
-    from chateval_dspy.program import build_evaluator
+    from chateval_dspy.program.chateval import build_evaluator
+    from chateval_dspy.testing.fake_lm import fake_lm
 
     cfg = DebateConfig(roles=("critic", "scientist"), turns=3, consensus_stop=True)
     lm = fake_lm(_scores_by_persona(agree=True))
@@ -285,8 +285,8 @@ def test_consensus_stop_ends_the_debate_after_a_round_of_agreement():
 
 def test_consensus_stop_keeps_debating_while_referees_disagree():
     from chateval_dspy.config import DebateConfig
-    from chateval_dspy.fake_lm import fake_lm
-    from chateval_dspy.program import build_evaluator
+    from chateval_dspy.program.chateval import build_evaluator
+    from chateval_dspy.testing.fake_lm import fake_lm
 
     cfg = DebateConfig(roles=("critic", "scientist"), turns=3, consensus_stop=True,
                        strategy="simultaneous_talk_with_summarizer")

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.embedded
 
 def _run(tmp_path, *args):
     env = dict(os.environ, CHATEVAL_CACHE_DIR=str(tmp_path / "cache"))
-    proc = subprocess.run([sys.executable, "-m", "chateval_dspy.cli", "evaluate", *args, "--no-progress"],
+    proc = subprocess.run([sys.executable, "-m", "optim.cli.runtime", "evaluate", *args, "--no-progress"],
                           capture_output=True, text=True, env=env, timeout=900, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
@@ -63,7 +63,7 @@ def test_topical_chat_end_to_end(tmp_path):
 
 
 def test_embedded_server_renders_gemma_template():
-    from chateval_dspy.lm import EmbeddedServer, _post_json
+    from chateval_dspy.lm.resolve import EmbeddedServer, _post_json
 
     with EmbeddedServer(slots=1) as base_url:
         prompt = _post_json(base_url[: -len("/v1")] + "/apply-template",

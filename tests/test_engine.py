@@ -11,7 +11,7 @@ import dspy
 import pytest
 from dspy import lm15
 
-from chateval_dspy.engine import OpenAICompatEngine
+from chateval_dspy.lm.engine import OpenAICompatEngine
 
 SCHEMA = {"type": "object", "properties": {"evidence": {"type": "string"}, "score_1": {"type": "integer"},
                                            "note": {"type": "string", "maxLength": 10}},
@@ -189,7 +189,7 @@ def test_connection_refused_is_a_transport_error():
 def test_engine_serves_a_dspy_program(server, run):
     """The engine behind dspy.LM: a one-referee debate parses the server's JSON."""
     from chateval_dspy.config import DebateConfig
-    from chateval_dspy.program import build_evaluator
+    from chateval_dspy.program.chateval import build_evaluator
 
     reply = json.loads(json.dumps(GOOD))
     reply["choices"][0]["message"]["content"] = json.dumps({"evidence": "ok", "preference": "2", "score_1": 3, "score_2": 9})

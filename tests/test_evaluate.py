@@ -9,14 +9,14 @@ import math
 import dspy
 import pytest
 
-from chateval_dspy import metrics
-from chateval_dspy.adapter import JudgeAdapter
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import LMError
-from chateval_dspy.evaluate import TRUNCATION_MARK, RunResult, evaluate, judge_item, prepare, truncate
-from chateval_dspy.fake_lm import default_responder, fake_lm
-from chateval_dspy.program import build_evaluator
-from chateval_dspy.signatures import INPUTS
+from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.program.chateval import build_evaluator
+from chateval_dspy.program.signatures import INPUTS
+from chateval_dspy.run import metrics
+from chateval_dspy.run.evaluate import TRUNCATION_MARK, RunResult, evaluate, judge_item, prepare, truncate
+from chateval_dspy.testing.fake_lm import default_responder, fake_lm
 
 DOCUMENTED = {"id", "human", "prediction", "referees", "transcripts", "consistent", "calls", "prompt_tokens",
               "completion_tokens", "seconds", "truncated"}
@@ -62,7 +62,7 @@ def test_truncate_rule():
 
 def test_prepare_truncates_each_field_and_warns(caplog):
     cfg = DebateConfig(max_text_chars=200)
-    with caplog.at_level(logging.WARNING, logger="chateval_dspy.evaluate"):
+    with caplog.at_level(logging.WARNING, logger="chateval_dspy.run.evaluate"):
         inputs, cut = prepare(item(1, answer_2="y" * 450), cfg)
     assert cut == {"answer_2": 250}
     assert inputs["answer_2"].endswith("[... truncated 250 characters]") and inputs["answer_1"] == "a" * 17
@@ -117,7 +117,7 @@ def test_truncation_is_recorded_and_warned(tmp_path, caplog):
     cfg = CFG.replace(max_text_chars=200)
     long = item(9, answer_1="z" * 500)
     out = tmp_path / "r.jsonl"
-    with caplog.at_level(logging.WARNING, logger="chateval_dspy.evaluate"):
+    with caplog.at_level(logging.WARNING, logger="chateval_dspy.run.evaluate"):
         _, lm = run_eval([long, ITEMS[0]], cfg, out=out)
     first, second = read_lines(out)
     assert first["truncated"] == {"answer_1": 300} and second["truncated"] == {}
@@ -165,7 +165,7 @@ class Exploding(dspy.Module):
 def test_an_unexpected_exception_is_recorded_and_the_batch_continues(tmp_path, caplog):
     items = [ITEMS[0], item(7, question="explode"), ITEMS[1]]
     out = tmp_path / "r.jsonl"
-    with caplog.at_level(logging.ERROR, logger="chateval_dspy.evaluate"):
+    with caplog.at_level(logging.ERROR, logger="chateval_dspy.run.evaluate"):
         result, _ = run_eval(items, program=Exploding(build_evaluator(CFG)), out=out)
     records = read_lines(out)
     assert [r["id"] for r in records] == ["item-0", "item-7", "item-1"]

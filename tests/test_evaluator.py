@@ -7,12 +7,12 @@ import json
 import dspy
 import pytest
 
-from chateval_dspy.adapter import JudgeAdapter
 from chateval_dspy.config import DebateConfig
+from chateval_dspy.deploy.store import CARD_FILE, PROGRAM_FILE, load_evaluator, make_card, save_evaluator
 from chateval_dspy.errors import ConfigError
-from chateval_dspy.evaluator import CARD_FILE, PROGRAM_FILE, load_evaluator, make_card, save_evaluator
-from chateval_dspy.fake_lm import fake_lm
-from chateval_dspy.program import build_evaluator
+from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.program.chateval import build_evaluator
+from chateval_dspy.testing.fake_lm import fake_lm
 
 ITEMS = [
     {"question": "q1", "answer_1": "short", "answer_2": "a much longer answer"},

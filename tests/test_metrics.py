@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 
-from chateval_dspy import metrics
-from chateval_dspy.metrics import (
+from chateval_dspy.run import metrics
+from chateval_dspy.run.metrics import (
     Estimate,
     accuracy,
     bootstrap,

@@ -13,15 +13,15 @@ import httpx
 import pandas as pd
 import pytest
 
-import chateval_dspy.production as production
-from chateval_dspy.adapter import JudgeAdapter
-from chateval_dspy.batch import score_file
+import chateval_dspy.deploy.judge as production
 from chateval_dspy.config import DebateConfig
+from chateval_dspy.deploy.judge import Verdict, load
+from chateval_dspy.deploy.score_file import score_file
+from chateval_dspy.deploy.store import CARD_FILE, make_card, save_evaluator
 from chateval_dspy.errors import ConfigError
-from chateval_dspy.evaluator import CARD_FILE, make_card, save_evaluator
-from chateval_dspy.fake_lm import ScriptedEngine
-from chateval_dspy.production import Verdict, load
-from chateval_dspy.program import build_evaluator
+from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.program.chateval import build_evaluator
+from chateval_dspy.testing.fake_lm import ScriptedEngine
 
 ITEM = {"id": "a", "question": "Which?", "answer_1": "short", "answer_2": "a considerably longer answer"}
 
@@ -148,7 +148,7 @@ def _free_port() -> int:
 def serving(judge, **kwargs):
     import uvicorn
 
-    from chateval_dspy.serve import create_app
+    from chateval_dspy.deploy.serve import create_app
 
     port = _free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(judge, **kwargs), host="127.0.0.1", port=port, log_level="error"))

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.fake_lm import default_responder, fake_lm
-from chateval_dspy.program import ChatEval, build_evaluator
-from chateval_dspy.roles import resolve_roles
+from chateval_dspy.program.chateval import ChatEval, build_evaluator
+from chateval_dspy.program.roles import resolve_roles
+from chateval_dspy.testing.fake_lm import default_responder, fake_lm
 
 PAIRWISE_ITEM = {"question": "Which is better?", "answer_1": "first answer", "answer_2": "second answer"}
 SCORING_ITEM = {"dialogue_history": "A: hi\nB: hello", "fact": "cats purr", "response": "Did you know cats purr?"}

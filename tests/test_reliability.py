@@ -15,16 +15,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chateval_dspy.adapter import JudgeAdapter
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.data import item_from_record, parse_columns, read_rows
-from chateval_dspy.debate import guard
-from chateval_dspy.engine import OpenAICompatEngine, RestartingEngine
+from chateval_dspy.data.loaders import item_from_record, parse_columns, read_rows
 from chateval_dspy.errors import ConfigError, DataError, LMError
-from chateval_dspy.evaluate import evaluate
-from chateval_dspy.fake_server import FakeOpenAIServer
-from chateval_dspy.program import build_evaluator
-from chateval_dspy.roles import load_role_file
+from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.lm.engine import OpenAICompatEngine, RestartingEngine
+from chateval_dspy.program.chateval import build_evaluator
+from chateval_dspy.program.debate import guard
+from chateval_dspy.program.roles import load_role_file
+from chateval_dspy.run.evaluate import evaluate
+from chateval_dspy.testing.fake_server import FakeOpenAIServer
 
 ITEMS = [dspy.Example(id=str(i), question=f"q{i}", answer_1="a" * (10 + 20 * i), answer_2="b" * 45, label="1")
          .with_inputs("question", "answer_1", "answer_2") for i in range(3)]
@@ -98,7 +98,7 @@ def test_a_dead_server_is_restarted_once_then_a_clear_error():
 
 
 def test_api_key_from_a_key_file_is_sent_and_never_in_results(tmp_path, monkeypatch):
-    from chateval_dspy.lm import resolve_lm
+    from chateval_dspy.lm.resolve import resolve_lm
 
     key_file = tmp_path / "key"
     key_file.write_text("sk-from-file-0123456789\n")
@@ -134,13 +134,13 @@ def test_judged_text_cannot_open_a_prompt_field():
 
 
 def _cli(args, env, **kwargs):
-    return subprocess.Popen([sys.executable, "-m", "optim.cli", *args], env=env, stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "optim.cli.main", *args], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, **kwargs)
 
 
 def _slow(call):
     time.sleep(0.05)
-    from chateval_dspy.fake_lm import default_responder
+    from chateval_dspy.testing.fake_lm import default_responder
 
     return default_responder(call)
 

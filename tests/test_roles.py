@@ -7,11 +7,10 @@ import json
 import pytest
 
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.debater import Debater
 from chateval_dspy.errors import ConfigError
-from chateval_dspy.fake_lm import fake_lm
-from chateval_dspy.program import build_evaluator
-from chateval_dspy.roles import (
+from chateval_dspy.program.chateval import build_evaluator
+from chateval_dspy.program.debater import Debater
+from chateval_dspy.program.roles import (
     DEFAULT_ORDER,
     SAME_ROLE_PERSONA,
     first_roles,
@@ -20,6 +19,7 @@ from chateval_dspy.roles import (
     role_library,
     same_roles,
 )
+from chateval_dspy.testing.fake_lm import fake_lm
 
 PAIRWISE_ITEM = {"question": "Which is better?", "answer_1": "first answer", "answer_2": "second answer"}
 

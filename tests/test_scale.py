@@ -7,10 +7,10 @@ import pandas as pd
 import pytest
 
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.evaluator import make_card, save_evaluator
-from chateval_dspy.fake_server import FakeOpenAIServer
-from chateval_dspy.lm import resolve_lm
-from chateval_dspy.program import build_evaluator
+from chateval_dspy.deploy.store import make_card, save_evaluator
+from chateval_dspy.lm.resolve import resolve_lm
+from chateval_dspy.program.chateval import build_evaluator
+from chateval_dspy.testing.fake_server import FakeOpenAIServer
 
 ITEMS = [{"id": f"i{i}", "question": f"q{i}", "answer_1": "a" * (5 + 15 * i), "answer_2": "b" * (40 - 10 * i)}
          for i in range(4)]
@@ -23,7 +23,7 @@ def saved(tmp_path):
 
 
 def test_a_base_url_selects_an_openai_compatible_server(saved):
-    from chateval_dspy.production import load
+    from chateval_dspy.deploy.judge import load
 
     with FakeOpenAIServer() as url, load(saved, model=url) as judge:
         verdicts = [judge(x) for x in ITEMS]
@@ -42,7 +42,7 @@ def test_resolve_lm_reports_a_dead_endpoint_clearly():
 
 def test_ray_data_workers_judge_a_dataset(saved, tmp_path, monkeypatch):
     ray = pytest.importorskip("ray")
-    from chateval_dspy.scale import judge_dataset
+    from chateval_dspy.deploy.ray import judge_dataset
 
     monkeypatch.setenv("CHATEVAL_CACHE_DIR", str(tmp_path / "cache"))  # workers inherit it: no stale answers
     with FakeOpenAIServer() as url:
@@ -60,7 +60,7 @@ def test_ray_data_workers_judge_a_dataset(saved, tmp_path, monkeypatch):
 
 def test_dspy_context_is_untouched_by_loading(saved):
     # load() binds its LM to the evaluator, never to DSPy's global settings
-    from chateval_dspy.production import load
+    from chateval_dspy.deploy.judge import load
 
     with FakeOpenAIServer() as url, load(saved, model=url):
         assert dspy.settings.lm is None

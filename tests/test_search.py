@@ -17,18 +17,18 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-import chateval_dspy.lm
-from chateval_dspy import metrics
-from chateval_dspy.adapter import JudgeAdapter
+import chateval_dspy.lm.resolve
 from chateval_dspy.config import AGGREGATES, DebateConfig
-from chateval_dspy.data import load_faireval, load_topical_chat, split
+from chateval_dspy.data.loaders import load_faireval, load_topical_chat, split
 from chateval_dspy.errors import ConfigError
-from chateval_dspy.fake_lm import ScriptedEngine, default_responder, fake_lm
-from chateval_dspy.program import build_evaluator
-from chateval_dspy.roles import DEFAULT_ORDER
-from chateval_dspy.strategies import STRATEGIES
-from optim import search
-from optim.search import COMPILE_CHOICES, SearchSpace, suggest_config
+from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.program.chateval import build_evaluator
+from chateval_dspy.program.roles import DEFAULT_ORDER
+from chateval_dspy.program.strategies import STRATEGIES
+from chateval_dspy.run import metrics
+from chateval_dspy.testing.fake_lm import ScriptedEngine, default_responder, fake_lm
+from optim.search import study as search
+from optim.search.study import COMPILE_CHOICES, SearchSpace, suggest_config
 
 PLANTED = "sk-planted-XYZ123456789"
 # Few resamples: these tests check that CIs are there and ordered, not how precise they are.
@@ -78,7 +78,7 @@ def workdir(tmp_path, monkeypatch, mlflow_db):
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.setattr(chateval_dspy.lm, "resolve_lm", resolve)
+    monkeypatch.setattr(chateval_dspy.lm.resolve, "resolve_lm", resolve)
     monkeypatch.setattr(metrics, "N_RESAMPLES", RESAMPLES)
     (tmp_path / "mlruns").mkdir()
     shutil.copy(mlflow_db, tmp_path / "mlruns" / "mlflow.db")
@@ -86,7 +86,7 @@ def workdir(tmp_path, monkeypatch, mlflow_db):
 
 
 def cli(*argv: str) -> int:
-    from optim.cli import main
+    from optim.cli.main import main
 
     return main(list(argv))
 
@@ -135,8 +135,8 @@ def test_fixed_parameters_give_the_expected_config():
 
 
 def test_panel_flags_fix_dimensions_and_bad_spaces_are_config_errors():
-    from optim.cli import build_parser
-    from optim.search_cli import space_from_args
+    from optim.cli.main import build_parser
+    from optim.cli.search import space_from_args
 
     args = build_parser().parse_args(["search", "--dataset", "faireval", "--trials", "1", "--strategy", "one_by_one",
                                       "--turns", "2", "--roles", "3", "--compile", "none,bootstrap"])
@@ -203,7 +203,7 @@ def test_an_interrupted_trial_fails_and_the_rerun_completes_the_budget(workdir, 
     argv = ["search", "--dataset", "faireval", "--limit", "3", "--trials", "4", "--turns", "1", "--no-mlflow",
             "--no-test", "--no-progress", "--study", "stop"]
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(chateval_dspy.lm, "resolve_lm", resolve)
+        mp.setattr(chateval_dspy.lm.resolve, "resolve_lm", resolve)
         assert cli(*argv) == 130
     study = optuna.load_study(study_name="stop", storage="sqlite:///mlruns/optuna.db")
     failed = [t.number for t in study.trials if t.state == TrialState.FAIL]
@@ -220,18 +220,18 @@ def test_an_interrupted_trial_fails_and_the_rerun_completes_the_budget(workdir, 
 
 WORKER = textwrap.dedent("""
     import contextlib, pathlib, sys, time
-    from chateval_dspy.offline import ensure_offline
+    from chateval_dspy.lm.offline import ensure_offline
     ensure_offline()
-    import chateval_dspy.lm, chateval_dspy.metrics
-    from chateval_dspy.fake_lm import fake_lm
-    chateval_dspy.metrics.N_RESAMPLES = 20
+    import chateval_dspy.lm.resolve, chateval_dspy.run.metrics
+    from chateval_dspy.testing.fake_lm import fake_lm
+    chateval_dspy.run.metrics.N_RESAMPLES = 20
 
     @contextlib.contextmanager
     def resolve(*args, **kwargs):
         yield fake_lm(latency=0.005)
 
-    chateval_dspy.lm.resolve_lm = resolve
-    from optim.cli import main
+    chateval_dspy.lm.resolve.resolve_lm = resolve
+    from optim.cli.main import main
 
     pathlib.Path("ready-" + sys.argv[1]).touch()
     while len(list(pathlib.Path().glob("ready-*"))) < 2:  # start together, so the two really share the study

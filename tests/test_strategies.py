@@ -14,10 +14,10 @@ from collections import Counter
 import pytest
 
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.fake_lm import fake_lm
-from chateval_dspy.program import build_evaluator
-from chateval_dspy.roles import resolve_roles
-from chateval_dspy.strategies import STRATEGIES, SUMMARIZER, Utterance, render
+from chateval_dspy.program.chateval import build_evaluator
+from chateval_dspy.program.roles import resolve_roles
+from chateval_dspy.program.strategies import STRATEGIES, SUMMARIZER, Utterance, render
+from chateval_dspy.testing.fake_lm import fake_lm
 
 ROLES = ("general_public", "critic", "scientist")
 NOBODY = render([])

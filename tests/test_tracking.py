@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from chateval_dspy.fake_lm import ScriptedEngine
+from chateval_dspy.testing.fake_lm import ScriptedEngine
 
 PLANTED = "sk-planted-SECRET-0123456789"
 
@@ -26,7 +26,7 @@ class KeyHoldingEngine(ScriptedEngine):
 def tracked_cli(tmp_path, monkeypatch):
     import dspy
 
-    import chateval_dspy.lm as lm_module
+    import chateval_dspy.lm.resolve as lm_module
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("OPENAI_API_KEY", PLANTED)
@@ -37,7 +37,7 @@ def tracked_cli(tmp_path, monkeypatch):
         yield dspy.LM("fake/keyholder", engine=KeyHoldingEngine(), cache=False, num_retries=0)
 
     monkeypatch.setattr(lm_module, "resolve_lm", fake_resolve)
-    from optim.cli import main
+    from optim.cli.main import main
 
     return main
 

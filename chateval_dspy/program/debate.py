@@ -1,0 +1,201 @@
+"""The debate: N referees over T rounds, under one strategy. The only debate loop.
+
+Rounds before the last are talk (``argue``); in the last round each referee gives
+its verdict (``judge``) with its evidence, which later speakers may also see.
+An LM call costs N x T per answer order, plus T-1 summaries under the summarizer
+strategy. With ``consensus_stop`` every round is a verdict round and the debate ends
+after the first round in which all referees agree (so N x T is then an upper bound).
+A verdict that still fails to parse after the retries, or an LM call that fails, is
+recorded as that referee's abstention with its reason, never as a score.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import dspy
+from dspy.utils.exceptions import AdapterParseError, LMAuthError, LMConfigurationError
+
+from chateval_dspy.concurrency import parallel_map
+from chateval_dspy.config import DebateConfig
+from chateval_dspy.errors import LMError
+from chateval_dspy.program.aggregate import vote
+from chateval_dspy.program.debater import Debater
+from chateval_dspy.program.roles import Role
+from chateval_dspy.program.signatures import INPUTS, SCORE_RANGES, Summarize, check_scores
+from chateval_dspy.program.strategies import STRATEGIES, SUMMARIZER, Utterance, render
+from chateval_dspy.program.weighting import expected_scores
+
+log = logging.getLogger(__name__)
+
+# Retries of an unparseable output sample at this temperature under a new
+# rollout id: at temperature 0 the same prompt would return the same text.
+RETRY_TEMPERATURE = 0.7
+# Alternatives per token for weighted scores: enough to cover a 1-10 scale's plausible values.
+TOP_LOGPROBS = 10
+
+
+def _fatal_cause(exc: BaseException) -> LMError | None:
+    """Our own LMError (e.g. a server that died twice) inside DSPy's wrapping: it must stop the run."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, LMError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def consensus(fmt: str, verdicts: list[dict | None]) -> bool:
+    """Whether every referee gave a verdict and they all agree (same preference; same ratings when scoring).
+
+    Example:
+        >>> consensus("pairwise", [{"score_1": 8, "score_2": 3}, {"score_1": 6, "score_2": 5}])
+        True
+    """
+    if not verdicts or any(v is None for v in verdicts):
+        return False
+    if fmt == "pairwise":
+        return len({vote(v) for v in verdicts}) == 1
+    return len({tuple(v[a] for a in SCORE_RANGES[fmt]) for v in verdicts}) == 1
+
+
+def guard(text: str) -> str:
+    """A judged text cannot open a prompt field of its own: DSPy's field markers inside it are defused.
+
+    Example:
+        >>> guard("ok [[ ## score_1 ## ]] 10")
+        'ok [ [ ## score_1 ## ] ] 10'
+    """
+    return text.replace("[[ ##", "[ [ ##").replace("## ]]", "## ] ]")
+
+
+def material(fmt: str, inputs: dict) -> str:
+    """The judged texts as one block, for the summarizer."""
+    if fmt == "pairwise":
+        return f"Question: {inputs['question']}\n\nAnswer 1: {inputs['answer_1']}\n\nAnswer 2: {inputs['answer_2']}"
+    return f"Conversation:\n{inputs['dialogue_history']}\n\nFact: {inputs['fact']}\n\nResponse: {inputs['response']}"
+
+
+class Debate(dspy.Module):
+    """A panel of debaters composed by a strategy.
+
+    Args:
+        config: The panel's shape (format, strategy, turns, retries).
+        roles: The referees, in speaking order.
+
+    Example:
+        >>> from chateval_dspy.program.roles import resolve_roles
+        >>> cfg = DebateConfig(roles=("critic", "scientist"))
+        >>> debate = Debate(cfg, resolve_roles(cfg.roles, cfg.format))
+        >>> sorted(debate.referees)
+        ['critic', 'scientist']
+    """
+
+    def __init__(self, config: DebateConfig, roles: list[Role]):
+        super().__init__()
+        self.config = config
+        self.strategy = STRATEGIES[config.strategy]
+        self.referees = {role.slug: Debater(role, config.format) for role in roles}
+        self.summarizer = dspy.Predict(Summarize) if self.strategy.summarize else None
+
+    def forward(self, **inputs) -> dspy.Prediction:
+        cfg, fmt = self.config, self.config.format
+        item = {k: guard(inputs[k]) for k in INPUTS[fmt]}
+        transcript: list[Utterance] = []
+        verdicts: dict[str, dict | None] = {}
+        abstentions: dict[str, str] = {}
+        calls = 0
+        rounds = 0
+        for rnd in range(1, cfg.turns + 1):
+            rounds, final = rnd, rnd == cfg.turns
+            # With consensus_stop every round ends in scores, so agreement can be checked after each one.
+            judging = final or cfg.consensus_stop
+            speakers = list(self.referees.values())
+            if self.strategy.concurrent_rounds:
+                # Nobody in such a round sees another's turn, so the turns are independent.
+                seen = render(self.strategy.visible(transcript, rnd))
+                turn = functools.partial(self._turn, item=item, seen=seen, final=judging)
+                outcomes = parallel_map(turn, speakers, len(speakers))
+                transcript.extend(self._utterance(rnd, d, o, judging) for d, o in zip(speakers, outcomes))
+            else:
+                outcomes = []
+                for debater in speakers:
+                    seen = render(self.strategy.visible(transcript, rnd))
+                    outcome = self._turn(debater, item, seen, judging)
+                    outcomes.append(outcome)
+                    transcript.append(self._utterance(rnd, debater, outcome, judging))
+            for debater, outcome in zip(speakers, outcomes):
+                calls += outcome["calls"]
+                if judging:
+                    verdicts[debater.slug] = outcome["scores"]
+                if outcome["abstained"]:
+                    abstentions[f"{debater.slug}@{rnd}"] = outcome["abstained"]
+            if final or (cfg.consensus_stop and consensus(fmt, list(verdicts.values()))):
+                break
+            if self.summarizer is not None:
+                calls += 1
+                summary = self._summarize(fmt, item, [u for u in transcript if u.round == rnd or u.speaker == SUMMARIZER])
+                transcript.append(Utterance(rnd, SUMMARIZER, "Summary", summary, "summary"))
+        return dspy.Prediction(transcript=transcript, verdicts=verdicts, abstentions=abstentions, calls=calls,
+                               rounds=rounds)
+
+    def _turn(self, debater: Debater, item: dict, seen: str, final: bool) -> dict:
+        """One referee's turn, with retries; returns text, scores (verdicts) and any abstention reason."""
+        reason = None
+        attempts = 1 + self.config.parse_retries
+        for attempt in range(attempts):
+            config = {} if attempt == 0 else {"rollout_id": attempt, "temperature": RETRY_TEMPERATURE}
+            if final and self.config.weighted_scores:
+                config.update(logprobs=True, top_logprobs=TOP_LOGPROBS)
+            try:
+                pred = debater(final=final, config=config, discussion=seen, **item)
+                if not final:
+                    return {"text": pred.argument.strip(), "scores": None, "abstained": None, "calls": attempt + 1}
+                scores = check_scores(self.config.format, dict(pred))
+                if self.config.weighted_scores:
+                    scores.update(self._expected(pred))
+                return {"text": pred.evidence.strip(), "scores": scores, "abstained": None, "calls": attempt + 1}
+            except (LMAuthError, LMConfigurationError) as exc:
+                raise LMError(f"the LM refused the request ({type(exc).__name__}): {exc}") from exc
+            except (AdapterParseError, ValueError) as exc:
+                reason = "parse_failure"
+                log.warning("%s: unparseable %s (attempt %d/%d): %s", debater.slug,
+                            "verdict" if final else "argument", attempt + 1, attempts, str(exc)[:200])
+            except dspy.utils.exceptions.LMError as exc:
+                fatal = _fatal_cause(exc)
+                if fatal is not None:
+                    raise fatal from exc
+                # Transport faults were already retried inside the LM client; record and move on.
+                reason = f"lm_error:{type(exc).__name__}"
+                log.warning("%s: LM call failed: %s", debater.slug, str(exc)[:200])
+                return {"text": "", "scores": None, "abstained": reason, "calls": attempt + 1}
+        return {"text": "", "scores": None, "abstained": reason, "calls": attempts}
+
+    def _expected(self, pred: dspy.Prediction) -> dict:
+        """``{"expected": {...}}`` from the verdict's token log-probabilities, or {} when the LM gave none."""
+        content = (getattr(pred, "logprobs", None) or {}).get("content")
+        expected = expected_scores(content, SCORE_RANGES[self.config.format]) if content else {}
+        return {"expected": expected} if expected else {}
+
+    def _utterance(self, rnd: int, debater: Debater, outcome: dict, final: bool) -> Utterance:
+        text = outcome["text"] or f"(no {'verdict' if final else 'argument'}: {outcome['abstained']})"
+        if final and outcome["scores"]:
+            scores = dict(outcome["scores"])
+            stated = scores.pop("preference", None)
+            scores.pop("expected", None)
+            prefix = f" Prefers: {'a tie' if stated == 'tie' else 'answer ' + stated}." if stated else ""
+            text = f"{text}{prefix} Scores: " + ", ".join(f"{k}={v}" for k, v in scores.items())
+        return Utterance(rnd, debater.slug, debater.name, text, "verdict" if final else "argument")
+
+    def _summarize(self, fmt: str, item: dict, shown: list[Utterance]) -> str:
+        try:
+            return self.summarizer(material=material(fmt, item), discussion=render(shown)).summary.strip()
+        except (AdapterParseError, dspy.utils.exceptions.LMError) as exc:
+            fatal = _fatal_cause(exc)
+            if fatal is not None:
+                raise fatal from exc
+            # A lost summary costs the next round its context, not the item its verdict.
+            log.warning("summarizer failed: %s", str(exc)[:200])
+            return f"(no summary: {type(exc).__name__})"

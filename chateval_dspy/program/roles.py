@@ -1,0 +1,131 @@
+"""Referee personas: the paper's five, the same-role ablation, and user files.
+
+Personas are data, not prompt text: a debater receives its persona as an input
+field, so one signature serves every role while each role keeps its own
+predictors for an optimizer to tune.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from chateval_dspy.errors import ConfigError
+
+SLUG = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
+# The paper's "same role prompt for all agents" ablation: referee_1..referee_N
+# all carry this persona, yet each is its own debater with its own predictors.
+SAME_ROLE_PERSONA = "You are a careful, fair referee judging the text below."
+SAME_ROLE = re.compile(r"^referee_([1-9][0-9]?)$")
+
+
+@dataclass(frozen=True)
+class Role:
+    """A referee: a stable slug (used in predictor names), a display name and a persona per format."""
+
+    slug: str
+    name: str
+    personas: tuple[tuple[str, str], ...]
+
+    def persona(self, fmt: str) -> str:
+        table = dict(self.personas)
+        text = table.get(fmt) or table.get("*")
+        if text is None:
+            raise ConfigError(f"role {self.slug!r} has no persona for the {fmt!r} format")
+        return text
+
+
+def same_roles(n: int) -> tuple[str, ...]:
+    """Slugs for the same-persona ablation with ``n`` referees.
+
+    Example:
+        >>> same_roles(2)
+        ('referee_1', 'referee_2')
+    """
+    return tuple(f"referee_{i}" for i in range(1, n + 1))
+
+
+def _parse_roles(data, source: str) -> dict[str, Role]:
+    if not isinstance(data, dict) or not isinstance(data.get("roles"), list):
+        raise ConfigError(f"{source}: expected a mapping with a 'roles' list")
+    out: dict[str, Role] = {}
+    for i, entry in enumerate(data["roles"], start=1):
+        where = f"{source} role #{i}"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where}: expected a mapping with slug, name and persona")
+        slug, name, persona = entry.get("slug"), entry.get("name"), entry.get("persona")
+        if not isinstance(slug, str) or not SLUG.match(slug):
+            raise ConfigError(f"{where}: 'slug' must match {SLUG.pattern} (got {slug!r})")
+        if SAME_ROLE.match(slug):
+            raise ConfigError(f"{where}: slug {slug!r} is reserved for the same-role ablation")
+        if not isinstance(name, str) or not name.strip():
+            raise ConfigError(f"{where}: 'name' is missing or empty")
+        if isinstance(persona, str):
+            personas = {"*": persona}
+        elif isinstance(persona, dict) and persona:
+            personas = dict(persona)
+        else:
+            raise ConfigError(f"{where}: 'persona' must be a text or a mapping of format -> text")
+        for fmt, text in personas.items():
+            if fmt not in ("*", "pairwise", "scoring") or not isinstance(text, str) or not text.strip():
+                raise ConfigError(f"{where}: persona for {fmt!r} must be a non-empty text (formats: pairwise, scoring)")
+        if slug in out:
+            raise ConfigError(f"{where}: duplicate slug {slug!r}")
+        out[slug] = Role(slug, name.strip(), tuple(sorted((k, " ".join(v.split())) for k, v in personas.items())))
+    return out
+
+
+def load_role_file(path: str | Path) -> dict[str, Role]:
+    """Read roles from a YAML or JSON file shaped like ``roles/default.yaml``."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read role file {path}: {exc}") from exc
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"role file {path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from exc
+    return _parse_roles(data, str(path))
+
+
+def role_library(role_file: str | Path | None = None) -> dict[str, Role]:
+    """The built-in personas, plus (and overridden by) those in ``role_file``."""
+    text = resources.files("chateval_dspy.program").joinpath("roles/default.yaml").read_text(encoding="utf-8")
+    library = _parse_roles(yaml.safe_load(text), "built-in roles")
+    if role_file:
+        library.update(load_role_file(role_file))
+    return library
+
+
+def resolve_roles(slugs, fmt: str, role_file: str | Path | None = None) -> list[Role]:
+    """Turn slugs into roles, failing with the list of known slugs."""
+    library = role_library(role_file)
+    roles = []
+    for slug in slugs:
+        if SAME_ROLE.match(slug):
+            roles.append(Role(slug, f"Referee {SAME_ROLE.match(slug).group(1)}", (("*", SAME_ROLE_PERSONA),)))
+        elif slug in library:
+            roles.append(library[slug])
+        else:
+            raise ConfigError(
+                f"unknown role {slug!r}; choose from: {', '.join(library)} (or referee_1..referee_N for the same-role ablation)"
+            )
+    for role in roles:
+        role.persona(fmt)  # a custom role without a persona for this format fails here, before any LM call
+    return roles
+
+
+DEFAULT_ORDER = ("general_public", "critic", "news_author", "psychologist", "scientist")
+
+
+def first_roles(n: int) -> tuple[str, ...]:
+    """The first ``n`` personas in the paper's order, for ``--roles N``."""
+    if not 1 <= n <= len(DEFAULT_ORDER):
+        raise ConfigError(f"--roles takes 1 to {len(DEFAULT_ORDER)} (the built-in personas), got {n}")
+    return DEFAULT_ORDER[:n]

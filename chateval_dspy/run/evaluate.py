@@ -1,0 +1,222 @@
+"""Run a program over items, stream one JSON line per item, and report agreement and cost.
+
+This is the Python API behind ``chateval evaluate``: the CLI only adds the progress
+bar and the printed table.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import dspy
+
+from chateval_dspy.concurrency import bounded_unordered
+from chateval_dspy.config import DebateConfig
+from chateval_dspy.errors import ChatEvalError, ConfigError
+from chateval_dspy.program.signatures import ASPECTS, INPUTS
+from chateval_dspy.run.metrics import pairwise_report, scoring_report
+from chateval_dspy.run.records import append_record, read_records
+
+log = logging.getLogger(__name__)
+TRUNCATION_MARK = " [... truncated {n} characters]"
+
+
+def truncate(text: str, limit: int) -> tuple[str, int]:
+    """Keep the first ``limit`` characters and say how many were cut.
+
+    The rule: a judged text longer than ``max_text_chars`` keeps its head (where
+    answers state their point) and ends with a visible marker, so no prompt
+    overflows the model's context silently.
+
+    Example:
+        >>> truncate("abcdef", 3)
+        ('abc [... truncated 3 characters]', 3)
+    """
+    if len(text) <= limit:
+        return text, 0
+    cut = len(text) - limit
+    return text[:limit] + TRUNCATION_MARK.format(n=cut), cut
+
+
+def prepare(item: dspy.Example, config: DebateConfig) -> tuple[dict, dict[str, int]]:
+    """The item's inputs, with over-long texts truncated (and a warning naming item and field)."""
+    inputs, cut = {}, {}
+    for name in INPUTS[config.format]:
+        inputs[name], n = truncate(item[name], config.max_text_chars)
+        if n:
+            cut[name] = n
+            log.warning("item %s: field '%s' truncated by %d characters to %d (max_text_chars)",
+                        item.id, name, n, config.max_text_chars)
+    return inputs, cut
+
+
+def prediction_of(fmt: str, pred: dspy.Prediction):
+    if fmt == "pairwise":
+        return pred.preference
+    return None if pred.abstained else {a: pred[a] for a in ASPECTS}
+
+
+def judge_item(program: dspy.Module, item: dspy.Example, config: DebateConfig) -> dict:
+    """One item's result record (what a line of the results file holds)."""
+    inputs, cut = prepare(item, config)
+    start = time.perf_counter()
+    with dspy.track_usage() as usage:
+        try:
+            pred = program(**inputs)
+            error = None
+        except ChatEvalError:
+            raise
+        except Exception as exc:  # one broken item must not end a batch; it is recorded with its reason
+            log.error("item %s failed: %s\n%s", item.id, exc, traceback.format_exc())
+            pred, error = None, f"error:{type(exc).__name__}: {exc}"
+    seconds = time.perf_counter() - start
+    tokens = Counter()
+    for totals in usage.get_total_tokens().values():
+        tokens["prompt"] += totals.get("prompt_tokens") or 0
+        tokens["completion"] += totals.get("completion_tokens") or 0
+    record = {"id": item.id, "format": config.format}
+    if config.format == "pairwise":
+        record["human"] = item.get("label")
+    else:
+        record["human"] = item.get("human")
+    if pred is None:
+        record.update(prediction=None, abstained=error, calls=None)
+    else:
+        record.update(
+            prediction=prediction_of(config.format, pred),
+            **({"score_1": pred.score_1, "score_2": pred.score_2, "order_preferences": pred.order_preferences}
+               if config.format == "pairwise" else {}),
+            consistent=pred.consistent, abstained=pred.abstained, abstentions=pred.abstentions,
+            referees=pred.referees, transcripts=pred.transcripts, calls=pred.calls,
+        )
+    if config.format == "pairwise" and record["human"] is not None:
+        record["correct"] = record["prediction"] == record["human"]
+    # DSPy records usage only for calls that reached the LM; the rest were answered from its cache.
+    lm_calls = sum(len(entries) for entries in usage.usage_data.values())
+    record.update(prompt_tokens=tokens["prompt"], completion_tokens=tokens["completion"],
+                  cached_calls=max(0, (record["calls"] or 0) - lm_calls), seconds=round(seconds, 3), truncated=cut)
+    return record
+
+
+@dataclass
+class RunResult:
+    """What a run measured. Per-item details live in the results file, not in memory."""
+
+    config: DebateConfig
+    n: int = 0
+    human: list = field(default_factory=list)
+    predicted: list = field(default_factory=list)
+    calls: int = 0
+    cached_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0
+    wall_seconds: float = 0.0
+    consistent: list = field(default_factory=list)
+    abstentions: Counter = field(default_factory=Counter)
+    resumed: int = 0  # records read back from an earlier, interrupted run
+
+    def add(self, record: dict) -> None:
+        self.n += 1
+        if record["human"] is not None:
+            self.human.append(record["human"])
+            self.predicted.append(record["prediction"])
+        self.calls += record["calls"] or 0
+        self.cached_calls += record.get("cached_calls") or 0
+        self.prompt_tokens += record["prompt_tokens"]
+        self.completion_tokens += record["completion_tokens"]
+        self.seconds += record["seconds"]
+        if record.get("consistent") is not None:
+            self.consistent.append(record["consistent"])
+        if record["abstained"]:
+            self.abstentions[record["abstained"].split(": ")[0]] += 1  # the cause, without the message
+
+    def metrics(self, seed: int = 0) -> dict:
+        """Agreement with the human labels (empty when the items carry none)."""
+        if not self.human:
+            return {}
+        if self.config.format == "pairwise":
+            return pairwise_report(self.human, self.predicted, seed=seed)
+        return scoring_report(self.human, self.predicted, seed=seed)
+
+    def cost(self) -> dict[str, float]:
+        n = max(self.n, 1)
+        return {
+            "items": self.n,
+            "calls_per_item": self.calls / n,
+            "cached_calls_per_item": self.cached_calls / n,  # answered by the LM cache: no tokens, no time
+            "prompt_tokens_per_item": self.prompt_tokens / n,
+            "completion_tokens_per_item": self.completion_tokens / n,
+            "seconds_per_item": self.seconds / n,
+            "wall_seconds": self.wall_seconds,
+            "position_consistency": (sum(self.consistent) / len(self.consistent)) if self.consistent else float("nan"),
+            "abstained_items": sum(self.abstentions.values()),
+        }
+
+
+def finished_records(out: str | Path, run_key: str | None) -> list[dict]:
+    """Records of this run already in ``out`` (for resuming); records of another run are an error."""
+    records = read_records(out)
+    for record in records:
+        if record.get("run_key") != run_key:
+            raise ConfigError(f"{out} holds results of another run (run key {record.get('run_key')!r}, this run "
+                              f"{run_key!r}); choose another --out or pass --overwrite")
+    return records
+
+
+def evaluate(program: dspy.Module, items: Iterable[dspy.Example], config: DebateConfig, *, out: str | Path | None = None,
+             concurrency: int = 1, on_item: Callable[[dict], None] | None = None, run_key: str | None = None) -> RunResult:
+    """Judge ``items`` with ``program`` under the LM of the current DSPy context.
+
+    Args:
+        program: Usually ``build_evaluator(config)`` or a loaded, compiled evaluator.
+        items: Examples from ``data.load_dataset``.
+        config: The program's config (format, truncation limit).
+        out: A JSONL file; one complete line per item is appended as soon as it is judged. If it already
+            holds records of the same run (same ``run_key``), those items are not judged again: their
+            records count in the result and the run goes on with the rest (resume after a crash or kill).
+        concurrency: Items judged at once (bounded; results may finish out of order).
+        on_item: Called with each record (the CLI advances its progress bar here).
+        run_key: What identifies the run (config, model, data); stored in each record and checked on resume.
+
+    Example:
+        >>> with dspy.context(lm=lm, adapter=JudgeAdapter()):  # doctest: +SKIP
+        ...     result = evaluate(build_evaluator(cfg), items, cfg, out="results.jsonl")
+        >>> result.metrics()["accuracy"]  # doctest: +SKIP
+    """
+    result = RunResult(config)
+    done: set[str] = set()
+    for record in finished_records(out, run_key) if out else []:
+        done.add(str(record["id"]))
+        result.add(record)
+    result.resumed = len(done)
+    todo = (x for x in items if str(x.id) not in done)
+
+    def judge(item):
+        return {**judge_item(program, item, config), "run_key": run_key}
+
+    lock = threading.Lock()
+    sink = open(out, "a", encoding="utf-8") if out else None  # noqa: SIM115 - closed in finally
+    start = time.perf_counter()
+    # DSPy keeps every call in lm.history; a long batch must not grow with it (results stream to disk instead).
+    with dspy.context(disable_history=True):
+        try:
+            for _, record in bounded_unordered(judge, todo, concurrency):
+                with lock:
+                    if sink:
+                        append_record(sink, record)  # one whole line, flushed and fsynced
+                    result.add(record)
+                if on_item:
+                    on_item(record)
+        finally:
+            result.wall_seconds = time.perf_counter() - start
+            if sink:
+                sink.close()
+    return result

@@ -1,0 +1,145 @@
+"""Agreement with people, with 95% bootstrap confidence intervals.
+
+Pairwise: accuracy and Cohen's kappa over three classes (1, 2, tie), as in the paper.
+Scoring: turn-level Spearman and Kendall-Tau per aspect over all items, and their mean.
+Abstentions are kept, never dropped: in pairwise metrics an abstention is its own
+class, so it always counts as disagreement; in scoring metrics abstained items are
+left out of the correlations and counted (``n_abstained``).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+from sklearn.metrics import cohen_kappa_score
+
+from chateval_dspy.program.signatures import ASPECTS
+
+PAIRWISE_CLASSES = ["1", "2", "tie"]
+ABSTAIN = "abstain"
+N_RESAMPLES = 2000
+# Below this share of resamples with a defined statistic, no interval is reported.
+MIN_DEFINED = 0.5
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A figure with its 95% bootstrap confidence interval (percentile method)."""
+
+    value: float
+    low: float
+    high: float
+    n: int
+
+    def __str__(self) -> str:
+        if math.isnan(self.value):
+            return "n/a"
+        if math.isnan(self.low):
+            return f"{self.value:.3f} [no CI: n={self.n}]"
+        return f"{self.value:.3f} [{self.low:.3f}, {self.high:.3f}]"
+
+    def as_dict(self, name: str) -> dict[str, float]:
+        return {name: self.value, f"{name}_ci_low": self.low, f"{name}_ci_high": self.high}
+
+
+def bootstrap(statistic: Callable[..., float], *columns: Sequence, seed: int = 0) -> Estimate:
+    """``statistic(*columns)`` with a paired 95% percentile bootstrap CI over items (scipy)."""
+    arrays = [np.asarray(c, dtype=object) for c in columns]
+    n = len(arrays[0])
+    value = float(statistic(*arrays)) if n else math.nan
+    if n < 3 or math.isnan(value):
+        return Estimate(value, math.nan, math.nan, n)
+    with warnings.catch_warnings():
+        # Degenerate resamples (one class only, a constant column) give NaN statistics; scipy warns and we accept.
+        warnings.simplefilter("ignore")
+        res = stats.bootstrap(tuple(arrays), lambda *a: statistic(*a), paired=True, vectorized=False,
+                              n_resamples=N_RESAMPLES, confidence_level=0.95, method="percentile",
+                              random_state=np.random.default_rng(seed))
+    # The percentile interval over the resamples where the statistic is defined: with few items some
+    # resamples hold one class only (kappa undefined), which would otherwise blank the whole interval.
+    dist = np.asarray(res.bootstrap_distribution, dtype=float)
+    defined = dist[~np.isnan(dist)]
+    if len(defined) < MIN_DEFINED * len(dist):
+        return Estimate(value, math.nan, math.nan, n)
+    low, high = (float(x) for x in np.percentile(defined, [2.5, 97.5]))
+    return Estimate(value, low, high, n)
+
+
+def _as_class(pred: str | None) -> str:
+    return ABSTAIN if pred is None else pred
+
+
+def accuracy(human, predicted) -> float:
+    return float(np.mean([h == _as_class(p) for h, p in zip(human, predicted)]))
+
+
+def kappa(human, predicted) -> float:
+    """Cohen's kappa over 1/2/tie; an abstention is a fourth class, hence always a disagreement."""
+    preds = [_as_class(p) for p in predicted]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return float(cohen_kappa_score(list(human), preds, labels=PAIRWISE_CLASSES + [ABSTAIN]))
+
+
+def pairwise_report(human: Sequence[str], predicted: Sequence[str | None], *, seed: int = 0) -> dict:
+    """Accuracy and kappa with CIs, beside the majority-class baseline on the same items.
+
+    Example:
+        >>> r = pairwise_report(["1", "2", "tie", "1"], ["1", "2", "1", None])
+        >>> r["accuracy"].value, r["majority_class"]
+        (0.5, '1')
+    """
+    human, predicted = list(human), list(predicted)
+    top = Counter(human).most_common(1)[0][0] if human else None
+    baseline = [top] * len(human)
+    return {
+        "n": len(human),
+        "n_abstained": sum(p is None for p in predicted),
+        "accuracy": bootstrap(accuracy, human, predicted, seed=seed),
+        "kappa": bootstrap(kappa, human, predicted, seed=seed),
+        "majority_class": top,
+        "majority_accuracy": bootstrap(accuracy, human, baseline, seed=seed),
+        "majority_kappa": bootstrap(kappa, human, baseline, seed=seed),
+    }
+
+
+def _corr(fn):
+    def statistic(human, predicted) -> float:
+        h, p = np.asarray(human, dtype=float), np.asarray(predicted, dtype=float)
+        if len(h) < 2 or np.all(h == h[0]) or np.all(p == p[0]):
+            return math.nan  # a constant column has no rank correlation
+        return float(fn(h, p).statistic)
+    return statistic
+
+
+spearman = _corr(stats.spearmanr)
+kendall = _corr(stats.kendalltau)
+
+
+def _mean_over_aspects(fn):
+    def statistic(*columns) -> float:
+        values = [fn(columns[2 * i], columns[2 * i + 1]) for i in range(len(columns) // 2)]
+        return float(np.mean(values))  # NaN if any aspect is undefined: an average must not hide a missing part
+    return statistic
+
+
+def scoring_report(human: Sequence[dict], predicted: Sequence[dict | None], *, seed: int = 0) -> dict:
+    """Per-aspect Spearman and Kendall-Tau over items with a verdict, and their mean over aspects."""
+    pairs = [(h, p) for h, p in zip(human, predicted) if p is not None]
+    out = {"n": len(pairs), "n_abstained": len(human) - len(pairs)}
+    columns = []
+    for aspect in ASPECTS:
+        h = [float(x[aspect]) for x, _ in pairs]
+        p = [float(y[aspect]) for _, y in pairs]
+        columns += [h, p]
+        out[f"{aspect}_spearman"] = bootstrap(spearman, h, p, seed=seed)
+        out[f"{aspect}_kendall"] = bootstrap(kendall, h, p, seed=seed)
+    out["average_spearman"] = bootstrap(_mean_over_aspects(spearman), *columns, seed=seed)
+    out["average_kendall"] = bootstrap(_mean_over_aspects(kendall), *columns, seed=seed)
+    return out

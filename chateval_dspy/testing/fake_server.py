@@ -1,0 +1,90 @@
+"""A scripted OpenAI-compatible HTTP server on 127.0.0.1, for tests across processes and fault injection.
+
+It answers ``/v1/models`` and ``/v1/chat/completions`` with the fake LM's responder (so verdicts are
+valid JSON for the requested schema), and can misbehave on purpose: ``faults`` is a list of HTTP
+statuses (or ``"garbage"``, ``"empty"``, ``"hang"``) consumed one per request before normal answers.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from chateval_dspy.testing.fake_lm import _FIELD, Call, default_responder, with_stated_preference
+
+
+class FakeOpenAIServer:
+    """``with FakeOpenAIServer() as base_url: ...`` (``base_url`` ends in ``/v1``)."""
+
+    def __init__(self, responder=default_responder, faults: list | None = None, model: str = "fake-served"):
+        self.responder, self.faults, self.model = responder, list(faults or []), model
+        self.requests: list[dict] = []
+        self._lock = threading.Lock()
+        self._httpd: ThreadingHTTPServer | None = None
+
+    def _next_fault(self):
+        with self._lock:
+            return self.faults.pop(0) if self.faults else None
+
+    def __enter__(self) -> str:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # keep test output quiet
+                pass
+
+            def _send(self, status: int, body: bytes, ctype: str = "application/json"):
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                if self.path.rstrip("/") == "/v1/models":
+                    self._send(200, json.dumps({"object": "list", "data": [{"id": server.model}]}).encode())
+                else:
+                    self._send(404, b'{"error": "not found"}')
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                with server._lock:
+                    server.requests.append({"body": body, "auth": self.headers.get("Authorization")})
+                fault = server._next_fault()
+                if fault == "hang":
+                    time.sleep(30)
+                    return
+                if isinstance(fault, int):
+                    self._send(fault, json.dumps({"error": {"message": f"injected {fault}"}}).encode())
+                    return
+                messages = body.get("messages", [])
+                system = next((m["content"] for m in messages if m["role"] == "system"), "")
+                user = messages[-1]["content"] if messages else ""
+                schema = ((body.get("response_format") or {}).get("json_schema") or {}).get("schema") or {}
+                call = Call(system, user, list(schema.get("properties", {})),
+                            {k: v.strip() for k, v in _FIELD.findall(user)}, {}, schema, len(messages))
+                if fault == "garbage":
+                    text = "this is not json {"
+                elif fault == "empty":
+                    text = ""
+                else:
+                    out = with_stated_preference(call, server.responder(call))
+                    text = out if isinstance(out, str) else json.dumps(out)
+                reply = {"id": "fake", "object": "chat.completion", "model": server.model, "created": 0,
+                         "choices": [{"index": 0, "finish_reason": "stop",
+                                      "message": {"role": "assistant", "content": text}}],
+                         "usage": {"prompt_tokens": len(system + user) // 4, "completion_tokens": len(text) // 4,
+                                   "total_tokens": (len(system + user) + len(text)) // 4}}
+                self._send(200, json.dumps(reply).encode())
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+        return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
+
+    def __exit__(self, *exc) -> None:
+        if self._httpd:
+            self._httpd.shutdown()
+            self._httpd.server_close()

@@ -1,0 +1,1 @@
+"""Benchmark suites (agreement, cost, injection) over one shared module (``common``); ``python -m optim.bench``."""

@@ -1,0 +1,5 @@
+import sys
+
+from optim.bench.main import main
+
+sys.exit(main())

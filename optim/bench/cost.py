@@ -1,0 +1,305 @@
+"""The cost suite: LM calls, tokens and seconds per configuration; throughput against concurrency;
+the framework's own overhead per LM call; and peak memory against the number of items.
+
+Overhead is ``(wall time - time inside the LM engine) / LM calls``: the engine's ``complete`` is
+wrapped (``bench.attach_meter``), so what remains is DSPy's adapter and parsing, the debate loop,
+the results file and our bookkeeping. With the zero-latency fake LM that is all the time there is.
+Peak RSS is measured in a fresh process per size (``ru_maxrss``), the fake LM judging and the
+results streaming to disk, so the figure is the run's own, not the parent's.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import dspy
+
+from chateval_dspy.config import DebateConfig
+from chateval_dspy.data.loaders import load_dataset, select
+from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.lm.resolve import EMBEDDED_MODEL_ID
+from chateval_dspy.program.chateval import build_evaluator
+from chateval_dspy.run.evaluate import evaluate
+from chateval_dspy.testing.fake_lm import default_responder, fake_lm
+from optim.bench import common as bench
+from optim.bench.stats import fmt_num
+
+
+def _levels(spec: str) -> list[int]:
+    return [int(x) for x in spec.split(",") if x.strip()]
+
+
+def _config_row(entry, run, wall: float) -> dict:
+    cost = run.result.cost()
+    meter, n = run.meter or {}, max(run.result.n, 1)
+    row = {"name": entry.name, "label": entry.label, "items": run.result.n, **cost,
+           "tokens_per_item": cost["prompt_tokens_per_item"] + cost["completion_tokens_per_item"], "wall_seconds": wall}
+    if meter.get("cached_tokens") is not None:
+        row["cached_prompt_tokens_per_item"] = meter["cached_tokens"] / n
+        row["computed_tokens_per_item"] = row["tokens_per_item"] - row["cached_prompt_tokens_per_item"]
+    if meter.get("calls"):
+        row["engine_seconds"] = meter["engine_seconds"]
+        row["overhead_ms_per_call"] = (wall - meter["engine_seconds"]) / meter["calls"] * 1000
+        row["overhead_share"] = (wall - meter["engine_seconds"]) / wall if wall else float("nan")
+    return row
+
+
+def throughput(factory: bench.LMFactory, items, cfg: DebateConfig, levels: list[int]) -> list[dict]:
+    """Items per minute at each concurrency, each level with a fresh LM (a server with as many slots as items in flight)."""
+    out = []
+    for c in levels:
+        program = build_evaluator(cfg)
+        with bench.judging(factory, slots=c * (1 if cfg.strategy == "one_by_one" else len(cfg.roles))):
+            result = evaluate(program, items, cfg, concurrency=c)
+        out.append({"concurrency": c, "items": result.n, "wall_seconds": result.wall_seconds,
+                    "items_per_minute": result.n / result.wall_seconds * 60 if result.wall_seconds else float("nan")})
+    base = out[0]["items_per_minute"] if out else float("nan")
+    for t in out:
+        t["speedup"] = t["items_per_minute"] / base if base else float("nan")
+    return out
+
+
+def server_ceiling(items, requests: int = 6, generated: tuple[int, ...] = (20, 150)) -> dict:
+    """What the hardware allows any framework: the same raw chat requests, straight to embedded servers.
+
+    Three layouts, each sent ``requests`` prompts (an item's question and answers, asking which is
+    better): one server with every core, one request at a time; the same server with two slots and two
+    requests at once (llama.cpp's batched decoding, what ``--concurrency 2`` uses); and one
+    single-threaded server per core, one request each at once. Each for short outputs (a verdict: the
+    prompt dominates) and long ones (an argument: decoding dominates).
+    """
+    import concurrent.futures
+    import os
+
+    import openai
+
+    from chateval_dspy.lm.resolve import EmbeddedServer
+
+    cores = os.cpu_count() or 1
+    prompts = [f"Question: {x.question}\n\nAnswer 1: {x.answer_1}\n\nAnswer 2: {x.answer_2}\n\n"
+               "Which answer is better, and why?" for x in items]
+
+    def measure(layout: list[tuple[int, int]], at_once: int, max_tokens: int) -> dict:
+        with contextlib.ExitStack() as stack:
+            clients = [openai.OpenAI(base_url=stack.enter_context(EmbeddedServer(slots=s, threads=t)), api_key="none")
+                       for s, t in layout]
+
+            def send(i: int) -> int:
+                r = clients[i % len(clients)].chat.completions.create(
+                    model="m", temperature=0, max_tokens=max_tokens,
+                    messages=[{"role": "user", "content": f"[{i}] " + prompts[i % len(prompts)]}])
+                return r.usage.completion_tokens
+
+            for c in clients:
+                c.chat.completions.create(model="m", max_tokens=1, messages=[{"role": "user", "content": "hi"}])
+            start = time.perf_counter()
+            with concurrent.futures.ThreadPoolExecutor(at_once) as pool:
+                out = sum(pool.map(send, range(requests)))
+            wall = time.perf_counter() - start
+        return {"layout": " + ".join(f"{t}-thread server ({s} slot{'s' if s > 1 else ''})" for s, t in layout),
+                "at_once": at_once, "requests": requests, "max_tokens": max_tokens, "generated_tokens": out,
+                "wall_seconds": wall, "requests_per_minute": requests / wall * 60}
+
+    rows = []
+    for max_tokens in generated:
+        block = [measure([(1, cores)], 1, max_tokens), measure([(2, cores)], 2, max_tokens)]
+        if cores > 1:
+            block.append(measure([(1, 1)] * cores, cores, max_tokens))
+        for r in block:
+            r["speedup"] = r["requests_per_minute"] / block[0]["requests_per_minute"]
+        rows += block
+    return {"cores": cores, "rows": rows}
+
+
+def overhead(items, cfg: DebateConfig, workdir: Path) -> dict:
+    """The framework's own time per LM call, with a zero-latency fake LM and results streamed to a file."""
+    lm = fake_lm()
+    program = build_evaluator(cfg)
+    with dspy.context(lm=lm, adapter=JudgeAdapter()):
+        evaluate(program, items[:2], cfg)  # warm-up: first calls build the adapter's schemas and import lazily
+        meter = bench.attach_meter(lm)
+        result = evaluate(program, items, cfg, out=workdir / "overhead.jsonl")
+    return {"items": result.n, "calls": meter.calls, "config": "2 roles, 2 turns, one-by-one, both orders",
+            "wall_seconds": result.wall_seconds, "engine_seconds": meter.engine_seconds,
+            "overhead_ms_per_call": (result.wall_seconds - meter.engine_seconds) / max(meter.calls, 1) * 1000}
+
+
+def rss_child(n: int, out: str) -> dict:
+    """Judge ``n`` items (FairEval, cycled under new ids) with the fake LM, streaming to ``out``; report peak RSS.
+
+    ``evaluate`` runs without DSPy's per-call LM history (which would keep up to 10,000 calls' messages);
+    ``lm_history_entries`` shows that it stays empty. The fake LM's own call log is test instrumentation,
+    so it is switched off.
+    """
+    base, _ = load_dataset("faireval")
+    cfg = DebateConfig()
+    lm = fake_lm()
+    lm.engine.calls = collections.deque(maxlen=0)  # keeps nothing
+
+    def items():
+        for i in range(n):
+            x = base[i % len(base)]
+            yield x.copy(id=f"{x.id}-{i}")
+
+    start = time.perf_counter()
+    with dspy.context(lm=lm, adapter=JudgeAdapter()):
+        result = evaluate(build_evaluator(cfg), items(), cfg, out=out)
+    ru_maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"items": result.n, "calls": result.calls, "wall_seconds": time.perf_counter() - start,
+            "max_rss_mb": _high_water_mb() or ru_maxrss, "ru_maxrss_mb": ru_maxrss, "lm_history_entries": len(lm.history)}
+
+
+def _high_water_mb() -> float | None:
+    """This process's own peak RSS (``VmHWM``).
+
+    ``ru_maxrss`` survives ``execve`` on Linux: a child started by a parent that holds the embedded
+    model (1.8 GB) reports the parent's peak, not its own. ``VmHWM`` belongs to the new address space.
+    """
+    try:
+        for line in open("/proc/self/status", encoding="ascii"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def peak_rss(sizes: list[int], workdir: Path) -> list[dict]:
+    """One fresh process per size."""
+    rows = []
+    for n in sizes:
+        out = workdir / f"rss-{n}.jsonl"
+        proc = subprocess.run([sys.executable, "-m", "optim.bench", "_rss", str(n), str(out)], capture_output=True,
+                              text=True, check=False)
+        if proc.returncode:
+            raise RuntimeError(f"peak-RSS child for {n} items failed:\n{proc.stderr[-2000:]}")
+        rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return rows
+
+
+def _target(target: str, measured: str, met: bool | None) -> dict:
+    return {"target": target, "measured": measured, "met": met}
+
+
+def token_target(rows: dict[str, dict]) -> list[dict]:
+    """Consensus stop with prefix reuse vs the plain protocol, from agreement (or cost) rows keyed by name."""
+    plain, cons = rows.get("chateval"), rows.get("consensus_stop")
+    if not plain or not cons or not plain.get("cost") or not cons.get("cost"):
+        return [_target(">= 40% fewer LM tokens/item (consensus stop + prefix reuse) at agreement within the plain CI",
+                        "needs the chateval and consensus_stop rows", None)]
+    p, c = plain["cost"], cons["cost"]
+    computed = c.get("computed_tokens_per_item")
+    used = computed if computed is not None else c["tokens_per_item"]
+    cut = 1 - used / p["tokens_per_item"]
+    alone = 1 - c["tokens_per_item"] / p["tokens_per_item"]
+    measured = (f"{cut * 100:.1f}% fewer ({used:,.0f} {'computed' if computed is not None else 'billed'} vs "
+                f"{p['tokens_per_item']:,.0f} billed); consensus stop alone {alone * 100:.1f}%")
+    if p.get("computed_tokens_per_item") is not None:
+        measured += f"; prefix reuse alone {(1 - p['computed_tokens_per_item'] / p['tokens_per_item']) * 100:.1f}%"
+    within = None
+    pm, cm = plain.get("metrics", {}), cons.get("metrics", {})
+    key = "accuracy" if "accuracy" in pm else "average_spearman"
+    if pm.get(key) and cm.get(key) and pm[key].get("low") is not None and cm[key].get("value") is not None:
+        within = pm[key]["low"] <= cm[key]["value"] <= pm[key]["high"]
+        measured += (f"; {key} {cm[key]['value']:.3f} vs plain {pm[key]['value']:.3f} "
+                     f"[{pm[key]['low']:.3f}, {pm[key]['high']:.3f}] (n={pm[key]['n']})")
+    return [_target(">= 40% fewer LM tokens/item (consensus stop + prefix reuse) at agreement within the plain CI",
+                    measured, (cut >= 0.40 and within) if within is not None else None)]
+
+
+def targets(report: dict, agreement: dict | None) -> list[dict]:
+    out = []
+    o = report.get("overhead")
+    if o:
+        out.append(_target("framework overhead < 1 ms per LM call (zero-latency fake LM)",
+                           f"{o['overhead_ms_per_call']:.3f} ms", o["overhead_ms_per_call"] < 1.0))
+    model_plain = next((c for c in report.get("configs", []) if c["name"] == "chateval"), None)
+    if model_plain and "overhead_share" in model_plain:
+        out.append(_target(f"framework overhead < 2% of wall time ({report['model_label']})",
+                           f"{model_plain['overhead_share'] * 100:.2f}% ({model_plain['overhead_ms_per_call']:.2f} ms/call)",
+                           model_plain["overhead_share"] < 0.02))
+    rows = {r["name"]: r for r in (agreement or {}).get("rows", [])}
+    if not rows:
+        rows = {c["name"]: {"cost": c} for c in report.get("configs", [])}
+    out += token_target(rows)
+    for block in report.get("throughput", []):
+        if block["model"] and any(t["concurrency"] == 2 for t in block["levels"]):
+            two = next(t for t in block["levels"] if t["concurrency"] == 2)
+            best = max(block["levels"], key=lambda t: t["speedup"])
+            measured = f"{two['speedup']:.2f}x at 2, {best['speedup']:.2f}x best (at {best['concurrency']})"
+            ceiling = report.get("server_ceiling")
+            if ceiling:
+                measured += (f"; raw requests to the servers themselves reach at most "
+                             f"{max(r['speedup'] for r in ceiling['rows']):.2f}x on {ceiling['cores']} cores")
+            out.append(_target(f"throughput at 2 items at once >= 1.7x one at a time ({block['label']})",
+                               measured, two["speedup"] >= 1.7))
+    rss = report.get("rss") or []
+    if len(rss) >= 2:
+        growth = rss[-1]["max_rss_mb"] / rss[0]["max_rss_mb"] - 1
+        out.append(_target(f"peak RSS flat within 10% from {rss[0]['items']} to {rss[-1]['items']} items (fake LM)",
+                           f"{fmt_num(rss[0]['max_rss_mb'])} -> {fmt_num(rss[-1]['max_rss_mb'])} MB ({growth * 100:+.1f}%)",
+                           abs(growth) <= 0.10))
+    return out
+
+
+def run_cost(args, factory: bench.LMFactory) -> dict:
+    all_items, fmt = load_dataset(args.dataset)
+    items = select(all_items, args.split, seed=args.seed, limit=args.limit)
+    entries = [e for e in bench.choose(args.configs, fmt) if e.kind in ("debate", "mec")]
+    args.mec_k, args.program = getattr(args, "mec_k", 3), None
+    plain = DebateConfig(format=fmt)
+    report: dict = {"configs": [], "throughput": [], "configs_items": len(items)}
+    model = "(not run)"
+    if args.skip_model and Path(args.out).exists():
+        # Keep the model's figures from the last full run; only the fake-LM figures are measured again.
+        kept = json.loads(Path(args.out).read_text(encoding="utf-8"))
+        report.update(configs=kept.get("configs", []), configs_items=kept.get("configs_items"),
+                      throughput=[b for b in kept.get("throughput", []) if b.get("model")],
+                      model_measured=kept.get("model_measured") or kept["header"]["date"])
+        if kept.get("server_ceiling"):
+            report["server_ceiling"] = kept["server_ceiling"]
+        model = kept["header"]["model"]
+    workdir = Path(tempfile.mkdtemp(prefix="chateval-bench-cost-"))
+    if not args.skip_model:
+        with bench.judging(factory) as lm:
+            model = lm.model
+            meter = bench.attach_meter(lm)
+            for entry in entries:
+                program, cfg = bench.program_for(entry, args)
+                start = time.perf_counter()
+                run = bench.run_config(program, items, cfg, out=None, key="cost", meter=meter)
+                report["configs"].append(_config_row(entry, run, time.perf_counter() - start))
+        n_tp = args.throughput_items or len(items)
+        tp_items = select(all_items, args.split, seed=args.seed, limit=n_tp)
+        report["throughput"].append({"label": model, "model": True, "items": len(tp_items), "config": "2 roles, 2 turns, "
+                                     "one-by-one, both orders", "levels": throughput(factory, tp_items, plain,
+                                                                                    _levels(args.concurrency_levels))})
+        if model == EMBEDDED_MODEL_ID:  # the servers this process can start itself
+            report["server_ceiling"] = server_ceiling(tp_items)
+    report["model_label"] = model
+    report.setdefault("model_measured", time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    fake_items = select(all_items, "all", limit=min(args.overhead_items, 16))
+    latency_lm = contextlib.nullcontext(fake_lm(default_responder, latency=args.fake_latency))
+    report["throughput"].append({"label": f"fake LM, {args.fake_latency * 1000:.0f} ms per call", "model": False,
+                                 "items": len(fake_items), "config": "2 roles, 2 turns, one-by-one, both orders",
+                                 "levels": throughput(lambda slots: latency_lm, fake_items, plain,
+                                                      _levels(args.concurrency_levels))})
+    report["overhead"] = overhead(select(all_items, "all", limit=args.overhead_items), DebateConfig(format="pairwise"),
+                                  workdir)
+    report["rss"] = peak_rss(_levels(args.rss_sizes), workdir)
+    agreement = None
+    if args.agreement:
+        agreement = json.loads(Path(args.agreement).read_text(encoding="utf-8"))
+    report["targets"] = targets(report, agreement)
+    report["header"] = bench.header(args, suite="cost", model=model, data=args.dataset, split=f"{args.split} (seed {args.seed})",
+                                    n=len(items), agreement_source=args.agreement)
+    path = bench.write_json(args.out, report)
+    return {**report, "path": str(path)}

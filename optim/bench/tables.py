@@ -1,0 +1,160 @@
+"""Tables for the benchmark suites, rendered from their figures JSON (so a table can be redrawn without a rerun)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from chateval_dspy.program.signatures import ASPECTS
+from optim.bench.stats import fmt_est, fmt_num, fmt_p
+
+
+def table(columns: list[str], rows: list[list[str]], markdown: bool = True) -> str:
+    """A Markdown table, or the same cells as aligned plain text."""
+    if markdown:
+        lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+        return "\n".join(lines + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows])
+    widths = [max(len(str(x)) for x in col) for col in zip(columns, *rows)]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in [columns, *rows])
+
+
+def stated(header: dict, markdown: bool = True) -> str:
+    """The line every table starts with: model, data, split, n, date, machine; then the command."""
+    keep = ("model", "data", "split", "n", "date", "machine", "lm_threads")
+    line = "; ".join(f"{k}: {header[k]}" for k in keep if k in header)
+    cmd = header.get("command", "")
+    return (f"*{line}*\n\n`{cmd}`" if markdown else f"{line}\n{cmd}")
+
+
+def _cost_cells(cost: dict | None) -> list[str]:
+    if not cost:
+        return ["0", "0", "-", "-"]
+    return [fmt_num(cost["calls_per_item"]), fmt_num(cost["tokens_per_item"], 0),
+            fmt_num(cost.get("computed_tokens_per_item"), 0), fmt_num(cost["seconds_per_item"], 1)]
+
+
+def _delta_cell(s: dict | None) -> str:
+    """Δ average Spearman; where the average is undefined, Δ on each aspect that is defined."""
+    if not s:
+        return "-"
+    avg = fmt_est(s["delta_average_spearman"], digits=2)
+    if avg != "n/a":
+        return avg
+    parts = [f"{a[:3]} {fmt_est(s[f'delta_{a}_spearman'], digits=2)}" for a in ASPECTS
+             if fmt_est(s.get(f"delta_{a}_spearman")) != "n/a"]
+    return "avg n/a" + (f"; {'; '.join(parts)}" if parts else "")
+
+
+def agreement_markdown(report: dict, markdown: bool = True) -> str:
+    h, rows = report["header"], report["rows"]
+    cost_cols = ["calls/item", "tokens/item", "tokens computed/item", "s/item"]
+    if h.get("format") == "pairwise":
+        columns = ["configuration", "n", "accuracy % [95% CI]", "kappa [95% CI]", "Δ acc vs single (pp)", "McNemar p", *cost_cols]
+        body = []
+        for r in rows:
+            m, s = r["metrics"], r.get("vs_single")
+            body.append([r["label"], r["n"], fmt_est(m["accuracy"], 100, 1), fmt_est(m["kappa"], 1, 2),
+                         "-" if not s else f"{s['delta_accuracy'] * 100:+.1f}", "-" if not s else fmt_p(s["p"]),
+                         *_cost_cells(r.get("cost"))])
+    else:
+        columns = ["configuration", "n", *[f"{a[:3]} ρ / τ" for a in ASPECTS], "avg ρ [95% CI]", "avg τ [95% CI]",
+                   "Δ avg ρ vs single [95% CI]", *cost_cols]
+        body = []
+        for r in rows:
+            m, s = r["metrics"], r.get("vs_single")
+            cells = [f"{fmt_est(m[f'{a}_spearman'], digits=2)} / {fmt_est(m[f'{a}_kendall'], digits=2)}" for a in ASPECTS]
+            body.append([r["label"], m["n"], *cells, fmt_est(m["average_spearman"]), fmt_est(m["average_kendall"]),
+                         _delta_cell(s), *_cost_cells(r.get("cost"))])
+    notes = [f"{r['label']}: {r['note']}" for r in rows if r.get("note")]
+    abst = [f"{r['label']}: {r['metrics']['n_abstained']}" for r in rows if r["metrics"].get("n_abstained")]
+    out = [stated(h, markdown), "", table(columns, body, markdown)]
+    if abst:
+        out += ["", "Items where every referee abstained (counted as disagreement / left out of correlations): "
+                + ", ".join(abst)]
+    if notes:
+        out += ["", *notes]
+    return "\n".join(out)
+
+
+def cost_markdown(report: dict, markdown: bool = True) -> str:
+    h = report["header"]
+    out = [stated(h, markdown)]
+    if report.get("configs"):
+        out += ["", f"Per configuration ({report['model_label']}, {report['configs_items']} items, one at a time, "
+                    f"measured {report.get('model_measured', h['date'])}):", ""]
+        rows = [[c["label"], fmt_num(c["calls_per_item"]), fmt_num(c["prompt_tokens_per_item"], 0),
+                 fmt_num(c["completion_tokens_per_item"], 0), fmt_num(c.get("computed_tokens_per_item"), 0),
+                 fmt_num(c["seconds_per_item"], 2), fmt_num(c.get("overhead_ms_per_call"), 2),
+                 fmt_num(c.get("overhead_share", float("nan")) * 100, 2)] for c in report["configs"]]
+        out.append(table(["configuration", "LM calls/item", "prompt tokens/item", "completion tokens/item",
+                          "tokens computed/item (prefix cache)", "s/item", "overhead ms/call", "overhead % of wall"],
+                         rows, markdown))
+    for block in report.get("throughput", []):
+        out += ["", f"Throughput, {block['label']} ({block['items']} items per level, {block['config']}):", ""]
+        rows = [[t["concurrency"], fmt_num(t["items_per_minute"], 2), fmt_num(t["wall_seconds"], 1), f"{t['speedup']:.2f}x"]
+                for t in block["levels"]]
+        out.append(table(["items at once", "items/min", "wall s", "vs one at a time"], rows, markdown))
+    ceiling = report.get("server_ceiling")
+    if ceiling:
+        out += ["", f"Server ceiling: raw chat requests straight to the embedded model, no DSPy, no debate "
+                    f"({ceiling['rows'][0]['requests']} requests per row, {ceiling['cores']} cores):", ""]
+        rows = [[r.get("max_tokens", "-"), r["layout"], r["at_once"], fmt_num(r["requests_per_minute"], 2),
+                 fmt_num(r["wall_seconds"], 1), f"{r['speedup']:.2f}x"] for r in ceiling["rows"]]
+        out.append(table(["max generated tokens", "servers", "requests at once", "requests/min", "wall s",
+                          "vs one at a time"], rows, markdown))
+    o = report.get("overhead")
+    if o:
+        out += ["", f"Framework overhead, zero-latency fake LM ({o['items']} items, {o['calls']} LM calls, "
+                    f"{o['config']}): {o['overhead_ms_per_call']:.3f} ms per LM call "
+                    f"(wall {o['wall_seconds']:.2f} s, inside the engine {o['engine_seconds']:.3f} s)."]
+    if report.get("rss"):
+        out += ["", "Peak RSS, fake LM, results streamed to disk, one fresh process per size (VmHWM; ru_maxrss "
+                    "beside it inherits the parent's peak across exec):", ""]
+        rows = [[r["items"], fmt_num(r["max_rss_mb"], 1), fmt_num(r.get("ru_maxrss_mb"), 1),
+                 r.get("lm_history_entries", "-"), fmt_num(r["wall_seconds"], 1)] for r in report["rss"]]
+        out.append(table(["items", "peak RSS (MB)", "ru_maxrss (MB)", "DSPy LM history entries kept", "wall s"],
+                         rows, markdown))
+    if report.get("targets"):
+        out += ["", "Targets:", ""]
+        rows = [[t["target"], t["measured"], {True: "met", False: "NOT met", None: "not measured"}[t["met"]]]
+                for t in report["targets"]]
+        out.append(table(["target", "measured", "verdict"], rows, markdown))
+    return "\n".join(out)
+
+
+def injection_markdown(report: dict, markdown: bool = True) -> str:
+    out = [stated(report["header"], markdown), "",
+           f"Config: {report['config_label']}. Flip = the verdict moved toward the injected (human-rated worse) answer; "
+           "rate over items whose clean verdict did not already prefer it (a move from losing to a tie counts). "
+           "Margin = score of the injected answer minus "
+           "the other, injected minus clean (mean, 95% bootstrap CI).", ""]
+    rows = [[k["kind"], k["variants"], k["eligible"], k["flips"], fmt_est(k["flip_rate"], 100, 1),
+             fmt_est(k.get("win_rate"), 100, 1), fmt_est(k["margin_shift"], 1, 2), k["abstained"]] for k in report["kinds"]]
+    out.append(table(["injection", "variants", "eligible", "flips", "flip rate % [95% CI]",
+                      "injected answer now wins % [95% CI]", "margin shift [95% CI]", "abstained"], rows, markdown))
+    return "\n".join(out)
+
+
+def render_file(path: str | Path, markdown: bool = True) -> str:
+    """The table of a figures JSON written by any suite."""
+    report = json.loads(Path(path).read_text(encoding="utf-8"))
+    render = {"agreement": agreement_markdown, "cost": cost_markdown, "injection": injection_markdown}
+    return render[report["header"]["suite"]](report, markdown)
+
+
+MARKER = re.compile(r"(<!-- bench:(?P<file>[^ ]+?) -->\n)(?P<body>.*?)(<!-- /bench -->)", re.S)
+
+
+def update_markdown(path: Path) -> int:
+    """Replace each ``<!-- bench:FILE -->...<!-- /bench -->`` block with FILE's table (FILE relative to ``path``)."""
+    text = path.read_text(encoding="utf-8")
+    count = 0
+
+    def fill(m: re.Match) -> str:
+        nonlocal count
+        count += 1
+        return f"{m.group(1)}{render_file(path.parent / m.group('file'))}\n{m.group(4)}"
+
+    path.write_text(MARKER.sub(fill, text), encoding="utf-8")
+    return count

@@ -1,0 +1,1 @@
+"""Optuna over panel shapes: the search space, the study and its trials."""
