@@ -14,9 +14,12 @@ ensure_offline()  # must precede the first import of dspy/litellm
 
 from chateval_dspy.config import DebateConfig  # noqa: E402
 from chateval_dspy.data.loaders import load_dataset, select, split  # noqa: E402
+from chateval_dspy.data.spec import DataSpec  # noqa: E402
+from chateval_dspy.deploy.judge import Judge, Verdict, load  # noqa: E402
 from chateval_dspy.errors import ChatEvalError, ConfigError, DataError, LMError  # noqa: E402
 from chateval_dspy.lm.adapter import JudgeAdapter  # noqa: E402
 from chateval_dspy.lm.resolve import configure_cache, resolve_lm  # noqa: E402
+from chateval_dspy.lm.spec import LMSpec  # noqa: E402
 from chateval_dspy.program.chateval import ChatEval, build_evaluator  # noqa: E402
 from chateval_dspy.program.strategies import STRATEGIES  # noqa: E402
 from chateval_dspy.run.evaluate import evaluate  # noqa: E402
@@ -26,13 +29,18 @@ __all__ = [
     "ChatEvalError",
     "ConfigError",
     "DataError",
+    "DataSpec",
     "DebateConfig",
+    "Judge",
     "JudgeAdapter",
     "LMError",
+    "LMSpec",
     "STRATEGIES",
+    "Verdict",
     "build_evaluator",
     "configure_cache",
     "evaluate",
+    "load",
     "load_dataset",
     "resolve_lm",
     "select",

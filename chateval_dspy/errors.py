@@ -40,3 +40,7 @@ class DataError(ChatEvalError, ValueError):
 
 class LMError(ChatEvalError, RuntimeError):
     """The language model could not be started or reached."""
+
+
+class SecretError(ChatEvalError, RuntimeError):
+    """A credential's value was about to reach a log, a file or MLflow; nothing was written."""

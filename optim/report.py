@@ -19,6 +19,7 @@ from pathlib import Path
 
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.program.roles import DEFAULT_ORDER
+from chateval_dspy.run.metrics import primary_metric
 
 PROGRESS_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
@@ -129,7 +130,7 @@ def trials_frame(study):
     for t in study.get_trials(deepcopy=False):
         cfg = t.user_attrs.get("config") or {}
         dev = t.user_attrs.get("dev") or {}
-        metric = metric or next((k for k in ("accuracy", "average_spearman") if k in dev), None)
+        metric = metric or next((k for k in map(primary_metric, ("pairwise", "scoring")) if k in dev), None)
         figure = dev.get(metric) if metric else None
         cost = t.user_attrs.get("cost") or {}
         tokens = (cost.get("prompt_tokens_per_item", math.nan) + cost.get("completion_tokens_per_item", math.nan)

@@ -25,6 +25,8 @@ os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 import mlflow  # noqa: E402
 
+from chateval_dspy.errors import SecretError  # noqa: E402
+
 DEFAULT_DIR = "mlruns"
 EXPERIMENT = "chateval-dspy"
 _SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD)", re.I)
@@ -56,7 +58,8 @@ def secrets_in_environment() -> list[str]:
 def assert_no_secrets(text: str, where: str) -> None:
     for secret in secrets_in_environment():
         if secret in text:
-            raise RuntimeError(f"refusing to log {where}: it contains the value of a credential variable")
+            raise SecretError(f"refusing to log {where}: it contains the value of a credential variable "
+                              "(a key or token from the environment); nothing was logged")
 
 
 def _flat(params: dict, prefix: str = "") -> dict[str, str]:
@@ -87,7 +90,8 @@ def metric_values(metrics: dict, cost: dict | None = None, prefix: str = "") -> 
     out: dict[str, float] = {}
     for key, value in metrics.items():
         if isinstance(value, Estimate):
-            out.update({f"{prefix}{k}": v for k, v in value.as_dict(key).items()})
+            d = value.to_dict()
+            out.update({f"{prefix}{key}": d["value"], f"{prefix}{key}_ci_low": d["ci_low"], f"{prefix}{key}_ci_high": d["ci_high"]})
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             out[f"{prefix}{key}"] = float(value)
     for key, value in (cost or {}).items():

@@ -140,7 +140,7 @@ def test_mcnemar_and_exact_interval():
     assert (m["reference_only"], m["row_only"], m["delta_accuracy"]) == (0, 5, 0.5)
     assert m["p"] == pytest.approx(2 * 0.5 ** 5)
     p = proportion(0, 8)
-    assert p["value"] == 0 and p["low"] == 0 and 0.3 < p["high"] < 0.4
+    assert p["value"] == 0 and p["ci_low"] == 0 and 0.3 < p["ci_high"] < 0.4
 
 
 def test_mec_samples_at_temperature_one_and_averages(run):
@@ -159,10 +159,10 @@ def test_config_sets_always_hold_the_single_agent():
 
 
 def test_a_saved_program_is_a_row(tmp_path):
-    from chateval_dspy.deploy.store import make_card, save_evaluator
+    from chateval_dspy.deploy.store import make_card, save_program
 
     program = build_evaluator(DebateConfig(roles=("critic",), turns=1))
-    save_evaluator(program, tmp_path / "prog", make_card(program, model="fake/scripted", optimizer="labeled"))
+    save_program(program, tmp_path / "prog", make_card(program, model="fake/scripted", optimizer="labeled"))
     out = tmp_path / "agreement.json"
     run_suite(["agreement", "--dataset", "faireval", "--limit", "2", "--configs", "single", "--program", str(tmp_path / "prog"),
                "--work-dir", str(tmp_path / "raw"), "--out", str(out)])

@@ -297,3 +297,32 @@ def test_consensus_stop_keeps_debating_while_referees_disagree():
     assert pred.preference == "tie"  # one referee each way, in both orders
     # every round's turns are verdicts, and later rounds see the earlier scores through the summary
     assert sum(c.kind == "verdict" for c in lm.engine.calls) == 12
+
+
+def test_no_lm_configured_raises_dspys_error_not_abstentions():
+    """Issue 10 (break 4): only unparseable output may abstain; a missing LM is the caller's error."""
+    program = build_evaluator(DebateConfig(roles=(GP,), turns=1, calibrate=False))
+    with dspy.context(adapter=JudgeAdapter()), pytest.raises(Exception, match="No LM is loaded"):
+        program(**PAIRWISE_ITEM)
+
+
+def test_a_score_outside_the_scale_has_its_own_error_and_abstention_cause(run, monkeypatch):
+    """Issue 10 (break 4): a verdict past DSPy's Literal check (a custom adapter, a hand-made demo) is
+    ``ScoreRangeError``, recorded as ``score_out_of_range``; our config errors are never swallowed."""
+    from chateval_dspy.errors import ConfigError
+    from chateval_dspy.program.debater import Debater
+    from chateval_dspy.program.signatures import ScoreRangeError, check_scores
+
+    with pytest.raises(ScoreRangeError, match="score_1=99"):
+        check_scores("pairwise", {"preference": "1", "score_1": 99, "score_2": 3})
+    monkeypatch.setattr(Debater, "forward", lambda self, **kw: dspy.Prediction(
+        evidence="x", argument="x", preference="1", score_1=99, score_2=3))
+    pred = run(build_evaluator(DebateConfig(roles=(GP,), turns=1, calibrate=False)), fake_lm(), **PAIRWISE_ITEM)
+    assert pred.preference is None and set(pred.abstentions.values()) == {"score_out_of_range"}
+
+    def broken(self, **kw):
+        raise ConfigError("bad roles file")
+
+    monkeypatch.setattr(Debater, "forward", broken)
+    with pytest.raises(ConfigError, match="bad roles file"):
+        run(build_evaluator(DebateConfig(roles=(GP,), turns=1, calibrate=False)), fake_lm(), **PAIRWISE_ITEM)

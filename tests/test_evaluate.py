@@ -15,7 +15,8 @@ from chateval_dspy.lm.adapter import JudgeAdapter
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.signatures import INPUTS
 from chateval_dspy.run import metrics
-from chateval_dspy.run.evaluate import TRUNCATION_MARK, RunResult, evaluate, judge_item, prepare, truncate
+from chateval_dspy.run.evaluate import TRUNCATION_MARK, evaluate, judge_item, prepare, truncate
+from chateval_dspy.run.result import RunResult
 from chateval_dspy.testing.fake_lm import default_responder, fake_lm
 
 DOCUMENTED = {"id", "human", "prediction", "referees", "transcripts", "consistent", "calls", "prompt_tokens",

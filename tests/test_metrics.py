@@ -124,7 +124,7 @@ def test_kappa_ci_defined_when_point_estimate_is_defined_on_few_items():
 def test_estimate_formatting():
     assert str(Estimate(0.5, 0.25, 0.75, 10)) == "0.500 [0.250, 0.750]"
     assert str(Estimate(math.nan, math.nan, math.nan, 0)) == "n/a"
-    assert Estimate(0.5, 0.25, 0.75, 10).as_dict("acc") == {"acc": 0.5, "acc_ci_low": 0.25, "acc_ci_high": 0.75}
+    assert Estimate.from_dict(Estimate(0.5, 0.25, 0.75, 10).to_dict()) == Estimate(0.5, 0.25, 0.75, 10)
 
 
 def test_majority_class_baseline():

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.deploy.store import make_card, save_evaluator
+from chateval_dspy.deploy.store import make_card, save_program
 from chateval_dspy.lm.resolve import resolve_lm
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.testing.fake_server import FakeOpenAIServer
@@ -19,7 +19,7 @@ ITEMS = [{"id": f"i{i}", "question": f"q{i}", "answer_1": "a" * (5 + 15 * i), "a
 @pytest.fixture
 def saved(tmp_path):
     program = build_evaluator(DebateConfig(roles=("critic",), turns=1))
-    return save_evaluator(program, tmp_path / "prog", make_card(program, model="openai-compatible/fake-served"))
+    return save_program(program, tmp_path / "prog", make_card(program, model="openai-compatible/fake-served"))
 
 
 def test_a_base_url_selects_an_openai_compatible_server(saved):

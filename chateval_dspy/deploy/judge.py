@@ -12,7 +12,6 @@ import contextlib
 import json
 import logging
 import tempfile
-import threading
 import warnings
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
@@ -23,7 +22,7 @@ import pandas as pd
 
 from chateval_dspy.concurrency import bounded_unordered
 from chateval_dspy.data.loaders import item_from_record
-from chateval_dspy.deploy.store import CARD_FILE, load_evaluator, read_card
+from chateval_dspy.deploy.store import CARD_FILE, load_program, read_card
 from chateval_dspy.errors import ConfigError, DataError
 from chateval_dspy.lm.adapter import JudgeAdapter
 from chateval_dspy.lm.resolve import EMBEDDED, EMBEDDED_MODEL_ID, configure_cache, resolve_lm
@@ -154,7 +153,7 @@ def _unpickle(uri: str, trust_pickle: bool) -> ChatEval:
             os.environ["MLFLOW_ALLOW_PICKLE_DESERIALIZATION"] = previous
 
 
-class Evaluator:
+class Judge:
     """A loaded evaluator bound to an LM. Use as a context manager, or call ``close()``.
 
     Example:
@@ -167,7 +166,6 @@ class Evaluator:
         self.program, self.card, self.lm = program, card, lm
         self.config = program.config
         self._stack = stack
-        self._lock = threading.Lock()
 
     @property
     def format(self) -> str:
@@ -209,7 +207,7 @@ class Evaluator:
     def close(self) -> None:
         self._stack.close()
 
-    def __enter__(self) -> Evaluator:
+    def __enter__(self) -> Judge:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -217,7 +215,7 @@ class Evaluator:
 
 
 def load(path_or_uri: str | Path, *, model: str | None = None, trust_pickle: bool = False, slots: int = 4,
-         timeout: float = 120.0, served_model: str | None = None, cache: bool = True) -> Evaluator:
+         timeout: float = 120.0, served_model: str | None = None, cache: bool = True) -> Judge:
     """Load a saved evaluator and bind it to an LM.
 
     Args:
@@ -246,7 +244,7 @@ def load(path_or_uri: str | Path, *, model: str | None = None, trust_pickle: boo
             program, card = found, {"model": None, "config": found.config.to_dict()}
         else:
             _check_version(read_card(found), str(found / CARD_FILE))
-            program, card = load_evaluator(found)
+            program, card = load_program(found)
         spec = model or _default_model(card)
         configure_cache(cache)
         lm = stack.enter_context(resolve_lm(spec, slots=slots, timeout=timeout, served_model=served_model))
@@ -254,7 +252,7 @@ def load(path_or_uri: str | Path, *, model: str | None = None, trust_pickle: boo
             warnings.warn(f"this evaluator was compiled for {card['model']} and now runs on {lm.model}: its instructions "
                           "and demonstrations were tuned for another model, so its agreement figures may not hold",
                           UserWarning, stacklevel=2)
-        return Evaluator(program, card, lm, stack)
+        return Judge(program, card, lm, stack)
     except BaseException:
         stack.close()
         raise

@@ -26,7 +26,7 @@ from chateval_dspy.errors import DataError
 
 def create_app(evaluator, *, token: str | None = None, max_body_bytes: int = 1_000_000, max_items: int = 32,
                queue: int = 4, concurrency: int = 2) -> FastAPI:
-    """The API for ``evaluator`` (a ``production.Evaluator``).
+    """The API for ``evaluator`` (a loaded ``Judge``).
 
     Args:
         token: When set, requests must send ``Authorization: Bearer <token>``.

@@ -22,7 +22,6 @@ from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.program.chateval import ChatEval, build_evaluator
 from chateval_dspy.program.roles import Role
-from chateval_dspy.run.metrics import Estimate
 
 CARD_FORMAT = 1
 PROGRAM_FILE, CARD_FILE, CARD_MD = "program.json", "card.json", "card.md"
@@ -37,12 +36,6 @@ def versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             out[dist] = "not installed"
     return out
-
-
-def card_metrics(metrics: dict) -> dict:
-    """Estimates as ``{"value", "ci_low", "ci_high", "n"}`` for a judge card."""
-    return {k: {"value": v.value, "ci_low": v.low, "ci_high": v.high, "n": v.n} if isinstance(v, Estimate) else v
-            for k, v in metrics.items()}
 
 
 def make_card(program: ChatEval, *, model: str, **fields) -> dict:
@@ -94,7 +87,7 @@ def _markdown(card: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def save_evaluator(program: ChatEval, directory: str | Path, card: dict) -> Path:
+def save_program(program: ChatEval, directory: str | Path, card: dict) -> Path:
     """Write ``program.json``, ``card.json`` and ``card.md`` into ``directory``."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -119,7 +112,7 @@ def read_card(directory: str | Path) -> dict:
     return card
 
 
-def load_evaluator(directory: str | Path) -> tuple[ChatEval, dict]:
+def load_program(directory: str | Path) -> tuple[ChatEval, dict]:
     """Rebuild a saved evaluator and its card. The LM is chosen by the caller, never read from the files."""
     directory = Path(directory)
     card = read_card(directory)

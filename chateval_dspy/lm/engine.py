@@ -138,7 +138,7 @@ class RestartingEngine(OpenAICompatEngine):
 
     def __init__(self, base_url: str, model: str, *, restart, **kwargs):
         super().__init__(base_url, model, **kwargs)
-        self._restart, self._kwargs, self.restarts = restart, kwargs, 0
+        self._restart, self.restarts = restart, 0
         self._lock = threading.Lock()
 
     def complete(self, request) -> Response:

@@ -23,7 +23,7 @@ from chateval_dspy.errors import LMError
 from chateval_dspy.program.aggregate import vote
 from chateval_dspy.program.debater import Debater
 from chateval_dspy.program.roles import Role
-from chateval_dspy.program.signatures import INPUTS, SCORE_RANGES, Summarize, check_scores
+from chateval_dspy.program.signatures import INPUTS, SCORE_RANGES, ScoreRangeError, Summarize, check_scores
 from chateval_dspy.program.strategies import STRATEGIES, SUMMARIZER, Utterance, render
 from chateval_dspy.program.weighting import expected_scores
 
@@ -159,8 +159,10 @@ class Debate(dspy.Module):
                 return {"text": pred.evidence.strip(), "scores": scores, "abstained": None, "calls": attempt + 1}
             except (LMAuthError, LMConfigurationError) as exc:
                 raise LMError(f"the LM refused the request ({type(exc).__name__}): {exc}") from exc
-            except (AdapterParseError, ValueError) as exc:
-                reason = "parse_failure"
+            except (AdapterParseError, ScoreRangeError) as exc:
+                # Only the LM's output can become an abstention; any other error (no LM configured,
+                # a bad config) is the caller's to fix and propagates.
+                reason = "parse_failure" if isinstance(exc, AdapterParseError) else "score_out_of_range"
                 log.warning("%s: unparseable %s (attempt %d/%d): %s", debater.slug,
                             "verdict" if final else "argument", attempt + 1, attempts, str(exc)[:200])
             except dspy.utils.exceptions.LMError as exc:

@@ -112,6 +112,10 @@ INPUTS = {
 }
 
 
+class ScoreRangeError(ValueError):
+    """A verdict whose preference or score lies outside its scale (a bad output, never a bad input)."""
+
+
 SCORE_RANGES: dict[str, dict[str, tuple[int, int]]] = {
     "pairwise": {"score_1": (1, 10), "score_2": (1, 10)},
     "scoring": ASPECTS,
@@ -132,11 +136,11 @@ def check_scores(fmt: str, verdict: dict) -> dict:
     out = {}
     if fmt == "pairwise":
         if verdict.get("preference") not in ("1", "2", "tie"):
-            raise ValueError(f"preference={verdict.get('preference')!r} is not one of 1, 2, tie")
+            raise ScoreRangeError(f"preference={verdict.get('preference')!r} is not one of 1, 2, tie")
         out["preference"] = verdict["preference"]
     for name, (lo, hi) in ranges.items():
         value = verdict.get(name)
         if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-            raise ValueError(f"{name}={value!r} is not an integer in {lo}..{hi}")
+            raise ScoreRangeError(f"{name}={value!r} is not an integer in {lo}..{hi}")
         out[name] = value
     return out

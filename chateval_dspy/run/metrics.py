@@ -44,8 +44,28 @@ class Estimate:
             return f"{self.value:.3f} [no CI: n={self.n}]"
         return f"{self.value:.3f} [{self.low:.3f}, {self.high:.3f}]"
 
-    def as_dict(self, name: str) -> dict[str, float]:
-        return {name: self.value, f"{name}_ci_low": self.low, f"{name}_ci_high": self.high}
+    def to_dict(self) -> dict:
+        """The one serialised form (cards, trial records, benchmark files): ``value``, ``ci_low``, ``ci_high``, ``n``.
+
+        Example:
+            >>> Estimate(0.5, 0.25, 0.75, 10).to_dict()
+            {'value': 0.5, 'ci_low': 0.25, 'ci_high': 0.75, 'n': 10}
+        """
+        return {"value": self.value, "ci_low": self.low, "ci_high": self.high, "n": self.n}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Estimate:
+        return cls(d["value"], d["ci_low"], d["ci_high"], d["n"])
+
+
+def plain(metrics: dict) -> dict:
+    """A metrics dict with every ``Estimate`` in its serialised form, for JSON."""
+    return {k: v.to_dict() if isinstance(v, Estimate) else v for k, v in metrics.items()}
+
+
+def primary_metric(fmt: str) -> str:
+    """The one figure a format is ranked by: ``accuracy`` (pairwise) or ``average_spearman`` (scoring)."""
+    return "accuracy" if fmt == "pairwise" else "average_spearman"
 
 
 def bootstrap(statistic: Callable[..., float], *columns: Sequence, seed: int = 0) -> Estimate:

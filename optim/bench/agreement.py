@@ -16,10 +16,10 @@ from chateval_dspy.config import DebateConfig
 from chateval_dspy.data.loaders import load_dataset, select
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.program.signatures import ASPECTS
-from chateval_dspy.run.metrics import pairwise_report, scoring_report
+from chateval_dspy.run.metrics import pairwise_report, plain, scoring_report
 from optim.bench import common as bench
 from optim.bench.common import REFERENCE, Entry
-from optim.bench.stats import as_dict, mcnemar, paired_correlation_delta
+from optim.bench.stats import mcnemar, paired_correlation_delta
 
 
 def _row(entry: Entry, fmt: str, items, predictions: dict, cost: dict | None = None, seed: int = 0) -> dict:
@@ -32,7 +32,7 @@ def _row(entry: Entry, fmt: str, items, predictions: dict, cost: dict | None = N
         metrics = scoring_report(human, [predictions.get(i) for i in ids], seed=seed)
     return {"name": entry.name, "label": entry.label, "kind": entry.kind,
             "config": entry.config.to_dict() if entry.config else None,
-            "n": len(ids), "metrics": {k: as_dict(v) if hasattr(v, "low") else v for k, v in metrics.items()},
+            "n": len(ids), "metrics": plain(metrics),
             "predictions": predictions, "cost": cost}
 
 
@@ -67,7 +67,7 @@ def _significance(rows: list[dict], fmt: str, items, seed: int) -> None:
 
 def agreement_key(entry: Entry, cfg: DebateConfig, model: str, args) -> str:
     """The run key of one row's results file (without the item limit, so a larger --limit resumes)."""
-    return bench.run_key(suite="agreement", entry=entry.name, kind=entry.kind, config=cfg.changes(), model=model,
+    return bench.bench_key(suite="agreement", entry=entry.name, kind=entry.kind, config=cfg.changes(), model=model,
                          dataset=args.dataset, split=args.split, seed=args.seed,
                          mec_k=args.mec_k if entry.kind == "mec" else None,
                          program=str(args.program) if entry.kind == "compiled" else None)

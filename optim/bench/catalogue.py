@@ -138,9 +138,9 @@ def program_for(entry: Entry, args):
     if entry.kind == "mec":
         return MultipleEvidence(build_evaluator(entry.config), k=args.mec_k), entry.config
     if entry.kind == "compiled":
-        from chateval_dspy.deploy.store import load_evaluator
+        from chateval_dspy.deploy.store import load_program
 
-        program, _ = load_evaluator(args.program)
+        program, _ = load_program(args.program)
         return program, program.config
     return build_evaluator(entry.config), entry.config
 

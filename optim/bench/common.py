@@ -8,7 +8,6 @@ prompt tokens an OpenAI-compatible server reused from its prefix cache.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import platform
@@ -24,8 +23,9 @@ import dspy
 
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.lm.adapter import JudgeAdapter
-from chateval_dspy.run.evaluate import RunResult, evaluate
-from chateval_dspy.run.records import read_records
+from chateval_dspy.run.evaluate import evaluate
+from chateval_dspy.run.records import digest, read_records
+from chateval_dspy.run.result import RunResult
 from optim.bench.catalogue import CONFIG_SETS, REFERENCE, Entry, MultipleEvidence, catalogue, choose, list_configs, program_for  # noqa: E402,F401
 
 # --- what the LM engine did ----------------------------------------------------------------------------------------
@@ -115,9 +115,9 @@ def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-").lower() or "x"
 
 
-def run_key(**parts) -> str:
+def bench_key(**parts) -> str:
     """What identifies a benchmark run, without the item limit: a larger ``--limit`` resumes the same file."""
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return digest(parts)
 
 
 @dataclass

@@ -28,6 +28,7 @@ from chateval_dspy.lm.adapter import JudgeAdapter
 from chateval_dspy.lm.resolve import EMBEDDED_MODEL_ID
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.run.evaluate import evaluate
+from chateval_dspy.run.metrics import primary_metric
 from chateval_dspy.testing.fake_lm import default_responder, fake_lm
 from optim.bench import common as bench
 from optim.bench.stats import fmt_num
@@ -206,11 +207,11 @@ def token_target(rows: dict[str, dict]) -> list[dict]:
         measured += f"; prefix reuse alone {(1 - p['computed_tokens_per_item'] / p['tokens_per_item']) * 100:.1f}%"
     within = None
     pm, cm = plain.get("metrics", {}), cons.get("metrics", {})
-    key = "accuracy" if "accuracy" in pm else "average_spearman"
-    if pm.get(key) and cm.get(key) and pm[key].get("low") is not None and cm[key].get("value") is not None:
-        within = pm[key]["low"] <= cm[key]["value"] <= pm[key]["high"]
+    key = primary_metric("pairwise" if "accuracy" in pm else "scoring")
+    if pm.get(key) and cm.get(key) and pm[key].get("ci_low") is not None and cm[key].get("value") is not None:
+        within = pm[key]["ci_low"] <= cm[key]["value"] <= pm[key]["ci_high"]
         measured += (f"; {key} {cm[key]['value']:.3f} vs plain {pm[key]['value']:.3f} "
-                     f"[{pm[key]['low']:.3f}, {pm[key]['high']:.3f}] (n={pm[key]['n']})")
+                     f"[{pm[key]['ci_low']:.3f}, {pm[key]['ci_high']:.3f}] (n={pm[key]['n']})")
     return [_target(">= 40% fewer LM tokens/item (consensus stop + prefix reuse) at agreement within the plain CI",
                     measured, (cut >= 0.40 and within) if within is not None else None)]
 

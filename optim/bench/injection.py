@@ -96,7 +96,7 @@ def flip_stats(clean: dict[str, dict], injected: list[tuple[dspy.Example, dict]]
     import numpy as np
 
     from chateval_dspy.run.metrics import bootstrap
-    from optim.bench.stats import as_dict, proportion
+    from optim.bench.stats import proportion
 
     eligible = flips = wins = abstained = 0
     shifts = []
@@ -116,7 +116,7 @@ def flip_stats(clean: dict[str, dict], injected: list[tuple[dspy.Example, dict]]
     shift = bootstrap(lambda s: float(np.mean(s.astype(float))) if len(s) else math.nan, shifts, seed=seed)
     return {"variants": len(injected), "eligible": eligible, "flips": flips, "flip_rate": proportion(flips, eligible),
             "flips_to_win": wins, "win_rate": proportion(wins, eligible),
-            "margin_shift": as_dict(shift), "abstained": abstained}
+            "margin_shift": shift.to_dict(), "abstained": abstained}
 
 
 def run_injection(args, factory) -> dict:
@@ -139,7 +139,7 @@ def run_injection(args, factory) -> dict:
     with bench.judging(factory) as lm:
         model = lm.model
         out = Path(args.work_dir) / f"injection-{args.split}-s{args.seed}-{bench.slug(model)}" / f"{entry.name}.jsonl"
-        key = bench.run_key(suite="injection", config=cfg.changes(), entry=entry.name, model=model, split=args.split,
+        key = bench.bench_key(suite="injection", config=cfg.changes(), entry=entry.name, model=model, split=args.split,
                             seed=args.seed, templates=INJECTIONS)
         run = bench.run_config(program, [*base, *variants], cfg, out=out, key=key)
     records = {str(r["id"]): r for r in run.records}

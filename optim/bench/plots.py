@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from chateval_dspy.run.metrics import primary_metric
+
 
 def _pyplot():
     import matplotlib
@@ -21,12 +23,13 @@ def _pyplot():
 
 
 def _metric(report: dict) -> tuple[str, str]:
-    return ("accuracy", "accuracy") if report["header"].get("format") == "pairwise" else ("average_spearman", "average Spearman")
+    key = primary_metric(report["header"].get("format") or "scoring")
+    return key, key.replace("_", " ").replace("spearman", "Spearman")
 
 
 def _point(row: dict, key: str):
     m = row["metrics"].get(key) or {}
-    v, lo, hi = m.get("value"), m.get("low"), m.get("high")
+    v, lo, hi = m.get("value"), m.get("ci_low"), m.get("ci_high")
     if v is None:
         return None
     err = [[v - lo if lo is not None else 0], [hi - v if hi is not None else 0]]

@@ -53,20 +53,12 @@ def paired_correlation_delta(human: dict[str, dict], reference: dict[str, dict |
     out = {"test": "paired bootstrap", "n": len(shared)}
     none = Estimate(math.nan, math.nan, math.nan, 0)
     for name, corr in (("spearman", spearman), ("kendall", kendall)):
-        out[f"delta_average_{name}"] = as_dict(bootstrap(_delta(corr), *columns, seed=seed) if shared else none)
+        out[f"delta_average_{name}"] = (bootstrap(_delta(corr), *columns, seed=seed) if shared else none).to_dict()
     # Per aspect too: a judge with a constant aspect leaves the average undefined, not the other aspects.
     for i, aspect in enumerate(ASPECTS):
         cols = columns[3 * i: 3 * i + 3]
-        out[f"delta_{aspect}_spearman"] = as_dict(bootstrap(_delta(spearman), *cols, seed=seed) if shared else none)
+        out[f"delta_{aspect}_spearman"] = (bootstrap(_delta(spearman), *cols, seed=seed) if shared else none).to_dict()
     return out
-
-
-def as_dict(est: Estimate) -> dict:
-    return {"value": est.value, "low": est.low, "high": est.high, "n": est.n}
-
-
-def from_dict(d: dict) -> Estimate:
-    return Estimate(d["value"], d["low"], d["high"], d["n"])
 
 
 def fmt_est(d: dict | None, scale: float = 1.0, digits: int = 3) -> str:
@@ -74,9 +66,9 @@ def fmt_est(d: dict | None, scale: float = 1.0, digits: int = 3) -> str:
     if not d or d.get("value") is None or math.isnan(d["value"]):
         return "n/a"
     v = f"{d['value'] * scale:.{digits}f}"
-    if d.get("low") is None or math.isnan(d["low"]):
+    if d.get("ci_low") is None or math.isnan(d["ci_low"]):
         return f"{v} (no CI)"
-    return f"{v} [{d['low'] * scale:.{digits}f}, {d['high'] * scale:.{digits}f}]"
+    return f"{v} [{d['ci_low'] * scale:.{digits}f}, {d['ci_high'] * scale:.{digits}f}]"
 
 
 def fmt_p(p: float | None) -> str:
@@ -91,15 +83,9 @@ def fmt_num(x, digits: int = 1) -> str:
     return f"{x:,.{digits}f}"
 
 
-def markdown_table(columns: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return "\n".join(lines)
-
-
 def proportion(k: int, n: int) -> dict:
     """A rate with its exact (Clopper-Pearson) 95% interval."""
     if not n:
-        return {"value": math.nan, "low": math.nan, "high": math.nan, "n": 0}
+        return {"value": math.nan, "ci_low": math.nan, "ci_high": math.nan, "n": 0}
     ci = stats.binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
-    return {"value": k / n, "low": float(ci.low), "high": float(ci.high), "n": n}
+    return {"value": k / n, "ci_low": float(ci.low), "ci_high": float(ci.high), "n": n}

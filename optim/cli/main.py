@@ -59,8 +59,9 @@ def _add_compile(sub) -> None:
 
 def cmd_compile(args) -> int:
     from chateval_dspy.data.loaders import split as split_items
-    from chateval_dspy.deploy.store import card_metrics, make_card, save_evaluator
+    from chateval_dspy.deploy.store import make_card, save_program
     from chateval_dspy.program.chateval import build_evaluator
+    from chateval_dspy.run.metrics import plain
     from chateval_dspy.run.table import summary_table
     from optim import tracking
     from optim.compile import OptimizerSettings, compile_evaluator, optimizer_progress
@@ -122,9 +123,9 @@ def cmd_compile(args) -> int:
                          split={"seed": args.seed, "fractions": [0.4, 0.2, 0.4], "limit": args.limit,
                                 "sizes": {k: len(v) for k, v in parts.items()}},
                          optimizer=args.optimizer, optimizer_settings=settings.to_dict(), metric=metric_name,
-                         test_metrics={s: card_metrics(figures[s]) for s in figures},
+                         test_metrics={s: plain(figures[s]) for s in figures},
                          cost={k: v for k, v in costs["after"].items() if k != "wall_seconds"})
-        save_evaluator(compiled, out, card)
+        save_program(compiled, out, card)
         if tracked:
             tracking.log_file(out, "evaluator")
             if not args.no_log_model:

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from chateval_dspy.errors import ConfigError
+from chateval_dspy.run.metrics import primary_metric
 from optim.cli import runtime as runtime
 from optim.cli.main import add_tracking_flags, dataset_hash
 from optim.report import panel_label, trials_frame
@@ -186,7 +187,8 @@ def cmd_search(args) -> int:
     import optuna
 
     from chateval_dspy.data.loaders import split as split_items
-    from chateval_dspy.deploy.store import card_metrics, make_card, save_evaluator
+    from chateval_dspy.deploy.store import make_card, save_program
+    from chateval_dspy.run.metrics import plain
     from optim.search import study as search
 
     if args.split is not None:
@@ -220,7 +222,7 @@ def cmd_search(args) -> int:
                 "base": base_settings(base),
                 "max_demos": args.max_demos if space.compile != ("none",) else None}
     search.check_settings(study, settings)
-    metric = "accuracy" if fmt == "pairwise" else "average_spearman"
+    metric = primary_metric(fmt)
     print(f"study {name!r} in {search.redact_url(args.storage)}: {search.count(study)} of {args.trials} trials finished; "
           f"{len(parts['dev'])} dev items per trial ({'; '.join(f'{k} {len(v)}' for k, v in parts.items())})")
 
@@ -274,8 +276,8 @@ def cmd_search(args) -> int:
                              search={"study": name, "storage": search.redact_url(args.storage), "trial": final.number,
                                      "objectives": list(objectives), "trials_finished": finished,
                                      "space": space.to_dict(), "values": list(final.values)},
-                             dev_metrics=final.user_attrs.get("dev", {}), test_metrics=card_metrics(figures), cost=cost)
-            save_evaluator(program, out, card)
+                             dev_metrics=final.user_attrs.get("dev", {}), test_metrics=plain(figures), cost=cost)
+            save_program(program, out, card)
             study.set_user_attr("final", {"trial": final.number, "out": str(out),
                                           "test": {metric: card["test_metrics"].get(metric)}})
             if tracked:

@@ -32,7 +32,9 @@ from chateval_dspy.program.chateval import ChatEval, build_evaluator
 from chateval_dspy.program.roles import DEFAULT_ORDER, same_roles
 from chateval_dspy.program.signatures import ASPECTS
 from chateval_dspy.program.strategies import STRATEGIES
-from chateval_dspy.run.evaluate import RunResult, evaluate
+from chateval_dspy.run.evaluate import evaluate
+from chateval_dspy.run.metrics import primary_metric
+from chateval_dspy.run.result import RunResult
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +226,7 @@ def agreement_of(fmt: str, metrics: dict) -> float:
     """The figure a study optimises: accuracy (pairwise) or average Spearman (scoring); NaN if undefined."""
     if not metrics:
         return math.nan
-    estimate = metrics["accuracy" if fmt == "pairwise" else "average_spearman"]
+    estimate = metrics[primary_metric(fmt)]
     return float(estimate.value)
 
 
@@ -387,7 +389,7 @@ class Objective:
         return same.values[0] if len(same.values) == 1 else tuple(same.values)
 
     def _run(self, trial: optuna.Trial, config: DebateConfig, compile_choice: str, tracking=None):
-        from chateval_dspy.deploy.store import card_metrics
+        from chateval_dspy.run.metrics import plain
 
         program = build_for_trial(config, compile_choice, self.parts["train"], max_demos=self.max_demos, seed=self.seed)
         dev = self.parts["dev"]
@@ -421,7 +423,7 @@ class Objective:
         metrics, cost = result.metrics(seed=self.seed), result.cost()
         agreement = agreement_of(config.format, metrics)
         undefined = math.isnan(agreement)
-        trial.set_user_attr("dev", card_metrics(metrics))
+        trial.set_user_attr("dev", plain(metrics))
         trial.set_user_attr("cost", cost)
         trial.set_user_attr("agreement_undefined", undefined)
         values = [0.0 if undefined else agreement]

@@ -17,7 +17,7 @@ import chateval_dspy.deploy.judge as production
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.deploy.judge import Verdict, load
 from chateval_dspy.deploy.score_file import score_file
-from chateval_dspy.deploy.store import CARD_FILE, make_card, save_evaluator
+from chateval_dspy.deploy.store import CARD_FILE, make_card, save_program
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.lm.adapter import JudgeAdapter
 from chateval_dspy.program.chateval import build_evaluator
@@ -44,7 +44,7 @@ def saved(tmp_path):
     program = build_evaluator(DebateConfig(roles=("critic", "scientist"), turns=2))
     program.debate.referees["critic"].judge.demos = [dspy.Example(
         question="dq", answer_1="x", answer_2="y", persona="p", discussion="d", evidence="e", score_1=7, score_2=3)]
-    return program, save_evaluator(program, tmp_path / "prog", make_card(program, model="fake/card-model"))
+    return program, save_program(program, tmp_path / "prog", make_card(program, model="fake/card-model"))
 
 
 def test_load_gives_the_same_verdicts_as_the_program_in_memory(saved, engine):

@@ -8,7 +8,7 @@ import dspy
 import pytest
 
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.deploy.store import CARD_FILE, PROGRAM_FILE, load_evaluator, make_card, save_evaluator
+from chateval_dspy.deploy.store import CARD_FILE, PROGRAM_FILE, load_program, make_card, save_program
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.lm.adapter import JudgeAdapter
 from chateval_dspy.program.chateval import build_evaluator
@@ -28,7 +28,7 @@ def _compiled(tmp_path):
                      score_1=7, score_2=3)]
     program.debate.referees["psychologist"].argue.signature = \
         program.debate.referees["psychologist"].argue.signature.with_instructions("Argue kindly.")
-    path = save_evaluator(program, tmp_path / "prog", make_card(program, model="fake/scripted", dataset="toy"))
+    path = save_program(program, tmp_path / "prog", make_card(program, model="fake/scripted", dataset="toy"))
     return program, path
 
 
@@ -41,7 +41,7 @@ def _run(program, items):
 
 def test_round_trip_gives_identical_prompts_and_predictions(tmp_path):
     program, path = _compiled(tmp_path)
-    loaded, card = load_evaluator(path)
+    loaded, card = load_program(path)
     assert card["model"] == "fake/scripted" and card["config"]["strategy"] == "simultaneous_talk_with_summarizer"
     p1, calls1 = _run(program, ITEMS)
     p2, calls2 = _run(loaded, ITEMS)
@@ -67,38 +67,38 @@ def test_loading_uses_personas_from_the_card_not_the_library(tmp_path):
     card = json.loads((path / CARD_FILE).read_text())
     card["roles"][0]["personas"] = {"*": "A persona only the card knows."}
     (path / CARD_FILE).write_text(json.dumps(card))
-    loaded, _ = load_evaluator(path)
+    loaded, _ = load_program(path)
     assert loaded.debate.referees["critic"].persona == "A persona only the card knows."
 
 
 def test_bad_directories_are_clear_errors(tmp_path):
     with pytest.raises(ConfigError, match="not a saved evaluator"):
-        load_evaluator(tmp_path)
+        load_program(tmp_path)
     _, path = _compiled(tmp_path)
     card = json.loads((path / CARD_FILE).read_text())
     card["card_format"] = 99
     (path / CARD_FILE).write_text(json.dumps(card))
     with pytest.raises(ConfigError, match="card format 99"):
-        load_evaluator(path)
+        load_program(path)
 
 
 def test_corrupt_state_or_card_is_a_clear_error(tmp_path):
     _, path = _compiled(tmp_path)
     (path / PROGRAM_FILE).write_text('{"debate.referees[\'critic\'].judge": 42}')
     with pytest.raises(ConfigError, match="not a valid program state"):
-        load_evaluator(path)
+        load_program(path)
     card = json.loads((path / CARD_FILE).read_text())
     del card["roles"]
     (path / CARD_FILE).write_text(json.dumps(card))
     with pytest.raises(ConfigError, match="malformed card"):
-        load_evaluator(path)
+        load_program(path)
 
 
 def test_card_says_when_its_cost_was_answered_from_the_cache(tmp_path):
     program = build_evaluator(DebateConfig())
     fresh = {"calls_per_item": 8.0, "cached_calls_per_item": 0.0, "prompt_tokens_per_item": 900.0}
     cached = {"calls_per_item": 8.0, "cached_calls_per_item": 8.0, "prompt_tokens_per_item": 0.0}
-    path = save_evaluator(program, tmp_path / "a", make_card(program, model="fake/scripted", cost=fresh))
+    path = save_program(program, tmp_path / "a", make_card(program, model="fake/scripted", cost=fresh))
     assert "LM cache" not in (path / "card.md").read_text()
-    path = save_evaluator(program, tmp_path / "b", make_card(program, model="fake/scripted", cost=cached))
+    path = save_program(program, tmp_path / "b", make_card(program, model="fake/scripted", cost=cached))
     assert "8.0 of 8.0 calls per item were answered from the LM cache" in (path / "card.md").read_text()
