@@ -12,7 +12,7 @@ import pytest
 import chateval_dspy.lm.resolve
 from chateval_dspy.run import metrics
 from chateval_dspy.testing.fake_lm import fake_lm
-from optim.cli.runtime import main
+from optim.cli.main import main
 
 BRACKET = r"-?\d\.\d{3} \[-?\d\.\d{3}, -?\d\.\d{3}\]"
 
@@ -45,7 +45,8 @@ def _restore_logging():
 
 
 def cli(capsys, *argv):
-    code = main(list(argv))
+    # MLflow logging has its own tests (test_tracking.py); here it would only write ./mlruns.
+    code = main([*argv, "--no-mlflow"] if argv and argv[0] == "evaluate" else list(argv))
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -146,7 +147,7 @@ def test_overwrite_replaces_an_existing_file(tmp_path, capsys, fake_model):
     (["--dataset", "faireval", "--role", "critic", "--role", "critic"], "roles must be distinct"),
     (["--dataset", "faireval", "--role", "astronaut"], "unknown role 'astronaut'"),
     (["--dataset", "faireval", "--turns", "0"], "turns must be a positive integer"),
-    (["--dataset", "faireval", "--limit", "0"], "--limit must be positive"),
+    (["--dataset", "faireval", "--limit", "0"], "limit must be positive"),
     (["--dataset", "faireval", "--concurrency", "0"], "--concurrency must be positive"),
     (["--dataset", "faireval", "--same-role", "0"], "--same-role takes a positive number"),
 ])

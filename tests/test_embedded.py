@@ -17,7 +17,7 @@ pytestmark = pytest.mark.embedded
 
 def _run(tmp_path, *args):
     env = dict(os.environ, CHATEVAL_CACHE_DIR=str(tmp_path / "cache"))
-    proc = subprocess.run([sys.executable, "-m", "optim.cli.runtime", "evaluate", *args, "--no-progress"],
+    proc = subprocess.run([sys.executable, "-m", "optim.cli", "evaluate", *args, "--no-progress", "--no-mlflow"],
                           capture_output=True, text=True, env=env, timeout=900, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout

@@ -5,7 +5,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from optim.cli.main import add_tracking_flags
+from optim.cli import flags
 from optim.search.study import DEFAULT_STORAGE
 
 
@@ -17,13 +17,13 @@ def add_command(sub) -> None:
     p.add_argument("target", metavar="RUN_OR_STUDY", help="a study name (see `chateval search`) or an MLflow run id")
     p.add_argument("--storage", default=DEFAULT_STORAGE, help=f"Optuna storage URL (default {DEFAULT_STORAGE})")
     p.add_argument("--out", help="directory for the PNG files (default reports/<study or run id>)")
-    add_tracking_flags(p)
+    flags.add_tracking_flags(p)
     for action in p._actions:  # argparse has no public way to reword a shared flag's help
         if action.dest == "no_mlflow":
             action.help = "do not attach the plots to the study's or run's MLflow run"
 
 
-def cmd_report(args) -> int:
+def run(args) -> int:
     from optim import report
 
     kind, found = report.find(args.target, storage=args.storage, uri=args.tracking_uri)
@@ -51,4 +51,3 @@ def cmd_report(args) -> int:
     return 0
 
 
-COMMANDS = {"report": cmd_report}

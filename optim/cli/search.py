@@ -12,16 +12,18 @@ only that strategy, ``--roles 3`` only panels of three, ``--same-role 2`` only t
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import math
 import sys
 from pathlib import Path
 
+from chateval_dspy.config import DebateConfig
+from chateval_dspy.data.loaders import dataset_hash
 from chateval_dspy.errors import ConfigError
+from chateval_dspy.run.evaluate import evaluate
+from chateval_dspy.run.evaluate_dataset import lm_slots, run_header
 from chateval_dspy.run.metrics import primary_metric
-from optim.cli import runtime as runtime
-from optim.cli.main import add_tracking_flags, dataset_hash
+from optim.cli import flags, show
 from optim.report import panel_label, trials_frame
 from optim.search.study import COMPILE_CHOICES, DEFAULT_STORAGE, PANELS, SearchSpace
 
@@ -44,7 +46,7 @@ def add_command(sub) -> None:
                        description="Each trial picks a panel, is judged on the dev split and logged as a nested MLflow "
                                    "run; the best panel is then judged once on the test split and saved. Panel flags "
                                    "narrow the search instead of setting the panel.")
-    runtime.add_common_flags(p)
+    flags.add_common_flags(p)
     # Unset means "let the trial choose"; a given panel flag fixes that dimension of the search.
     p.set_defaults(strategy=None, turns=None, aggregate=None, split=None)
     for action in p._actions:  # argparse has no public way to reword a shared flag's help
@@ -66,7 +68,7 @@ def add_command(sub) -> None:
     g.add_argument("--no-log-model", action="store_true", help="do not log the best program as an MLflow dspy model")
     p.add_argument("--out", help="directory for the best evaluator (default programs/<study>)")
     p.add_argument("--no-progress", action="store_true")
-    add_tracking_flags(p)
+    flags.add_tracking_flags(p)
 
 
 def space_from_args(args) -> SearchSpace:
@@ -89,10 +91,11 @@ def space_from_args(args) -> SearchSpace:
 
 def base_from_args(args, fmt: str):
     """Everything a trial does not choose, from the flags (the panel here is a placeholder each trial replaces)."""
-    filled = argparse.Namespace(**{**vars(args), "role": None, "roles": None, "same_role": None,
-                                   "strategy": args.strategy or "one_by_one", "turns": args.turns or 1,
-                                   "aggregate": args.aggregate or "mean"})
-    return runtime.config_from_args(filled, fmt)
+    return DebateConfig(format=fmt, strategy=args.strategy or flags.default(DebateConfig, "strategy"),
+                        turns=args.turns or 1, aggregate=args.aggregate or flags.default(DebateConfig, "aggregate"),
+                        calibrate=not args.no_calibrate, parse_retries=args.parse_retries,
+                        max_text_chars=args.max_text_chars, role_file=args.role_file,
+                        consensus_stop=args.consensus_stop, weighted_scores=args.weighted_scores)
 
 
 def base_settings(base) -> dict:
@@ -183,10 +186,9 @@ def trials_table(study, metric: str) -> str:
     return title + "\n" + shown.to_string(index=False)
 
 
-def cmd_search(args) -> int:
+def run(args) -> int:
     import optuna
 
-    from chateval_dspy.data.loaders import split as split_items
     from chateval_dspy.deploy.store import make_card, save_program
     from chateval_dspy.run.metrics import plain
     from optim.search import study as search
@@ -198,9 +200,10 @@ def cmd_search(args) -> int:
     if args.report_every < 1:
         raise ConfigError(f"--report-every must be positive, got {args.report_every}")
     objectives = search.parse_objectives(args.objectives)
-    items, fmt = runtime.load_items(args)
+    data = flags.data_spec(args)
+    items, fmt = data.load()
     space, base = space_from_args(args), base_from_args(args, fmt)
-    parts = {k: v[: args.limit] if args.limit else v for k, v in split_items(items, seed=args.seed).items()}
+    parts = data.parts(items)
     if not parts["dev"] or all(x.get("label" if fmt == "pairwise" else "human") is None for x in parts["dev"]):
         raise ConfigError("search needs labelled dev items: use a dataset with human labels, more items or a larger --limit")
     if not args.no_test and not parts["test"]:
@@ -248,7 +251,7 @@ def cmd_search(args) -> int:
         from optim import tracking
     tested = None
     with parent as active:
-        with runtime.lm_context(args, slot_cfg) as lm:
+        with flags.lm_spec(args).judging(lm_slots(slot_cfg, flags.concurrency(args))) as lm:
             model = lm.model
             if tracked:
                 tracking.log_params({"model": model})
@@ -305,9 +308,10 @@ def _test(trial, parts: dict, args, model: str, out: Path):
     results = out / "results" / "test.jsonl"
     results.parent.mkdir(parents=True, exist_ok=True)
     results.write_text("", encoding="utf-8")
-    result = runtime.run_judged(program, parts["test"], cfg, args, results, progress=not args.no_progress)
+    with show.progress(len(parts["test"]), not args.no_progress) as on_item:
+        result = evaluate(program, parts["test"], cfg, out=results, concurrency=args.concurrency, on_item=on_item)
     print(f"\n== best trial {trial.number} on the test split ==")
-    figures = runtime.print_summary(result, runtime.header_of(args, cfg, model, result.n, "test"), args.seed)
+    figures = show.summary(result, run_header(flags.data_spec(args), cfg, model, result.n, "test"), args.seed)
     return program, result, figures, results
 
 
@@ -335,4 +339,3 @@ def _final_trial(study, out: Path, args):
     return best
 
 
-COMMANDS = {"search": cmd_search}

@@ -1,0 +1,5 @@
+import sys
+
+from optim.cli.main import main
+
+sys.exit(main())

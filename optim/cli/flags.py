@@ -1,0 +1,131 @@
+"""Flags shared by the commands, and their translation into the frozen specs the library takes.
+
+Defaults and choices come from the dataclasses (``DebateConfig``, ``LMSpec``, ``DataSpec``), so a
+flag can never drift from the Python API's default. Nothing here does work: it parses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from chateval_dspy.config import AGGREGATES, DebateConfig
+from chateval_dspy.data.loaders import SPLITS, parse_columns
+from chateval_dspy.data.spec import DataSpec
+from chateval_dspy.errors import ConfigError
+from chateval_dspy.lm.spec import LMSpec
+
+
+def default(cls, name: str):
+    """The dataclass field's default (what the Python API does when the flag is absent)."""
+    return {f.name: f.default for f in dataclasses.fields(cls)}[name]
+
+
+def add_data_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("data")
+    g.add_argument("--dataset", required=True, help="faireval, topical_chat, or a .jsonl/.csv file of your own")
+    g.add_argument("--format", choices=["pairwise", "scoring"], help="the format of a custom file")
+    g.add_argument("--columns", help="custom file: map fields to your columns, e.g. question=prompt,answer_1=a,label=winner")
+    g.add_argument("--split", default=default(DataSpec, "split"), choices=["all", *SPLITS])
+    g.add_argument("--seed", type=int, default=default(DataSpec, "seed"), help="split and bootstrap seed")
+    g.add_argument("--limit", type=int, help="judge only the first N items of the split")
+
+
+def add_panel_flags(p: argparse.ArgumentParser) -> None:
+    from chateval_dspy.program.strategies import STRATEGIES
+
+    g = p.add_argument_group("panel")
+    who = g.add_mutually_exclusive_group()
+    who.add_argument("--roles", type=int, metavar="N",
+                     help=f"use the first N built-in personas (default {len(default(DebateConfig, 'roles'))})")
+    who.add_argument("--role", action="append", metavar="SLUG", help="a persona by slug; repeat for more referees")
+    who.add_argument("--same-role", type=int, metavar="N", help="N referees sharing one persona (the paper's ablation)")
+    g.add_argument("--role-file", help="YAML/JSON file of extra personas (see chateval_dspy/program/roles/default.yaml)")
+    g.add_argument("--strategy", default=default(DebateConfig, "strategy"), choices=list(STRATEGIES))
+    g.add_argument("--turns", type=int, default=default(DebateConfig, "turns"),
+                   help="rounds of talk; the last is the verdict (default %(default)s)")
+    g.add_argument("--aggregate", default=default(DebateConfig, "aggregate"), choices=list(AGGREGATES))
+    g.add_argument("--no-calibrate", action="store_true", help="pairwise: judge one answer order only")
+    g.add_argument("--consensus-stop", action="store_true",
+                   help="every round ends in scores; stop once all referees agree (fewer LM calls)")
+    g.add_argument("--weighted-scores", action="store_true",
+                   help="G-Eval style: expected score under the LM's token probabilities (needs an LM with logprobs)")
+    g.add_argument("--parse-retries", type=int, default=default(DebateConfig, "parse_retries"))
+    g.add_argument("--max-text-chars", type=int, default=default(DebateConfig, "max_text_chars"),
+                   help="judged texts longer than this are truncated (default %(default)s)")
+
+
+def add_lm_flags(p: argparse.ArgumentParser, *, concurrency: int = 1) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--model", default=default(LMSpec, "model"),
+                   help="embedded (default: Gemma 3 270M, started for you), an OpenAI-compatible base URL, "
+                        "or a LiteLLM model string such as openai/gpt-4o-mini")
+    g.add_argument("--served-model", help="model id at a base URL (default: the first it lists)")
+    g.add_argument("--temperature", type=float, default=default(LMSpec, "temperature"))
+    g.add_argument("--max-tokens", type=int)
+    g.add_argument("--timeout", type=float, default=default(LMSpec, "timeout"),
+                   help="seconds one attempt of one LM request may take (default %(default)s)")
+    g.add_argument("--concurrency", type=int, default=concurrency, help="items judged at once (default %(default)s)")
+    g.add_argument("--no-cache", action="store_true", help="turn DSPy's LM cache off")
+    g.add_argument("--cache-dir", help="DSPy cache directory (default: $CHATEVAL_CACHE_DIR or ~/.cache/chateval-dspy)")
+
+
+def add_common_flags(p: argparse.ArgumentParser) -> None:
+    """Data, panel and model flags, shared by every command that judges a dataset."""
+    add_data_flags(p)
+    add_panel_flags(p)
+    add_lm_flags(p)
+
+
+def add_tracking_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("tracking")
+    g.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite under ./mlruns)")
+    g.add_argument("--no-mlflow", action="store_true", help="do not log this run to MLflow")
+
+
+def add_loaded_flags(p: argparse.ArgumentParser) -> None:
+    """A saved evaluator and the LM it runs on (score, serve)."""
+    p.add_argument("evaluator", help="saved evaluator dir, runs:/<run_id>[/path] or models:/<name>/<version>")
+    p.add_argument("--model", help="LM for this evaluator (default: the card's model)")
+    p.add_argument("--served-model", help="model id at a base URL")
+    p.add_argument("--timeout", type=float, default=default(LMSpec, "timeout"),
+                   help="seconds one attempt of one LM request may take")
+    p.add_argument("--concurrency", type=int, default=2, help="items judged at once")
+    p.add_argument("--trust-pickle", action="store_true", help="allow a pickled program (runs code from the file)")
+
+
+def data_spec(args) -> DataSpec:
+    return DataSpec(dataset=args.dataset, format=args.format, columns=parse_columns(args.columns),
+                    split=args.split or "all", seed=args.seed, limit=args.limit)
+
+
+def lm_spec(args) -> LMSpec:
+    return LMSpec(model=args.model, served_model=args.served_model, temperature=args.temperature,
+                  max_tokens=args.max_tokens, timeout=args.timeout, cache=not args.no_cache, cache_dir=args.cache_dir)
+
+
+def panel_roles(args) -> tuple[str, ...]:
+    """``--roles N`` / ``--role SLUG`` / ``--same-role N`` -> the role slugs."""
+    from chateval_dspy.program.roles import first_roles, same_roles
+
+    if args.same_role is not None:
+        if args.same_role < 1:
+            raise ConfigError(f"--same-role takes a positive number, got {args.same_role}")
+        return same_roles(args.same_role)
+    if args.role:
+        return tuple(args.role)
+    return first_roles(args.roles if args.roles is not None else len(default(DebateConfig, "roles")))
+
+
+def debate_config(args, fmt: str) -> DebateConfig:
+    """Flags -> DebateConfig (the CLI's only translation step for the panel)."""
+    return DebateConfig(format=fmt, roles=panel_roles(args), strategy=args.strategy, turns=args.turns,
+                        calibrate=not args.no_calibrate, aggregate=args.aggregate, parse_retries=args.parse_retries,
+                        max_text_chars=args.max_text_chars, role_file=args.role_file,
+                        consensus_stop=args.consensus_stop, weighted_scores=args.weighted_scores)
+
+
+def concurrency(args) -> int:
+    if args.concurrency < 1:
+        raise ConfigError(f"--concurrency must be positive, got {args.concurrency}")
+    return args.concurrency

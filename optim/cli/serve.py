@@ -1,0 +1,36 @@
+"""``chateval serve``: a saved evaluator as an HTTP JSON API (loopback by default, optional bearer token)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from optim.cli import flags
+from optim.cli.score import load_judge
+
+
+def add_command(sub) -> None:
+    p = sub.add_parser("serve", help="serve a saved evaluator as an HTTP JSON API")
+    flags.add_loaded_flags(p)
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--token-env", default="CHATEVAL_SERVE_TOKEN",
+                   help="environment variable holding the bearer token (unset: no token required)")
+    p.add_argument("--queue", type=int, default=4, help="requests in flight before 503")
+    p.add_argument("--max-items", type=int, default=32, help="items per request")
+    p.add_argument("--max-body-bytes", type=int, default=1_000_000)
+
+
+def run(args) -> int:
+    import uvicorn
+
+    from chateval_dspy.deploy.serve import create_app
+
+    token = os.environ.get(args.token_env) or None
+    with load_judge(args) as judge:
+        app = create_app(judge, token=token, max_body_bytes=args.max_body_bytes, max_items=args.max_items,
+                         queue=args.queue, concurrency=args.concurrency)
+        print(f"serving {args.evaluator} on http://{args.host}:{args.port} "
+              f"({'bearer token required' if token else 'no token'}); Ctrl-C stops", file=sys.stderr)
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
