@@ -1,11 +1,14 @@
 """chateval-dspy: ChatEval's multi-referee debate as an optimizable DSPy program.
 
 Example:
-    >>> import dspy, chateval_dspy as ce
+    >>> import chateval_dspy as ce
     >>> cfg = ce.DebateConfig(format="pairwise", roles=("general_public", "critic"))
     >>> program = ce.build_evaluator(cfg)
-    >>> with ce.resolve_lm("embedded") as lm, dspy.context(lm=lm, adapter=ce.JudgeAdapter()):  # doctest: +SKIP
-    ...     verdict = program(question="...", answer_1="...", answer_2="...")
+    >>> lm = ce.LMSpec(model=fake_url, cache=False)   # "embedded", a base URL, or a LiteLLM model string
+    >>> with lm.judging():
+    ...     verdict = program(question="2+2?", answer_1="4", answer_2="5")
+    >>> verdict.preference in ("1", "2", "tie"), verdict.calls
+    (True, 8)
 """
 
 from chateval_dspy.lm.offline import ensure_offline

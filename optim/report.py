@@ -95,7 +95,10 @@ def find(target: str, *, storage: str, uri: str | None = None):
     """``("study", study)`` or ``("run", (client, run))`` for ``target``, else a ConfigError saying what exists.
 
     Example:
-        >>> kind, found = find("faireval-agreement", storage="sqlite:///mlruns/optuna.db")  # doctest: +SKIP
+        >>> find("no-such-study", storage=f"sqlite:///{tmp}/optuna.db")
+        Traceback (most recent call last):
+        ...
+        chateval_dspy.errors.ConfigError: no study named 'no-such-study' (studies in sqlite:///.../optuna.db: none); ...
     """
     from optim.search.study import redact_url
 

@@ -1,13 +1,14 @@
 """Past one machine: judge a dataset with Ray Data, every worker loading the saved evaluator itself.
 
-Each Ray actor calls ``production.load`` once (JSON state, no pickle) and binds the LM named by
+Each Ray actor calls ``chateval_dspy.load`` once (JSON state, no pickle) and binds the LM named by
 ``model``: point it at a shared OpenAI-compatible server (vLLM, llama.cpp) so that the cluster's
 workers share one model endpoint. Ray is an optional dependency (``pip install "ray[data]"``).
 
-Example:
-    >>> import ray, pandas as pd  # doctest: +SKIP
-    >>> ds = ray.data.from_pandas(pd.read_json("items.jsonl", lines=True))
-    >>> verdicts = judge_dataset(ds, "programs/faireval-bootstrap", model="http://vllm:8000/v1").to_pandas()
+Example (run on a local Ray cluster in ``tests/test_scale.py``)::
+
+    import ray, pandas as pd
+    ds = ray.data.from_pandas(pd.read_json("items.jsonl", lines=True))
+    verdicts = judge_dataset(ds, "programs/faireval-bootstrap", model="http://vllm:8000/v1").to_pandas()
 """
 
 from __future__ import annotations
