@@ -26,6 +26,7 @@ from chateval_dspy.lm.spec import LMSpec  # noqa: E402
 from chateval_dspy.program.chateval import ChatEval, build_evaluator  # noqa: E402
 from chateval_dspy.program.strategies import STRATEGIES  # noqa: E402
 from chateval_dspy.run.evaluate import evaluate  # noqa: E402
+from chateval_dspy.run.evaluate_dataset import evaluate_dataset  # noqa: E402
 
 __all__ = [
     "ChatEval",
@@ -43,6 +44,7 @@ __all__ = [
     "build_evaluator",
     "configure_cache",
     "evaluate",
+    "evaluate_dataset",
     "load",
     "load_dataset",
     "resolve_lm",

@@ -4,9 +4,14 @@
 - ``GET /health``: liveness, no auth
 - ``GET /card``: the judge card
 
-Requests are validated (bad JSON 400, wrong shape or fields 422, too large 413), at most
-``queue`` requests are in flight and the next gets 503 instead of piling up, an optional
-bearer token guards everything but ``/health``, and one LM (server) is shared by all requests.
+Requests are validated (bad or too deeply nested JSON 400, wrong shape or fields 422, too large
+413), at most ``queue`` requests are in flight and the next gets 503 instead of piling up, an
+optional bearer token guards everything but ``/health``, and one LM (server) is shared by all requests.
+
+The body is streamed and counted, so a client that sends more than ``max_body_bytes`` (declared
+or chunked) gets 413 as soon as it passes the limit, and the connection is closed rather than
+drained. With a token, ``/openapi.json`` needs it too and the browser docs (``/docs``, ``/redoc``)
+are off: a browser page cannot send the bearer header, so they could only be open or broken.
 """
 
 from __future__ import annotations
@@ -23,6 +28,10 @@ from chateval_dspy.concurrency import parallel_map
 from chateval_dspy.data.loaders import item_from_record
 from chateval_dspy.errors import DataError
 
+# Items are flat objects (a list of them nests 2 deep); the cap leaves room for extra metadata
+# while keeping every later walk over the payload (str(), repr(), encoders) far from the recursion limit.
+MAX_JSON_DEPTH = 32
+
 
 def create_app(evaluator, *, token: str | None = None, max_body_bytes: int = 1_000_000, max_items: int = 32,
                queue: int = 4, concurrency: int = 2) -> FastAPI:
@@ -35,11 +44,27 @@ def create_app(evaluator, *, token: str | None = None, max_body_bytes: int = 1_0
         queue: Requests handled at once; the next one gets 503 (retry later).
         concurrency: Items of one list judged at once.
     """
-    app = FastAPI(title="chateval-dspy", version=evaluator.card.get("versions", {}).get("chateval-dspy", "?"))
+    version = evaluator.card.get("versions", {}).get("chateval-dspy", "?")
+    if token:
+        # FastAPI's own schema and docs routes know nothing of the token: switch them off and serve the schema
+        # from a guarded route. The HTML docs stay off: their page fetches the schema without the header.
+        app = FastAPI(title="chateval-dspy", version=version, openapi_url=None, docs_url=None, redoc_url=None)
+    else:
+        app = FastAPI(title="chateval-dspy", version=version)
     slots = threading.BoundedSemaphore(queue)
 
-    def error(status: int, message: str) -> JSONResponse:
-        return JSONResponse({"error": message}, status_code=status)
+    def error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+        return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+    def unauthorised(*, unread_body: bool = False) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"}
+        if unread_body:
+            headers["Connection"] = "close"  # else uvicorn reads and discards the rest of the body
+        return error(401, "missing or wrong bearer token", headers)
+
+    def too_large(message: str) -> JSONResponse:
+        # Closing is what stops the upload; keep-alive would make uvicorn read the rest to find the next request.
+        return error(413, message, {"Connection": "close"})
 
     def authorised(request: Request) -> bool:
         if not token:
@@ -51,26 +76,41 @@ def create_app(evaluator, *, token: str | None = None, max_body_bytes: int = 1_0
     def health():
         return {"status": "ok", "format": evaluator.format, "model": evaluator.lm.model}
 
+    if token:
+        @app.get("/openapi.json", include_in_schema=False)
+        def openapi(request: Request):
+            if not authorised(request):
+                return unauthorised()
+            return app.openapi()
+
     @app.get("/card")
     def card(request: Request):
         if not authorised(request):
-            return error(401, "missing or wrong bearer token")
+            return unauthorised()
         return evaluator.card
 
     @app.post("/evaluate")
     async def evaluate(request: Request):
         if not authorised(request):
-            return error(401, "missing or wrong bearer token")
+            return unauthorised(unread_body=True)
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > max_body_bytes:
-            return error(413, f"body is {declared} bytes; the limit is {max_body_bytes}")
-        body = await request.body()
-        if len(body) > max_body_bytes:
-            return error(413, f"body is {len(body)} bytes; the limit is {max_body_bytes}")
+            return too_large(f"body is {declared} bytes; the limit is {max_body_bytes}")
+        # Counted as it arrives: a chunked body declares no length, and request.body() would hold all of it.
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > max_body_bytes:
+                return too_large(f"body is over the limit of {max_body_bytes} bytes")
+        too_deep = f"body nests JSON arrays/objects more than {MAX_JSON_DEPTH} levels deep"
         try:
             payload = json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except RecursionError:
+            return error(400, too_deep)
+        except ValueError as exc:  # also bad UTF-8 and integers past Python's digit limit
             return error(400, f"body is not valid JSON: {exc}")
+        if _deeper_than(payload, MAX_JSON_DEPTH):
+            return error(400, too_deep)
         many = isinstance(payload, list)
         items = payload if many else [payload]
         if not items or not all(isinstance(x, dict) for x in items):
@@ -98,3 +138,20 @@ def _judge(evaluator, items: list[dict], concurrency: int) -> list[dict]:
     verdicts = parallel_map(lambda pair: evaluator(pair[1], row=pair[0], source="request"),
                             list(enumerate(items, start=1)), concurrency)
     return [v.to_dict() for v in verdicts]
+
+
+def _deeper_than(value, limit: int) -> bool:
+    """Whether ``value`` nests lists/dicts more than ``limit`` deep; level by level, so deep input cannot overflow it."""
+    # json.loads makes plain lists and dicts, so exact type tests suffice. This runs on every body, hostile ones
+    # included (a megabyte of [[],[],...]): plain loops with `type() is` take half the time of isinstance comprehensions.
+    level = [value] if type(value) is list or type(value) is dict else []
+    for _ in range(limit):
+        below = []
+        for container in level:
+            for child in container.values() if type(container) is dict else container:
+                if type(child) is list or type(child) is dict:
+                    below.append(child)
+        if not below:
+            return False
+        level = below
+    return bool(level)
