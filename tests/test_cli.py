@@ -242,3 +242,18 @@ def test_the_lm_is_laid_out_for_the_requests_in_flight(tmp_path, capsys, fake_mo
                        "--no-progress", "--no-cache", *flags)
     assert code == 0, err
     assert fake_model["requests"][0][1]["slots"] == slots
+
+
+def test_a_blocked_secret_is_one_line_not_a_traceback(tmp_path, capsys, fake_model, monkeypatch):
+    """Issue 10 (break 6): a key about to reach MLflow stops the run with the CLI's one-line error, exit 2."""
+    secret = "sk-planted-0123456789abcdef"
+    monkeypatch.setenv("OPENAI_API_KEY", secret)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    data = tmp_path / f"{secret}.csv"  # the dataset's name is a logged param
+    data.write_text("question,answer_1,answer_2\nQ,a,b\n", encoding="utf-8")
+    code = main(["evaluate", "--dataset", str(data), "--format", "pairwise", "--roles", "1", "--turns", "1",
+                 "--out", str(tmp_path / "r.jsonl"), "--no-progress", "--no-cache"])
+    out, err = capsys.readouterr()
+    assert code == 2, (out, err)
+    assert err.startswith("chateval: error: refusing to log") and "Traceback" not in err and len(err.splitlines()) == 1
+    assert secret not in err
