@@ -384,3 +384,42 @@ def test_scoring_non_numeric_aspect_names_the_field(tmp_path):
     with pytest.raises(DataError) as err:
         load_custom(path, "scoring")
     assert_names(err, path, row=2, field="coherence")
+
+
+def test_issue_11_item_7_read_rows_can_keep_bad_rows_as_errors(tmp_path):
+    """Issue 11 (item 7): for a batch of user rows, each malformed row is its own DataError and the rest are read."""
+    path = tmp_path / "mixed.jsonl"
+    path.write_bytes(json.dumps(pair(1)).encode() + b"\n{broken\n\n" + '{"q": "caf\xe9"}'.encode("latin-1")
+                     + b'\n"text"\n' + json.dumps(pair(2)).encode() + b"\n")
+    rows = read_rows(path, bad_rows="keep")
+    assert [n for n, _ in rows] == [1, 2, 4, 5, 6]
+    assert [type(r).__name__ for _, r in rows] == ["dict", "DataError", "DataError", "DataError", "dict"]
+    bad = {n: r for n, r in rows if isinstance(r, DataError)}
+    assert "not valid JSON" in str(bad[2]) and "not UTF-8" in str(bad[4]) and "expected a JSON object" in str(bad[5])
+    assert all(path.name in str(e) and e.row == n for n, e in bad.items())
+
+
+def test_issue_11_item_7_csv_rows_keep_their_bad_bytes_to_themselves(tmp_path):
+    path = tmp_path / "mixed.csv"
+    path.write_bytes(b'question,answer_1,answer_2\nq,a,b\ncaf\xe9,a,b\n"multi\nline",a,b\n')
+    rows = read_rows(path, bad_rows="keep")
+    assert rows[0] == (2, {"question": "q", "answer_1": "a", "answer_2": "b"})
+    assert isinstance(rows[1][1], DataError) and rows[1][0] == 3 and "not UTF-8" in str(rows[1][1])
+    assert "row 3" in str(rows[1][1]) and "question" in str(rows[1][1])
+    assert rows[2][1]["question"] == "multi\nline"
+    header = tmp_path / "header.csv"
+    header.write_bytes(b"caf\xe9,answer_1\nq,a\n")
+    with pytest.raises(DataError, match="not UTF-8") as err:
+        read_rows(header, bad_rows="keep")  # no row can be read without the header
+    assert_names(err, header, row=1)
+
+
+def test_issue_11_item_7_a_dataset_still_fails_fast_on_a_bad_row(tmp_path):
+    """Issue 11 (item 7): ``chateval evaluate`` reads a dataset, which must be whole: the first bad row is an error."""
+    path = tmp_path / "data.jsonl"
+    path.write_text(json.dumps(pair(1)) + "\n{broken\n" + json.dumps(pair(2)) + "\n", encoding="utf-8")
+    with pytest.raises(DataError, match="not valid JSON") as err:
+        load_dataset(str(path), fmt="pairwise")
+    assert_names(err, path, row=2)
+    with pytest.raises(ValueError, match="bad_rows"):
+        read_rows(path, bad_rows="skip")

@@ -109,9 +109,10 @@ def test_predictions_follow_the_judge(tmp_path):
 
 def test_results_are_appended(tmp_path):
     out = tmp_path / "r.jsonl"
-    run_eval(ITEMS[:2], out=out)
-    run_eval(ITEMS[2:3], out=out)
+    run_eval(ITEMS[:2], out=out, run_key="one-run")  # an explicit key: the caller says both calls are one run
+    run_eval(ITEMS[2:3], out=out, run_key="one-run")
     assert [r["id"] for r in read_lines(out)] == ["item-0", "item-1", "item-2"]
+    assert {r["run_key"] for r in read_lines(out)} == {"one-run"}
 
 
 def test_truncation_is_recorded_and_warned(tmp_path, caplog):

@@ -36,8 +36,19 @@ LABELS = {"1": "1", "2": "2", "tie": "tie", "a": "1", "b": "2", "draw": "tie"}
 FAIREVAL_LABELS = {"chatgpt": "1", "vicuna13b": "2", "tie": "tie"}
 
 
-def read_rows(path: str | Path) -> list[tuple[int, dict]]:
-    """``(row number, record)`` pairs from a JSONL or CSV file; row numbers are 1-based lines."""
+def read_rows(path: str | Path, *, bad_rows: str = "raise") -> list[tuple[int, dict | DataError]]:
+    """``(row number, record)`` pairs from a JSONL or CSV file; row numbers are 1-based lines.
+
+    Args:
+        path: A ``.jsonl``/``.json``/``.ndjson`` or ``.csv`` file.
+        bad_rows: ``"raise"``: the first malformed row (invalid JSON, not an object, not UTF-8) raises its
+            ``DataError``, as a dataset must be whole. ``"keep"``: such a row comes back as
+            ``(row, DataError)`` in its place and the other rows still come back, for a batch of user rows
+            where one bad row must not stop the rest. A file that cannot be read at all raises either way.
+    """
+    if bad_rows not in ("raise", "keep"):
+        raise ValueError(f"bad_rows must be 'raise' or 'keep', got {bad_rows!r}")
+    keep = bad_rows == "keep"
     path = Path(path)
     source = str(path)
     try:
@@ -48,14 +59,18 @@ def read_rows(path: str | Path) -> list[tuple[int, dict]]:
         raw = raw[3:]
     suffix = path.suffix.lower()
     if suffix == ".csv":
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            line = raw[: exc.start].count(b"\n") + 1
-            raise DataError(f"not UTF-8 (byte {exc.start}); re-save the file as UTF-8", source=source, row=line) from exc
-        reader = csv.DictReader(io.StringIO(text, newline=""))
-        # Row numbers count the header as line 1, as a spreadsheet shows them.
-        rows = [(i, dict(r)) for i, r in enumerate(reader, start=2)]
+        if keep:
+            rows = _csv_rows(raw, source)
+        else:
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                line = raw[: exc.start].count(b"\n") + 1
+                raise DataError(f"not UTF-8 (byte {exc.start}); re-save the file as UTF-8", source=source,
+                                row=line) from exc
+            reader = csv.DictReader(io.StringIO(text, newline=""))
+            # Row numbers count the header as line 1, as a spreadsheet shows them.
+            rows = [(i, dict(r)) for i, r in enumerate(reader, start=2)]
         if not rows:
             raise DataError("file has no items (only a header, or empty)", source=source)
         return rows
@@ -66,17 +81,48 @@ def read_rows(path: str | Path) -> list[tuple[int, dict]]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line.decode("utf-8"))
-        except UnicodeDecodeError as exc:
-            raise DataError(f"not UTF-8 (column {exc.start + 1}); re-save the file as UTF-8", source=source, row=i) from exc
-        except json.JSONDecodeError as exc:
-            raise DataError(f"not valid JSON: {exc.msg} (column {exc.colno})", source=source, row=i) from exc
-        if not isinstance(record, dict):
-            raise DataError(f"expected a JSON object, got {type(record).__name__}", source=source, row=i)
-        rows.append((i, record))
+            rows.append((i, _json_row(line, source, i)))
+        except DataError as exc:
+            if not keep:
+                raise
+            rows.append((i, exc))
     if not rows:
         raise DataError("file has no items", source=source)
     return rows
+
+
+def _json_row(line: bytes, source: str, row: int) -> dict:
+    try:
+        record = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise DataError(f"not UTF-8 (column {exc.start + 1}); re-save the file as UTF-8", source=source, row=row) from exc
+    except json.JSONDecodeError as exc:
+        raise DataError(f"not valid JSON: {exc.msg} (column {exc.colno})", source=source, row=row) from exc
+    if not isinstance(record, dict):
+        raise DataError(f"expected a JSON object, got {type(record).__name__}", source=source, row=row)
+    return record
+
+
+def _csv_rows(raw: bytes, source: str) -> list[tuple[int, dict | DataError]]:
+    """CSV rows where a row holding non-UTF-8 bytes becomes its own ``DataError`` (``bad_rows="keep"``)."""
+    # surrogateescape keeps every byte, so one bad byte spoils only the row (or quoted field) it sits in.
+    text = raw.decode("utf-8", errors="surrogateescape")
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    if any(_undecodable(name) for name in reader.fieldnames or ()):
+        raise DataError("not UTF-8 in the header; re-save the file as UTF-8", source=source, row=1)
+    rows: list[tuple[int, dict | DataError]] = []
+    for i, r in enumerate(reader, start=2):
+        bad = [k for k, v in r.items() if _undecodable(v)]
+        if bad:
+            rows.append((i, DataError("not UTF-8; re-save the file as UTF-8", source=source, row=i, field=bad[0])))
+        else:
+            rows.append((i, dict(r)))
+    return rows
+
+
+def _undecodable(value) -> bool:
+    values = value if isinstance(value, list) else [value]  # DictReader puts surplus cells in a list
+    return any(isinstance(v, str) and any("\udc80" <= c <= "\udcff" for c in v) for v in values)
 
 
 def _text(record: dict, name: str, source: str, row: int, column: str | None = None) -> str:

@@ -7,7 +7,6 @@ bar and the printed table.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 import traceback
 from collections import Counter
@@ -20,7 +19,8 @@ from chateval_dspy.concurrency import bounded_unordered
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import ChatEvalError
 from chateval_dspy.program.signatures import ASPECTS, INPUTS
-from chateval_dspy.run.records import append_record, finished_records
+from chateval_dspy.run.records import ResultsStream, lm_identity
+from chateval_dspy.run.records import run_key as derive_run_key
 from chateval_dspy.run.result import RunResult
 
 log = logging.getLogger(__name__)
@@ -117,39 +117,35 @@ def evaluate(program: dspy.Module, items: Iterable[dspy.Example], config: Debate
             records count in the result and the run goes on with the rest (resume after a crash or kill).
         concurrency: Items judged at once (bounded; results may finish out of order).
         on_item: Called with each record (the CLI advances its progress bar here).
-        run_key: What identifies the run (config, model, data); stored in each record and checked on resume.
+        run_key: What identifies the run; stored in each record and checked on resume, so a file written by
+            another run is refused (``ConfigError``). None: derived from ``config``, the model and sampling
+            settings of the LM in the DSPy context, the items and ``program.dump_state()`` (so a compiled
+            program never resumes the uncompiled one's file). Only needed with ``out``.
 
     Example:
         >>> with dspy.context(lm=lm, adapter=JudgeAdapter()):  # doctest: +SKIP
         ...     result = evaluate(build_evaluator(cfg), items, cfg, out="results.jsonl")
         >>> result.metrics()["accuracy"]  # doctest: +SKIP
     """
+    if out is not None and run_key is None:
+        items = list(items)  # hashed for the key, then judged: an iterator could be read only once
+        run_key = derive_run_key(config, lm_identity(dspy.settings.lm), items, program.dump_state())
     result = RunResult(config)
-    done: set[str] = set()
-    for record in finished_records(out, run_key) if out else []:
-        done.add(str(record["id"]))
-        result.add(record)
-    result.resumed = len(done)
-    todo = (x for x in items if str(x.id) not in done)
-
-    def judge(item):
-        return {**judge_item(program, item, config), "run_key": run_key}
-
-    lock = threading.Lock()
-    sink = open(out, "a", encoding="utf-8") if out else None  # noqa: SIM115 - closed in finally
-    start = time.perf_counter()
-    # DSPy keeps every call in lm.history; a long batch must not grow with it (results stream to disk instead).
-    with dspy.context(disable_history=True):
-        try:
-            for _, record in bounded_unordered(judge, todo, concurrency):
-                with lock:
-                    if sink:
-                        append_record(sink, record)  # one whole line, flushed and fsynced
+    with ResultsStream(out, run_key) as stream:
+        for record in stream.records:
+            result.add(record)
+        result.resumed = len(stream.records)
+        done = set(stream.done)  # finished before this run; grows no further while the items are drawn
+        todo = (x for x in items if str(x.id) not in done)
+        start = time.perf_counter()
+        # DSPy keeps every call in lm.history; a long batch must not grow with it (results stream to disk instead).
+        with dspy.context(disable_history=True):
+            try:
+                for _, record in bounded_unordered(lambda x: judge_item(program, x, config), todo, concurrency):
+                    record = stream.append(record)  # one whole line, flushed and fsynced, before it counts
                     result.add(record)
-                if on_item:
-                    on_item(record)
-        finally:
-            result.wall_seconds = time.perf_counter() - start
-            if sink:
-                sink.close()
+                    if on_item:
+                        on_item(record)
+            finally:
+                result.wall_seconds = time.perf_counter() - start
     return result

@@ -3,6 +3,7 @@ and the run key that says which run a file belongs to.
 
 A line is written with one ``write`` then flushed and fsynced, so a crash leaves at most one
 incomplete last line; ``read_records`` cuts such a line off before a run appends again.
+``ResultsStream`` is the one resumable results file that ``evaluate()`` and ``score_file`` share.
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ import hashlib
 import json
 import logging
 import os
+import shutil
+import tempfile
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import IO
@@ -21,7 +25,7 @@ log = logging.getLogger(__name__)
 
 
 def append_record(sink: IO[str], record: dict) -> None:
-    sink.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
+    sink.write(_line(record))
     sink.flush()
     os.fsync(sink.fileno())
 
@@ -82,12 +86,151 @@ def digest(parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-def finished_records(out: str | Path, key: str | None) -> list[dict]:
-    """Records of run ``key`` already in ``out`` (for resuming); records of another run are an error."""
-    records = read_records(out)
+def _check_key(out, records: list[dict], key: str | None) -> None:
     for record in records:
         if record.get("run_key") != key:
             raise ConfigError(f"{out} holds results of another run (run key {record.get('run_key')!r}, this run "
                               f"{key!r}): the config, model, items or program differ. Choose another output file, "
                               "or start it afresh (CLI: --overwrite)")
+
+
+def finished_records(out: str | Path, key: str | None) -> list[dict]:
+    """Records of run ``key`` already in ``out`` (for resuming); records of another run are an error."""
+    records = read_records(out)
+    _check_key(out, records, key)
     return records
+
+
+# Sampling settings change the answers; transport settings (keys, URLs, timeouts, retries) do not, and a
+# credential must not feed a hash that is written into every results line.
+SAMPLING_KWARGS = ("temperature", "max_tokens", "max_completion_tokens", "top_p", "top_k", "n", "stop", "seed",
+                   "frequency_penalty", "presence_penalty", "logit_bias", "reasoning_effort", "response_format")
+
+
+def lm_identity(lm) -> dict:
+    """The part of a ``dspy.LM`` that decides its answers: the model and its sampling settings.
+
+    Example:
+        >>> import dspy
+        >>> lm_identity(dspy.LM("openai/m", temperature=0.5, max_tokens=64, api_key="sk-x"))
+        {'model': 'openai/m', 'temperature': 0.5, 'max_tokens': 64}
+    """
+    if lm is None:
+        return {"model": None}
+    kwargs = getattr(lm, "kwargs", None) or {}
+    return {"model": getattr(lm, "model", repr(lm)), **{k: kwargs[k] for k in SAMPLING_KWARGS if k in kwargs}}
+
+
+def is_error(record: dict) -> bool:
+    """An error line (a row that could not be judged): it never counts as a finished item."""
+    return bool(record.get("error"))
+
+
+class ResultsStream:
+    """One resumable JSONL results file: what an earlier run finished, and a thread-safe ``append``.
+
+    Creating it reads the file (a torn last line left by a kill is cut off), refuses it if ``key`` is given and
+    any line belongs to another run, and drops earlier error lines (``{"id", "error", ...}``) with an atomic
+    rewrite: an error costs no LM call, so each run writes one again for every row that still fails, and a
+    row that was fixed meanwhile leaves no stale error behind. So a finished run leaves exactly one line per
+    item, however often it is rerun. ``path=None`` streams nowhere (nothing to resume, ``append`` only passes
+    the record through).
+
+    Args:
+        path: The results file (created, with its folder, on first ``open``), or None.
+        key: The run key stamped into each appended record (``run_key``) and required of every line read;
+            None: lines are not checked and records are written as given.
+        id_field: The field that names an item.
+
+    Example:
+        >>> with ResultsStream("results.jsonl", key="abc123") as stream:  # doctest: +SKIP
+        ...     for item in items:
+        ...         if str(item.id) not in stream.done:
+        ...             stream.append(judge(item))
+    """
+
+    def __init__(self, path: str | Path | None, key: str | None = None, *, id_field: str = "id"):
+        self.path = Path(path) if path is not None else None
+        self.key, self.id_field = key, id_field
+        self._lock = threading.Lock()
+        self._sink: IO[str] | None = None
+        self.records: list[dict] = []  # finished records from earlier runs, in file order
+        self.dropped_errors = 0
+        if self.path is None:
+            self.done: set[str] = set()
+            return
+        records = read_records(self.path)
+        if key is not None:
+            _check_key(self.path, records, key)
+        self.records = [r for r in records if not is_error(r)]
+        self.dropped_errors = len(records) - len(self.records)
+        if self.dropped_errors:
+            self._drop_error_lines()
+        self.done = {str(r[id_field]) for r in self.records}
+
+    def _drop_error_lines(self) -> None:
+        # The kept lines are copied byte for byte (not re-serialised), so a finished record never changes.
+        kept = [line for line in self.path.read_bytes().splitlines(keepends=True)
+                if line.strip() and not is_error(json.loads(line))]
+        # Temp file in the same folder + os.replace: a kill leaves either the old file or the new, never a mix.
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.writelines(kept)
+                f.flush()
+                os.fsync(f.fileno())
+            shutil.copymode(self.path, tmp)  # mkstemp makes it owner-only; the user's file keeps its mode
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        _fsync_dir(self.path.parent)
+
+    def open(self) -> ResultsStream:
+        if self.path is not None and self._sink is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._sink = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        return self
+
+    def append(self, record: dict) -> dict:
+        """Write ``record`` as one whole line, flushed and fsynced; returns it as written (with ``run_key``)."""
+        if self.key is not None:
+            record = {**record, "run_key": self.key}
+        with self._lock:
+            if self._sink is not None:
+                append_record(self._sink, record)
+            elif self.path is not None:
+                raise ValueError("ResultsStream.append before open(): use it as a context manager")
+            if not is_error(record):
+                self.done.add(str(record[self.id_field]))
+        return record
+
+    def close(self) -> None:
+        with self._lock:
+            if self._sink is not None:
+                self._sink.close()
+                self._sink = None
+
+    def __enter__(self) -> ResultsStream:
+        return self.open()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _line(record: dict) -> str:
+    return json.dumps(record, ensure_ascii=False, default=str) + "\n"
+
+
+def _fsync_dir(folder: Path) -> None:
+    # The rename itself is durable only once the folder is synced (POSIX); elsewhere this is a no-op.
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
