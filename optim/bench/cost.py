@@ -127,7 +127,7 @@ def overhead(items, cfg: DebateConfig, workdir: Path) -> dict:
     with dspy.context(lm=lm, adapter=JudgeAdapter()):
         evaluate(program, items[:2], cfg)  # warm-up: first calls build the adapter's schemas and import lazily
         meter = bench.attach_meter(lm)
-        result = evaluate(program, items, cfg, out=workdir / "overhead.jsonl")
+        result = evaluate(program, items, cfg, out=workdir / "overhead.jsonl", run_key="overhead")
     return {"items": result.n, "calls": meter.calls, "config": "2 roles, 2 turns, one-by-one, both orders",
             "wall_seconds": result.wall_seconds, "engine_seconds": meter.engine_seconds,
             "overhead_ms_per_call": (result.wall_seconds - meter.engine_seconds) / max(meter.calls, 1) * 1000}
@@ -152,7 +152,8 @@ def rss_child(n: int, out: str) -> dict:
 
     start = time.perf_counter()
     with dspy.context(lm=lm, adapter=JudgeAdapter()):
-        result = evaluate(build_evaluator(cfg), items(), cfg, out=out)
+        # A fixed key keeps the items streaming (a derived key would hash them all first).
+        result = evaluate(build_evaluator(cfg), items(), cfg, out=out, run_key="rss")
     ru_maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {"items": result.n, "calls": result.calls, "wall_seconds": time.perf_counter() - start,
             "max_rss_mb": _high_water_mb() or ru_maxrss, "ru_maxrss_mb": ru_maxrss, "lm_history_entries": len(lm.history)}
