@@ -326,3 +326,63 @@ def test_a_score_outside_the_scale_has_its_own_error_and_abstention_cause(run, m
     monkeypatch.setattr(Debater, "forward", broken)
     with pytest.raises(ConfigError, match="bad roles file"):
         run(build_evaluator(DebateConfig(roles=(GP,), turns=1, calibrate=False)), fake_lm(), **PAIRWISE_ITEM)
+
+
+# ---------------------------------------------------------------- deadlines (issue 11)
+
+
+def test_an_lm_deadline_is_recorded_as_its_own_abstention_cause(run):
+    """Issue 11 (item 4): an engine's DeadlineExceeded reaches the debate wrapped by DSPy as LMTimeoutError;
+    the abstention names the deadline, not a plain timeout."""
+    from chateval_dspy.lm.engine import DeadlineExceeded
+
+    def responder(call):
+        raise DeadlineExceeded("deadline reached")
+
+    lm = fake_lm(responder)
+    pred = run(build_evaluator(DebateConfig(roles=(GP,), turns=1, parse_retries=2)), lm, **PAIRWISE_ITEM)
+    assert pred.abstentions == {f"order1:{GP}@1": "lm_error:deadline", f"order2:{GP}@1": "lm_error:deadline"}
+    assert pred.abstained == "lm_error:deadline" and len(lm.engine.calls) == 2  # no parse retries after it
+
+
+def test_turns_after_the_item_deadline_abstain_without_calling_the_lm(run):
+    """Issue 11 (item 4): the item's time is shared by all its calls; once it is spent the rest abstain at once."""
+    import time
+
+    from chateval_dspy.lm.engine import CallBounds, with_bounds
+
+    def slow(call):
+        time.sleep(0.3)
+        return default_responder(call)
+
+    lm = with_bounds(fake_lm(slow), CallBounds.derive(30, call_deadline=30, item_deadline=0.5))
+    cfg = DebateConfig(roles=(GP, CRITIC), turns=2)  # 8 calls of 0.3 s one after another: 2.4 s unbounded
+    pred = run(build_evaluator(cfg), lm, **PAIRWISE_ITEM)
+    assert 1 <= len(lm.engine.calls) < cfg.calls_per_item()
+    assert pred.calls == len(lm.engine.calls)  # the skipped turns cost no call
+    assert set(pred.abstentions.values()) == {"lm_error:deadline"}
+    assert pred.preference is None and pred.abstained == "lm_error:deadline"
+
+
+def test_a_summary_cut_by_the_deadline_degrades_to_a_note(run):
+    """Issue 11 (item 4): a summarizer call past its deadline costs the next round its summary, not the verdicts."""
+    import threading
+
+    from chateval_dspy.lm.engine import CallBounds, with_bounds
+
+    release = threading.Event()
+
+    def responder(call):
+        if call.kind == "summary":
+            release.wait(30)
+        return default_responder(call)
+
+    lm = with_bounds(fake_lm(responder), CallBounds.derive(30, call_deadline=0.5, item_deadline=60))
+    cfg = DebateConfig(roles=(GP, CRITIC), strategy="simultaneous_talk_with_summarizer", turns=2, calibrate=False)
+    try:
+        pred = run(build_evaluator(cfg), lm, **PAIRWISE_ITEM)
+    finally:
+        release.set()
+    assert pred.abstained is None and pred.abstentions == {} and pred.preference is not None
+    verdict_calls = [c for c in lm.engine.calls if c.kind == "verdict"]
+    assert all(c.inputs["discussion"] == "[Summary, round 1]: (no summary: deadline)" for c in verdict_calls)

@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import dspy
 import pytest
 from dspy import lm15
 
-from chateval_dspy.lm.engine import OpenAICompatEngine
+from chateval_dspy.lm.engine import DeadlineExceeded, OpenAICompatEngine, RestartingEngine
+from chateval_dspy.testing.fake_server import FakeOpenAIServer
 
 SCHEMA = {"type": "object", "properties": {"evidence": {"type": "string"}, "score_1": {"type": "integer"},
                                            "note": {"type": "string", "maxLength": 10}},
@@ -99,6 +101,8 @@ class _Handler(BaseHTTPRequestHandler):
         data = json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
+        for name, value in self.server.headers.items():
+            self.send_header(name, value)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -110,7 +114,7 @@ class _Handler(BaseHTTPRequestHandler):
 @pytest.fixture
 def server():
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    httpd.seen, httpd.reply = [], (200, {})
+    httpd.seen, httpd.reply, httpd.headers = [], (200, {}), {}
     thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
     yield httpd
@@ -200,3 +204,53 @@ def test_engine_serves_a_dspy_program(server, run):
                question="q", answer_1="a", answer_2="b")
     assert pred.preference == "2" and pred.abstained is None
     assert server.seen[0]["body"]["response_format"]["json_schema"]["schema"]["properties"]["score_1"]
+
+
+# --- retries and deadlines (issue 11) ---------------------------------------------------------------------------
+
+
+def test_the_engine_is_the_only_layer_that_retries(server):
+    """Issue 11 (item 4): the openai client's own retries are off; the engine makes 1 + max_retries attempts."""
+    server.reply = (503, {"error": {"message": "busy", "type": "server_error"}})
+    eng = OpenAICompatEngine(url(server), "m", max_retries=2, timeout=5)
+    assert eng.client.max_retries == 0
+    with pytest.raises(lm15.ServerError):
+        eng.complete(request())
+    assert len(server.seen) == 3
+
+
+def test_a_request_the_server_refuses_is_not_retried(server):
+    """Issue 11 (item 4): only transient failures (timeouts, lost connections, 408/409/429, 5xx) are retried."""
+    server.reply = (404, {"error": {"message": "no such route", "type": "x"}})
+    with pytest.raises(lm15.ServerError):
+        OpenAICompatEngine(url(server), "m", max_retries=2, timeout=5).complete(request())
+    assert len(server.seen) == 1
+
+
+def test_a_retry_after_past_the_deadline_ends_the_call_at_once(server):
+    """Issue 11 (item 4): backoff never sleeps past the call deadline, not even for a server's Retry-After."""
+    server.reply, server.headers = (429, {"error": {"message": "slow down", "type": "x"}}), {"Retry-After": "100"}
+    eng = OpenAICompatEngine(url(server), "m", max_retries=2, timeout=5, call_deadline=3)
+    start = time.perf_counter()
+    with pytest.raises(DeadlineExceeded, match="deadline"):
+        eng.complete(request())
+    seconds = time.perf_counter() - start
+    print(f"\n429 with Retry-After 100 s under a 3 s call deadline: {seconds:.2f} s")
+    assert len(server.seen) == 1 and seconds < 3
+
+
+def test_a_hanging_server_is_cut_at_the_call_deadline_and_not_restarted():
+    """Issue 11 (item 4): a server that takes the request and never answers ends the call by its deadline;
+    it is still there, so the engine that owns it does not restart it (only a lost server is restarted)."""
+    restarts = []
+    hanging = FakeOpenAIServer(hang=True)
+    with hanging as base:
+        eng = RestartingEngine(base, "m", restart=lambda: restarts.append(1) or base, timeout=0.5, max_retries=5,
+                               call_deadline=1.5)
+        start = time.perf_counter()
+        with pytest.raises(DeadlineExceeded):
+            eng.complete(request())
+        seconds = time.perf_counter() - start
+    print(f"\nhanging server, call deadline 1.5 s: {seconds:.2f} s, {len(hanging.requests)} attempt(s)")
+    assert restarts == [] and eng.restarts == 0
+    assert 1 <= len(hanging.requests) <= 3 and seconds < 1.5 + 5

@@ -1,20 +1,208 @@
-"""A DSPy engine for any OpenAI-compatible chat server (the embedded one, vLLM, Ollama, llama.cpp).
+"""A DSPy engine for any OpenAI-compatible chat server (the embedded one, vLLM, Ollama, llama.cpp),
+and the time bounds every LM call of a judged item lives under.
 
-It speaks the wire through the ``openai`` client, whose retries with backoff
-handle timeouts, 429s and 5xx; what still fails is translated into DSPy's lm15
-errors so that the debate can record it as an abstention.
+Retries happen in exactly one layer. For these engines it is the engine itself (the ``openai``
+client's own retries are off, and ``resolve_lm`` builds the ``dspy.LM`` with ``num_retries=0``);
+for a LiteLLM model string it is DSPy's ``num_retries``. Three bounds hold:
+
+- per attempt: ``timeout`` seconds (the HTTP client's timeout);
+- per call (all attempts and the backoff between them): ``call_deadline``, by default ``2 * timeout + 10``;
+- per judged item (all its calls): ``item_deadline``, by default ``4 * call_deadline`` (``8 * timeout + 40``).
+
+A call that runs out of either deadline fails with ``DeadlineExceeded`` (a ``TimeoutError``), which the
+debate records as the referee's abstention ``lm_error:deadline``. These engines stop themselves at the
+deadline (an attempt's timeout is cut to the time left; no backoff sleeps past it). Around every call the
+debate also stops waiting at the deadline plus ``WATCHDOG_GRACE_S`` (``within_deadline``), which bounds
+LMs that cannot stop themselves: DSPy's engines for model strings, a Retry-After sleep, a server that
+drips bytes slower than the HTTP timeout (which bounds each wait for data, not a whole attempt). What still fails otherwise is
+translated into DSPy's lm15 errors so that the debate can record it as an abstention too.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
+import math
 import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TypeVar
 
+import dspy
 import openai
 from dspy import lm15
 from dspy.lm15 import Message, Response, TextPart, TokenLogprob, TopLogprob, Usage, response_to_events
 
-from chateval_dspy.errors import LMError
+from chateval_dspy.errors import ConfigError, LMError
+
+R = TypeVar("R")
+
+DEFAULT_TIMEOUT = 120.0
+DEFAULT_RETRIES = 2
+DEADLINE_CAUSE = "lm_error:deadline"
+# Slack the watchdog leaves an engine that enforces the same deadline itself, so that the engine's
+# own error (its socket already closed) normally arrives first.
+WATCHDOG_GRACE_S = 0.25
+# Exponential backoff between attempts: 0.5 s, 1 s, 2 s ... at most 8 s (a server's Retry-After wins).
+BACKOFF_BASE_S, BACKOFF_CAP_S = 0.5, 8.0
+
+
+def default_call_deadline(timeout: float) -> float:
+    """Two full attempts plus 10 s for backoff and a quick third try: ``2 * timeout + 10``."""
+    return 2 * timeout + 10
+
+
+def default_item_deadline(call_deadline: float) -> float:
+    """Four calls' worth, ``4 * call_deadline`` (``8 * timeout + 40`` by default): the paper's panel makes
+    8 calls an item, so every one of them may take nearly a full timeout before the item is cut short."""
+    return 4 * call_deadline
+
+
+@dataclass(frozen=True)
+class CallBounds:
+    """How long LM work may take. Build it with ``CallBounds.derive(timeout, ...)``.
+
+    Args:
+        timeout: Seconds one attempt may take.
+        retries: Further attempts after a transient failure (timeout, lost connection, 429, 408/409, 5xx).
+        call_deadline: Seconds one call may take, all attempts and backoff together.
+        item_deadline: Seconds all calls of one judged item may take together.
+
+    Example:
+        >>> CallBounds.derive(120)
+        CallBounds(timeout=120.0, retries=2, call_deadline=250.0, item_deadline=1000.0)
+        >>> CallBounds.derive(5, call_deadline=12).item_deadline
+        48.0
+    """
+
+    timeout: float
+    retries: int
+    call_deadline: float
+    item_deadline: float
+
+    def __post_init__(self) -> None:
+        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or not 0 <= self.retries <= 10:
+            raise ConfigError(f"retries must be an integer in 0..10, got {self.retries!r}")
+        for name in ("timeout", "call_deadline", "item_deadline"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ConfigError(f"{name} must be positive finite seconds, got {value!r}")
+            object.__setattr__(self, name, float(value))
+
+    @classmethod
+    def derive(cls, timeout: float = DEFAULT_TIMEOUT, retries: int = DEFAULT_RETRIES, call_deadline: float | None = None,
+               item_deadline: float | None = None) -> CallBounds:
+        """The bounds with any deadline left as None derived from ``timeout`` (see the module's formulas)."""
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
+            raise ConfigError(f"timeout must be positive finite seconds, got {timeout!r}")
+        call = default_call_deadline(timeout) if call_deadline is None else call_deadline
+        if item_deadline is None and isinstance(call, (int, float)) and not isinstance(call, bool):
+            item_deadline = default_item_deadline(call)
+        return cls(timeout=timeout, retries=retries, call_deadline=call, item_deadline=item_deadline)
+
+
+class DeadlineExceeded(lm15.TimeoutError):  # noqa: N818 - named after what happened, like TimeoutError
+    """A call ran out of its call deadline or its item's deadline.
+
+    ``started`` is False when the item's time was already spent, so no request was sent at all.
+    """
+
+    def __init__(self, message: str, *, started: bool = True, **kwargs):
+        super().__init__(message, **kwargs)
+        self.started = started
+
+
+def deadline_in(exc: BaseException | None) -> DeadlineExceeded | None:
+    """The ``DeadlineExceeded`` behind ``exc`` (DSPy wraps engine errors in its own), or None."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, DeadlineExceeded):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+# Absolute ``time.monotonic()`` ends. Contextvars, so that worker threads that copy the context
+# (``concurrency.parallel_map``) keep the item's deadline.
+_ITEM_END: contextvars.ContextVar[float | None] = contextvars.ContextVar("chateval_item_end", default=None)
+_CALL_END: contextvars.ContextVar[float | None] = contextvars.ContextVar("chateval_call_end", default=None)
+_BOUNDS_ATTR = "_chateval_bounds"
+
+
+def bounds_of(lm) -> CallBounds | None:
+    """The bounds an LM was built with: its engine's (this module's engines), else those ``with_bounds`` gave it."""
+    found = getattr(getattr(lm, "engine", None), "bounds", None)
+    if isinstance(found, CallBounds):
+        return found
+    found = getattr(lm, _BOUNDS_ATTR, None)
+    return found if isinstance(found, CallBounds) else None
+
+
+def with_bounds(lm, bounds: CallBounds):
+    """Give an LM whose engine cannot enforce deadlines (a LiteLLM model string, a hand-built ``dspy.LM``)
+    the bounds that the debate then enforces around each of its calls. Returns ``lm``; copies keep them."""
+    setattr(lm, _BOUNDS_ATTR, bounds)
+    return lm
+
+
+@contextlib.contextmanager
+def item_scope(bounds: CallBounds | None) -> Iterator[None]:
+    """The time of one judged item: every call inside ends by ``item_deadline`` from now (``ChatEval`` enters it)."""
+    if bounds is None:
+        yield
+        return
+    end = time.monotonic() + bounds.item_deadline
+    outer = _ITEM_END.get()
+    token = _ITEM_END.set(end if outer is None else min(outer, end))
+    try:
+        yield
+    finally:
+        _ITEM_END.reset(token)
+
+
+def call_end(bounds: CallBounds | None) -> float:
+    """When a call starting now must be over: the earliest of its own deadline, an enclosing call's and the item's."""
+    ends = [time.monotonic() + bounds.call_deadline] if bounds is not None else []
+    ends += [end for end in (_CALL_END.get(), _ITEM_END.get()) if end is not None]
+    return min(ends, default=math.inf)
+
+
+def within_deadline(fn: Callable[[], R], bounds: CallBounds | None) -> R:
+    """``fn()``, but never waiting past the call's or the item's deadline: then ``DeadlineExceeded``.
+
+    ``fn`` runs on a daemon thread so that the caller regains control at the deadline even when the
+    LM underneath cannot be interrupted (a LiteLLM route sleeping out a Retry-After, a server dripping
+    bytes slower than the read timeout). An engine from this module also stops itself at the same
+    deadline, so its thread does not outlive the call by more than the grace.
+    """
+    end = call_end(bounds)
+    if end == math.inf or dspy.settings.send_stream is not None:  # a streaming caller needs its own thread
+        return fn()
+    left = end - time.monotonic()
+    if left <= 0:
+        raise DeadlineExceeded("deadline: the item's time was spent before this call", started=False)
+    context = contextvars.copy_context()
+    context.run(_CALL_END.set, end)
+    box: dict = {}
+    done = threading.Event()
+
+    def target():
+        try:
+            box["value"] = context.run(fn)
+        except BaseException as exc:  # handed to the waiting thread as it is
+            box["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name="chateval-lm-call", daemon=True).start()
+    if not done.wait(left + WATCHDOG_GRACE_S):
+        raise DeadlineExceeded(f"deadline: no answer within {left:.1f} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 def _text(system) -> str:
@@ -25,15 +213,53 @@ def _message(m) -> dict:
     return {"role": m.role, "content": m.text or ""}
 
 
+def _retry_after(exc: openai.APIStatusError) -> float | None:
+    try:
+        value = float(exc.response.headers.get("retry-after", ""))
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return value if 0 <= value < math.inf else None
+
+
+def _translate(exc: openai.APIError, base_url: str) -> Exception:
+    """The lm15 error DSPy understands for an ``openai`` client error (anything unknown stays as it is)."""
+    if isinstance(exc, openai.APITimeoutError):
+        return lm15.TimeoutError(f"{base_url}: request timed out", provider="openai-compatible")
+    if isinstance(exc, openai.APIConnectionError):
+        return lm15.TransportError(f"{base_url}: cannot connect ({exc})")
+    if isinstance(exc, openai.RateLimitError):
+        return lm15.RateLimitError(f"{base_url}: rate limited", status=429, retry_after=_retry_after(exc))
+    if isinstance(exc, openai.AuthenticationError):
+        return lm15.AuthError(f"{base_url}: authentication failed; check the API key variable", status=exc.status_code)
+    if isinstance(exc, openai.BadRequestError):
+        cls = lm15.ContextLengthError if "context" in str(exc).lower() else lm15.InvalidRequestError
+        return cls(f"{base_url}: {exc.message}", status=400)
+    if isinstance(exc, openai.APIStatusError):
+        return lm15.ServerError(f"{base_url}: HTTP {exc.status_code}", status=exc.status_code,
+                                retry_after=_retry_after(exc))
+    return exc
+
+
+def _transient(error: Exception) -> bool:
+    if isinstance(error, (lm15.TimeoutError, lm15.TransportError, lm15.RateLimitError)):
+        return True
+    # 408 and 409 are the statuses the openai client itself retries besides 429 and 5xx.
+    return isinstance(error, lm15.ServerError) and error.status is not None and (
+        error.status in (408, 409) or error.status >= 500)
+
+
 class OpenAICompatEngine:
-    """``dspy.LM(model, engine=OpenAICompatEngine(...))`` for a chat-completions server.
+    """``dspy.LM(model, engine=OpenAICompatEngine(...), num_retries=0)`` for a chat-completions server.
 
     Args:
         base_url: e.g. ``http://127.0.0.1:8000/v1``.
         model: The served model's id.
         api_key: Sent as a bearer token; never logged or saved (this engine has no ``dump_state``).
-        timeout: Seconds per request before it counts as failed.
-        max_retries: The ``openai`` client's retries with exponential backoff.
+        timeout: Seconds one attempt may take before it counts as failed.
+        max_retries: Further attempts after a transient failure, with exponential backoff. This engine is
+            the only layer that retries: build its ``dspy.LM`` with ``num_retries=0``.
+        call_deadline: Seconds one call may take, all attempts and backoff together (default ``2 * timeout + 10``).
+        item_deadline: Seconds all calls of one judged item may take (default ``4 * call_deadline``).
         compact_json: llama.cpp only: forbid free whitespace in constrained JSON and cap
             string lengths, so that a tiny model cannot pad its output until ``max_tokens``.
         max_string_chars: With ``compact_json``, the longest string a JSON field may hold.
@@ -43,11 +269,17 @@ class OpenAICompatEngine:
     supported_params = frozenset({"response_format", "temperature", "max_tokens", "top_p", "stop", "seed", "logprobs",
                                   "top_logprobs"})
 
-    def __init__(self, base_url: str, model: str, api_key: str = "none", *, timeout: float = 120.0,
-                 max_retries: int = 3, compact_json: bool = False, max_string_chars: int = 600):
+    def __init__(self, base_url: str, model: str, api_key: str = "none", *, timeout: float = DEFAULT_TIMEOUT,
+                 max_retries: int = DEFAULT_RETRIES, call_deadline: float | None = None,
+                 item_deadline: float | None = None, compact_json: bool = False, max_string_chars: int = 600):
         self.base_url, self.model = base_url, model
         self.compact_json, self.max_string_chars = compact_json, max_string_chars
-        self.client = openai.OpenAI(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=max_retries)
+        self.bounds = CallBounds.derive(timeout, max_retries, call_deadline, item_deadline)
+        self.client = self._client(base_url, api_key)
+
+    def _client(self, base_url: str, api_key: str) -> openai.OpenAI:
+        # The client's own retries would multiply with this engine's.
+        return openai.OpenAI(base_url=base_url, api_key=api_key, timeout=self.bounds.timeout, max_retries=0)
 
     def __repr__(self) -> str:  # keeps the key out of any repr that reaches a log
         return f"OpenAICompatEngine(base_url={self.base_url!r}, model={self.model!r})"
@@ -85,22 +317,38 @@ class OpenAICompatEngine:
         return body
 
     def complete(self, request) -> Response:
-        try:
-            r = self.client.chat.completions.create(**self.request_body(request))
-        except openai.APITimeoutError as exc:
-            raise lm15.TimeoutError(f"{self.base_url}: request timed out", provider="openai-compatible") from exc
-        except openai.APIConnectionError as exc:
-            raise lm15.TransportError(f"{self.base_url}: cannot connect ({exc})") from exc
-        except openai.RateLimitError as exc:
-            raise lm15.RateLimitError(f"{self.base_url}: rate limited", status=429) from exc
-        except openai.AuthenticationError as exc:
-            raise lm15.AuthError(f"{self.base_url}: authentication failed; check the API key variable",
-                                 status=exc.status_code) from exc
-        except openai.BadRequestError as exc:
-            cls = lm15.ContextLengthError if "context" in str(exc).lower() else lm15.InvalidRequestError
-            raise cls(f"{self.base_url}: {exc.message}", status=400) from exc
-        except openai.APIStatusError as exc:
-            raise lm15.ServerError(f"{self.base_url}: HTTP {exc.status_code}", status=exc.status_code) from exc
+        return self._complete(request, call_end(self.bounds))
+
+    def _complete(self, request, end: float) -> Response:
+        """Attempts until one answers, the retries are spent, or the deadline ``end`` (monotonic) comes."""
+        body = self.request_body(request)
+        attempt = 0
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                raise DeadlineExceeded(f"{self.base_url}: deadline reached after {attempt} attempt(s)",
+                                       provider="openai-compatible", started=attempt > 0)
+            limit = min(self.bounds.timeout, left)
+            try:
+                return self._response(self.client.chat.completions.create(**body, timeout=limit))
+            except openai.APIError as exc:
+                error = _translate(exc, self.base_url)
+                if error is exc:
+                    raise
+                if isinstance(error, lm15.TimeoutError) and limit < self.bounds.timeout:
+                    raise DeadlineExceeded(f"{self.base_url}: deadline reached during attempt {attempt + 1}",
+                                           provider="openai-compatible") from exc
+                if attempt >= self.bounds.retries or not _transient(error):
+                    raise error from exc
+                hint = getattr(error, "retry_after", None)
+                pause = hint if hint is not None else min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** attempt)
+                if time.monotonic() + pause >= end:
+                    raise DeadlineExceeded(f"{self.base_url}: deadline reached before retry {attempt + 1} "
+                                           f"({type(error).__name__})", provider="openai-compatible") from exc
+                time.sleep(pause)
+                attempt += 1
+
+    def _response(self, r) -> Response:
         if not r.choices:
             raise lm15.ServerError(f"{self.base_url}: response had no choices")
         choice = r.choices[0]
@@ -142,9 +390,10 @@ class RestartingEngine(OpenAICompatEngine):
         self._lock = threading.Lock()
 
     def complete(self, request) -> Response:
+        end = call_end(self.bounds)  # a restart spends the same call's time: the deadline still holds
         failed_url = self.base_url
         try:
-            return super().complete(request)
+            return self._complete(request, end)
         except lm15.TransportError as exc:
             with self._lock:
                 if self.base_url == failed_url:  # no other thread restarted it meanwhile
@@ -153,6 +402,5 @@ class RestartingEngine(OpenAICompatEngine):
                                       "(check memory, or run with --concurrency 1)") from exc
                     self.restarts += 1
                     self.base_url = self._restart()
-                    self.client = openai.OpenAI(base_url=self.base_url, api_key=self.client.api_key,
-                                                timeout=self.client.timeout, max_retries=self.client.max_retries)
-            return super().complete(request)
+                    self.client = self._client(self.base_url, self.client.api_key)
+            return self._complete(request, end)

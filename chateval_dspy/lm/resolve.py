@@ -25,7 +25,14 @@ from pathlib import Path
 import dspy
 
 from chateval_dspy.errors import ConfigError, LMError
-from chateval_dspy.lm.engine import OpenAICompatEngine, RestartingEngine
+from chateval_dspy.lm.engine import (
+    DEFAULT_RETRIES,
+    DEFAULT_TIMEOUT,
+    CallBounds,
+    OpenAICompatEngine,
+    RestartingEngine,
+    with_bounds,
+)
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +175,9 @@ def _served_model(base_url: str, key: str) -> str:
 
 @contextlib.contextmanager
 def resolve_lm(spec: str = EMBEDDED, *, slots: int = 2, temperature: float = 0.0, max_tokens: int | None = None,
-               served_model: str | None = None, timeout: float = 120.0, threads: int | None = None) -> Iterator[dspy.LM]:
+               served_model: str | None = None, timeout: float = DEFAULT_TIMEOUT, retries: int = DEFAULT_RETRIES,
+               call_deadline: float | None = None, item_deadline: float | None = None,
+               threads: int | None = None) -> Iterator[dspy.LM]:
     """Build (and for ``embedded``, start and later stop) the LM named by ``spec``.
 
     Args:
@@ -177,7 +186,12 @@ def resolve_lm(spec: str = EMBEDDED, *, slots: int = 2, temperature: float = 0.0
         temperature: Sampling temperature (0 by default, as in the paper).
         max_tokens: Cap per call; defaults to 320 for the embedded model and 1024 otherwise.
         served_model: The model id at a base URL (default: the first the server lists).
-        timeout: Seconds per request.
+        timeout: Seconds one attempt of one request may take.
+        retries: Further attempts after a transient failure. Exactly one layer retries: the engine for
+            ``embedded`` and base URLs (DSPy's ``num_retries`` is 0 there), DSPy for LiteLLM strings.
+        call_deadline: Seconds one call may take, all attempts and backoff together (default ``2 * timeout + 10``).
+        item_deadline: Seconds all calls of one judged item may take (default ``4 * call_deadline``).
+            A call cut by either deadline is the referee's abstention ``lm_error:deadline``.
         threads: CPU threads of the embedded server (default: all cores).
 
     Example:
@@ -186,19 +200,26 @@ def resolve_lm(spec: str = EMBEDDED, *, slots: int = 2, temperature: float = 0.0
     """
     if not isinstance(spec, str) or not spec.strip():
         raise ConfigError("--model must be 'embedded', an http(s) base URL or a LiteLLM model string")
+    bounds = CallBounds.derive(timeout, retries, call_deadline, item_deadline)
+    limits = {"timeout": bounds.timeout, "max_retries": bounds.retries, "call_deadline": bounds.call_deadline,
+              "item_deadline": bounds.item_deadline}
     if spec == EMBEDDED:
         server = EmbeddedServer(slots=slots, threads=threads)
         with server as base_url:
-            engine = RestartingEngine(base_url, "gemma-3-270m", restart=server.restart, timeout=timeout,
-                                      compact_json=True)
-            yield dspy.LM(EMBEDDED_MODEL_ID, engine=engine, temperature=temperature, max_tokens=max_tokens or 320)
+            engine = RestartingEngine(base_url, "gemma-3-270m", restart=server.restart, compact_json=True, **limits)
+            yield dspy.LM(EMBEDDED_MODEL_ID, engine=engine, temperature=temperature, max_tokens=max_tokens or 320,
+                          num_retries=0)
         return
     if spec.startswith(("http://", "https://")):
         key = _api_key()
         model = served_model or _served_model(spec, key)
-        engine = OpenAICompatEngine(spec.rstrip("/"), model, api_key=key, timeout=timeout)
-        yield dspy.LM(f"openai-compatible/{model}", engine=engine, temperature=temperature, max_tokens=max_tokens or 1024)
+        engine = OpenAICompatEngine(spec.rstrip("/"), model, api_key=key, **limits)
+        yield dspy.LM(f"openai-compatible/{model}", engine=engine, temperature=temperature, max_tokens=max_tokens or 1024,
+                      num_retries=0)
         return
     if "/" not in spec:
         raise ConfigError(f"unknown model {spec!r}: use 'embedded', an http(s) base URL, or 'provider/model' (LiteLLM)")
-    yield dspy.LM(spec, temperature=temperature, max_tokens=max_tokens or 1024, timeout=timeout)
+    # DSPy's engines for model strings make one attempt each (LiteLLM's own retries are off): DSPy retries.
+    # The deadlines ride on the LM for the debate to enforce around each call.
+    yield with_bounds(dspy.LM(spec, temperature=temperature, max_tokens=max_tokens or 1024, timeout=bounds.timeout,
+                              num_retries=bounds.retries), bounds)

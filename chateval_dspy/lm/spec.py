@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 import dspy
 
 from chateval_dspy.errors import ConfigError
+from chateval_dspy.lm.engine import DEFAULT_RETRIES, DEFAULT_TIMEOUT, CallBounds
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,9 @@ class LMSpec:
         temperature: Sampling temperature (0, as in the paper).
         max_tokens: Cap per call (default: 320 for the embedded model, 1024 otherwise).
         timeout: Seconds one attempt of one request may take.
+        retries: Further attempts after a transient failure, in exactly one layer (see ``lm.engine``).
+        call_deadline: Seconds one call may take, all attempts and backoff together (None: ``2 * timeout + 10``).
+        item_deadline: Seconds all calls of one judged item may take (None: ``4 * call_deadline``).
         cache: DSPy's memory and disk cache of LM answers.
         cache_dir: The cache's directory (default ``$CHATEVAL_CACHE_DIR`` or ``~/.cache/chateval-dspy``).
 
@@ -41,7 +45,10 @@ class LMSpec:
     served_model: str | None = None
     temperature: float = 0.0
     max_tokens: int | None = None
-    timeout: float = 120.0
+    timeout: float = DEFAULT_TIMEOUT
+    retries: int = DEFAULT_RETRIES
+    call_deadline: float | None = None
+    item_deadline: float | None = None
     cache: bool = True
     cache_dir: str | None = None
 
@@ -54,6 +61,16 @@ class LMSpec:
             raise ConfigError(f"max_tokens must lie in 16..32768, got {self.max_tokens}")
         if not 0 < self.timeout <= 3600:
             raise ConfigError(f"timeout must be positive seconds, at most 3600, got {self.timeout}")
+        self.bounds()  # a bad retry count or deadline fails here, not when the LM starts
+
+    def bounds(self) -> CallBounds:
+        """The time bounds of one attempt, one call and one item, with the unset deadlines derived from ``timeout``.
+
+        Example:
+            >>> LMSpec(timeout=5).bounds()
+            CallBounds(timeout=5.0, retries=2, call_deadline=20.0, item_deadline=80.0)
+        """
+        return CallBounds.derive(self.timeout, self.retries, self.call_deadline, self.item_deadline)
 
     def identity(self) -> dict:
         """What decides the answers: a results file resumes only under the same identity."""
@@ -74,6 +91,8 @@ class LMSpec:
 
         resolve.configure_cache(self.cache, self.cache_dir)
         with resolve.resolve_lm(self.model, slots=slots, temperature=self.temperature, max_tokens=self.max_tokens,
-                                served_model=self.served_model, timeout=self.timeout, threads=threads) as lm, \
+                                served_model=self.served_model, timeout=self.timeout, retries=self.retries,
+                                call_deadline=self.call_deadline, item_deadline=self.item_deadline,
+                                threads=threads) as lm, \
                 dspy.context(lm=lm, adapter=JudgeAdapter()):
             yield lm

@@ -10,6 +10,7 @@ import dspy
 
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import ConfigError
+from chateval_dspy.lm.engine import bounds_of, item_scope
 from chateval_dspy.program import calibration
 from chateval_dspy.program.aggregate import pairwise_verdict, scoring_verdict
 from chateval_dspy.program.debate import Debate
@@ -31,6 +32,9 @@ class ChatEval(dspy.Module):
     ``transcripts`` (one per answer order), ``consistent`` (both orders agreed), ``abstained``
     (a reason or None), ``abstentions`` (per referee turn) and ``calls``.
 
+    Each call is one item: its LM calls together end within the LM's ``item_deadline``
+    (``lm.engine.CallBounds``); turns left when it passes abstain as ``lm_error:deadline``.
+
     Example:
         >>> program = ChatEval(DebateConfig(roles=("critic",), turns=1))
         >>> [name for name, _ in program.named_predictors()]
@@ -49,9 +53,11 @@ class ChatEval(dspy.Module):
         missing = [k for k in INPUTS[self.config.format] if k not in inputs]
         if missing:
             raise TypeError(f"ChatEval({self.config.format}) needs inputs {list(INPUTS[self.config.format])}; missing {missing}")
-        if self.config.format == "pairwise":
-            return self._pairwise(inputs)
-        return self._scoring(inputs)
+        # One forward is one judged item: all its calls share the LM's item deadline.
+        with item_scope(bounds_of(dspy.settings.lm)):
+            if self.config.format == "pairwise":
+                return self._pairwise(inputs)
+            return self._scoring(inputs)
 
     def _pairwise(self, inputs: dict) -> dspy.Prediction:
         how = self.config.aggregate

@@ -6,7 +6,10 @@ An LM call costs N x T per answer order, plus T-1 summaries under the summarizer
 strategy. With ``consensus_stop`` every round is a verdict round and the debate ends
 after the first round in which all referees agree (so N x T is then an upper bound).
 A verdict that still fails to parse after the retries, or an LM call that fails, is
-recorded as that referee's abstention with its reason, never as a score.
+recorded as that referee's abstention with its reason, never as a score. Every call runs
+under the LM's call deadline and the item's deadline (``lm.engine``): one that runs out of
+time is the abstention ``lm_error:deadline``, and once the item's time is spent its remaining
+turns abstain at once, without calling the LM.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dspy.utils.exceptions import AdapterParseError, LMAuthError, LMConfiguratio
 from chateval_dspy.concurrency import parallel_map
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import LMError
+from chateval_dspy.lm.engine import DEADLINE_CAUSE, DeadlineExceeded, bounds_of, deadline_in, within_deadline
 from chateval_dspy.program.aggregate import vote
 from chateval_dspy.program.debater import Debater
 from chateval_dspy.program.roles import Role
@@ -145,18 +149,25 @@ class Debate(dspy.Module):
         """One referee's turn, with retries; returns text, scores (verdicts) and any abstention reason."""
         reason = None
         attempts = 1 + self.config.parse_retries
+        bounds = bounds_of(dspy.settings.lm)
         for attempt in range(attempts):
             config = {} if attempt == 0 else {"rollout_id": attempt, "temperature": RETRY_TEMPERATURE}
             if final and self.config.weighted_scores:
                 config.update(logprobs=True, top_logprobs=TOP_LOGPROBS)
             try:
-                pred = debater(final=final, config=config, discussion=seen, **item)
+                call = functools.partial(debater, final=final, config=config, discussion=seen, **item)
+                pred = within_deadline(call, bounds)
                 if not final:
                     return {"text": pred.argument.strip(), "scores": None, "abstained": None, "calls": attempt + 1}
                 scores = check_scores(self.config.format, dict(pred))
                 if self.config.weighted_scores:
                     scores.update(self._expected(pred))
                 return {"text": pred.evidence.strip(), "scores": scores, "abstained": None, "calls": attempt + 1}
+            except DeadlineExceeded as exc:
+                # Out of time: a parse retry would only be cut short too.
+                log.warning("%s: %s", debater.slug, exc)
+                return {"text": "", "scores": None, "abstained": DEADLINE_CAUSE,
+                        "calls": attempt + (1 if exc.started else 0)}
             except (LMAuthError, LMConfigurationError) as exc:
                 raise LMError(f"the LM refused the request ({type(exc).__name__}): {exc}") from exc
             except (AdapterParseError, ScoreRangeError) as exc:
@@ -170,7 +181,7 @@ class Debate(dspy.Module):
                 if fatal is not None:
                     raise fatal from exc
                 # Transport faults were already retried inside the LM client; record and move on.
-                reason = f"lm_error:{type(exc).__name__}"
+                reason = DEADLINE_CAUSE if deadline_in(exc) else f"lm_error:{type(exc).__name__}"
                 log.warning("%s: LM call failed: %s", debater.slug, str(exc)[:200])
                 return {"text": "", "scores": None, "abstained": reason, "calls": attempt + 1}
         return {"text": "", "scores": None, "abstained": reason, "calls": attempts}
@@ -192,12 +203,13 @@ class Debate(dspy.Module):
         return Utterance(rnd, debater.slug, debater.name, text, "verdict" if final else "argument")
 
     def _summarize(self, fmt: str, item: dict, shown: list[Utterance]) -> str:
+        call = functools.partial(self.summarizer, material=material(fmt, item), discussion=render(shown))
         try:
-            return self.summarizer(material=material(fmt, item), discussion=render(shown)).summary.strip()
-        except (AdapterParseError, dspy.utils.exceptions.LMError) as exc:
+            return within_deadline(call, bounds_of(dspy.settings.lm)).summary.strip()
+        except (AdapterParseError, dspy.utils.exceptions.LMError, DeadlineExceeded) as exc:
             fatal = _fatal_cause(exc)
             if fatal is not None:
                 raise fatal from exc
             # A lost summary costs the next round its context, not the item its verdict.
             log.warning("summarizer failed: %s", str(exc)[:200])
-            return f"(no summary: {type(exc).__name__})"
+            return f"(no summary: {'deadline' if deadline_in(exc) else type(exc).__name__})"

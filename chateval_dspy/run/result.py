@@ -1,7 +1,13 @@
-"""``RunResult``: what a run measured (agreement inputs, cost, abstentions), accumulated record by record."""
+"""``RunResult``: what a run measured (agreement inputs, cost, abstentions), accumulated record by record.
+
+Abstentions are counted at two levels, by cause: whole items without a verdict (``record["abstained"]``)
+and single referee turns that gave none (the values of ``record["abstentions"]``). An item can keep its
+verdict while some of its referees abstained, so the second count is the one that shows a flaky LM.
+"""
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -24,7 +30,8 @@ class RunResult:
     seconds: float = 0.0
     wall_seconds: float = 0.0
     consistent: list = field(default_factory=list)
-    abstentions: Counter = field(default_factory=Counter)
+    abstentions: Counter = field(default_factory=Counter)  # whole items, by cause
+    referee_abstentions: Counter = field(default_factory=Counter)  # referee turns, by cause
     resumed: int = 0  # records read back from an earlier, interrupted run
 
     def add(self, record: dict) -> None:
@@ -40,7 +47,9 @@ class RunResult:
         if record.get("consistent") is not None:
             self.consistent.append(record["consistent"])
         if record["abstained"]:
-            self.abstentions[record["abstained"].split(": ")[0]] += 1  # the cause, without the message
+            self.abstentions[_cause(record["abstained"])] += 1
+        for reason in (record.get("abstentions") or {}).values():
+            self.referee_abstentions[_cause(reason)] += 1
 
     def metrics(self, seed: int = 0) -> dict:
         """Agreement with the human labels (empty when the items carry none)."""
@@ -62,4 +71,44 @@ class RunResult:
             "wall_seconds": self.wall_seconds,
             "position_consistency": (sum(self.consistent) / len(self.consistent)) if self.consistent else float("nan"),
             "abstained_items": sum(self.abstentions.values()),
+            "abstained_referee_turns": sum(self.referee_abstentions.values()),
         }
+
+    def abstention_counts(self) -> dict[str, dict[str, int]]:
+        """``{"items": {cause: n}, "referee_turns": {cause: n}}``, most frequent first (what the summary shows).
+
+        Example:
+            >>> r = RunResult(DebateConfig())
+            >>> r.add({"human": "1", "prediction": "1", "calls": 8, "prompt_tokens": 0, "completion_tokens": 0,
+            ...        "seconds": 1.0, "abstained": None, "abstentions": {"order1:critic@2": "parse_failure"}})
+            >>> r.abstention_counts()
+            {'items': {}, 'referee_turns': {'parse_failure': 1}}
+        """
+        return {"items": dict(self.abstentions.most_common()),
+                "referee_turns": dict(self.referee_abstentions.most_common())}
+
+    def abstention_metrics(self) -> dict[str, float]:
+        """The counts by cause as flat MLflow metrics: ``abstained_items/<cause>``, ``abstained_referee_turns/<cause>``
+        (a cause's characters that MLflow refuses on some systems, such as ``:``, become ``.``), plus the totals.
+
+        Example:
+            >>> r = RunResult(DebateConfig())
+            >>> r.referee_abstentions.update({"lm_error:deadline": 2})
+            >>> r.abstention_metrics()["abstained_referee_turns/lm_error.deadline"]
+            2.0
+        """
+        out = {"abstained_items": float(sum(self.abstentions.values())),
+               "abstained_referee_turns": float(sum(self.referee_abstentions.values()))}
+        for level, counts in (("abstained_items", self.abstentions), ("abstained_referee_turns", self.referee_abstentions)):
+            for cause, n in counts.items():
+                key = f"{level}/{_METRIC_UNSAFE.sub('.', cause)}"
+                out[key] = out.get(key, 0.0) + n
+        return out
+
+
+_METRIC_UNSAFE = re.compile(r"[^\w.\- /]")
+
+
+def _cause(reason: str) -> str:
+    """The cause of an abstention reason, without any message after ``": "`` (``error:Kind: text`` -> ``error:Kind``)."""
+    return str(reason).split(": ")[0]

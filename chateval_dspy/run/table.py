@@ -17,12 +17,15 @@ def _fmt(value) -> str:
     return str(value)
 
 
-def summary_table(metrics: dict, cost: dict, header: dict) -> str:
-    """A plain-text table: what was run (model, data, split, config), agreement, cost.
+def summary_table(metrics: dict, cost: dict, header: dict, abstentions: dict | None = None) -> str:
+    """A plain-text table: what was run (model, data, split, config), agreement, cost, and abstentions.
 
-    Every agreement figure carries its 95% bootstrap CI in brackets.
+    Every agreement figure carries its 95% bootstrap CI in brackets. ``abstentions`` is
+    ``RunResult.abstention_counts()``: whole items and single referee turns without a verdict, by cause.
+    Without it the totals still show (``cost``'s ``abstained_items`` and ``abstained_referee_turns``).
     """
     lines = ["  ".join(f"{k}={v}" for k, v in header.items())]
+    referee_turns = cost.get("abstained_referee_turns")
     if metrics:
         rows = []
         if "accuracy" in metrics:
@@ -37,13 +40,37 @@ def summary_table(metrics: dict, cost: dict, header: dict) -> str:
         frame = pd.DataFrame([(k, _fmt(v), _fmt(b)) for k, v, b in rows],
                              columns=["metric", "chateval [95% CI]", baseline])
         lines += ["", frame.to_string(index=False)]
+        # An item keeps its verdict while some referees abstain, so both counts are stated.
         lines.append(f"items with a human label: {metrics['n'] + (metrics['n_abstained'] if 'accuracy' not in metrics else 0)}"
-                     f", abstained: {metrics['n_abstained']}"
-                     + (" (counted as disagreement)" if "accuracy" in metrics else " (left out of correlations)"))
+                     f", abstained items: {metrics['n_abstained']}"
+                     + (" (counted as disagreement)" if "accuracy" in metrics else " (left out of correlations)")
+                     + (f", abstained referee turns: {referee_turns}" if referee_turns is not None else ""))
     else:
         lines += ["", "(no human labels in these items: no agreement figures)"]
     cost_frame = pd.DataFrame([(k, _fmt(v)) for k, v in cost.items()], columns=["cost", "value"])
     lines += ["", cost_frame.to_string(index=False)]
     if cost.get("cached_calls_per_item"):
         lines.append("(tokens and seconds count only calls that reached the LM; rerun with --no-cache for full costs)")
+    table = abstention_table(abstentions) if abstentions else ""
+    if table:
+        lines += ["", table]
     return "\n".join(lines)
+
+
+def abstention_table(abstentions: dict) -> str:
+    """Abstentions by cause, whole items beside referee turns ("" when there were none).
+
+    Example:
+        >>> print(abstention_table({"items": {}, "referee_turns": {"lm_error:deadline": 4, "parse_failure": 2}}))
+        abstentions by cause  items  referee turns
+           lm_error:deadline      0              4
+               parse_failure      0              2
+                       total      0              6
+    """
+    items, turns = abstentions.get("items") or {}, abstentions.get("referee_turns") or {}
+    causes = sorted(set(items) | set(turns), key=lambda c: (-(items.get(c, 0) + turns.get(c, 0)), c))
+    if not causes:
+        return ""
+    rows = [(c, items.get(c, 0), turns.get(c, 0)) for c in causes]
+    rows.append(("total", sum(items.values()), sum(turns.values())))
+    return pd.DataFrame(rows, columns=["abstentions by cause", "items", "referee turns"]).to_string(index=False)

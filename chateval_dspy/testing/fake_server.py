@@ -3,6 +3,8 @@
 It answers ``/v1/models`` and ``/v1/chat/completions`` with the fake LM's responder (so verdicts are
 valid JSON for the requested schema), and can misbehave on purpose: ``faults`` is a list of HTTP
 statuses (or ``"garbage"``, ``"empty"``, ``"hang"``) consumed one per request before normal answers.
+With ``hang=True`` it is a dead endpoint that still accepts connections: every chat request is read and
+then never answered, until the server is closed.
 """
 
 from __future__ import annotations
@@ -16,12 +18,21 @@ from chateval_dspy.testing.fake_lm import _FIELD, Call, default_responder, with_
 
 
 class FakeOpenAIServer:
-    """``with FakeOpenAIServer() as base_url: ...`` (``base_url`` ends in ``/v1``)."""
+    """``with FakeOpenAIServer() as base_url: ...`` (``base_url`` ends in ``/v1``).
 
-    def __init__(self, responder=default_responder, faults: list | None = None, model: str = "fake-served"):
-        self.responder, self.faults, self.model = responder, list(faults or []), model
+    Args:
+        responder: Makes each answer from the request (as the fake LM's responders do).
+        faults: Misbehaviours consumed one per chat request, before normal answers.
+        model: The id ``/v1/models`` lists.
+        hang: Never answer a chat request (``/v1/models`` still answers, as a wedged server's often does).
+    """
+
+    def __init__(self, responder=default_responder, faults: list | None = None, model: str = "fake-served",
+                 hang: bool = False):
+        self.responder, self.faults, self.model, self.hang = responder, list(faults or []), model, hang
         self.requests: list[dict] = []
         self._lock = threading.Lock()
+        self._closing = threading.Event()
         self._httpd: ThreadingHTTPServer | None = None
 
     def _next_fault(self):
@@ -52,6 +63,9 @@ class FakeOpenAIServer:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
                 with server._lock:
                     server.requests.append({"body": body, "auth": self.headers.get("Authorization")})
+                if server.hang:
+                    server._closing.wait()  # released only so that closing the server does not wait on it
+                    return
                 fault = server._next_fault()
                 if fault == "hang":
                     time.sleep(30)
@@ -79,12 +93,14 @@ class FakeOpenAIServer:
                                    "total_tokens": (len(system + user) + len(text)) // 4}}
                 self._send(200, json.dumps(reply).encode())
 
+        self._closing.clear()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
         threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
         return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
 
     def __exit__(self, *exc) -> None:
+        self._closing.set()
         if self._httpd:
             self._httpd.shutdown()
             self._httpd.server_close()
