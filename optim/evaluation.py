@@ -17,6 +17,6 @@ def log_evaluation(done, metrics: dict, *, uri: str | None = None) -> str:
 
     with tracking.run("evaluate", params=run_params(done.data, done.config, done.model, done.items), uri=uri,
                       tags={"command": "evaluate"}) as active:
-        tracking.log_metrics(metrics, done.result.cost())
+        tracking.log_metrics(metrics, {**done.result.cost(), **done.result.abstention_metrics()})
         tracking.log_file(done.out, "results")
     return active.info.run_id

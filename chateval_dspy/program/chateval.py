@@ -37,8 +37,10 @@ class ChatEval(dspy.Module):
 
     Example:
         >>> program = ChatEval(DebateConfig(roles=("critic",), turns=1))
-        >>> [name for name, _ in program.named_predictors()]
-        ['debate.referees['critic'].argue', "debate.referees['critic'].judge"]
+        >>> for name, _ in program.named_predictors():
+        ...     print(name)
+        debate.referees['critic'].argue
+        debate.referees['critic'].judge
     """
 
     def __init__(self, config: DebateConfig, roles: list[Role] | None = None):

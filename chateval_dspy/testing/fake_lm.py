@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 import dspy
 from dspy.lm15 import Message, Response, TextPart, Usage, response_to_events
 
-_FIELD = re.compile(r"\[\[ ## (\w+) ## \]\]\n(.*?)(?=\n\n\[\[ ## \w+ ## \]\]|\n\nRespond with|\Z)", re.S)
+# A prompt field as DSPy renders it: its name and its text, up to the next field.
+FIELD = re.compile(r"\[\[ ## (\w+) ## \]\]\n(.*?)(?=\n\n\[\[ ## \w+ ## \]\]|\n\nRespond with|\Z)", re.S)
 
 
 @dataclass
@@ -109,7 +110,7 @@ class ScriptedEngine:
         fmt = request.config.response_format or {}
         schema = fmt.get("schema") or {}
         config = {"temperature": request.config.temperature, "max_tokens": request.config.max_tokens}
-        call = Call(system, user, list(schema.get("properties", {})), {k: v.strip() for k, v in _FIELD.findall(user)},
+        call = Call(system, user, list(schema.get("properties", {})), {k: v.strip() for k, v in FIELD.findall(user)},
                     config, schema, len(request.messages))
         with self._lock:
             self.calls.append(call)

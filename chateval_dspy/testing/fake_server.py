@@ -14,7 +14,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from chateval_dspy.testing.fake_lm import _FIELD, Call, default_responder, with_stated_preference
+from chateval_dspy.testing.fake_lm import FIELD, Call, default_responder, with_stated_preference
 
 
 class FakeOpenAIServer:
@@ -78,7 +78,7 @@ class FakeOpenAIServer:
                 user = messages[-1]["content"] if messages else ""
                 schema = ((body.get("response_format") or {}).get("json_schema") or {}).get("schema") or {}
                 call = Call(system, user, list(schema.get("properties", {})),
-                            {k: v.strip() for k, v in _FIELD.findall(user)}, {}, schema, len(messages))
+                            {k: v.strip() for k, v in FIELD.findall(user)}, {}, schema, len(messages))
                 if fault == "garbage":
                     text = "this is not json {"
                 elif fault == "empty":

@@ -65,6 +65,12 @@ def add_lm_flags(p: argparse.ArgumentParser, *, concurrency: int = 1) -> None:
     g.add_argument("--max-tokens", type=int)
     g.add_argument("--timeout", type=float, default=default(LMSpec, "timeout"),
                    help="seconds one attempt of one LM request may take (default %(default)s)")
+    g.add_argument("--retries", type=int, default=default(LMSpec, "retries"),
+                   help="further attempts after a transient LM failure (default %(default)s)")
+    g.add_argument("--call-deadline", type=float,
+                   help="seconds one LM call may take, all attempts and backoff together (default 2 x timeout + 10)")
+    g.add_argument("--item-deadline", type=float,
+                   help="seconds all LM calls of one item may take (default 4 x call deadline)")
     g.add_argument("--concurrency", type=int, default=concurrency, help="items judged at once (default %(default)s)")
     g.add_argument("--no-cache", action="store_true", help="turn DSPy's LM cache off")
     g.add_argument("--cache-dir", help="DSPy cache directory (default: $CHATEVAL_CACHE_DIR or ~/.cache/chateval-dspy)")
@@ -101,7 +107,9 @@ def data_spec(args) -> DataSpec:
 
 def lm_spec(args) -> LMSpec:
     return LMSpec(model=args.model, served_model=args.served_model, temperature=args.temperature,
-                  max_tokens=args.max_tokens, timeout=args.timeout, cache=not args.no_cache, cache_dir=args.cache_dir)
+                  max_tokens=args.max_tokens, timeout=args.timeout, retries=args.retries,
+                  call_deadline=args.call_deadline, item_deadline=args.item_deadline, cache=not args.no_cache,
+                  cache_dir=args.cache_dir)
 
 
 def panel_roles(args) -> tuple[str, ...]:

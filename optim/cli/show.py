@@ -11,9 +11,7 @@ def summary(result, header: dict, seed: int) -> dict:
     from chateval_dspy.run.table import summary_table
 
     metrics = result.metrics(seed=seed)
-    print(summary_table(metrics, result.cost(), header))
-    if result.abstentions:
-        print("abstentions by cause: " + ", ".join(f"{k}={v}" for k, v in result.abstentions.most_common()))
+    print(summary_table(metrics, result.cost(), header, abstentions=result.abstention_counts()))
     return metrics
 
 
