@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
+import chateval_dspy.limits as limits
 from chateval_dspy.errors import ConfigError
 
 Format = Literal["pairwise", "scoring"]
@@ -55,22 +56,44 @@ class DebateConfig:
     def __post_init__(self) -> None:
         from chateval_dspy.program.strategies import STRATEGIES
 
+        # Types first: a config can come from a judge card or MLflow params, where any JSON value may stand.
         if self.format not in ("pairwise", "scoring"):
             raise ConfigError(f"unknown format {self.format!r}; choose one of: pairwise, scoring")
+        if isinstance(self.roles, str) or not isinstance(self.roles, (tuple, list)):
+            raise ConfigError(f"roles must be a list of role slugs, got {self.roles!r:.80}")
         if not self.roles:
             raise ConfigError("a debate needs at least one role")
+        if len(self.roles) > limits.MAX_ROLES:
+            raise ConfigError(f"a debate takes at most {limits.MAX_ROLES} roles (limits.MAX_ROLES), got {len(self.roles)}")
+        if not all(isinstance(r, str) for r in self.roles):
+            raise ConfigError(f"roles must be role slugs (text), got {list(self.roles)!r:.200}")
         if len(set(self.roles)) != len(self.roles):
             raise ConfigError(f"roles must be distinct, got {list(self.roles)}")
-        if self.strategy not in STRATEGIES:
-            raise ConfigError(f"unknown strategy {self.strategy!r}; choose one of: {', '.join(STRATEGIES)}")
-        if not isinstance(self.turns, int) or self.turns < 1:
-            raise ConfigError(f"turns must be a positive integer, got {self.turns!r}")
-        if self.aggregate not in AGGREGATES:
-            raise ConfigError(f"unknown aggregate {self.aggregate!r}; choose one of: {', '.join(AGGREGATES)}")
-        if self.parse_retries < 0:
-            raise ConfigError(f"parse_retries must be >= 0, got {self.parse_retries}")
-        if self.max_text_chars < 200:
-            raise ConfigError(f"max_text_chars must be at least 200, got {self.max_text_chars}")
+        if not isinstance(self.strategy, str) or self.strategy not in STRATEGIES:
+            raise ConfigError(f"unknown strategy {self.strategy!r:.80}; choose one of: {', '.join(STRATEGIES)}")
+        if not _is_int(self.turns) or self.turns < 1:
+            raise ConfigError(f"turns must be a positive integer, got {self.turns!r:.80}")
+        if self.turns > limits.MAX_TURNS:
+            raise ConfigError(f"turns must be at most {limits.MAX_TURNS} (limits.MAX_TURNS), got {self.turns}")
+        if not isinstance(self.aggregate, str) or self.aggregate not in AGGREGATES:
+            raise ConfigError(f"unknown aggregate {self.aggregate!r:.80}; choose one of: {', '.join(AGGREGATES)}")
+        if not _is_int(self.parse_retries) or self.parse_retries < 0:
+            raise ConfigError(f"parse_retries must be >= 0, got {self.parse_retries!r:.80}")
+        if self.parse_retries > limits.MAX_PARSE_RETRIES:
+            raise ConfigError(f"parse_retries must be at most {limits.MAX_PARSE_RETRIES} (limits.MAX_PARSE_RETRIES), "
+                              f"got {self.parse_retries}")
+        if not _is_int(self.max_text_chars) or self.max_text_chars < limits.MIN_TEXT_CHARS:
+            raise ConfigError(f"max_text_chars must be at least {limits.MIN_TEXT_CHARS}, got {self.max_text_chars!r:.80}")
+        if self.max_text_chars > limits.MAX_TEXT_CHARS:
+            raise ConfigError(f"max_text_chars must be at most {limits.MAX_TEXT_CHARS} (limits.MAX_TEXT_CHARS), "
+                              f"got {self.max_text_chars}")
+        for name in ("calibrate", "consensus_stop", "weighted_scores"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r:.80}")
+        if self.role_file is not None and (not isinstance(self.role_file, str)
+                                           or len(self.role_file) > limits.MAX_PATH_CHARS):
+            raise ConfigError(f"role_file must be a path of at most {limits.MAX_PATH_CHARS} characters "
+                              f"(limits.MAX_PATH_CHARS), got {self.role_file!r:.80}")
         object.__setattr__(self, "roles", tuple(self.roles))
 
     @property
@@ -102,13 +125,20 @@ class DebateConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> DebateConfig:
+        if not isinstance(data, dict):
+            raise ConfigError(f"a config must be a mapping of field -> value, got {type(data).__name__}")
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        unknown = sorted(set(data) - set(known))
+        unknown = sorted(str(k)[:40] for k in set(data) - set(known))
         if unknown:
             raise ConfigError(f"unknown config keys: {', '.join(unknown)}")
-        if "roles" in known:
+        if isinstance(known.get("roles"), list):
             known["roles"] = tuple(known["roles"])
         return cls(**known)
 
     def replace(self, **changes) -> DebateConfig:
         return replace(self, **changes)
+
+
+def _is_int(value) -> bool:
+    """An integer that is not a bool (``True`` would otherwise pass as ``1``)."""
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -6,8 +6,10 @@ import json
 
 import pytest
 
+from chateval_dspy import limits
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import ChatEvalError, ConfigError
+from chateval_dspy.program.roles import same_roles
 from chateval_dspy.program.strategies import STRATEGIES
 
 
@@ -112,3 +114,42 @@ def test_changes_are_the_fields_off_their_defaults():
     assert DebateConfig(format="scoring").changes() == {"format": "scoring"}
     cfg = DebateConfig(turns=3, consensus_stop=True)
     assert cfg.changes() == {"format": "pairwise", "turns": 3, "consensus_stop": True}
+
+
+@pytest.mark.parametrize(("changes", "limit"), [
+    ({"turns": limits.MAX_TURNS + 1}, "limits.MAX_TURNS"),
+    ({"turns": 1_000_000}, "limits.MAX_TURNS"),
+    ({"roles": same_roles(limits.MAX_ROLES + 1)}, "limits.MAX_ROLES"),
+    ({"parse_retries": limits.MAX_PARSE_RETRIES + 1}, "limits.MAX_PARSE_RETRIES"),
+    ({"max_text_chars": limits.MAX_TEXT_CHARS + 1}, "limits.MAX_TEXT_CHARS"),
+    ({"role_file": "r" * (limits.MAX_PATH_CHARS + 1)}, "limits.MAX_PATH_CHARS"),
+])
+def test_issue_11_item_3_no_config_asks_for_unbounded_work(changes, limit):
+    with pytest.raises(ConfigError, match=limit.replace(".", r"\.")):
+        DebateConfig(**changes)
+    with pytest.raises(ConfigError, match=limit.replace(".", r"\.")):
+        DebateConfig.from_dict({**DebateConfig().to_dict(), **changes, "roles": list(changes.get("roles", ["critic"]))})
+
+
+def test_issue_11_item_3_a_config_at_every_limit_is_valid():
+    cfg = DebateConfig(roles=same_roles(limits.MAX_ROLES), turns=limits.MAX_TURNS,
+                       parse_retries=limits.MAX_PARSE_RETRIES, max_text_chars=limits.MAX_TEXT_CHARS)
+    assert cfg.calls_per_item() == 2 * limits.MAX_ROLES * limits.MAX_TURNS
+
+
+@pytest.mark.parametrize("changes", [
+    {"turns": True}, {"parse_retries": 1.0}, {"parse_retries": False}, {"max_text_chars": "6000"},
+    {"max_text_chars": 6000.0}, {"calibrate": "yes"}, {"consensus_stop": 1}, {"weighted_scores": None},
+    {"roles": ("critic", ["x"])}, {"roles": 3}, {"strategy": ["one_by_one"]}, {"aggregate": {"mean": 1}},
+    {"role_file": 3},
+])
+def test_issue_11_item_3_config_values_from_a_file_have_their_types(changes):
+    with pytest.raises(ConfigError):
+        DebateConfig(**changes)
+    with pytest.raises(ConfigError):
+        DebateConfig.from_dict(changes)
+
+
+def test_issue_11_item_3_from_dict_wants_a_mapping():
+    with pytest.raises(ConfigError, match="mapping"):
+        DebateConfig.from_dict(["turns", 2])

@@ -225,3 +225,29 @@ def test_load_from_an_mlflow_run_and_a_registered_model(saved, engine, tmp_path,
         with mlflow.start_run() as empty:
             pass
         load(f"runs:/{empty.info.run_id}")
+
+
+def test_issue_12_pyfunc_latest_and_aliases_load_the_json_evaluator_and_lookups_fail_clearly(saved, engine, tmp_path,
+                                                                                            monkeypatch):
+    import re
+
+    import mlflow
+
+    from optim import tracking
+
+    _, path = saved
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_ALLOW_PICKLE_DESERIALIZATION", raising=False)
+    with tracking.run("compile", params={"x": 1}) as active:  # no 'evaluator/' artifact: only the pyfunc holds it
+        info = tracking.log_pyfunc_model(path, registered_name="toy-pyfunc")
+    mlflow.MlflowClient().set_registered_model_alias("toy-pyfunc", "champion", "1")
+    # The pyfunc is logged as code; its artifacts hold the JSON evaluator, read without trust_pickle.
+    for uri in (f"runs:/{active.info.run_id}/pyfunc", "models:/toy-pyfunc/latest", "models:/toy-pyfunc/1",
+                "models:/toy-pyfunc@champion", info.model_uri):
+        with load(uri) as judge:
+            assert judge.card["model"] == "fake/card-model" and judge(ITEM).winner == "2", uri
+    for uri in ("models:/no-such-judge/1", "models:/no-such-judge/latest", "models:/toy-pyfunc/7",
+                "models:/toy-pyfunc@nobody", "models:/toy-pyfunc/Production", "runs:/0123456789abcdef0123/pyfunc"):
+        with pytest.raises(ConfigError, match=re.escape(uri)):
+            load(uri)

@@ -102,3 +102,20 @@ def test_card_says_when_its_cost_was_answered_from_the_cache(tmp_path):
     assert "LM cache" not in (path / "card.md").read_text()
     path = save_program(program, tmp_path / "b", make_card(program, model="fake/scripted", cost=cached))
     assert "8.0 of 8.0 calls per item were answered from the LM cache" in (path / "card.md").read_text()
+
+
+def test_issue_11_item_1_no_lm_or_logprobs_are_saved_and_dspy_still_reads_the_file(tmp_path):
+    program = build_evaluator(DebateConfig(roles=("critic",), turns=1))
+    judge = program.debate.referees["critic"].judge
+    judge.lm = dspy.LM("openai/gpt-4o-mini", temperature=1.7)
+    judge.demos = [dspy.Example(question="dq", answer_1="x", answer_2="y", persona="p", discussion="d", evidence="e",
+                                score_1=7, score_2=3, augmented=True, logprobs={"content": [{"token": "7"}]})]
+    path = save_program(program, tmp_path / "p", make_card(program, model="fake/scripted"))
+    state = json.loads((path / PROGRAM_FILE).read_text())
+    assert all(entry["lm"] is None for name, entry in state.items() if name != "metadata")
+    assert "logprobs" not in state["debate.referees['critic'].judge"]["demos"][0]
+    fresh = build_evaluator(program.config)
+    fresh.load(str(path / PROGRAM_FILE))  # DSPy's own loader still reads what we write
+    loaded, _ = load_program(path)
+    assert loaded.debate.referees["critic"].judge.lm is None
+    assert loaded.debate.referees["critic"].judge.demos[0]["score_1"] == 7

@@ -1,9 +1,11 @@
 """Production use of a saved evaluator: ``load`` once, then judge items one by one or in batches.
 
-``load`` accepts a saved evaluator directory, an MLflow run URI (``runs:/<run_id>[/evaluator]``) or a
-registered model (``models:/<name>/<version>``). Plain JSON state is the default; a pickled program is
-refused unless the caller passes ``trust_pickle=True``. The LM is chosen here, at load time (the card's
-model by default), and never read from the files.
+``load`` accepts a saved evaluator directory, an MLflow run URI (``runs:/<run_id>[/evaluator]``, or
+``runs:/<run_id>/pyfunc`` for the pyfunc model, whose artifacts hold the evaluator directory) or a
+registered model (``models:/<name>/<version>``, ``models:/<name>/latest``, ``models:/<name>@<alias>``).
+Plain JSON state is the default, checked against ``chateval_dspy.limits`` (see ``store``); a pickled
+program is refused unless the caller passes ``trust_pickle=True``. The LM is chosen here, at load time
+(the card's model *name* by default), and never read from the files.
 """
 
 from __future__ import annotations
@@ -19,11 +21,14 @@ from pathlib import Path
 
 import dspy
 import pandas as pd
+import yaml
 
+import chateval_dspy.limits as limits
 from chateval_dspy.concurrency import bounded_unordered
+from chateval_dspy.config import DebateConfig
 from chateval_dspy.data.loaders import item_from_record
 from chateval_dspy.deploy.store import CARD_FILE, load_program, read_card
-from chateval_dspy.errors import ConfigError, DataError
+from chateval_dspy.errors import ChatEvalError, ConfigError, DataError
 from chateval_dspy.lm.adapter import JudgeAdapter
 from chateval_dspy.lm.resolve import EMBEDDED, EMBEDDED_MODEL_ID, configure_cache, resolve_lm
 from chateval_dspy.program.chateval import ChatEval
@@ -79,14 +84,15 @@ class Verdict:
 
 
 def _check_version(card: dict, source: str) -> None:
-    wrote = card.get("versions", {}).get("chateval-dspy")
+    versions = card.get("versions")
+    wrote = versions.get("chateval-dspy") if isinstance(versions, dict) else None
     try:
         ours = metadata.version("chateval-dspy")
     except metadata.PackageNotFoundError:
         return
-    if wrote and wrote.split(".")[0] != ours.split(".")[0]:
-        raise ConfigError(f"{source} was written by chateval-dspy {wrote}; this is {ours}. "
-                          f"Install chateval-dspy=={wrote} to use it")
+    if isinstance(wrote, str) and wrote.split(".")[0] != ours.split(".")[0]:
+        raise ConfigError(f"{source} was written by chateval-dspy {wrote[:40]}; this is {ours}. "
+                          f"Install chateval-dspy=={wrote[:40]} to use it")
 
 
 def _default_model(card: dict) -> str:
@@ -101,33 +107,102 @@ def _default_model(card: dict) -> str:
 
 def _from_mlflow(uri: str, workdir: Path, trust_pickle: bool) -> Path | ChatEval:
     """A local evaluator directory for an MLflow URI, or (trusted only) the unpickled dspy model."""
+    try:
+        return _fetch_from_mlflow(uri, workdir, trust_pickle)
+    except ChatEvalError:
+        raise
+    except Exception as exc:  # MlflowException, and whatever a tracking or artifact store raises
+        raise ConfigError(f"cannot load {uri} from MLflow ({type(exc).__name__}: {str(exc)[:300]})") from exc
+
+
+def _fetch_from_mlflow(uri: str, workdir: Path, trust_pickle: bool) -> Path | ChatEval:
     import mlflow  # only this branch needs MLflow
 
+    def download(artifact_uri: str, into: str) -> Path:
+        return Path(mlflow.artifacts.download_artifacts(artifact_uri, dst_path=str(workdir / into)))
+
     if uri.startswith("models:/"):
-        name_version = uri[len("models:/"):].split("/")
-        if len(name_version) != 2:
-            raise ConfigError(f"{uri}: use models:/<name>/<version>")
-        client = mlflow.MlflowClient()
-        version = client.get_model_version(*name_version)
-        run_id = version.run_id
-    else:
-        parts = uri[len("runs:/"):].split("/", 1)
-        run_id = parts[0]
-        if len(parts) == 2 and parts[1] and parts[1] != "evaluator":
-            # a specific artifact path inside the run: a dspy-flavor model, or an evaluator dir
-            try:
-                local = Path(mlflow.artifacts.download_artifacts(uri, dst_path=str(workdir)))
-            except Exception as exc:
-                raise ConfigError(f"cannot fetch {uri}: {exc}") from exc
-            if (local / CARD_FILE).exists():
-                return local
-            return _unpickle(uri, trust_pickle)
+        run_id, model_uri = _registered_model(uri)
+        if run_id:
+            try:  # the run that logged the model also logged the evaluator as plain JSON: prefer it
+                return download(f"runs:/{run_id}/evaluator", "run")
+            except Exception:  # noqa: BLE001 - no evaluator in that run: the model's own artifacts may hold one
+                log.info("run %s has no 'evaluator/' artifact; reading the model %s itself", run_id, model_uri)
+        return _evaluator_in(download(model_uri, "model"), model_uri, trust_pickle)
+    run_id, _, sub = uri[len("runs:/"):].partition("/")
+    sub = sub.strip("/") or "evaluator"
+    if not run_id:
+        raise ConfigError(f"{uri}: use runs:/<run_id>[/<artifact path>]")
     try:
-        return Path(mlflow.artifacts.download_artifacts(f"runs:/{run_id}/evaluator", dst_path=str(workdir)))
+        local = download(f"runs:/{run_id}/{sub}", "run")
     except Exception as exc:
-        if uri.startswith("models:/"):
-            return _unpickle(uri, trust_pickle)
-        raise ConfigError(f"run {run_id} has no saved evaluator (artifact 'evaluator/'): {exc}") from exc
+        if sub == "evaluator":
+            raise ConfigError(f"run {run_id} has no saved evaluator (artifact 'evaluator/'): {str(exc)[:300]}") from exc
+        raise ConfigError(f"cannot fetch {uri}: {str(exc)[:300]}") from exc
+    return _evaluator_in(local, uri, trust_pickle)
+
+
+def _registered_model(uri: str) -> tuple[str | None, str]:
+    """``(run_id, models:/<name>/<version>)`` for ``models:/<name>/<version|latest>`` or ``models:/<name>@<alias>``.
+
+    A logged model's own URI (``models:/<model_id>``) has no registry entry: ``(None, uri)``.
+    """
+    import mlflow
+
+    rest = uri[len("models:/"):].strip("/")
+    client = mlflow.MlflowClient()
+    if "/" in rest:
+        name, version = rest.split("/", 1)
+        if not name or not version or "/" in version:
+            raise ConfigError(f"{uri}: use models:/<name>/<version>, models:/<name>/latest or models:/<name>@<alias>")
+        if version.lower() == "latest":
+            if "'" in name:
+                raise ConfigError(f"{uri}: a model name with a quote cannot be looked up")
+            found = client.search_model_versions(f"name='{name}'")
+            if not found:
+                raise ConfigError(f"{uri}: registered model {name!r} has no versions")
+            mv = max(found, key=lambda v: int(v.version))
+        else:
+            mv = client.get_model_version(name, version)
+    elif "@" in rest:
+        name, alias = rest.split("@", 1)
+        mv = client.get_model_version_by_alias(name, alias)
+    elif rest:
+        return None, uri
+    else:
+        raise ConfigError(f"{uri}: use models:/<name>/<version>, models:/<name>/latest or models:/<name>@<alias>")
+    return mv.run_id, f"models:/{mv.name}/{mv.version}"
+
+
+def _evaluator_in(local: Path, uri: str, trust_pickle: bool) -> Path | ChatEval:
+    """The evaluator directory inside downloaded MLflow artifacts: the directory itself, the JSON evaluator
+    a pyfunc model carries as its ``evaluator`` artifact (read, never run), or else a pickled dspy model."""
+    if (local / CARD_FILE).is_file():
+        return local
+    mlmodel = local / "MLmodel"
+    if not mlmodel.is_file():
+        raise ConfigError(f"{uri} holds neither a saved evaluator ({CARD_FILE}) nor an MLflow model")
+    with open(mlmodel, "rb") as f:
+        text = f.read(limits.MAX_MLMODEL_FILE_BYTES + 1)
+    if len(text) > limits.MAX_MLMODEL_FILE_BYTES:
+        raise ConfigError(f"{mlmodel} is larger than {limits.MAX_MLMODEL_FILE_BYTES} bytes "
+                          "(limits.MAX_MLMODEL_FILE_BYTES)")
+    try:
+        flavors = (yaml.safe_load(text) or {}).get("flavors") or {}
+        relative = flavors["python_function"]["artifacts"]["evaluator"]["path"]
+    except (yaml.YAMLError, AttributeError, KeyError, TypeError):
+        relative = None
+    if isinstance(relative, str):
+        inside = (local / relative).resolve()
+        # the MLmodel file is data from the artifact store: it must not point outside the download
+        if inside.is_relative_to(local.resolve()) and (inside / CARD_FILE).is_file():
+            return inside
+        raise ConfigError(f"{uri}: the pyfunc model's 'evaluator' artifact ({relative[:200]!r}) is not a saved "
+                          "evaluator inside the model")
+    if isinstance(flavors, dict) and "dspy" in flavors:
+        return _unpickle(uri, trust_pickle)
+    raise ConfigError(f"{uri} is an MLflow model but not a chateval-dspy evaluator (flavors: "
+                      f"{', '.join(map(str, flavors)) if isinstance(flavors, dict) else '?'})")
 
 
 def _refuse_pickle(source, trust_pickle: bool) -> None:
@@ -219,8 +294,10 @@ def load(path_or_uri: str | Path, *, model: str | None = None, trust_pickle: boo
     """Load a saved evaluator and bind it to an LM.
 
     Args:
-        path_or_uri: A saved evaluator directory, ``runs:/<run_id>[/path]`` or ``models:/<name>/<version>``.
-        model: The LM spec (``embedded``, a base URL, a LiteLLM string); default: the card's model.
+        path_or_uri: A saved evaluator directory, ``runs:/<run_id>[/path]`` (``/pyfunc`` too), or
+            ``models:/<name>/<version>``, ``models:/<name>/latest``, ``models:/<name>@<alias>``.
+        model: The LM spec (``embedded``, a base URL, a LiteLLM string); default: the card's model,
+            which is only ever a model name (a card naming a URL or settings is refused).
         trust_pickle: Allow loading a pickled program (runs code from the file). Off by default.
         slots: Requests kept in flight at once (the embedded model is laid out for them).
         timeout: Seconds per LM request.
@@ -241,7 +318,7 @@ def load(path_or_uri: str | Path, *, model: str | None = None, trust_pickle: boo
             elif found.is_dir() and not (found / CARD_FILE).exists() and (found / "program.pkl").exists():
                 found = _unpickle_file(found, trust_pickle)
         if isinstance(found, ChatEval):
-            program, card = found, {"model": None, "config": found.config.to_dict()}
+            program, card = _trusted(found), {"model": None, "config": found.config.to_dict()}
         else:
             _check_version(read_card(found), str(found / CARD_FILE))
             program, card = load_program(found)
@@ -256,6 +333,20 @@ def load(path_or_uri: str | Path, *, model: str | None = None, trust_pickle: boo
     except BaseException:
         stack.close()
         raise
+
+
+def _trusted(program: ChatEval) -> ChatEval:
+    """A trusted, unpickled program held to the same limits and bound to no LM of its own.
+
+    Unpickling skips ``DebateConfig``'s checks, and a pickle can carry predictor LMs and call settings;
+    the caller trusted the code, not an LM or a budget chosen by whoever wrote it.
+    """
+    DebateConfig.from_dict(program.config.to_dict())
+    for name, predictor in program.named_predictors():
+        if predictor.lm is not None or predictor.config:
+            log.warning("%s: dropping the LM and call settings the pickled program carried", name)
+        predictor.lm, predictor.config = None, {}
+    return program
 
 
 def _unpickle_file(path: Path, trust_pickle: bool) -> ChatEval:

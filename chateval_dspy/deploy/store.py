@@ -6,25 +6,51 @@ Layout of a saved evaluator directory::
     card.json      what it is: config, personas, data and split, optimizer, metrics, model, versions
     card.md        the same card for people
 
-Loading rebuilds the program from the card's config and personas, then loads the
-state: nothing in the directory is executed.
+A directory may come from a registry, a colleague or a download, so loading trusts none of it.
+Each file is read up to its size limit before it is parsed; the card's config and personas and each
+predictor's instructions and demos are checked against the program's signatures and ``limits``;
+the state handed to DSPy is built from those parts only. A file that names an LM, sampling or
+decoding settings, traces, or any key this module does not know is refused with a ``ConfigError``
+naming the file, the key and the limit. Nothing in the directory is executed, and the LM is
+always the caller's.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import platform
+import re
 import time
+import typing
 from importlib import metadata
 from pathlib import Path
 
+import dspy
+from dspy.utils.saving import get_dependency_versions
+
+import chateval_dspy.limits as limits
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.program.chateval import ChatEval, build_evaluator
-from chateval_dspy.program.roles import Role
+from chateval_dspy.program.roles import Role, make_role
+
+log = logging.getLogger(__name__)
 
 CARD_FORMAT = 1
 PROGRAM_FILE, CARD_FILE, CARD_MD = "program.json", "card.json", "card.md"
+# The card keys a loader reads to build the evaluator; each is checked.
+CARD_CONFIGURING = ("card_format", "model", "config", "roles")
+# The card keys that describe how the evaluator was made; nothing reads them to configure anything.
+CARD_DESCRIPTIVE = ("created", "versions", "dataset", "dataset_hash", "split", "optimizer", "optimizer_settings",
+                    "metric", "search", "dev_metrics", "test_metrics", "cost")
+# DSPy writes these predictor keys empty; any content would let the file choose an LM, its sampling or decoding.
+EMPTY_PREDICTOR_KEYS = {"lm": None, "traces": [], "train": [], "fields": {}}
+# A bootstrapped demo is marked ``augmented``; its ``logprobs`` (kept when weighted scores were on) never reach a prompt.
+DEMO_MARKERS = ("augmented",)
+DEMO_DROPPED = ("logprobs",)
+# A model *name* (``provider/model``, ``openai-compatible/<served id>``): no scheme, query, spaces or settings.
+MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+/-]*$")
 
 
 def versions() -> dict[str, str]:
@@ -39,7 +65,12 @@ def versions() -> dict[str, str]:
 
 
 def make_card(program: ChatEval, *, model: str, **fields) -> dict:
-    """A judge card for ``program``; ``fields`` add data, split, optimizer, metrics, cost."""
+    """A judge card for ``program``; ``fields`` add data, split, optimizer, metrics, cost (``CARD_DESCRIPTIVE``)."""
+    unknown = sorted(set(fields) - set(CARD_DESCRIPTIVE))
+    if unknown:  # a loader refuses keys it does not know, so a card must not be written with them
+        raise ConfigError(f"unknown judge card field(s) {', '.join(unknown)}; a card describes its evaluator with: "
+                          f"{', '.join(CARD_DESCRIPTIVE)}")
+    check_model_name(model, "make_card")
     return {
         "card_format": CARD_FORMAT,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -88,46 +119,274 @@ def _markdown(card: dict) -> str:
 
 
 def save_program(program: ChatEval, directory: str | Path, card: dict) -> Path:
-    """Write ``program.json``, ``card.json`` and ``card.md`` into ``directory``."""
+    """Write ``program.json``, ``card.json`` and ``card.md`` into ``directory``.
+
+    ``program.json`` is written from the same checks a loader applies, so nothing is saved that
+    ``load_program`` would refuse (too many demos, an instruction over its limit); an LM set on a
+    predictor is left out, as the loader's caller chooses the LM.
+    """
     directory = Path(directory)
+    check_card(json.loads(json.dumps(card, default=str)), directory / CARD_FILE)
+    dumped = json.loads(json.dumps(program.dump_state(), default=str))
+    for name, entry in dumped.items():
+        if entry.get("lm") is not None:
+            log.warning("%s: its LM is not saved; a saved evaluator runs on the LM its loader passes", name)
+            entry["lm"] = None
+    state = check_program_state(dumped, program, directory / PROGRAM_FILE)
+    # traces and train stay, empty, so that DSPy's own ``Module.load`` still reads the file
+    written = {name: {"traces": [], "train": [], **entry} for name, entry in state.items()}
+    written["metadata"] = {"dependency_versions": get_dependency_versions()}
     directory.mkdir(parents=True, exist_ok=True)
-    program.save(str(directory / PROGRAM_FILE))
+    (directory / PROGRAM_FILE).write_text(json.dumps(written, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     (directory / CARD_FILE).write_text(json.dumps(card, indent=2, default=str), encoding="utf-8")
     (directory / CARD_MD).write_text(_markdown(card), encoding="utf-8")
     return directory
 
 
-def read_card(directory: str | Path) -> dict:
-    path = Path(directory) / CARD_FILE
+def read_json_file(path: Path, limit: int, limit_name: str):
+    """The parsed JSON of ``path``, reading at most ``limit`` bytes whatever the file claims to be.
+
+    Raises:
+        ConfigError: naming the file: unreadable, not a regular file, over ``limit``, or not JSON.
+    """
+    if not path.is_file():  # a FIFO or a device would block or never end
+        raise ConfigError(f"{path}: missing or not a regular file")
     try:
-        card = json.loads(path.read_text(encoding="utf-8"))
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
     except OSError as exc:
-        raise ConfigError(f"{directory} is not a saved evaluator: cannot read {CARD_FILE} ({exc.strerror or exc})") from exc
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path} is not valid JSON: {exc}") from exc
-    if card.get("card_format") != CARD_FORMAT:
-        wrote = card.get("versions", {}).get("chateval-dspy", "?")
-        raise ConfigError(f"{path} has card format {card.get('card_format')!r}; this chateval-dspy reads format "
-                          f"{CARD_FORMAT}. Use the chateval-dspy version that wrote it ({wrote})")
+        raise ConfigError(f"{path}: cannot read it ({exc.strerror or exc})") from exc
+    if len(data) > limit:
+        raise ConfigError(f"{path} is larger than {limit} bytes ({limit_name}); refusing to parse it")
+    try:
+        return json.loads(data)
+    # ValueError covers bad JSON, bad UTF-8 and numbers too long to convert; RecursionError, deep nesting.
+    except (ValueError, RecursionError) as exc:
+        raise ConfigError(f"{path} is not valid JSON: {str(exc)[:200]}") from exc
+
+
+def read_card(directory: str | Path) -> dict:
+    """The card's JSON, read within ``limits.MAX_CARD_FILE_BYTES`` and of this card format (not yet checked)."""
+    path = Path(directory) / CARD_FILE
+    if not path.exists():
+        raise ConfigError(f"{directory} is not a saved evaluator: cannot read {CARD_FILE} (no such file)")
+    card = read_json_file(path, limits.MAX_CARD_FILE_BYTES, "limits.MAX_CARD_FILE_BYTES")
+    if not isinstance(card, dict):
+        raise ConfigError(f"{path}: malformed card: expected a JSON object, got {type(card).__name__}")
+    fmt = card.get("card_format")
+    if isinstance(fmt, bool) or fmt != CARD_FORMAT:
+        versions = card.get("versions")
+        wrote = versions.get("chateval-dspy", "?") if isinstance(versions, dict) else "?"
+        raise ConfigError(f"{path} has card format {fmt!r:.40}; this chateval-dspy reads format "
+                          f"{CARD_FORMAT}. Use the chateval-dspy version that wrote it ({wrote!s:.40})")
     return card
 
 
-def load_program(directory: str | Path) -> tuple[ChatEval, dict]:
-    """Rebuild a saved evaluator and its card. The LM is chosen by the caller, never read from the files."""
-    directory = Path(directory)
-    card = read_card(directory)
-    where = directory / CARD_FILE
+def check_model_name(model, where) -> None:
+    """A card's model is a default *name* only: never an endpoint URL, a key or call settings."""
+    if model is None or model == "":
+        return
+    if not isinstance(model, str) or len(model) > limits.MAX_MODEL_NAME_CHARS:
+        raise ConfigError(f"{where}: key 'model' must be a model name of at most {limits.MAX_MODEL_NAME_CHARS} "
+                          f"characters (limits.MAX_MODEL_NAME_CHARS), got {model!r:.80}")
+    if "://" in model or not MODEL_NAME.match(model):
+        raise ConfigError(f"{where}: key 'model' must be a model name such as 'openai/gpt-4o-mini', not an endpoint "
+                          f"URL, credentials or settings (got {model[:80]!r}); pass the LM to load(model=...)")
+
+
+def check_card(card: dict, where) -> tuple[DebateConfig, list[Role]]:
+    """The config and personas of a card, every key and value checked (``where`` names the card in errors)."""
+    unknown = sorted(str(k)[:40] for k in set(card) - set(CARD_CONFIGURING) - set(CARD_DESCRIPTIVE))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(repr(k) for k in unknown)}: a card holds only "
+                          f"{', '.join(CARD_CONFIGURING + CARD_DESCRIPTIVE)}; the LM and its settings come from "
+                          "the caller, never from a card")
+    for key in ("model", "config", "roles"):
+        if key not in card:
+            raise ConfigError(f"{where}: malformed card, missing or wrong field '{key}'")
+    check_model_name(card["model"], where)
     try:
         config = DebateConfig.from_dict(card["config"])
-        roles = [Role(r["slug"], r["name"], tuple(sorted(r["personas"].items()))) for r in card["roles"]]
-    except (KeyError, TypeError, AttributeError) as exc:
-        raise ConfigError(f"{where}: malformed card, missing or wrong field {exc}") from exc
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: key 'config': {exc}") from exc
+    entries = card["roles"]
+    if not isinstance(entries, list):
+        raise ConfigError(f"{where}: malformed card, missing or wrong field 'roles' (expected a list)")
+    if len(entries) > limits.MAX_ROLES:
+        raise ConfigError(f"{where}: key 'roles' has {len(entries)} referees; the limit is {limits.MAX_ROLES} "
+                          "(limits.MAX_ROLES)")
+    roles = []
+    for i, entry in enumerate(entries, start=1):
+        at = f"{where}: key 'roles' #{i}"
+        if not isinstance(entry, dict) or set(entry) != {"slug", "name", "personas"}:
+            raise ConfigError(f"{at}: malformed card, expected exactly slug, name and personas")
+        roles.append(make_role(entry["slug"], entry["name"], entry["personas"], at, same_role_slugs=True,
+                               normalise=False))
+    if [r.slug for r in roles] != list(config.roles):
+        raise ConfigError(f"{where}: key 'roles' {[r.slug for r in roles]} does not match the config's roles "
+                          f"{list(config.roles)}")
+    for role in roles:
+        try:
+            role.persona(config.format)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: key 'roles': {exc}") from exc
+    versions = card.get("versions", {})
+    if not isinstance(versions, dict) or not all(isinstance(k, str) and isinstance(v, str) and len(v) <= 100
+                                                 for k, v in versions.items()):
+        raise ConfigError(f"{where}: key 'versions' must map package names to version strings")
+    return config, roles
+
+
+def _field_check(annotation):
+    """``(accepts(value), scale text)`` for one signature field: a Literal scale or text."""
+    if typing.get_origin(annotation) is typing.Literal:
+        allowed = typing.get_args(annotation)
+        # type() as well as ==: True == 1 and 7.0 == 7, neither of which is a point of the scale
+        return (lambda v: any(type(v) is type(a) and v == a for a in allowed),
+                "one of " + ", ".join(repr(a) for a in allowed))
+    if annotation is str:
+        return (lambda v: isinstance(v, str) and len(v) <= limits.MAX_DEMO_TEXT_CHARS,
+                f"a text of at most {limits.MAX_DEMO_TEXT_CHARS} characters (limits.MAX_DEMO_TEXT_CHARS)")
+    return (lambda v: False, f"a value of type {annotation!r}, which a saved demo cannot hold")
+
+
+def _check_signature(raw, signature, at: str) -> dict:
+    if not isinstance(raw, dict) or set(raw) != {"instructions", "fields"}:
+        raise ConfigError(f"{at}: key 'signature' must hold exactly 'instructions' and 'fields'")
+    text = raw["instructions"]
+    if not isinstance(text, str) or len(text) > limits.MAX_INSTRUCTION_CHARS:
+        raise ConfigError(f"{at}: key 'signature.instructions' must be a text of at most "
+                          f"{limits.MAX_INSTRUCTION_CHARS} characters (limits.MAX_INSTRUCTION_CHARS), got "
+                          f"{len(text) if isinstance(text, str) else type(text).__name__}")
+    fields = raw["fields"]
+    if not isinstance(fields, list) or len(fields) != len(signature.fields):
+        raise ConfigError(f"{at}: key 'signature.fields' must list the signature's {len(signature.fields)} fields "
+                          f"({', '.join(signature.fields)})")
+    out = []
+    for name, entry in zip(signature.fields, fields):
+        if not isinstance(entry, dict) or set(entry) != {"prefix", "description"} or not all(
+                isinstance(v, str) and len(v) <= limits.MAX_FIELD_TEXT_CHARS for v in entry.values()):
+            raise ConfigError(f"{at}: key 'signature.fields' entry for {name!r} must hold exactly a prefix and a "
+                              f"description, texts of at most {limits.MAX_FIELD_TEXT_CHARS} characters "
+                              "(limits.MAX_FIELD_TEXT_CHARS)")
+        out.append({"prefix": entry["prefix"], "description": entry["description"]})
+    return {"instructions": text, "fields": out}
+
+
+def _check_demos(raw, signature, at: str) -> list[dict]:
+    if not isinstance(raw, list):
+        raise ConfigError(f"{at}: key 'demos' must be a list")
+    if len(raw) > limits.MAX_DEMOS_PER_PREDICTOR:
+        raise ConfigError(f"{at}: key 'demos' has {len(raw)} demos; the limit is {limits.MAX_DEMOS_PER_PREDICTOR} "
+                          "(limits.MAX_DEMOS_PER_PREDICTOR)")
+    checks = {name: _field_check(field.annotation) for name, field in signature.fields.items()}
+    out, total = [], 0
+    for i, demo in enumerate(raw, start=1):
+        if not isinstance(demo, dict):
+            raise ConfigError(f"{at}: demo #{i} must be a mapping of the signature's fields")
+        clean = {}
+        for key, value in demo.items():
+            if key in DEMO_DROPPED:
+                continue
+            if key in DEMO_MARKERS:
+                if not isinstance(value, bool):
+                    raise ConfigError(f"{at}: demo #{i} key {key!r} must be true or false")
+            elif key not in checks:
+                raise ConfigError(f"{at}: demo #{i} key {str(key)[:40]!r} is not a field of the signature "
+                                  f"({', '.join(checks)})")
+            else:
+                accepts, scale = checks[key]
+                if not accepts(value):
+                    raise ConfigError(f"{at}: demo #{i} key {key!r} must be {scale}, got {value!r:.80}")
+                total += len(value) if isinstance(value, str) else 0
+            clean[key] = value
+        out.append(clean)
+    if total > limits.MAX_DEMO_CHARS_PER_PREDICTOR:
+        raise ConfigError(f"{at}: key 'demos' holds {total} characters of text; the limit is "
+                          f"{limits.MAX_DEMO_CHARS_PER_PREDICTOR} (limits.MAX_DEMO_CHARS_PER_PREDICTOR)")
+    return out
+
+
+def check_program_state(raw, program: ChatEval, where) -> dict:
+    """The DSPy state for ``program`` built from the allowed parts of ``raw`` (a parsed ``program.json``).
+
+    Every predictor of ``program`` must be present with exactly its signature's fields, its instructions
+    and demos within ``limits``, demo outputs on the signature's scales, and no LM, config, traces or
+    other keys. The result holds instructions, field texts and demos only.
+
+    Raises:
+        ConfigError: naming ``where``, the predictor, the key and the limit.
+    """
+    def fail(detail: str) -> ConfigError:
+        return ConfigError(f"{where}: not a valid program state for this card: {detail}")
+
+    if not isinstance(raw, dict):
+        raise fail(f"expected a JSON object, got {type(raw).__name__}")
+    predictors = dict(program.named_predictors())
+    unknown = sorted(str(k)[:80] for k in set(raw) - set(predictors) - {"metadata"})
+    if unknown:
+        raise fail(f"unknown key(s) {unknown}; this card's program has the predictors {sorted(predictors)}")
+    missing = sorted(set(predictors) - set(raw))
+    if missing:
+        raise fail(f"missing predictor(s) {missing}")
+    meta = raw.get("metadata", {})
+    versions = meta.get("dependency_versions", {}) if isinstance(meta, dict) else None
+    if not isinstance(versions, dict):
+        raise fail("key 'metadata' must be a mapping with a 'dependency_versions' mapping")
+    if versions.get("dspy") not in (None, dspy.__version__):
+        log.warning("%s was saved with dspy %s; this is dspy %s", where, str(versions.get("dspy"))[:40],
+                    dspy.__version__)
+    state = {}
+    for name, predictor in predictors.items():
+        entry = raw[name]
+        if not isinstance(entry, dict):
+            raise fail(f"predictor {name!r} must be a mapping, got {type(entry).__name__}")
+        extra = sorted(str(k)[:40] for k in set(entry) - {"signature", "demos"} - set(EMPTY_PREDICTOR_KEYS))
+        if extra:
+            raise fail(f"predictor {name!r} key(s) {extra}: a saved predictor holds only its signature and demos; "
+                       "its LM and call settings come from the caller")
+        for key, empty in EMPTY_PREDICTOR_KEYS.items():
+            if key in entry and entry[key] != empty:
+                raise fail(f"predictor {name!r} key {key!r} must be {json.dumps(empty)}: a saved evaluator does not "
+                           "choose its LM, sampling, decoding or traces")
+        if "signature" not in entry:
+            raise fail(f"predictor {name!r} has no key 'signature'")
+        try:
+            signature = _check_signature(entry["signature"], predictor.signature, f"predictor {name!r}")
+            demos = _check_demos(entry.get("demos", []), predictor.signature, f"predictor {name!r}")
+        except ConfigError as exc:
+            raise fail(str(exc)) from None
+        state[name] = {"signature": signature, "demos": demos, "lm": None}
+    return state
+
+
+def check_loaded(program: ChatEval, where) -> None:
+    """After loading: no predictor may carry an LM, call settings, traces or decision settings of its own."""
+    for name, predictor in program.named_predictors():
+        if predictor.lm is not None or predictor.config or getattr(predictor, "fields", None) \
+                or predictor.traces or predictor.train:
+            raise ConfigError(f"{where}: predictor {name!r} carries its own LM or settings after loading")
+
+
+def load_program(directory: str | Path) -> tuple[ChatEval, dict]:
+    """Rebuild a saved evaluator and its card. The LM is chosen by the caller, never read from the files.
+
+    Raises:
+        ConfigError: the directory is not a saved evaluator, or a file breaks a rule or a limit
+            (see ``limits`` and the module's docstring); the message names the file and the key.
+    """
+    directory = Path(directory)
+    card = read_card(directory)
+    config, roles = check_card(card, directory / CARD_FILE)
     program = build_evaluator(config, roles)
-    state = directory / PROGRAM_FILE
-    if not state.exists():
+    path = directory / PROGRAM_FILE
+    if not path.exists():
         raise ConfigError(f"{directory} has a card but no {PROGRAM_FILE}")
+    state = check_program_state(read_json_file(path, limits.MAX_PROGRAM_FILE_BYTES, "limits.MAX_PROGRAM_FILE_BYTES"),
+                                program, path)
     try:
-        program.load(str(state), allow_pickle=False)
-    except Exception as exc:  # DSPy raises assorted errors for a state that does not match the program
-        raise ConfigError(f"{state}: not a valid program state for this card ({type(exc).__name__}: {exc})") from exc
+        program.load_state(state)
+    except Exception as exc:  # the state was checked above; DSPy failing on it anyway is still the file's fault
+        raise ConfigError(f"{path}: not a valid program state for this card ({type(exc).__name__}: {exc})") from exc
+    check_loaded(program, path)
     return program, card

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import yaml
 
+import chateval_dspy.limits as limits
 from chateval_dspy.errors import ConfigError
 
 SLUG = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
@@ -22,6 +23,7 @@ SLUG = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 # all carry this persona, yet each is its own debater with its own predictors.
 SAME_ROLE_PERSONA = "You are a careful, fair referee judging the text below."
 SAME_ROLE = re.compile(r"^referee_([1-9][0-9]?)$")
+FORMATS = ("*", "pairwise", "scoring")
 
 
 @dataclass(frozen=True)
@@ -50,33 +52,61 @@ def same_roles(n: int) -> tuple[str, ...]:
     return tuple(f"referee_{i}" for i in range(1, n + 1))
 
 
+def make_role(slug, name, personas, where: str, *, same_role_slugs: bool = False, normalise: bool = True) -> Role:
+    """A checked ``Role`` from untrusted values (a role file's entry or a judge card's); errors start with ``where``.
+
+    Args:
+        slug: Must match ``SLUG``; ``referee_N`` only with ``same_role_slugs`` (a saved card of the ablation).
+        name: A non-empty display name of at most ``limits.MAX_ROLE_NAME_CHARS`` characters.
+        personas: A mapping of format (``*``, ``pairwise``, ``scoring``) -> persona text, each at most
+            ``limits.MAX_PERSONA_CHARS`` characters (after whitespace is collapsed, with ``normalise``).
+        normalise: Collapse whitespace in names and personas, as role files are written by hand; a card
+            keeps the exact text it was compiled with.
+
+    Example:
+        >>> make_role("editor", "Editor", {"*": "You edit."}, "roles.yaml role #1").persona("scoring")
+        'You edit.'
+    """
+    if not isinstance(slug, str) or not SLUG.match(slug):
+        raise ConfigError(f"{where}: 'slug' must match {SLUG.pattern} (got {slug!r:.80})")
+    if SAME_ROLE.match(slug) and not same_role_slugs:
+        raise ConfigError(f"{where}: slug {slug!r} is reserved for the same-role ablation")
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"{where}: 'name' is missing or empty")
+    if len(name) > limits.MAX_ROLE_NAME_CHARS:
+        raise ConfigError(f"{where}: 'name' has {len(name)} characters; the limit is {limits.MAX_ROLE_NAME_CHARS} "
+                          "(limits.MAX_ROLE_NAME_CHARS)")
+    if not isinstance(personas, dict) or not personas:
+        raise ConfigError(f"{where}: 'persona' must be a text or a mapping of format -> text")
+    texts = {}
+    for fmt, text in personas.items():
+        if fmt not in FORMATS or not isinstance(text, str) or not text.strip():
+            raise ConfigError(f"{where}: persona for {fmt!r:.40} must be a non-empty text (formats: pairwise, scoring)")
+        text = " ".join(text.split()) if normalise else text
+        if len(text) > limits.MAX_PERSONA_CHARS:
+            raise ConfigError(f"{where}: persona for {fmt!r} has {len(text)} characters; the limit is "
+                              f"{limits.MAX_PERSONA_CHARS} (limits.MAX_PERSONA_CHARS)")
+        texts[fmt] = text
+    return Role(slug, name.strip() if normalise else name, tuple(sorted(texts.items())))
+
+
 def _parse_roles(data, source: str) -> dict[str, Role]:
     if not isinstance(data, dict) or not isinstance(data.get("roles"), list):
         raise ConfigError(f"{source}: expected a mapping with a 'roles' list")
+    if len(data["roles"]) > limits.MAX_ROLE_FILE_ROLES:
+        raise ConfigError(f"{source}: {len(data['roles'])} roles; a role file holds at most "
+                          f"{limits.MAX_ROLE_FILE_ROLES} (limits.MAX_ROLE_FILE_ROLES)")
     out: dict[str, Role] = {}
     for i, entry in enumerate(data["roles"], start=1):
         where = f"{source} role #{i}"
         if not isinstance(entry, dict):
             raise ConfigError(f"{where}: expected a mapping with slug, name and persona")
-        slug, name, persona = entry.get("slug"), entry.get("name"), entry.get("persona")
-        if not isinstance(slug, str) or not SLUG.match(slug):
-            raise ConfigError(f"{where}: 'slug' must match {SLUG.pattern} (got {slug!r})")
-        if SAME_ROLE.match(slug):
-            raise ConfigError(f"{where}: slug {slug!r} is reserved for the same-role ablation")
-        if not isinstance(name, str) or not name.strip():
-            raise ConfigError(f"{where}: 'name' is missing or empty")
-        if isinstance(persona, str):
-            personas = {"*": persona}
-        elif isinstance(persona, dict) and persona:
-            personas = dict(persona)
-        else:
-            raise ConfigError(f"{where}: 'persona' must be a text or a mapping of format -> text")
-        for fmt, text in personas.items():
-            if fmt not in ("*", "pairwise", "scoring") or not isinstance(text, str) or not text.strip():
-                raise ConfigError(f"{where}: persona for {fmt!r} must be a non-empty text (formats: pairwise, scoring)")
-        if slug in out:
-            raise ConfigError(f"{where}: duplicate slug {slug!r}")
-        out[slug] = Role(slug, name.strip(), tuple(sorted((k, " ".join(v.split())) for k, v in personas.items())))
+        persona = entry.get("persona")
+        role = make_role(entry.get("slug"), entry.get("name"), {"*": persona} if isinstance(persona, str) else persona,
+                         where)
+        if role.slug in out:
+            raise ConfigError(f"{where}: duplicate slug {role.slug!r}")
+        out[role.slug] = role
     return out
 
 
@@ -84,12 +114,17 @@ def load_role_file(path: str | Path) -> dict[str, Role]:
     """Read roles from a YAML or JSON file shaped like ``roles/default.yaml``."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, "rb") as f:
+            raw = f.read(limits.MAX_ROLE_FILE_BYTES + 1)  # never more, whatever the file claims to be
+        if len(raw) > limits.MAX_ROLE_FILE_BYTES:
+            raise ConfigError(f"role file {path} is larger than {limits.MAX_ROLE_FILE_BYTES} bytes "
+                              "(limits.MAX_ROLE_FILE_BYTES)")
+        text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read role file {path}: {exc}") from exc
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+    except (ValueError, RecursionError, yaml.YAMLError) as exc:  # ValueError: JSON errors and over-long numbers
         raise ConfigError(f"role file {path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from exc
     return _parse_roles(data, str(path))
 

@@ -1,0 +1,41 @@
+"""Upper bounds on everything a configuration, a role file or a saved evaluator can ask for, in one place.
+
+A panel's shape comes from flags, Optuna trials, judge cards and role files, and a saved evaluator
+may come from a registry, a colleague or a download: whatever reaches ``DebateConfig``, the role
+loader or ``store.load_program`` is checked against these numbers, so that no file or flag can ask
+for unbounded LM calls, prompt text or memory. Anything that searches or builds configurations
+(the Optuna search space, the CLI) should draw its ranges from here.
+
+With every panel limit at its maximum an item costs at most
+2 orders x (10 referees x 10 turns + 9 summaries) x (1 + 5 retries) = 1,308 LM calls.
+"""
+
+from __future__ import annotations
+
+KIB = 1024
+MIB = 1024 * KIB
+
+# ---- the panel (DebateConfig) ----
+MAX_ROLES = 10  # the paper's panels have 1-5 referees; each referee costs a call per turn per answer order
+MAX_TURNS = 10  # the paper saw no gain past 3-4 rounds; each round costs a call per referee
+MAX_PARSE_RETRIES = 5  # each retry is a paid call; an LM that fails six times in a row will not parse
+MIN_TEXT_CHARS = 200  # a judged text cut shorter leaves too little to judge
+MAX_TEXT_CHARS = 100_000  # ~25k tokens per judged text: the three texts of an item still fit a 128k context
+MAX_PATH_CHARS = 4096  # a role_file path in a config: Linux's PATH_MAX
+
+# ---- personas (role files and judge cards) ----
+MAX_PERSONA_CHARS = 4_000  # sent on every call of its referee; the built-in personas are ~300 characters
+MAX_ROLE_NAME_CHARS = 100  # a display name, shown in transcripts
+MAX_ROLE_FILE_ROLES = 100  # a role file is a library that panels pick from, not a panel
+MAX_ROLE_FILE_BYTES = 2 * MIB  # read before parsing: 100 roles x 3 personas x 4,000 characters (1.2 MB) fit
+
+# ---- a saved evaluator (program.json, card.json) ----
+MAX_INSTRUCTION_CHARS = 20_000  # sent on every call; built-in ~500, MIPROv2/GEPA proposals a few thousand
+MAX_FIELD_TEXT_CHARS = 1_000  # a signature field's prefix or description; the built-in ones are under 150
+MAX_DEMOS_PER_PREDICTOR = 16  # DSPy's own default for labelled demos; every demo is sent on every call
+MAX_DEMO_TEXT_CHARS = 200_000  # one demo field: a judged text (<= MAX_TEXT_CHARS) or a whole discussion
+MAX_DEMO_CHARS_PER_PREDICTOR = 400_000  # ~100k tokens of demos per call: what a 128k-token context holds
+MAX_MODEL_NAME_CHARS = 200  # the card's model is a name (provider/model), never an endpoint or settings
+MAX_PROGRAM_FILE_BYTES = 16 * MIB  # read before parsing; a bootstrapped 5-referee program is ~2 MB
+MAX_CARD_FILE_BYTES = 1 * MIB  # read before parsing; a card is a few KB plus at most 10 referees' personas
+MAX_MLMODEL_FILE_BYTES = 1 * MIB  # an MLflow model's MLmodel file, read to find the evaluator inside a pyfunc
