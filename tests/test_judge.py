@@ -1,4 +1,4 @@
-"""Production (issue #4): load with one call, typed verdicts, batch, safe loading, HTTP API, resumable scoring."""
+"""Production (issue #4): load with one call, typed verdicts, batch, safe loading, HTTP API (scoring files: test_score_file.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import pytest
 import chateval_dspy.deploy.judge as production
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.deploy.judge import Verdict, load
-from chateval_dspy.deploy.score_file import score_file
 from chateval_dspy.deploy.store import CARD_FILE, make_card, save_program
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.lm.adapter import JudgeAdapter
@@ -97,42 +96,6 @@ def test_evaluate_batch_keeps_order_and_reports_bad_rows(saved, engine):
     assert list(out["id"]) == ["a", "b", "c"]
     assert out.loc[1, "error"] and "answer_2" in out.loc[1, "error"] and "row 2" in out.loc[1, "error"]
     assert out.loc[0, "winner"] == "2" and pd.isna(out.loc[0, "error"])
-
-
-# ---------------------------------------------------------------- resumable scoring
-
-
-def test_score_resumes_after_an_interruption_without_repeating_calls(saved, engine, tmp_path):
-    _, path = saved
-    src = tmp_path / "items.jsonl"
-    rows = [{**ITEM, "id": f"i{i}", "answer_1": "x" * (i + 1)} for i in range(5)]
-    rows.insert(2, {"id": "bad", "question": "q", "answer_1": "a"})  # missing answer_2
-    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    out = tmp_path / "verdicts.jsonl"
-
-    class Stop(Exception):
-        pass
-
-    def stop_after_two(record, seen=[]):  # noqa: B006 - a counter across calls
-        seen.append(record)
-        if len(seen) == 2:
-            raise Stop
-
-    with load(path) as judge:
-        with pytest.raises(Stop):
-            score_file(judge, src, out, on_item=stop_after_two)
-        calls_first = len(engine.calls)
-        with open(out, "a") as f:
-            f.write('{"id": "torn", "win')  # what a kill mid-write would leave
-        report = score_file(judge, src, out)
-    lines = [json.loads(line) for line in out.read_text().splitlines()]
-    ids = [r["id"] for r in lines]
-    assert sorted(ids) == sorted(["i0", "i1", "bad", "i2", "i3", "i4"]) and len(ids) == len(set(ids))
-    assert report.skipped == 2 and report.scored == 3 and [r for r, _ in report.rejected] == [3]
-    assert "answer_2" in report.rejected[0][1]
-    judged = [r for r in lines if not r.get("error")]
-    assert len(engine.calls) == 8 * len(judged)  # no item was judged twice
-    assert calls_first == 16
 
 
 # ---------------------------------------------------------------- HTTP API

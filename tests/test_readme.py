@@ -39,8 +39,11 @@ def commands(code: str) -> list[str]:
     out = []
     for line in code.replace("\\\n", " ").splitlines():
         words = shlex.split(line, comments=True)
+        background = bool(words) and words[-1] == "&"
+        if background:
+            words.pop()
         if words:
-            out.append(shlex.join(words) + (" &" if line.split("#")[0].rstrip().endswith("&") else ""))
+            out.append(shlex.join(words) + (" &" if background else ""))
     return out
 
 
