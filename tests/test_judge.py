@@ -1,4 +1,4 @@
-"""Production (issue #4): load with one call, typed verdicts, batch, safe loading, HTTP API (scoring files: test_score_file.py)."""
+"""Production (issue #4): load with one call, typed verdicts, batch, safe loading, HTTP API (files: test_score_file.py)."""
 
 from __future__ import annotations
 
