@@ -19,6 +19,7 @@ from chateval_dspy.config import DebateConfig  # noqa: E402
 from chateval_dspy.data.loaders import load_dataset, select, split  # noqa: E402
 from chateval_dspy.data.spec import DataSpec  # noqa: E402
 from chateval_dspy.deploy.judge import Judge, Verdict, load  # noqa: E402
+from chateval_dspy.deploy.metric import as_metric  # noqa: E402
 from chateval_dspy.errors import ChatEvalError, ConfigError, DataError, LMError  # noqa: E402
 from chateval_dspy.lm.adapter import JudgeAdapter  # noqa: E402
 from chateval_dspy.lm.resolve import configure_cache, resolve_lm  # noqa: E402
@@ -41,6 +42,7 @@ __all__ = [
     "LMSpec",
     "STRATEGIES",
     "Verdict",
+    "as_metric",
     "build_evaluator",
     "configure_cache",
     "evaluate",

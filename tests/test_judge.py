@@ -13,7 +13,7 @@ import httpx
 import pandas as pd
 import pytest
 
-import chateval_dspy.deploy.judge as production
+import chateval_dspy.lm.resolve
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.deploy.judge import Verdict, load
 from chateval_dspy.deploy.store import CARD_FILE, make_card, save_program
@@ -34,7 +34,7 @@ def engine(monkeypatch):
     def fake_resolve(spec, **kwargs):
         yield dspy.LM(spec if "/" in spec else f"fake/{spec}", engine=shared, cache=False, num_retries=0)
 
-    monkeypatch.setattr(production, "resolve_lm", fake_resolve)
+    monkeypatch.setattr(chateval_dspy.lm.resolve, "resolve_lm", fake_resolve)
     return shared
 
 

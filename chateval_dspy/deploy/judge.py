@@ -29,8 +29,9 @@ from chateval_dspy.config import DebateConfig
 from chateval_dspy.data.loaders import item_from_record
 from chateval_dspy.deploy.store import CARD_FILE, load_program, read_card
 from chateval_dspy.errors import ChatEvalError, ConfigError, DataError
+from chateval_dspy.lm import resolve
 from chateval_dspy.lm.adapter import JudgeAdapter
-from chateval_dspy.lm.resolve import EMBEDDED, EMBEDDED_MODEL_ID, configure_cache, resolve_lm
+from chateval_dspy.lm.resolve import EMBEDDED, EMBEDDED_MODEL_ID, configure_cache
 from chateval_dspy.program.chateval import ChatEval
 from chateval_dspy.run.evaluate import judge_item
 
@@ -324,7 +325,8 @@ def load(path_or_uri: str | Path, *, model: str | None = None, trust_pickle: boo
             program, card = load_program(found)
         spec = model or _default_model(card)
         configure_cache(cache)
-        lm = stack.enter_context(resolve_lm(spec, slots=slots, timeout=timeout, served_model=served_model))
+        # Looked up at call time, like every LM entry point, so one patch of resolve_lm reaches them all.
+        lm = stack.enter_context(resolve.resolve_lm(spec, slots=slots, timeout=timeout, served_model=served_model))
         if card.get("model") and lm.model != card["model"]:
             warnings.warn(f"this evaluator was compiled for {card['model']} and now runs on {lm.model}: its instructions "
                           "and demonstrations were tuned for another model, so its agreement figures may not hold",
