@@ -2,17 +2,23 @@
 
 Every role's ``argue``/``judge`` predictor (and the summarizer) is a separate tunable
 unit, so each optimizer tunes all referees' instructions and demonstrations together.
-Train on ``trainset``, select on ``valset``; the caller reports the held-out test split.
+Train on ``trainset``, select on ``valset``; the caller reports the held-out test split
+(``compile_and_save`` below does: it is ``chateval compile`` as a function).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import dspy
 
+from chateval_dspy import limits
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.program.chateval import ChatEval
 from chateval_dspy.program.signatures import ASPECTS
@@ -21,17 +27,41 @@ from optim.objectives import Metric, with_feedback
 log = logging.getLogger(__name__)
 
 OPTIMIZERS = ("labeled", "bootstrap", "bootstrap_rs", "mipro", "gepa", "simba")
+BUDGETS = ("light", "medium", "heavy")
 
 
 @dataclass(frozen=True)
 class OptimizerSettings:
-    """Knobs shared by the optimizers (each uses those that apply to it); logged and put on the card."""
+    """Knobs shared by the optimizers (each uses those that apply to it); logged and put on the card.
+
+    Args:
+        max_demos: Demonstrations per predictor (at most ``limits.MAX_DEMOS_PER_PREDICTOR``).
+        candidates: Candidate programs (bootstrap_rs, simba; simba's steps too).
+        auto: MIPROv2/GEPA budget, one of ``BUDGETS``.
+        threads: Items an optimizer evaluates at once.
+        seed: The optimizer's seed.
+
+    Example:
+        >>> OptimizerSettings(max_demos=1).to_dict()["max_demos"]
+        1
+    """
 
     max_demos: int = 2
     candidates: int = 4
     auto: str = "light"
     threads: int = 1
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.max_demos <= limits.MAX_DEMOS_PER_PREDICTOR:
+            raise ConfigError(f"max_demos must lie in 0..{limits.MAX_DEMOS_PER_PREDICTOR} "
+                              f"(limits.MAX_DEMOS_PER_PREDICTOR), got {self.max_demos}")
+        if self.candidates < 1:
+            raise ConfigError(f"candidates must be positive, got {self.candidates}")
+        if self.auto not in BUDGETS:
+            raise ConfigError(f"unknown auto budget {self.auto!r}; choose one of: {', '.join(BUDGETS)}")
+        if self.threads < 1:
+            raise ConfigError(f"threads must be positive, got {self.threads}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -140,3 +170,221 @@ def optimizer_progress(program) -> list[tuple[int, float]]:
         return [(i, float(x)) for i, x in enumerate(scores)]
     candidates = getattr(program, "candidate_programs", None) or []
     return [(i, float(c["score"])) for i, c in enumerate(candidates) if isinstance(c, dict) and c.get("score") is not None]
+
+
+# --- chateval compile as a function: test before, compile, test after, save, log ----------------------------
+
+
+class CompileHooks:
+    """What ``compile_and_save`` tells its caller as it goes; the CLI prints it, the defaults stay silent."""
+
+    def progress(self, stage: str, total: int) -> contextlib.AbstractContextManager:
+        """A context yielding the per-item callback for one test stage (``before``/``after``), or None."""
+        return contextlib.nullcontext()
+
+    def compiling(self, optimizer: str, n_train: int, n_dev: int) -> None:
+        """The optimizer starts (it is skipped when a killed run already kept its program)."""
+
+    def optimized(self, optimizer: str, metric: str, dev_scores: list[tuple[int, float]]) -> None:
+        """The compiled program is there; ``dev_scores`` is ``optimizer_progress`` of it (may be empty)."""
+
+    def tested(self, stage: str, result, figures: dict, header: dict) -> None:
+        """One test stage's ``RunResult``, its metrics with CIs, and the header that states what was judged."""
+
+
+@dataclass
+class CompileRun:
+    """What ``compile_and_save`` made: the program, its card and folder, and the MLflow run that holds them."""
+
+    program: ChatEval
+    card: dict
+    out: Path
+    model: str
+    mlflow_run_id: str | None = None
+
+
+class CompileFolder:
+    """The output folder's own record of the compile that fills it (``results/compile.json``).
+
+    It binds the folder to one compile (its key: data, panel, LM, optimizer, settings, metric), keeps
+    the compiled program's state and the optimizer's progress once the optimizer returns, and says
+    when everything (card, MLflow logging, registration) is done. A rerun of the same compile after a
+    kill finds it and does only what is left; a finished folder or another compile's is refused.
+    """
+
+    def __init__(self, out: Path):
+        self.out, self.work = out, out / "results"
+        self.path, self.program_path = self.work / "compile.json", self.work / "compiled.json"
+
+    def state(self) -> dict:
+        return json.loads(self.path.read_text(encoding="utf-8")) if self.path.exists() else {}
+
+    def claim(self, key: str, what: dict) -> dict:
+        """Bind the folder to this compile (or find it bound already); ConfigError for anything else."""
+        what = json.loads(json.dumps(what, default=str))  # as it reads back from the file
+        state = self.state()
+        if state.get("done") or (not state and (self.out / "card.json").exists()):
+            raise ConfigError(f"{self.out} already holds a compiled evaluator; choose another --out")
+        if state and state.get("key") != key:
+            theirs = state.get("what", {})
+            diff = ", ".join(f"{k}: {theirs.get(k)!r} there, {v!r} now" for k, v in what.items() if theirs.get(k) != v)
+            raise ConfigError(f"{self.out} holds an unfinished compile of another kind ({diff or 'other data or LM'}); "
+                              "rerun that command to finish it, or choose another --out")
+        if not state:
+            state = {"key": key, "what": what, "done": False}
+            self._write(state)
+        return state
+
+    def update(self, **changes) -> None:
+        self._write({**self.state(), **changes})
+
+    def _write(self, state: dict) -> None:
+        self.work.mkdir(parents=True, exist_ok=True)
+        _replace(self.path, json.dumps(state, indent=2, default=str))
+
+    def compiled(self, student: ChatEval) -> ChatEval | None:
+        """The compiled program a killed run kept, or None."""
+        if not self.program_path.exists():
+            return None
+        program = student.deepcopy()
+        program.load(str(self.program_path), allow_pickle=False)
+        return program
+
+    def keep(self, program: ChatEval, dev_scores: list) -> None:
+        # Written beside and renamed over: a kill leaves no program or a whole one, never half of one.
+        self.update(dev_scores=dev_scores)  # first: a kept program always finds its progress beside it
+        tmp = self.program_path.with_name(".compiled.tmp.json")
+        program.save(str(tmp))
+        os.replace(tmp, self.program_path)
+
+
+def _replace(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _compiled_once(folder: CompileFolder, student: ChatEval, optimizer: str, parts: dict, metric: Metric,
+                   settings: OptimizerSettings, hooks: CompileHooks) -> tuple[ChatEval, list]:
+    """The compiled program and the optimizer's progress: kept by a killed run, or compiled now and kept."""
+    compiled = folder.compiled(student)
+    if compiled is not None:
+        return compiled, [tuple(x) for x in folder.state().get("dev_scores") or []]
+    hooks.compiling(optimizer, len(parts["train"]), len(parts["dev"]))
+    compiled = compile_evaluator(student, optimizer=optimizer, trainset=parts["train"], valset=parts["dev"],
+                                 metric=metric, settings=settings)
+    dev_scores = optimizer_progress(compiled)
+    folder.keep(compiled, dev_scores)
+    return compiled, dev_scores
+
+
+def compile_and_save(data, config, lm, *, optimizer: str, out: str | Path, metric: str | None = None,
+                     settings: OptimizerSettings = OptimizerSettings(), tracking=None, concurrency: int = 1,
+                     hooks: CompileHooks | None = None) -> CompileRun:
+    """Judge the test split, compile on train (selecting on dev), judge test again, save, and log to MLflow.
+
+    Rerunning the same call after a kill finishes the job: the test results resume from their
+    files, a compiled program kept before the kill is reused (else the LM cache answers the
+    optimizer's finished calls again), and the card, MLflow logging and registration are done if
+    they were not. The killed run's MLflow runs end as KILLED.
+
+    Args:
+        data: Which items (``DataSpec``: dataset, seed and limit of the train/dev/test split).
+        config: The panel (``DebateConfig``), or a function of the dataset's format that returns it.
+        lm: Which LM (``LMSpec``).
+        optimizer: One of ``OPTIMIZERS``.
+        out: The folder for the saved evaluator (``program.json``, ``card.json``, ``card.md``, ``results/``).
+        metric: ``agreement`` or ``balanced`` (pairwise), ``score_error`` (scoring); default the first.
+        settings: The optimizer's settings.
+        tracking: A ``TrackingSpec``; None or disabled: nothing goes to MLflow.
+        concurrency: Test items judged at once.
+        hooks: Told about progress, compiling and each test's figures (the CLI prints them).
+
+    Example:
+        >>> run = compile_and_save(DataSpec("faireval", limit=3), DebateConfig(roles=("critic",), turns=1),  # doctest: +SKIP
+        ...                        LMSpec(model=url), optimizer="labeled", out="programs/p")
+        >>> run.card["test_metrics"]["after"]["accuracy"]  # doctest: +SKIP
+    """
+    from chateval_dspy.data.loaders import dataset_hash
+    from chateval_dspy.deploy.store import make_card, save_program
+    from chateval_dspy.program.chateval import build_evaluator
+    from chateval_dspy.run import records
+    from chateval_dspy.run.evaluate import evaluate
+    from chateval_dspy.run.evaluate_dataset import lm_slots, run_header
+    from chateval_dspy.run.metrics import plain
+    from optim.evaluation import run_params
+    from optim.objectives import make_metric
+
+    hooks = hooks or CompileHooks()
+    if optimizer not in OPTIMIZERS:
+        raise ConfigError(f"unknown optimizer {optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}")
+    if concurrency < 1:
+        raise ConfigError(f"concurrency must be positive, got {concurrency}")
+    items, fmt = data.load()
+    cfg = config(fmt) if callable(config) else config
+    parts = data.parts(items)
+    if not parts["train"] or not parts["test"]:
+        raise ConfigError("the train or test split is empty: use more items or a larger --limit")
+    metric_name = metric or ("agreement" if fmt == "pairwise" else "score_error")
+    metric_fn = make_metric(metric_name, fmt, parts["train"])
+    out = Path(out)
+    tracked = tracking is not None and tracking.enabled
+    if tracked:
+        from optim import tracking as mlflow_tracking
+
+        # A killed compile of this folder left its MLflow run (and the optimizer's child runs) RUNNING.
+        mlflow_tracking.end_dead_runs({"chateval.out": str(out.resolve())}, tracking.uri)
+    folder = CompileFolder(out)
+    what = {"dataset": data.dataset, "seed": data.seed, "limit": data.limit, "config": cfg.changes(),
+            "lm": lm.identity(), "optimizer": optimizer, "settings": settings.to_dict(), "metric": metric_name}
+    key = records.digest({**what, "dataset_hash": dataset_hash(items)})
+    folder.claim(key, what)
+
+    student = build_evaluator(cfg)
+    figures, costs = {}, {}
+    params = run_params(data, cfg, "", items, optimizer=optimizer, optimizer_settings=settings.to_dict(),
+                        metric=metric_name, n_train=len(parts["train"]), n_dev=len(parts["dev"]),
+                        n_test=len(parts["test"]))
+    params.pop("model")  # known once the LM is up: logged then
+    run = mlflow_tracking.run("compile", params=params, uri=tracking.uri,
+                              tags={"command": "compile", "optimizer": optimizer,
+                                    "chateval.out": str(out.resolve())}) if tracked else contextlib.nullcontext()
+    with run as active:
+        with lm.judging(lm_slots(cfg, max(concurrency, settings.threads))) as judging_lm:
+            model = judging_lm.model
+            if tracked:
+                mlflow_tracking.log_params({"model": model})
+                mlflow_tracking.autolog_compiles()
+            compiled = None
+            for stage in ("before", "after"):
+                if stage == "after":
+                    compiled, dev_scores = _compiled_once(folder, student, optimizer, parts, metric_fn, settings,
+                                                          hooks)
+                    hooks.optimized(optimizer, metric_name, dev_scores)
+                    if tracked:
+                        for step, value in dev_scores:
+                            mlflow_tracking.log_metrics({"optimizer.dev_score": value}, step=step)
+                program = compiled or student
+                stage_key = records.run_key(cfg, lm.identity(), parts["test"], program.dump_state())
+                with hooks.progress(stage, len(parts["test"])) as on_item:
+                    result = evaluate(program, parts["test"], cfg, out=folder.work / f"test_{stage}.jsonl",
+                                      concurrency=concurrency, on_item=on_item, run_key=stage_key)
+                figures[stage], costs[stage] = result.metrics(seed=data.seed), result.cost()
+                hooks.tested(stage, result, figures[stage], run_header(data, cfg, model, result.n, "test"))
+                if tracked:
+                    mlflow_tracking.log_metrics(figures[stage], costs[stage], prefix=f"test_{stage}.")
+        card = make_card(compiled, model=model, dataset=data.dataset, dataset_hash=dataset_hash(items),
+                         split={"seed": data.seed, "fractions": [0.4, 0.2, 0.4], "limit": data.limit,
+                                "sizes": {k: len(v) for k, v in parts.items()}},
+                         optimizer=optimizer, optimizer_settings=settings.to_dict(), metric=metric_name,
+                         test_metrics={s: plain(figures[s]) for s in figures},
+                         cost={k: v for k, v in costs["after"].items() if k != "wall_seconds"})
+        save_program(compiled, out, card)
+        if tracked:
+            mlflow_tracking.log_file(out, "evaluator")
+            if tracking.log_model:
+                mlflow_tracking.log_dspy_model(compiled, registered_name=tracking.register)
+                mlflow_tracking.log_pyfunc_model(out)
+        # Done once everything is logged: a kill before this line leaves a folder the rerun completes.
+        folder.update(done=True, mlflow_run_id=active.info.run_id if tracked else None)
+    return CompileRun(compiled, card, out, model, active.info.run_id if tracked else None)

@@ -4,6 +4,10 @@ Default store: ``sqlite:///mlruns/mlflow.db`` with artifacts under ``mlruns/`` i
 working directory; ``--tracking-uri`` or ``MLFLOW_TRACKING_URI`` choose another.
 Params are the run's ``DebateConfig`` plus model, data and split: no secret has a way in,
 and ``assert_no_secrets`` double-checks every text before it is logged.
+
+Each run this package starts is tagged with its worker (``chateval.worker``, host, pid and
+process start time): a run whose worker was killed is found by the rerun and ended as
+KILLED (``end_dead_runs``); a run left by an exception ends FAILED, as MLflow does on its own.
 """
 
 from __future__ import annotations
@@ -12,7 +16,8 @@ import contextlib
 import math
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from chateval_dspy.lm.offline import ensure_offline
@@ -23,13 +28,42 @@ ensure_offline()
 # which interleaves with the command's own progress.
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
-import mlflow  # noqa: E402
-
 from chateval_dspy.errors import SecretError  # noqa: E402
 
 DEFAULT_DIR = "mlruns"
 EXPERIMENT = "chateval-dspy"
+WORKER_TAG = "chateval.worker"
 _SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD)", re.I)
+
+
+def __getattr__(name: str):
+    # ``tracking.mlflow`` without importing mlflow (2-3 s) for callers that only need ``TrackingSpec``.
+    if name == "mlflow":
+        import mlflow
+
+        return mlflow
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@dataclass(frozen=True)
+class TrackingSpec:
+    """Whether and where a compile or search is logged to MLflow.
+
+    Args:
+        enabled: Log at all (the CLI's ``--no-mlflow`` turns it off).
+        uri: The tracking URI (default: ``$MLFLOW_TRACKING_URI`` or ``sqlite:///mlruns/mlflow.db``).
+        log_model: Log the saved program as MLflow models (dspy flavor, and pyfunc for compile).
+        register: Register the dspy model under this name (compile).
+
+    Example:
+        >>> TrackingSpec(enabled=False).enabled
+        False
+    """
+
+    enabled: bool = True
+    uri: str | None = None
+    log_model: bool = True
+    register: str | None = None
 
 
 def tracking_uri(uri: str | None = None) -> str:
@@ -44,6 +78,8 @@ def tracking_uri(uri: str | None = None) -> str:
 
 def setup(uri: str | None = None, experiment: str = EXPERIMENT) -> str:
     """Point MLflow at the store and experiment; artifacts of the local store live under ``mlruns/``."""
+    import mlflow
+
     uri = tracking_uri(uri)
     mlflow.set_tracking_uri(uri)
     mlflow.set_experiment(experiment)  # with the sqlite store, artifacts land in ./mlruns/<experiment>/<run>
@@ -73,16 +109,113 @@ def _flat(params: dict, prefix: str = "") -> dict[str, str]:
     return out
 
 
+def worker_tags() -> dict[str, str]:
+    from optim.search.worker import Worker
+
+    return {WORKER_TAG: Worker.current().tag()}
+
+
 @contextlib.contextmanager
-def run(name: str, *, params: dict, tags: dict | None = None, nested: bool = False,
-        uri: str | None = None) -> Iterator[mlflow.ActiveRun]:
-    """An MLflow run holding ``params`` (flattened) and ``tags``; nested under the active run if asked."""
+def run(name: str, *, params: dict, tags: dict | None = None, nested: bool = False, uri: str | None = None,
+        run_id: str | None = None) -> Iterator:
+    """An MLflow run holding ``params`` (flattened) and ``tags``; nested under the active run if asked.
+
+    ``run_id`` resumes that run instead of starting one. A new run is tagged with this worker, so a
+    rerun can end it as KILLED should this process be killed (``end_dead_runs``).
+    """
+    import mlflow
+
     if not nested:
         setup(uri)
+    tags = {**(tags or {}), **({} if run_id else worker_tags())}
     assert_no_secrets(repr(tags), "tags")
-    with mlflow.start_run(run_name=name, nested=nested, tags=tags) as active:
+    with mlflow.start_run(run_id=run_id, run_name=None if run_id else name, nested=nested,
+                          tags=None if run_id else tags) as active:
         log_params(params)
         yield active
+
+
+def create_run(name: str, *, tags: dict, uri: str | None = None) -> str:
+    """A run created but not entered (a candidate that a caller may still delete); returns its id."""
+    import mlflow
+
+    setup(uri)
+    assert_no_secrets(repr(tags), "tags")
+    experiment = mlflow.get_experiment_by_name(EXPERIMENT)
+    return mlflow.MlflowClient().create_run(experiment.experiment_id, run_name=name, tags=tags).info.run_id
+
+
+def delete_run(run_id: str) -> None:
+    import mlflow
+
+    mlflow.MlflowClient().delete_run(run_id)
+
+
+def run_exists(run_id: str, uri: str | None = None) -> bool:
+    """Whether ``run_id`` is a live (not deleted) run of this store."""
+    import mlflow
+
+    setup(uri)
+    try:
+        return mlflow.MlflowClient().get_run(run_id).info.lifecycle_stage == "active"
+    except mlflow.exceptions.MlflowException:
+        return False
+
+
+def end_run(run_id: str, status: str = "KILLED", uri: str | None = None) -> None:
+    """End ``run_id`` (and its RUNNING child runs) with ``status``, if it is still RUNNING."""
+    import mlflow
+
+    setup(uri)
+    client = mlflow.MlflowClient()
+    try:
+        run = client.get_run(run_id)
+    except mlflow.exceptions.MlflowException:
+        return
+    running = client.search_runs([run.info.experiment_id], "attributes.status = 'RUNNING'", max_results=5000)
+    _end_tree(client, run_id, status, {r.info.run_id: r for r in running})
+
+
+def _end_tree(client, run_id: str, status: str, running: dict) -> list[str]:
+    ended = []
+    if run_id in running:
+        client.set_terminated(run_id, status)
+        ended.append(run_id)
+    # Optimizer autologging nests a child run per evaluation: a killed compile leaves those RUNNING too.
+    for child, r in running.items():
+        if r.data.tags.get("mlflow.parentRunId") == run_id and child not in ended:
+            ended += _end_tree(client, child, status, running)
+    return ended
+
+
+def end_dead_runs(scope: dict[str, str], uri: str | None = None,
+                  is_dead: Callable[[str], bool] | None = None) -> list[str]:
+    """End as KILLED every RUNNING run whose tags include ``scope`` and whose worker has certainly died.
+
+    Args:
+        scope: Tags that pick this command's own runs (``{"chateval.out": ...}``, ``{"optuna.study": ...}``).
+        uri: The tracking URI.
+        is_dead: ``is_dead(worker tag) -> bool`` (default: same host and the process is gone).
+
+    Returns the ids of the runs ended, children included.
+    """
+    import mlflow
+
+    from optim.search.worker import dead
+
+    is_dead = is_dead or dead
+    setup(uri)
+    client = mlflow.MlflowClient()
+    experiment = mlflow.get_experiment_by_name(EXPERIMENT)
+    running = {r.info.run_id: r for r in client.search_runs([experiment.experiment_id],
+                                                            "attributes.status = 'RUNNING'", max_results=5000)}
+    ended: list[str] = []
+    for run_id, r in list(running.items()):
+        tags = r.data.tags
+        if all(tags.get(k) == v for k, v in scope.items()) and WORKER_TAG in tags and is_dead(tags[WORKER_TAG]) \
+                and run_id not in ended:
+            ended += _end_tree(client, run_id, "KILLED", running)
+    return ended
 
 
 def metric_values(metrics: dict, cost: dict | None = None, prefix: str = "") -> dict[str, float]:
@@ -91,7 +224,8 @@ def metric_values(metrics: dict, cost: dict | None = None, prefix: str = "") -> 
     for key, value in metrics.items():
         if isinstance(value, Estimate):
             d = value.to_dict()
-            out.update({f"{prefix}{key}": d["value"], f"{prefix}{key}_ci_low": d["ci_low"], f"{prefix}{key}_ci_high": d["ci_high"]})
+            out.update({f"{prefix}{key}": d["value"], f"{prefix}{key}_ci_low": d["ci_low"],
+                        f"{prefix}{key}_ci_high": d["ci_high"]})
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             out[f"{prefix}{key}"] = float(value)
     for key, value in (cost or {}).items():
@@ -101,16 +235,41 @@ def metric_values(metrics: dict, cost: dict | None = None, prefix: str = "") -> 
 
 
 def log_params(params: dict) -> None:
+    """Log ``params`` (flattened) to the active run; those it holds already with the same value are skipped.
+
+    Workers that share a study's parent run log the same params into it, and MLflow refuses a
+    param written twice at the same moment: the one that loses finds the values there and goes on.
+    A param with another value is still an error, as MLflow makes it.
+    """
+    import mlflow
+
     flat = _flat(params)
     assert_no_secrets(repr(flat), "params")
-    mlflow.log_params(flat)
+
+    def missing() -> dict[str, str]:
+        active = mlflow.active_run()
+        held = mlflow.MlflowClient().get_run(active.info.run_id).data.params if active else {}
+        return {k: v for k, v in flat.items() if held.get(k) != v}
+
+    flat = missing()
+    if not flat:
+        return
+    try:
+        mlflow.log_params(flat)
+    except mlflow.exceptions.MlflowException:
+        if missing():
+            raise
 
 
 def log_metrics(metrics: dict, cost: dict | None = None, prefix: str = "", step: int | None = None) -> None:
+    import mlflow
+
     mlflow.log_metrics(metric_values(metrics, cost, prefix), step=step)
 
 
 def log_file(path: str | Path, artifact_dir: str | None = None) -> None:
+    import mlflow
+
     path = Path(path)
     if path.is_dir():
         for f in path.rglob("*"):
@@ -125,6 +284,8 @@ def log_file(path: str | Path, artifact_dir: str | None = None) -> None:
 def log_pyfunc_model(evaluator_dir: str | Path, name: str = "pyfunc", registered_name: str | None = None):
     """The saved evaluator as a pyfunc model logged as code (``optim/pyfunc_model.py``): no pickle,
     servable with ``mlflow models serve`` and usable as ``mlflow.pyfunc.spark_udf``."""
+    import mlflow
+
     import chateval_dspy
 
     code = Path(__file__).with_name("pyfunc_model.py")
@@ -142,6 +303,7 @@ def log_dspy_model(program, name: str = "evaluator", registered_name: str | None
     client, endpoint or key travels with the model. Production binds the LM at load time.
     """
     import dspy
+    import mlflow
 
     with dspy.context(lm=None, adapter=None, trace=[]):
         return mlflow.dspy.log_model(
@@ -152,5 +314,7 @@ def log_dspy_model(program, name: str = "evaluator", registered_name: str | None
 
 def autolog_compiles() -> None:
     """Record the optimizer's progress (child runs per evaluation) without a trace per LM call."""
+    import mlflow
+
     mlflow.dspy.autolog(log_traces=False, log_traces_from_compile=False, log_traces_from_eval=False,
                         log_compiles=True, log_evals=True, silent=True)

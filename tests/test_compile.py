@@ -157,3 +157,87 @@ def test_an_interrupted_compile_resumes_without_judging_finished_items_again(tmp
     assert len(lms[-1].engine.calls) == 3 * 2  # only the "after" test items were judged on the rerun
     assert (tmp_path / "programs/p/card.json").exists()
     assert main(args) == 2  # a finished evaluator is never overwritten
+
+
+# --- chateval compile as a function ---------------------------------------------------------------------------
+
+
+class _Seen:
+    """Records what compile_and_save reports, in order."""
+
+    def __init__(self):
+        self.events = []
+
+    def progress(self, stage, total):
+        import contextlib
+
+        self.events.append(("progress", stage, total))
+        return contextlib.nullcontext(lambda record: self.events.append(("item", stage)))
+
+    def compiling(self, optimizer, n_train, n_dev):
+        self.events.append(("compiling", optimizer, n_train, n_dev))
+
+    def optimized(self, optimizer, metric, dev_scores):
+        self.events.append(("optimized", optimizer))
+
+    def tested(self, stage, result, figures, header):
+        self.events.append(("tested", stage, result.n, "accuracy" in figures, header["split"]))
+
+
+def test_compile_and_save_is_the_compile_command_as_a_function(tmp_path, monkeypatch):
+    """Issue 10: the before/after test, the card and the save are one library call on frozen specs."""
+    import contextlib
+
+    import chateval_dspy.lm.resolve as lm_module
+    from chateval_dspy.data.spec import DataSpec
+    from chateval_dspy.deploy.store import load_program
+    from chateval_dspy.lm.spec import LMSpec
+    from optim.compile import compile_and_save
+
+    @contextlib.contextmanager
+    def fake_resolve(*args, **kwargs):
+        yield fake_lm(toy_judge)
+
+    monkeypatch.setattr(lm_module, "resolve_lm", fake_resolve)
+    seen = _Seen()
+    data, cfg, lm = DataSpec("faireval", limit=3), DebateConfig(roles=("critic",), turns=1), LMSpec(cache=False)
+    done = compile_and_save(data, cfg, lm, optimizer="labeled", out=tmp_path / "p",
+                            settings=OptimizerSettings(max_demos=1), hooks=seen)
+    assert done.mlflow_run_id is None and done.model == "fake/scripted"
+    assert done.card["optimizer"] == "labeled" and done.card["optimizer_settings"]["max_demos"] == 1
+    assert set(done.card["test_metrics"]) == {"before", "after"}
+    loaded, card = load_program(tmp_path / "p")
+    assert card == done.card and [len(p.demos) for _, p in loaded.named_predictors()] == \
+        [len(p.demos) for _, p in done.program.named_predictors()]
+    said = [e for e in seen.events if e[0] != "item"]
+    assert said == [("progress", "before", 3), ("tested", "before", 3, True, "test (seed 0)"),
+                    ("compiling", "labeled", 3, 3), ("optimized", "labeled"),
+                    ("progress", "after", 3), ("tested", "after", 3, True, "test (seed 0)")]
+    assert [e for e in seen.events if e[0] == "item"] == [("item", "before")] * 3 + [("item", "after")] * 3
+    with pytest.raises(ConfigError, match="already holds a compiled evaluator"):
+        compile_and_save(data, cfg, lm, optimizer="labeled", out=tmp_path / "p", settings=OptimizerSettings(max_demos=1))
+
+
+def test_compile_flag_defaults_and_choices_come_from_optimizer_settings(monkeypatch):
+    """Issue 10: --max-demos/--candidates/--auto/--threads default to OptimizerSettings' fields."""
+    from optim.cli.main import build_parser
+    from optim.compile import BUDGETS
+
+    fields = OptimizerSettings.__dataclass_fields__
+    for name, value in (("max_demos", 5), ("candidates", 7), ("auto", "heavy"), ("threads", 3)):
+        monkeypatch.setattr(fields[name], "default", value)
+    args = build_parser().parse_args(["compile", "--dataset", "faireval", "--out", "o"])
+    assert (args.max_demos, args.candidates, args.auto, args.threads) == (5, 7, "heavy", 3)
+    auto = next(a for a in build_parser()._subparsers._group_actions[0].choices["compile"]._actions
+                if a.dest == "auto")
+    assert tuple(auto.choices) == BUDGETS
+
+
+@pytest.mark.parametrize("bad,message", [({"max_demos": 17}, "limits.MAX_DEMOS_PER_PREDICTOR"),
+                                         ({"auto": "huge"}, "choose one of: light, medium, heavy"),
+                                         ({"threads": 0}, "threads must be positive"),
+                                         ({"candidates": 0}, "candidates must be positive")])
+def test_optimizer_settings_refuse_what_no_optimizer_can_do(bad, message):
+    """Issue 10: a frozen spec checks itself, as DebateConfig does, before any model starts."""
+    with pytest.raises(ConfigError, match=message):
+        OptimizerSettings(**bad)

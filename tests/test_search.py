@@ -28,7 +28,8 @@ from chateval_dspy.program.strategies import STRATEGIES
 from chateval_dspy.run import metrics
 from chateval_dspy.testing.fake_lm import ScriptedEngine, default_responder, fake_lm
 from optim.search import study as search
-from optim.search.study import COMPILE_CHOICES, SearchSpace, suggest_config
+from optim.search.objective import Objective, config_of
+from optim.search.space import COMPILE_CHOICES, SearchSpace, parse_objectives, suggest_config
 
 PLANTED = "sk-planted-XYZ123456789"
 # Few resamples: these tests check that CIs are there and ordered, not how precise they are.
@@ -154,14 +155,14 @@ def test_panel_flags_fix_dimensions_and_bad_spaces_are_config_errors():
     with pytest.raises(ConfigError, match="unknown compile"):
         SearchSpace(compile=("mipro",))
     with pytest.raises(ConfigError, match="agreement,tokens"):
-        search.parse_objectives("tokens")
+        parse_objectives("tokens")
 
 
 # --- studies --------------------------------------------------------------------------------------------------
 
 
 def _run(study, parts, n_trials, lm, **kwargs) -> list[int]:
-    objective = search.Objective(space=SearchSpace(turns=(1, 2)), base=DebateConfig(), parts=parts,
+    objective = Objective(space=SearchSpace(turns=(1, 2)), base=DebateConfig(), parts=parts,
                                  n_trials=n_trials, **kwargs)
     with dspy.context(lm=lm, adapter=JudgeAdapter()):
         return search.run_trials(study, objective, n_trials)
@@ -262,7 +263,7 @@ def test_a_panel_drawn_again_is_not_judged_again(monkeypatch):
     study = optuna.create_study(direction="maximize")
     one_panel = SearchSpace(panels=("same",), n_roles=(1, 1), turns=(1, 1), strategies=("one_by_one",),
                             aggregates=("mean",))
-    objective = search.Objective(space=one_panel, base=DebateConfig(), parts=faireval_parts(3), n_trials=3)
+    objective = Objective(space=one_panel, base=DebateConfig(), parts=faireval_parts(3), n_trials=3)
     lm = fake_lm(varied)
     with dspy.context(lm=lm, adapter=JudgeAdapter()):
         assert search.run_trials(study, objective, 3) == [0, 1, 2]
@@ -277,10 +278,10 @@ def test_a_trial_started_past_the_budget_stops_the_worker_quietly(monkeypatch, c
     study.ask()  # another worker's trial, still running
     checks = iter([1, 0])  # our check said "one left" just before the other worker took it
     monkeypatch.setattr(search, "remaining", lambda study, n: next(checks))
-    objective = search.Objective(space=SearchSpace(), base=DebateConfig(), parts={}, n_trials=1)
+    objective = Objective(space=SearchSpace(), base=DebateConfig(), parts={}, n_trials=1)
     assert search.run_trials(study, objective, 1) == []
-    assert [(t.state, t.user_attrs) for t in study.trials] == [(TrialState.RUNNING, {}),
-                                                                (TrialState.FAIL, {"surplus": True})]
+    assert [(t.state, t.user_attrs.get("surplus")) for t in study.trials] == [(TrialState.RUNNING, None),
+                                                                              (TrialState.FAIL, True)]
     assert "Trial 1" not in capfd.readouterr().err  # an expected stop, not a logged failure with a traceback
 
 
@@ -293,14 +294,14 @@ def test_pruning_stops_a_trial_after_a_chunk_and_records_what_it_measured(tmp_pa
     assert trial.state == TrialState.PRUNED and list(trial.intermediate_values) == [1]
     assert trial.user_attrs["cost"]["items"] == 1
     per_item = len(lm.engine.calls)
-    assert per_item == search.config_of(trial)[0].calls_per_item()  # only the first item was judged
+    assert per_item == config_of(trial)[0].calls_per_item()  # only the first item was judged
 
 
 def test_undefined_scoring_agreement_counts_as_zero_and_two_objectives_give_a_pareto_front(tmp_path, monkeypatch):
     monkeypatch.setattr(metrics, "N_RESAMPLES", RESAMPLES)
     parts = {k: v[:3] for k, v in split(load_topical_chat(), seed=0).items()}
     study = search.open_study("scoring", f"sqlite:///{tmp_path / 's.db'}", ("agreement", "tokens"))
-    objective = search.Objective(space=SearchSpace(turns=(1, 1)), base=DebateConfig(format="scoring"), parts=parts,
+    objective = Objective(space=SearchSpace(turns=(1, 1)), base=DebateConfig(format="scoring"), parts=parts,
                                  objectives=("agreement", "tokens"), n_trials=3)
     with dspy.context(lm=fake_lm(), adapter=JudgeAdapter()):  # constant scores: Spearman is undefined
         search.run_trials(study, objective, 3)
@@ -367,3 +368,73 @@ def test_search_refuses_to_mix_settings_into_a_study(workdir, capsys):
     assert cli(*argv, "--limit", "2") == 0
     assert cli(*argv, "--limit", "3") == 2
     assert "was run with other settings (limit: study has 2, now 3)" in capsys.readouterr().err
+
+
+# --- chateval search as a function ----------------------------------------------------------------------------
+
+
+def test_run_search_is_the_search_command_as_a_function(workdir, tmp_path):
+    """Issue 10: trials, the final test, the card and the save are one library call on frozen specs."""
+    from chateval_dspy.data.spec import DataSpec
+    from chateval_dspy.lm.spec import LMSpec
+    from optim.search.run import SearchHooks, run_search
+    from optim.search.study import StudySpec
+
+    class Seen(SearchHooks):
+        def __init__(self):
+            self.trials, self.test = [], None
+
+        def trial(self, study, trial):
+            self.trials.append(trial.number)
+
+        def tested(self, trial, result, figures, header):
+            self.test = (trial.number, result.n, header["split"])
+
+    seen = Seen()
+    done = run_search(DataSpec("faireval", limit=3), DebateConfig(calibrate=False), LMSpec(cache=False),
+                      study=StudySpec("lib", trials=2, storage=f"sqlite:///{tmp_path / 'o.db'}"),
+                      space=SearchSpace(n_roles=(1, 2), turns=(1, 1)), out=tmp_path / "best", hooks=seen)
+    assert done.ran == seen.trials == [0, 1] and done.finished == 2 and done.saved and done.mlflow_run_id is None
+    assert seen.test == (done.card["search"]["trial"], 3, "test (seed 0)")
+    card = json.loads((tmp_path / "best" / "card.json").read_text())
+    assert card["search"] == done.card["search"] and card["config"] == done.card["config"]
+    assert done.card["config"]["calibrate"] is False  # the base config's fixed part reached the saved panel
+    assert not (tmp_path / "mlruns" / "optuna.db").exists()  # nothing outside what the specs named
+
+
+def test_search_flag_defaults_come_from_the_search_space(monkeypatch):
+    """Issue 10: unset panel flags leave SearchSpace's own ranges (no second copy in the CLI)."""
+    from optim.cli.main import build_parser
+    from optim.cli.search import space_from_args
+
+    monkeypatch.setattr(SearchSpace.__dataclass_fields__["turns"], "default", (2, 3))
+    monkeypatch.setattr(SearchSpace.__dataclass_fields__["n_roles"], "default", (2, 4))
+    args = build_parser().parse_args(["search", "--dataset", "faireval", "--trials", "1"])
+    space = space_from_args(args)
+    assert space.turns == (2, 3) and space.n_roles == (2, 4)
+
+
+def test_search_space_bounds_come_from_limits():
+    """Issue 10: the space draws nothing DebateConfig would refuse, and allows what limits allow."""
+    from chateval_dspy import limits
+
+    with pytest.raises(ConfigError, match="limits.MAX_TURNS"):
+        SearchSpace(turns=(1, limits.MAX_TURNS + 1))
+    assert SearchSpace(turns=(limits.MAX_TURNS, limits.MAX_TURNS)).turns == (limits.MAX_TURNS, limits.MAX_TURNS)
+    assert SearchSpace(panels=("same",), n_roles=(7, 7)).n_roles == (7, 7)  # the ablation is not bound to 5 personas
+    with pytest.raises(ConfigError, match="limits.MAX_ROLES"):
+        SearchSpace(panels=("same",), n_roles=(1, limits.MAX_ROLES + 1))
+
+
+def test_a_trial_streams_all_its_dev_chunks_to_one_resumable_file(tmp_path, monkeypatch):
+    """Issue 11 (item 9): a trial's chunks append to one results file under one run key, so a retry of a
+    killed trial can resume it (each chunk used to be keyed apart, and the second was refused)."""
+    monkeypatch.setattr(metrics, "N_RESAMPLES", RESAMPLES)
+    study = optuna.create_study(direction="maximize", pruner=optuna.pruners.NopPruner())
+    objective = Objective(space=SearchSpace(n_roles=(1, 1), turns=(1, 1)), base=DebateConfig(),
+                          parts=faireval_parts(3), n_trials=1, report_every=1, results_dir=tmp_path)
+    with dspy.context(lm=fake_lm(varied), adapter=JudgeAdapter()):
+        assert search.run_trials(study, objective, 1) == [0]
+    rows = [json.loads(line) for line in (tmp_path / "trial-0000-dev.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and len({r["run_key"] for r in rows}) == 1
+    assert list(study.trials[0].intermediate_values) == [1, 2, 3]

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+from test_search import mlflow_db  # noqa: F401 - the MLflow store template, shared
 
 from chateval_dspy.testing.fake_lm import ScriptedEngine
 
@@ -85,3 +86,72 @@ def test_assert_no_secrets_refuses_a_text_holding_a_key(monkeypatch):
     assert_no_secrets("nothing to hide", "x")
     with pytest.raises(RuntimeError, match="credential"):
         assert_no_secrets(f"header {PLANTED}", "x")
+
+
+def _local_store(tmp_path, monkeypatch, template) -> None:
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    (tmp_path / "mlruns").mkdir()
+    shutil.copy(template, tmp_path / "mlruns" / "mlflow.db")
+
+
+def test_runs_of_a_dead_worker_end_killed_with_their_children_and_nothing_else(tmp_path, monkeypatch,
+                                                                              mlflow_db):  # noqa: F811
+    """Issue 11 (item 10): a killed command's RUNNING runs (and the optimizer's child runs under them) are
+    ended as KILLED by the rerun; runs of live workers, other hosts or other folders are left alone."""
+    import subprocess
+    import sys
+
+    import mlflow
+
+    from optim import tracking
+    from optim.search.worker import Worker
+
+    _local_store(tmp_path, monkeypatch, mlflow_db)
+    tracking.setup()
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    me = Worker.current()
+    client = mlflow.MlflowClient()
+    experiment = mlflow.get_experiment_by_name(tracking.EXPERIMENT).experiment_id
+
+    def started(out, worker, parent=None):
+        tags = {"chateval.out": out, **({tracking.WORKER_TAG: worker} if worker else {}),
+                **({"mlflow.parentRunId": parent} if parent else {})}
+        return client.create_run(experiment, tags=tags).info.run_id
+
+    dead = started("a", Worker(me.host, ended.pid).tag())
+    child = started("a", None, parent=dead)
+    grandchild = started("a", None, parent=child)
+    alive, elsewhere, other_folder = started("a", me.tag()), started("a", "otherhost:1:1"), \
+        started("b", Worker(me.host, ended.pid).tag())
+    assert sorted(tracking.end_dead_runs({"chateval.out": "a"})) == sorted([dead, child, grandchild])
+    status = {r: client.get_run(r).info.status for r in (dead, child, grandchild, alive, elsewhere, other_folder)}
+    assert status == {dead: "KILLED", child: "KILLED", grandchild: "KILLED", alive: "RUNNING",
+                      elsewhere: "RUNNING", other_folder: "RUNNING"}
+
+
+def test_a_run_that_raises_ends_failed_and_is_tagged_with_its_worker(tmp_path, monkeypatch, mlflow_db):  # noqa: F811
+    """Issue 11 (item 10): an exception ends the run FAILED (never RUNNING), and every run names its worker."""
+    import mlflow
+
+    from optim import tracking
+    from optim.search.worker import Worker
+
+    _local_store(tmp_path, monkeypatch, mlflow_db)
+    with pytest.raises(KeyboardInterrupt), tracking.run("x", params={}) as active:
+        raise KeyboardInterrupt
+    run = mlflow.MlflowClient().get_run(active.info.run_id)
+    assert run.info.status == "FAILED" and run.data.tags[tracking.WORKER_TAG] == Worker.current().tag()
+
+
+def test_a_tracking_spec_costs_no_mlflow_import():
+    """Issue 10: the CLI builds a TrackingSpec even with --no-mlflow; that must not import mlflow (2-3 s)."""
+    import subprocess
+    import sys
+
+    code = "import sys, optim.tracking as t; t.TrackingSpec(enabled=False); print('mlflow' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() \
+        == "False"

@@ -1,0 +1,150 @@
+"""The end of a search: the best panel judged once on the test split, saved like a compiled program, logged.
+
+One worker does it, once the study is complete. It claims the best trial in the study first
+(``final_claim:<trial>``, an atomic create-if-absent), so two workers finishing together never
+both test; a claim whose worker has died, or that is done, is taken over. The output folder is
+marked as this study's before the test starts (``results/search.json``), so a rerun after a kill
+resumes the test's results file instead of refusing the folder. The study's ``final`` attribute is
+written last, after the card and the MLflow logging: until then a rerun does what is left.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import dspy
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from chateval_dspy.errors import ConfigError
+from chateval_dspy.program.chateval import ChatEval
+from chateval_dspy.run import records
+from chateval_dspy.run.evaluate import evaluate
+from chateval_dspy.run.result import RunResult
+from optim.compile import OptimizerSettings
+from optim.search.objective import build_for_trial, config_of
+from optim.search.study import best_trial, claim_attr, count
+from optim.search.worker import Worker, dead
+
+OWNER_FILE = "search.json"  # under <out>/results/
+
+
+def check_out(out: Path, study_name: str) -> None:
+    """Refuse to write over anything but this study's own result, finished or not."""
+    if not out.exists() or not any(p.is_file() for p in out.rglob("*")):  # a kill may leave empty folders
+        return
+    from chateval_dspy.deploy.store import read_card
+
+    try:
+        owner = read_card(out).get("search", {}).get("study")
+    except ConfigError:
+        owner = None
+    if owner is None:
+        try:
+            owner = json.loads((out / "results" / OWNER_FILE).read_text(encoding="utf-8")).get("study")
+        except (OSError, ValueError, AttributeError):
+            owner = None
+    if owner != study_name:
+        raise ConfigError(f"{out} exists and does not hold study {study_name!r}'s evaluator; choose another --out")
+
+
+@dataclass(frozen=True)
+class Final:
+    """The trial this worker tests and saves now, or why there is none."""
+
+    trial: FrozenTrial | None
+    reason: str | None = None
+
+
+def choose_final(study: optuna.Study, out: Path, *, test: bool = True) -> Final:
+    """The best trial, claimed for this worker, unless there is nothing (left) for it to test."""
+    if not test:
+        return Final(None, "--no-test: the best panel is tested and saved by a run without --no-test")
+    running = count(study, (TrialState.RUNNING,))
+    if running:
+        return Final(None, f"{running} trial(s) still running in other workers: the last worker to finish "
+                           "tests the best panel")
+    if not count(study, (TrialState.COMPLETE,)):
+        return Final(None, "no complete trial (all were pruned or failed): nothing to test; run more trials")
+    best = best_trial(study)
+    done = study.user_attrs.get("final") or {}
+    if done.get("trial") == best.number and done.get("out") == str(out) and (out / "card.json").exists():
+        return Final(None, f"best trial {best.number} was already tested and saved in {out}")
+    me = Worker.current().tag()
+    key = f"final_claim:{best.number}"
+    held = claim_attr(study, key, {"worker": me, "out": str(out)})
+    if held.get("worker") != me:
+        if not held.get("done") and not dead(held.get("worker")):
+            return Final(None, f"best trial {best.number} is being tested by worker {held.get('worker')} "
+                               f"(into {held.get('out')}); it saves the result")
+        study.set_user_attr(key, {"worker": me, "out": str(out)})  # its worker died, or finished elsewhere
+    return Final(best)
+
+
+@dataclass
+class Tested:
+    """The best trial's program and its figures on the test split."""
+
+    trial: FrozenTrial
+    program: ChatEval
+    result: RunResult
+    figures: dict
+    results: Path
+
+
+def final_test(study: optuna.Study, trial: FrozenTrial, parts: dict, out: Path, *,
+               settings: OptimizerSettings | None = None, seed: int = 0, concurrency: int = 1,
+               on_item=None) -> Tested:
+    """Rebuild the trial's panel (compiling again on train if it did) and judge the test split once.
+
+    Runs under the LM of the current DSPy context; the results file resumes what a killed test left.
+    """
+    cfg, choice = config_of(trial)
+    program = build_for_trial(cfg, choice, parts["train"], settings or OptimizerSettings())
+    results = out / "results" / "test.jsonl"
+    results.parent.mkdir(parents=True, exist_ok=True)
+    (out / "results" / OWNER_FILE).write_text(json.dumps({"study": study.study_name, "trial": trial.number}),
+                                              encoding="utf-8")
+    key = records.run_key(cfg, records.lm_identity(dspy.settings.lm), parts["test"], program.dump_state())
+    try:
+        records.finished_records(results, key)
+    except ValueError:  # an earlier best panel's test (ConfigError) or a damaged file: this test starts afresh
+        results.write_text("", encoding="utf-8")
+    result = evaluate(program, parts["test"], cfg, out=results, concurrency=concurrency, on_item=on_item, run_key=key)
+    return Tested(trial, program, result, result.metrics(seed=seed), results)
+
+
+def save_final(study: optuna.Study, tested: Tested, out: Path, *, model: str, card: dict, tracking=None) -> dict:
+    """Save the tested program with its card (``card`` adds data, split and search fields), log it, mark it done.
+
+    Returns the card written.
+    """
+    from chateval_dspy.deploy.store import make_card, save_program
+    from chateval_dspy.run.metrics import plain, primary_metric
+
+    trial, program = tested.trial, tested.program
+    cfg, choice = config_of(trial)
+    metric = primary_metric(cfg.format)
+    cost = {k: v for k, v in tested.result.cost().items() if k != "wall_seconds"}
+    written = make_card(program, model=model, optimizer=choice, metric=metric,
+                        dev_metrics=trial.user_attrs.get("dev", {}), test_metrics=plain(tested.figures), cost=cost,
+                        **card)
+    save_program(program, out, written)
+    if tracking is not None and tracking.enabled:
+        from optim import tracking as mlflow_tracking
+
+        objectives = written.get("search", {}).get("objectives", ["agreement"])
+        mlflow_tracking.log_metrics({"best_trial": trial.number,
+                                     **{f"best.dev.{o}": v for o, v in zip(objectives, trial.values)}})
+        mlflow_tracking.log_metrics(tested.figures, cost, prefix="test.")
+        mlflow_tracking.log_file(out, "evaluator")
+        mlflow_tracking.log_file(tested.results, "results")
+        if tracking.log_model:
+            mlflow_tracking.log_dspy_model(program)  # outside the LM context: no client or key travels with it
+    study.set_user_attr("final", {"trial": trial.number, "out": str(out),
+                                  "test": {metric: written["test_metrics"].get(metric)}})
+    study.set_user_attr(f"final_claim:{trial.number}", {"worker": Worker.current().tag(), "out": str(out),
+                                                         "done": True})
+    return written

@@ -1,0 +1,267 @@
+"""One search trial: suggest a panel, build (and maybe compile) it, judge the dev split in chunks.
+
+A trial's dev results stream to ``trial-NNNN-dev.jsonl``. A trial whose worker died is failed by
+the next run (``study.fail_dead_trials``) and its panel is drawn again: trials are seeded by their
+place in the study (``slot``), not by their number, so the retry draws the same panel and picks up
+the dead trial's results file where it stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import dspy
+import numpy as np
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from chateval_dspy.config import DebateConfig
+from chateval_dspy.errors import ConfigError
+from chateval_dspy.program.chateval import ChatEval, build_evaluator
+from chateval_dspy.program.signatures import ASPECTS
+from chateval_dspy.run import records
+from chateval_dspy.run.evaluate import evaluate
+from chateval_dspy.run.metrics import primary_metric
+from chateval_dspy.run.result import RunResult
+from optim.compile import OptimizerSettings
+from optim.search.space import SearchSpace, suggest_config
+from optim.search.study import FINISHED, SurplusTrial, make_sampler
+from optim.search.worker import Worker
+
+log = logging.getLogger(__name__)
+
+
+def agreement_of(fmt: str, metrics: dict) -> float:
+    """The figure a study optimises: accuracy (pairwise) or average Spearman (scoring); NaN if undefined."""
+    if not metrics:
+        return math.nan
+    estimate = metrics[primary_metric(fmt)]
+    return float(estimate.value)
+
+
+def running_agreement(result: RunResult) -> float:
+    """The same figure without bootstrap (for pruning after each chunk of dev items)."""
+    from chateval_dspy.run.metrics import accuracy, spearman
+
+    if not result.human:
+        return math.nan
+    if result.config.format == "pairwise":
+        return accuracy(result.human, result.predicted)
+    pairs = [(h, p) for h, p in zip(result.human, result.predicted) if p is not None]
+    return float(np.mean([spearman([h[a] for h, _ in pairs], [p[a] for _, p in pairs]) for a in ASPECTS]))
+
+
+def tokens_per_item(result: RunResult) -> float:
+    cost = result.cost()
+    return cost["prompt_tokens_per_item"] + cost["completion_tokens_per_item"]
+
+
+def build_for_trial(config: DebateConfig, compile_choice: str, trainset: Sequence,
+                    settings: OptimizerSettings | None = None) -> ChatEval:
+    """``build_evaluator(config)``, compiled on ``trainset`` when the trial chose to compile."""
+    program = build_evaluator(config)
+    if compile_choice == "none":
+        return program
+    from optim.compile import compile_evaluator
+    from optim.objectives import make_metric
+
+    if not trainset:
+        raise ConfigError("compiling needs a non-empty train split: use more items or a larger --limit")
+    metric_name = "agreement" if config.format == "pairwise" else "score_error"
+    return compile_evaluator(program, optimizer=compile_choice, trainset=trainset, valset=None,
+                             metric=make_metric(metric_name, config.format, trainset),
+                             settings=settings or OptimizerSettings())
+
+
+def config_of(trial: FrozenTrial) -> tuple[DebateConfig, str]:
+    """The config and compile choice a finished trial recorded."""
+    return DebateConfig.from_dict(trial.user_attrs["config"]), trial.user_attrs.get("compile", "none")
+
+
+def slot(trial: optuna.Trial) -> int:
+    """The trial's place in the study's budget: trials before it that did not fail.
+
+    A failed trial (killed, interrupted) gives its place to the next trial, which then draws the
+    same panel; trial numbers only ever grow, so seeding by number would draw a new one.
+    """
+    return sum(1 for t in trial.study.get_trials(deepcopy=False)
+               if t.number < trial.number and t.state != TrialState.FAIL)
+
+
+@dataclass
+class Objective:
+    """One trial: suggest a panel, build (and maybe compile) it, judge the dev split in chunks.
+
+    Returns dev agreement, or ``(agreement, tokens per dev item)`` for two objectives. An
+    undefined agreement (scoring: a constant column has no Spearman) counts as 0.0, the
+    value of a panel whose scores carry no ranking, and the trial is marked
+    ``agreement_undefined``; failing the trial instead would hide it from the sampler and
+    never count toward ``--trials``.
+
+    Args:
+        space: What trials may choose.
+        base: Everything else (format, calibration, limits); its panel is replaced by each trial's.
+        parts: The train and dev splits (already limited); train is used only by trials that compile.
+        objectives: ``("agreement",)`` or ``("agreement", "tokens")``.
+        n_trials: The study's budget; a trial started past it (a race between workers) stops.
+        seed: The search's seed (sampling and bootstrap CIs).
+        settings: How trials that compile do it (demos per predictor; its seed is the search's).
+        report_every: Dev items per chunk; pruning may stop a trial after any chunk but the last.
+        results_dir: Where each trial's dev results JSONL goes (``trial-0007-dev.jsonl``).
+        track: Log each trial as a nested MLflow run under the active (study) run.
+        on_item: Called with each judged record (the CLI's progress bar).
+
+    Example:
+        >>> objective = Objective(space=SearchSpace(), base=DebateConfig(), parts=parts,  # doctest: +SKIP
+        ...                       objectives=("agreement",), n_trials=20)
+        >>> study.optimize(objective, n_trials=1)  # doctest: +SKIP
+    """
+
+    space: SearchSpace
+    base: DebateConfig
+    parts: dict
+    objectives: tuple[str, ...] = ("agreement",)
+    n_trials: int | None = None
+    seed: int = 0
+    settings: OptimizerSettings = field(default_factory=OptimizerSettings)
+    report_every: int = 4
+    concurrency: int = 1
+    results_dir: Path | None = None
+    track: bool = False
+    on_item: Callable[[dict], None] | None = None
+    last: int | None = field(default=None, init=False)
+
+    def __call__(self, trial: optuna.Trial):
+        # First of all, so that a rerun can tell this trial's worker died should it be killed from here on.
+        trial.set_user_attr("worker", Worker.current().tag())
+        self.last = trial.number
+        if self.n_trials is not None:
+            ahead = [t for t in trial.study.get_trials(deepcopy=False, states=(*FINISHED, TrialState.RUNNING))
+                     if t.number < trial.number]
+            if len(ahead) >= self.n_trials:
+                trial.set_user_attr("surplus", True)
+                raise SurplusTrial(f"the study already holds {len(ahead)} trials; this worker stops")
+        trial.study.sampler = make_sampler(self.seed, slot(trial))
+        config, compile_choice = suggest_config(trial, self.space, self.base)
+        trial.set_user_attr("config", config.to_dict())
+        trial.set_user_attr("compile", compile_choice)
+        same = self._duplicate_of(trial)
+        if not self.track:
+            return self._reuse(trial, same) if same else self._run(trial, config, compile_choice)
+        from optim import tracking
+
+        tags = {"optuna.study": trial.study.study_name, "optuna.trial": str(trial.number)}
+        if same:
+            tags["duplicate_of"] = str(same.number)
+        pruned = values = None
+        with tracking.run(f"trial-{trial.number}", nested=True, tags=tags,
+                          params={"trial": trial.number, "config": config.to_dict(), "compile": compile_choice}) as active:
+            trial.set_user_attr("mlflow_run_id", active.info.run_id)
+            try:
+                values = self._reuse(trial, same) if same else self._run(trial, config, compile_choice, tracking)
+            except optuna.TrialPruned as exc:  # the MLflow run still ends as FINISHED, with what was measured
+                pruned = exc
+                tracking.log_metrics({"pruned": 1.0})
+            if same and values is not None:
+                tracking.log_metrics(dict(zip(("objective.agreement", "objective.tokens_per_item"),
+                                              values if isinstance(values, tuple) else (values,))))
+            elif self.results_dir and trial.user_attrs.get("results"):
+                tracking.log_file(trial.user_attrs["results"], "results")
+        if pruned is not None:
+            raise pruned
+        return values
+
+    def _duplicate_of(self, trial: optuna.Trial) -> FrozenTrial | None:
+        """A finished trial with the very same parameters: its figures are reused, nothing is judged twice."""
+        for t in trial.study.get_trials(deepcopy=False, states=FINISHED):
+            if t.number != trial.number and t.params == trial.params:
+                return t
+        return None
+
+    def _reuse(self, trial: optuna.Trial, same: FrozenTrial):
+        trial.set_user_attr("duplicate_of", same.user_attrs.get("duplicate_of", same.number))
+        for key in ("dev", "cost", "agreement_undefined", "results"):
+            if key in same.user_attrs:
+                trial.set_user_attr(key, same.user_attrs[key])
+        if same.state == TrialState.PRUNED:
+            raise optuna.TrialPruned(f"same parameters as pruned trial {same.number}")
+        return same.values[0] if len(same.values) == 1 else tuple(same.values)
+
+    def _results_file(self, trial: optuna.Trial, key: str) -> Path | None:
+        """The trial's dev results file, started from what a failed trial with the same panel left, if any."""
+        if not self.results_dir:
+            return None
+        out = Path(self.results_dir) / f"trial-{trial.number:04d}-dev.jsonl"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("", encoding="utf-8")  # a stale file of a deleted study of the same name is no part of this one
+        for t in reversed(trial.study.get_trials(deepcopy=False, states=(TrialState.FAIL,))):
+            earlier = Path(t.user_attrs.get("results") or "")
+            if t.params != trial.params or not earlier.is_file() or earlier == out:
+                continue
+            try:
+                records.finished_records(earlier, key)
+            except ValueError:  # another run's file (ConfigError) or a damaged one (DataError): start afresh
+                continue
+            shutil.copyfile(earlier, out)  # a copy: killed again here, the earlier file is still whole
+            trial.set_user_attr("resumed_from", t.number)
+            break
+        trial.set_user_attr("results", str(out))
+        return out
+
+    def _run(self, trial: optuna.Trial, config: DebateConfig, compile_choice: str, tracking=None):
+        from chateval_dspy.run.metrics import plain
+
+        program = build_for_trial(config, compile_choice, self.parts["train"], self.settings)
+        dev = self.parts["dev"]
+        # One key for the whole dev split: each chunk appends to the same file, which a retry then resumes.
+        key = records.run_key(config, records.lm_identity(dspy.settings.lm), dev, program.dump_state())
+        out = self._results_file(trial, key)
+        result = RunResult(config)
+        done: set[str] = set()
+        if out is not None:
+            stream = records.ResultsStream(out, key)
+            for record in stream.records:
+                result.add(record)
+            done = set(stream.done)
+
+        def judged(record: dict) -> None:
+            result.add(record)
+            if self.on_item:
+                self.on_item(record)
+
+        prune = len(self.objectives) == 1
+        step = max(1, self.report_every)
+        for start in range(0, len(dev), step):
+            chunk = [x for x in dev[start:start + step] if str(x.id) not in done]
+            if not chunk:
+                continue
+            judged_before = result.n
+            ran = evaluate(program, chunk, config, out=out, concurrency=self.concurrency, on_item=judged, run_key=key)
+            result.wall_seconds += ran.wall_seconds
+            value = running_agreement(result)
+            if prune and not math.isnan(value) and result.n > judged_before:
+                trial.report(value, step=result.n)
+                if tracking:
+                    tracking.log_metrics({"dev.running_agreement": value}, step=result.n)
+                if start + step < len(dev) and trial.should_prune():
+                    trial.set_user_attr("cost", result.cost())
+                    raise optuna.TrialPruned(f"dev agreement {value:.3f} after {result.n} of {len(dev)} items")
+        metrics, cost = result.metrics(seed=self.seed), result.cost()
+        agreement = agreement_of(config.format, metrics)
+        undefined = math.isnan(agreement)
+        trial.set_user_attr("dev", plain(metrics))
+        trial.set_user_attr("cost", cost)
+        trial.set_user_attr("agreement_undefined", undefined)
+        values = [0.0 if undefined else agreement]
+        if "tokens" in self.objectives:
+            values.append(tokens_per_item(result))
+        if tracking:
+            tracking.log_metrics(metrics, cost, prefix="dev.")
+            tracking.log_metrics({"objective.agreement": values[0], "agreement_undefined": float(undefined),
+                                  **({"objective.tokens_per_item": values[1]} if len(values) > 1 else {})})
+        return values[0] if len(values) == 1 else tuple(values)

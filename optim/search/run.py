@@ -1,0 +1,201 @@
+"""``chateval search`` as a function: run a study's trials, then test and save its best panel.
+
+Rerunning the same call finishes what a killed one left: the study resumes from its storage, a
+trial whose worker died is failed at once and its panel drawn again (its dev results resumed),
+an unfinished final test resumes its results file, and the card and MLflow logging are done if
+they were not. Several workers may run the same call on one study at once: one MLflow parent
+run holds every trial, and a worker that tests (without ``test=False``) waits for the others'
+trials so that the study always ends tested, whichever worker finishes last.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+
+from chateval_dspy.config import DebateConfig
+from chateval_dspy.errors import ConfigError
+from chateval_dspy.run.evaluate_dataset import lm_slots, run_header
+from optim.compile import OptimizerSettings
+from optim.search import study as studies
+from optim.search.finish import check_out, choose_final, final_test, save_final
+from optim.search.objective import Objective
+from optim.search.space import SearchSpace
+
+SEARCHED = ("roles", "turns", "strategy", "aggregate")
+
+
+class SearchHooks:
+    """What ``run_search`` tells its caller as it goes; the CLI prints it, the defaults stay silent."""
+
+    def note(self, text: str) -> None:
+        """A remark about how the search runs (the CLI prints it on stderr)."""
+
+    def started(self, study: optuna.Study, spec: studies.StudySpec, parts: dict) -> None:
+        """The study is open and its settings checked; trials start next."""
+
+    def item(self, record: dict) -> None:
+        """One dev item judged in the current trial."""
+
+    def trial(self, study: optuna.Study, trial) -> None:
+        """A trial finished (complete, pruned or failed)."""
+
+    def waiting(self, running: int) -> None:
+        """This worker's share is done; ``running`` trials of other workers are still going."""
+
+    def trials_done(self, study: optuna.Study, ran: list[int], finished: int) -> None:
+        """No more trials here: ``ran`` were run by this worker, ``finished`` are in the study."""
+
+    def final(self, reason: str) -> None:
+        """Why this worker tests nothing now."""
+
+    def progress(self, total: int) -> contextlib.AbstractContextManager:
+        """A context yielding the per-item callback for the final test, or None."""
+        return contextlib.nullcontext()
+
+    def tested(self, trial, result, figures: dict, header: dict) -> None:
+        """The best trial's figures on the test split."""
+
+
+@dataclass
+class SearchRun:
+    """What ``run_search`` did."""
+
+    study: optuna.Study
+    ran: list[int]
+    finished: int
+    out: Path
+    saved: bool = False
+    card: dict | None = None
+    mlflow_run_id: str | None = None
+
+
+def base_settings(base: DebateConfig) -> dict:
+    """What the fixed part of every trial's config changes from the defaults.
+
+    Only changes are recorded, so a field added to ``DebateConfig`` later (at its default)
+    does not stop an older study from resuming.
+    """
+    return {k: v for k, v in base.changes().items() if k not in (*SEARCHED, "format")}
+
+
+def run_search(data, base: DebateConfig | Callable[[str], DebateConfig], lm, *, study: studies.StudySpec,
+               space: SearchSpace | None = None, settings: OptimizerSettings | None = None,
+               out: str | Path | None = None, test: bool = True, tracking=None, concurrency: int = 1,
+               hooks: SearchHooks | None = None, poll: float = 1.0) -> SearchRun:
+    """Run ``study``'s trials over ``space`` on ``data``'s dev split, then test and save the best panel.
+
+    Args:
+        data: Which items (``DataSpec``: dataset, seed and limit of the train/dev/test split).
+        base: What trials do not choose (format, calibration, ...), or a function of the dataset's format.
+        lm: Which LM (``LMSpec``); with ``tokens`` as an objective its cache is turned off.
+        study: The study's name, storage, budget, objectives and pruning.
+        space: What trials may choose (default: everything).
+        settings: How trials that compile do it (its seed is the data's; default ``OptimizerSettings()``).
+        out: The folder for the best evaluator (default ``programs/<study>``).
+        test: False: run trials only, and leave testing and saving to a worker that tests.
+        tracking: A ``TrackingSpec``; None or disabled: nothing goes to MLflow.
+        concurrency: Items judged at once.
+        hooks: Told about each trial, the final test and why anything is skipped (the CLI prints them).
+        poll: Seconds between looks at other workers' trials while waiting for them.
+
+    Example:
+        >>> run = run_search(DataSpec("faireval", limit=3), DebateConfig(), LMSpec(model=url),  # doctest: +SKIP
+        ...                  study=StudySpec("demo", trials=3), space=SearchSpace(turns=(1, 1)))
+        >>> run.card["search"]["trial"]  # doctest: +SKIP
+    """
+    from chateval_dspy.data.loaders import dataset_hash
+
+    hooks, space = hooks or SearchHooks(), space or SearchSpace()
+    spec = study
+    if data.split != "all":
+        raise ConfigError("search uses the seeded train/dev/test split itself: drop --split")
+    if concurrency < 1:
+        raise ConfigError(f"concurrency must be positive, got {concurrency}")
+    items, fmt = data.load()
+    base = base(fmt) if callable(base) else base
+    parts = data.parts(items)
+    if not parts["dev"] or all(x.get("label" if fmt == "pairwise" else "human") is None for x in parts["dev"]):
+        raise ConfigError("search needs labelled dev items: use a dataset with human labels, more items or a larger --limit")
+    if test and not parts["test"]:
+        raise ConfigError("the test split is empty: use more items or a larger --limit (or --no-test)")
+    out = Path(out or Path("programs") / spec.name)
+    if test:
+        check_out(out, spec.name)
+    if "tokens" in spec.objectives and lm.cache:
+        # A cached answer reports no usage, which would make a panel look free.
+        hooks.note("note: tokens is an objective, so DSPy's LM cache is off for this search")
+        lm = dataclasses.replace(lm, cache=False)
+    settings = dataclasses.replace(settings or OptimizerSettings(), seed=data.seed)
+
+    opened = studies.open_study(spec.name, spec.storage, spec.objectives, seed=data.seed, prune=spec.prune,
+                                warmup_steps=2 * spec.report_every)
+    recorded = {"dataset": data.dataset, "format": fmt, "dataset_hash": dataset_hash(items), "seed": data.seed,
+                "limit": data.limit, "objectives": list(spec.objectives), "space": space.to_dict(),
+                "model_spec": lm.model, "base": base_settings(base),
+                "max_demos": settings.max_demos if space.compile != ("none",) else None}
+    studies.check_settings(opened, recorded)
+    hooks.started(opened, spec, parts)
+    tracked = tracking is not None and tracking.enabled
+    objective = Objective(space=space, base=base, parts=parts, objectives=spec.objectives, n_trials=spec.trials,
+                          seed=data.seed, settings=settings, report_every=spec.report_every, concurrency=concurrency,
+                          results_dir=Path("results") / spec.name, track=tracked, on_item=hooks.item)
+    mlflow_tracking = parent = None
+    if tracked:
+        from optim import tracking as mlflow_tracking
+
+        # Trial runs of this study's killed workers (on this host) end as KILLED; the shared parent is joined.
+        mlflow_tracking.end_dead_runs({"optuna.study": spec.name}, tracking.uri)
+        params = {"study": spec.name, "storage": studies.redact_url(spec.storage), **recorded}
+        parent = studies.study_run(opened, params=params, uri=tracking.uri)
+    # The LM is laid out once for every trial. Lay it out for parallel referees only when every trial has them:
+    # on a small CPU, servers split for parallel requests run a one-by-one trial on a fraction of the cores.
+    slot_cfg = base.replace(roles=tuple(f"referee_{i + 1}" for i in range(space.n_roles[1])),
+                            strategy="one_by_one" if "one_by_one" in space.strategies else "simultaneous_talk")
+    tested = card = None
+    with parent or contextlib.nullcontext() as active:
+        with lm.judging(lm_slots(slot_cfg, concurrency)) as judging_lm:
+            model = judging_lm.model
+            if tracked:
+                mlflow_tracking.log_params({"model": model})
+            ran = studies.run_trials(opened, objective, spec.trials, callbacks=[hooks.trial], wait=test, poll=poll,
+                                     on_wait=hooks.waiting)
+            finished = studies.count(opened)
+            hooks.trials_done(opened, ran, finished)
+            final = choose_final(opened, out, test=test)
+            if final.trial is None:
+                hooks.final(final.reason)
+            else:
+                with hooks.progress(len(parts["test"])) as on_item:
+                    tested = final_test(opened, final.trial, parts, out, settings=settings, seed=data.seed,
+                                        concurrency=concurrency, on_item=on_item)
+                cfg = tested.program.config
+                hooks.tested(tested.trial, tested.result, tested.figures,
+                             run_header(data, cfg, model, tested.result.n, "test"))
+        _trials_table(opened, spec.name, mlflow_tracking, finished)
+        if tested is not None:
+            card = save_final(opened, tested, out, model=model, tracking=tracking, card={
+                "dataset": data.dataset, "dataset_hash": recorded["dataset_hash"],
+                "split": {"seed": data.seed, "fractions": [0.4, 0.2, 0.4], "limit": data.limit,
+                          "sizes": {k: len(v) for k, v in parts.items()}},
+                "search": {"study": spec.name, "storage": studies.redact_url(spec.storage),
+                           "trial": tested.trial.number, "objectives": list(spec.objectives),
+                           "trials_finished": finished, "space": space.to_dict(), "values": list(tested.trial.values)}})
+    return SearchRun(opened, ran, finished, out, saved=card is not None, card=card,
+                     mlflow_run_id=active.info.run_id if tracked else None)
+
+
+def _trials_table(study: optuna.Study, name: str, mlflow_tracking, finished: int) -> None:
+    from optim.report import trials_frame
+
+    table = Path("results") / name / "trials.csv"
+    table.parent.mkdir(parents=True, exist_ok=True)
+    trials_frame(study).to_csv(table, index=False)
+    if mlflow_tracking is not None:
+        mlflow_tracking.log_metrics({"trials_finished": finished})
+        mlflow_tracking.log_file(table, "search")

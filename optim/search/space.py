@@ -1,0 +1,120 @@
+"""What a search trial may choose, and ``trial.suggest_*`` -> ``DebateConfig``.
+
+A trial chooses the referees (a subset of the five built-in personas, or the same-role
+ablation), the number of turns, the strategy, the aggregation and, if asked, how to compile.
+The bounds come from ``chateval_dspy.limits``: a space can never draw a panel that
+``DebateConfig`` would refuse.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import optuna
+
+from chateval_dspy import limits
+from chateval_dspy.config import AGGREGATES, DebateConfig
+from chateval_dspy.errors import ConfigError
+from chateval_dspy.program.roles import DEFAULT_ORDER, same_roles
+from chateval_dspy.program.strategies import STRATEGIES
+
+OBJECTIVES = {"agreement": "maximize", "tokens": "minimize"}
+COMPILE_CHOICES = ("none", "labeled", "bootstrap")
+PANELS = ("distinct", "same")
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """What a trial may choose; a dimension with a single value is fixed.
+
+    Args:
+        panels: ``distinct`` (a subset of the built-in personas) and/or ``same`` (the same-role ablation).
+        n_roles: Smallest and largest panel size: up to the five built-in personas for distinct panels,
+            up to ``limits.MAX_ROLES`` for the same-role ablation alone.
+        turns: Fewest and most rounds of talk (1-4 is the paper's range; at most ``limits.MAX_TURNS``).
+        strategies: Strategy names to choose from.
+        aggregates: ``mean`` and/or ``majority``.
+        compile: ``none``, ``labeled``, ``bootstrap``: one fixes it, several let the trial choose.
+
+    Example:
+        >>> SearchSpace(turns=(2, 2)).to_dict()["turns"]
+        [2, 2]
+    """
+
+    panels: tuple[str, ...] = PANELS
+    n_roles: tuple[int, int] = (1, len(DEFAULT_ORDER))
+    turns: tuple[int, int] = (1, 4)
+    strategies: tuple[str, ...] = tuple(STRATEGIES)
+    aggregates: tuple[str, ...] = AGGREGATES
+    compile: tuple[str, ...] = ("none",)
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("panels", PANELS), ("strategies", tuple(STRATEGIES)), ("aggregates", AGGREGATES),
+                              ("compile", COMPILE_CHOICES)):
+            values = tuple(getattr(self, name))
+            if not values:
+                raise ConfigError(f"the search space needs at least one of {name}: {', '.join(allowed)}")
+            unknown = [v for v in values if v not in allowed]
+            if unknown:
+                raise ConfigError(f"unknown {name} {unknown}; choose from: {', '.join(allowed)}")
+            object.__setattr__(self, name, tuple(dict.fromkeys(values)))
+        low, high = self.n_roles
+        most = len(DEFAULT_ORDER) if "distinct" in self.panels else limits.MAX_ROLES
+        if not 1 <= low <= high <= most:
+            what = "the built-in personas" if "distinct" in self.panels else "limits.MAX_ROLES"
+            raise ConfigError(f"panel size must lie in 1..{most} ({what}), got {low}..{high}")
+        low, high = self.turns
+        if not 1 <= low <= high <= limits.MAX_TURNS:
+            raise ConfigError(f"turns must be a range within 1..{limits.MAX_TURNS} (limits.MAX_TURNS), got {low}..{high}")
+        object.__setattr__(self, "n_roles", tuple(self.n_roles))
+        object.__setattr__(self, "turns", tuple(self.turns))
+
+    def to_dict(self) -> dict:
+        return {k: list(v) for k, v in asdict(self).items()}
+
+
+def persona_sets(n: int) -> list[str]:
+    """Every set of ``n`` built-in personas, in the paper's speaking order, as ``a+b`` strings.
+
+    Example:
+        >>> persona_sets(4)[0]
+        'general_public+critic+news_author+psychologist'
+    """
+    return ["+".join(c) for c in itertools.combinations(DEFAULT_ORDER, n)]
+
+
+def suggest_config(trial: optuna.Trial, space: SearchSpace, base: DebateConfig) -> tuple[DebateConfig, str]:
+    """The trial's panel as a ``DebateConfig`` (everything not searched comes from ``base``) and its compile choice.
+
+    Parameters: ``panel`` (distinct/same), ``n_roles``, ``personas_<n>`` (distinct panels of 1-4),
+    ``turns``, ``strategy``, ``aggregate``, ``compile``. Persona sets are one categorical per
+    panel size, so ``n_roles`` stays a parameter of its own (the paper's Figure 3 axis).
+
+    Example:
+        >>> trial = optuna.trial.FixedTrial({"panel": "same", "n_roles": 3, "turns": 2, "strategy": "one_by_one",
+        ...                                  "aggregate": "mean", "compile": "none"})
+        >>> suggest_config(trial, SearchSpace(), DebateConfig())[0].roles
+        ('referee_1', 'referee_2', 'referee_3')
+    """
+    panel = trial.suggest_categorical("panel", space.panels)
+    n = trial.suggest_int("n_roles", *space.n_roles)
+    if panel == "same":
+        roles = same_roles(n)
+    else:
+        choices = persona_sets(n)  # a panel of all five has nothing to choose
+        roles = tuple((trial.suggest_categorical(f"personas_{n}", choices) if len(choices) > 1 else choices[0]).split("+"))
+    turns = trial.suggest_int("turns", *space.turns)
+    strategy = trial.suggest_categorical("strategy", space.strategies)
+    aggregate = trial.suggest_categorical("aggregate", space.aggregates)
+    compile_choice = trial.suggest_categorical("compile", space.compile)
+    return base.replace(roles=roles, turns=turns, strategy=strategy, aggregate=aggregate), compile_choice
+
+
+def parse_objectives(text: str | Sequence[str]) -> tuple[str, ...]:
+    """``agreement`` or ``agreement,tokens``: agreement always comes first (it picks the final program)."""
+    names = tuple(p.strip() for p in (text.split(",") if isinstance(text, str) else text) if p.strip())
+    if names not in (("agreement",), ("agreement", "tokens")):
+        raise ConfigError(f"--objectives must be 'agreement' or 'agreement,tokens', got {text!r}")
+    return names
