@@ -6,11 +6,14 @@ same ``DebateConfig``, so any run can be rebuilt from what it logged.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
-from typing import Literal
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Literal
 
 import chateval_dspy.limits as limits
 from chateval_dspy.errors import ConfigError
+
+if TYPE_CHECKING:
+    from chateval_dspy.program.task import TaskSpec
 
 Format = Literal["pairwise", "scoring"]
 AGGREGATES = ("mean", "majority")
@@ -21,7 +24,8 @@ class DebateConfig:
     """How a panel of referees debates one item.
 
     Args:
-        format: ``pairwise`` (which of two answers is better) or ``scoring`` (per-aspect scores).
+        format: ``pairwise`` (which of two answers is better) or ``scoring`` (per-criterion scores of one
+            response; ``pointwise`` is read as ``scoring``). Default: the task's format, else ``pairwise``.
         roles: Role slugs from the role library, one per referee, in speaking order.
         strategy: A key of ``strategies.STRATEGIES``.
         turns: Rounds of talk; the last round is the verdict round.
@@ -34,14 +38,19 @@ class DebateConfig:
         weighted_scores: Ask the LM for log-probabilities and use each score's expected value
             (G-Eval style) in the mean; the integer score is kept when the LM returns none.
         role_file: Extra personas (YAML/JSON), resolved when the program is built.
+        task: What the panel judges (``task.TaskSpec``, or its dict); None: the built-in task of ``format``
+            (FairEval's for pairwise, Topical-Chat's for scoring). A task equal to that built-in is stored as None.
 
     Example:
         >>> cfg = DebateConfig(format="pairwise", roles=("general_public", "critic"))
         >>> cfg.calls_per_item()
         8
+        >>> from chateval_dspy.program.task import builtin_task
+        >>> DebateConfig(task=builtin_task("scoring")).format, cfg.task_spec.name
+        ('scoring', 'faireval')
     """
 
-    format: Format = "pairwise"
+    format: Format = None  # type: ignore[assignment]  # resolved in __post_init__: the task's, else "pairwise"
     roles: tuple[str, ...] = ("general_public", "critic")
     strategy: str = "one_by_one"
     turns: int = 2
@@ -52,13 +61,15 @@ class DebateConfig:
     consensus_stop: bool = False
     weighted_scores: bool = False
     role_file: str | None = field(default=None)
+    task: TaskSpec | None = None
 
     def __post_init__(self) -> None:
         from chateval_dspy.program.strategies import STRATEGIES
 
         # Types first: a config can come from a judge card or MLflow params, where any JSON value may stand.
+        self._resolve_task()
         if self.format not in ("pairwise", "scoring"):
-            raise ConfigError(f"unknown format {self.format!r}; choose one of: pairwise, scoring")
+            raise ConfigError(f"unknown format {self.format!r:.40}; choose one of: pairwise, scoring (pointwise)")
         if isinstance(self.roles, str) or not isinstance(self.roles, (tuple, list)):
             raise ConfigError(f"roles must be a list of role slugs, got {self.roles!r:.80}")
         if not self.roles:
@@ -95,6 +106,40 @@ class DebateConfig:
             raise ConfigError(f"role_file must be a path of at most {limits.MAX_PATH_CHARS} characters "
                               f"(limits.MAX_PATH_CHARS), got {self.role_file!r:.80}")
         object.__setattr__(self, "roles", tuple(self.roles))
+        spec = self.task_spec
+        if self.format == "pairwise" and self.aggregate == "mean" and not spec.preference.combine:
+            raise ConfigError(f"aggregate 'mean' compares the responses' mean scores, and task {spec.name!r} has no "
+                              "integer-scale criterion to compare: use aggregate 'majority' (the stated preferences)")
+
+    def _resolve_task(self) -> None:
+        # Imported here: chateval_dspy.program imports this module (as strategies are, above).
+        from chateval_dspy.program.task import TaskSpec, builtin_task
+
+        task, fmt = self.task, self.format
+        if isinstance(task, dict):
+            task = TaskSpec.from_dict(task, "config key 'task'")
+        elif task is not None and not isinstance(task, TaskSpec):
+            raise ConfigError(f"task must be a TaskSpec or its dict (task.load_task reads a file), got "
+                              f"{type(task).__name__}")
+        if fmt == "pointwise":
+            fmt = "scoring"
+        if fmt is None:
+            fmt = task.config_format if task is not None else "pairwise"
+        if task is not None:
+            if fmt != task.config_format:
+                raise ConfigError(f"format {fmt!r:.40} does not match task {task.name!r}, which is {task.format} "
+                                  f"(format {task.config_format!r})")
+            if task == builtin_task(fmt):
+                task = None  # the built-in itself: configs, run keys and cards stay as they were before tasks
+        object.__setattr__(self, "task", task)
+        object.__setattr__(self, "format", fmt)
+
+    @property
+    def task_spec(self) -> TaskSpec:
+        """The task the panel judges: ``task``, or the built-in task of ``format``."""
+        from chateval_dspy.program.task import builtin_task
+
+        return self.task if self.task is not None else builtin_task(self.format)
 
     @property
     def orders(self) -> int:
@@ -109,9 +154,11 @@ class DebateConfig:
         return self.orders * (len(self.roles) * self.turns + summaries)
 
     def to_dict(self) -> dict:
-        """Plain values for JSON, MLflow params and the judge card."""
-        out = asdict(self)
+        """Plain values for JSON, MLflow params and the judge card (``task`` only when it is not the built-in)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "task"}
         out["roles"] = list(self.roles)
+        if self.task is not None:
+            out["task"] = self.task.to_dict()
         return out
 
     def changes(self) -> dict:
@@ -121,7 +168,7 @@ class DebateConfig:
         that keeps the old behaviour does not orphan existing results files or studies.
         """
         defaults = DebateConfig(format=self.format).to_dict()
-        return {k: v for k, v in self.to_dict().items() if k == "format" or v != defaults[k]}
+        return {k: v for k, v in self.to_dict().items() if k == "format" or v != defaults.get(k)}
 
     @classmethod
     def from_dict(cls, data: dict) -> DebateConfig:

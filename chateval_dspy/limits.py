@@ -39,3 +39,14 @@ MAX_MODEL_NAME_CHARS = 200  # the card's model is a name (provider/model), never
 MAX_PROGRAM_FILE_BYTES = 16 * MIB  # read before parsing; a bootstrapped 5-referee program is ~2 MB
 MAX_CARD_FILE_BYTES = 1 * MIB  # read before parsing; a card is a few KB plus at most 10 referees' personas
 MAX_MLMODEL_FILE_BYTES = 1 * MIB  # an MLflow model's MLmodel file, read to find the evaluator inside a pyfunc
+
+# ---- a task spec (a task file, or the task inside a config or judge card) ----
+MAX_TASK_FILE_BYTES = 256 * KIB  # read before parsing; the built-in specs are ~2 KB, instructions dominate
+MAX_TASK_INPUTS = 10  # each input is a judged text sent on every call (each up to max_text_chars)
+MAX_CRITERIA = 20  # each criterion is an output field of every verdict (two, pairwise)
+MAX_SCALE_POINTS = 101  # an integer scale's width, e.g. 0-100; wider scales are not ratings
+MAX_SCALE_LABELS = 20  # a label scale (pass/fail, A-F ...) is a short list of classes
+MAX_LABEL_CHARS = 40  # one label of a scale; it is an enum value of the JSON schema
+# A criterion's or input's description; with the data note appended it stays within MAX_FIELD_TEXT_CHARS.
+MAX_TASK_DESCRIPTION_CHARS = 800
+MAX_TASK_NAME_CHARS = 40  # task, input and criterion names are identifiers (field names of the prompts)

@@ -21,7 +21,7 @@ import dspy
 from chateval_dspy import limits
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.program.chateval import ChatEval
-from chateval_dspy.program.signatures import ASPECTS
+from chateval_dspy.program.task import TaskSpec, as_task
 from optim.objectives import Metric, with_feedback
 
 log = logging.getLogger(__name__)
@@ -67,21 +67,52 @@ class OptimizerSettings:
         return asdict(self)
 
 
-def label_demo(example: dspy.Example, fmt: str, persona: str) -> dspy.Example:
-    """A human label written as a judge's verdict, for the ``labeled`` optimizer.
+def _points(scale) -> dict[str, int]:
+    """Where a pairwise winner, loser and tie sit on an integer scale (8, 4 and 6 on 1-10, as FairEval's demos)."""
+    span = scale.high - scale.low
+    return {"better": scale.high - round(span * 0.2), "worse": scale.low + round(span * 0.3),
+            "even": scale.low + round(span * 0.55)}
 
-    Pairwise labels become scores 8/4 (or 6/6 for a tie); mean human aspect scores are
-    rounded to the nearest valid rating.
+
+def label_demo(example: dspy.Example, task: TaskSpec | str, persona: str) -> dspy.Example | None:
+    """A human label written as a judge's verdict of ``task`` (or a format's built-in task), for ``labeled``.
+
+    Pairwise: the winner's integer-scale criteria get a high point and the loser's a low one (8/4 on 1-10,
+    6/6 for a tie), label-scale criteria the scale's first label for the winner (both, for a tie) and its
+    last for the loser, and a stated preference the label. Pointwise: mean human scores rounded to the
+    nearest valid rating, labels as they are; None when a criterion has no human label (no whole verdict).
+
+    Example:
+        >>> demo = label_demo(dspy.Example(question="q", answer_1="a", answer_2="b", label="2"), "pairwise", "p")
+        >>> demo.preference, demo.score_1, demo.score_2, demo.evidence
+        ('2', 4, 8, 'Human referees: Answer 2 is better.')
     """
-    if fmt == "pairwise":
-        scores = {"1": (8, 4), "2": (4, 8), "tie": (6, 6)}[example.label]
-        said = {"1": "Answer 1 is better.", "2": "Answer 2 is better.", "tie": "Both answers are equally good."}
-        return dspy.Example(question=example.question, answer_1=example.answer_1, answer_2=example.answer_2,
-                            persona=persona, discussion="(no discussion)", evidence=f"Human referees: {said[example.label]}",
-                            preference=example.label, score_1=scores[0], score_2=scores[1])
-    ratings = {a: int(min(hi, max(lo, round(example.human[a])))) for a, (lo, hi) in ASPECTS.items()}
-    return dspy.Example(dialogue_history=example.dialogue_history, fact=example.fact, response=example.response,
-                        persona=persona, discussion="(no discussion)", evidence="Human referees' ratings.", **ratings)
+    task = as_task(task)
+    fields = {name: example[name] for name in task.input_names}
+    fields.update(persona=persona, discussion="(no discussion)")
+    if task.format == "pairwise":
+        label = example.label
+        for c in task.criteria:
+            if c.scale.ordinal:
+                points = _points(c.scale)
+                first, second = {"1": ("better", "worse"), "2": ("worse", "better"), "tie": ("even", "even")}[label]
+                fields[f"{c.name}_1"], fields[f"{c.name}_2"] = points[first], points[second]
+            else:
+                top, bottom = c.scale.labels[0], c.scale.labels[-1]
+                fields[f"{c.name}_1"], fields[f"{c.name}_2"] = {"1": (top, bottom), "2": (bottom, top),
+                                                                "tie": (top, top)}[label]
+        said = ("Both answers are equally good." if label == "tie"
+                else f"{task.responses[int(label) - 1].replace('_', ' ').capitalize()} is better.")
+        if task.stated_preference:
+            fields["preference"] = label
+        return dspy.Example(**fields, evidence=f"Human referees: {said}")
+    human = example.get("human") or {}
+    if any(human.get(c.name) is None for c in task.criteria):
+        return None
+    for c in task.criteria:
+        value = human[c.name]
+        fields[c.name] = int(min(c.scale.high, max(c.scale.low, round(value)))) if c.scale.ordinal else value
+    return dspy.Example(**fields, evidence="Human referees' ratings.")
 
 
 class _JudgeOnly(dspy.Module):
@@ -94,8 +125,12 @@ class _JudgeOnly(dspy.Module):
 
 def _labeled(student: ChatEval, trainset, settings: OptimizerSettings) -> ChatEval:
     program = student.deepcopy()
+    task = program.config.task_spec
     for debater in program.debate.referees.values():
-        demos = [label_demo(x, program.config.format, debater.persona) for x in trainset]
+        demos = [d for d in (label_demo(x, task, debater.persona) for x in trainset) if d is not None]
+        if not demos:
+            raise ConfigError(f"the labeled optimizer needs train items with a human label for every criterion of "
+                              f"task {task.name!r}; none has them all")
         filled = dspy.LabeledFewShot(k=settings.max_demos).compile(_JudgeOnly(debater.judge), trainset=demos, sample=True)
         debater.judge.demos = filled.judge.demos
     program._compiled = True
@@ -142,7 +177,7 @@ def compile_evaluator(student: ChatEval, *, optimizer: str, trainset: Sequence[d
                            num_threads=s.threads, seed=s.seed)
         return opt.compile(student, trainset=trainset, valset=valset or None, requires_permission_to_run=False)
     if optimizer == "gepa":
-        opt = dspy.GEPA(metric=with_feedback(metric), auto=s.auto, num_threads=s.threads, seed=s.seed,
+        opt = dspy.GEPA(metric=with_feedback(metric, student.config.task_spec), auto=s.auto, num_threads=s.threads, seed=s.seed,
                         reflection_lm=reflection_lm or dspy.settings.lm, track_stats=True)
         return opt.compile(student, trainset=trainset, valset=valset or None)
     # SIMBA asserts that the batch fits in the train set.
@@ -294,7 +329,8 @@ def compile_and_save(data, config, lm, *, optimizer: str, out: str | Path, metri
         lm: Which LM (``LMSpec``).
         optimizer: One of ``OPTIMIZERS``.
         out: The folder for the saved evaluator (``program.json``, ``card.json``, ``card.md``, ``results/``).
-        metric: ``agreement`` or ``balanced`` (pairwise), ``score_error`` (scoring); default the first.
+        metric: ``agreement`` or ``balanced`` (pairwise), ``score_error`` (pointwise, over the task's criteria);
+            default the first.
         settings: The optimizer's settings.
         tracking: A ``TrackingSpec``; None or disabled: nothing goes to MLflow.
         concurrency: Test items judged at once.
@@ -310,7 +346,7 @@ def compile_and_save(data, config, lm, *, optimizer: str, out: str | Path, metri
     from chateval_dspy.program.chateval import build_evaluator
     from chateval_dspy.run import records
     from chateval_dspy.run.evaluate import evaluate
-    from chateval_dspy.run.evaluate_dataset import lm_slots, run_header
+    from chateval_dspy.run.evaluate_dataset import check_task, lm_slots, run_header, skipped_rows
     from chateval_dspy.run.metrics import plain
     from optim.evaluation import run_params
     from optim.objectives import make_metric
@@ -322,11 +358,13 @@ def compile_and_save(data, config, lm, *, optimizer: str, out: str | Path, metri
         raise ConfigError(f"concurrency must be positive, got {concurrency}")
     items, fmt = data.load()
     cfg = config(fmt) if callable(config) else config
+    check_task(data, cfg)
     parts = data.parts(items)
     if not parts["train"] or not parts["test"]:
         raise ConfigError("the train or test split is empty: use more items or a larger --limit")
     metric_name = metric or ("agreement" if fmt == "pairwise" else "score_error")
-    metric_fn = make_metric(metric_name, fmt, parts["train"])
+    metric_fn = make_metric(metric_name, cfg.task_spec, parts["train"])
+    skipped = skipped_rows(getattr(items, "skipped", []))
     out = Path(out)
     tracked = tracking is not None and tracking.enabled
     if tracked:
@@ -378,7 +416,8 @@ def compile_and_save(data, config, lm, *, optimizer: str, out: str | Path, metri
                                 "sizes": {k: len(v) for k, v in parts.items()}},
                          optimizer=optimizer, optimizer_settings=settings.to_dict(), metric=metric_name,
                          test_metrics={s: plain(figures[s]) for s in figures},
-                         cost={k: v for k, v in costs["after"].items() if k != "wall_seconds"})
+                         cost={k: v for k, v in costs["after"].items() if k != "wall_seconds"},
+                         **({"skipped_rows": skipped} if skipped else {}))
         save_program(compiled, out, card)
         if tracked:
             mlflow_tracking.log_file(out, "evaluator")

@@ -2,21 +2,50 @@
 
 from __future__ import annotations
 
+import json
+import tempfile
+from pathlib import Path
+
 from chateval_dspy.data.loaders import dataset_hash
+
+
+def config_params(config) -> dict:
+    """The config as MLflow params; a task of one's own as its compact form (``TaskSpec.params``: MLflow keeps
+    at most 6,000 characters per param, and instructions may be longer). The whole spec is the ``task/``
+    artifact and is in the saved evaluator's card."""
+    out = config.to_dict()
+    if config.task is not None:
+        out["task"] = config.task.params()
+    return out
 
 
 def run_params(data, config, model: str, items, **extra) -> dict:
     """The params every tracked run states: panel, model, dataset and its hash, split, seed, limit."""
-    return {"config": config.to_dict(), "model": model, "dataset": data.dataset, "dataset_hash": dataset_hash(items),
-            "split": data.split, "seed": data.seed, "limit": data.limit, **extra}
+    return {"config": config_params(config), "model": model, "dataset": data.dataset,
+            "dataset_hash": dataset_hash(items), "split": data.split, "seed": data.seed, "limit": data.limit, **extra}
 
 
 def log_evaluation(done, metrics: dict, *, uri: str | None = None) -> str:
-    """Log a ``DatasetRun`` (from ``evaluate_dataset``) as one MLflow run; returns its id."""
+    """Log a ``DatasetRun`` (from ``evaluate_dataset``) as one MLflow run; returns its id.
+
+    A task of one's own goes with it as ``task/task.json``; rows skipped as malformed as
+    ``skipped/skipped_rows.json`` and the metric ``skipped_rows``.
+    """
+    from chateval_dspy.run.evaluate_dataset import skipped_rows
     from optim import tracking
 
+    extra = {"skipped_rows": len(done.skipped)} if done.skipped else {}
     with tracking.run("evaluate", params=run_params(done.data, done.config, done.model, done.items), uri=uri,
                       tags={"command": "evaluate"}) as active:
-        tracking.log_metrics(metrics, {**done.result.cost(), **done.result.abstention_metrics()})
+        tracking.log_metrics(metrics, {**done.result.cost(), **done.result.abstention_metrics(), **extra})
         tracking.log_file(done.out, "results")
+        with tempfile.TemporaryDirectory() as tmp:
+            if done.config.task is not None:
+                path = Path(tmp) / "task.json"
+                path.write_text(json.dumps(done.config.task.to_dict(), indent=2, ensure_ascii=False), encoding="utf-8")
+                tracking.log_file(path, "task")
+            if done.skipped:
+                path = Path(tmp) / "skipped_rows.json"
+                path.write_text(json.dumps(skipped_rows(done.skipped), indent=2, ensure_ascii=False), encoding="utf-8")
+                tracking.log_file(path, "skipped")
     return active.info.run_id

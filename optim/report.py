@@ -380,16 +380,18 @@ def confusion(records: list[dict], path: Path, files: list[Path], title: str) ->
 
 
 def scatter(records: list[dict], path: Path, files: list[Path], title: str) -> None:
-    """Predicted against human score per aspect, with each aspect's Spearman."""
-    from chateval_dspy.program.signatures import ASPECTS
+    """Predicted against human score per integer-scale criterion (Topical-Chat's four aspects), with its Spearman."""
     from chateval_dspy.run.metrics import spearman
 
     pairs = [(r["human"], r["prediction"]) for r in records if r.get("human") and r.get("prediction")]
+    names = [k for k, v in pairs[0][1].items() if isinstance(v, (int, float))] if pairs else []
     plt = _pyplot()
-    fig, axes = plt.subplots(2, 2, figsize=(8, 7))
-    for ax, aspect in zip(axes.flat, ASPECTS):
-        h = [float(x[aspect]) for x, _ in pairs]
-        p = [float(y[aspect]) for _, y in pairs]
+    rows = max(1, math.ceil(len(names) / 2))
+    fig, axes = plt.subplots(rows, 2, figsize=(8, 3.5 * rows), squeeze=False)
+    for ax, aspect in zip(axes.flat, names):
+        given = [(x[aspect], y[aspect]) for x, y in pairs if x.get(aspect) is not None]
+        h = [float(a) for a, _ in given]
+        p = [float(b) for _, b in given]
         ax.scatter(h, p, alpha=0.6, s=20)
         rho = spearman(h, p) if len(h) > 1 else math.nan
         ax.set_title(f"{aspect}: Spearman {'n/a' if math.isnan(rho) else f'{rho:.3f}'}", fontsize=9)

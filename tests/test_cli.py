@@ -175,11 +175,12 @@ def test_bad_columns_exit_2(tmp_path, capsys, fake_model, columns, needle):
 def test_bad_data_row_exit_2_naming_file_row_field(tmp_path, capsys, fake_model):
     data = tmp_path / "mine.jsonl"
     data.write_text(json.dumps({"question": "q", "answer_1": "a", "answer_2": "b"}) + "\n"
-                    + json.dumps({"question": "q", "answer_1": "", "answer_2": "b"}) + "\n", encoding="utf-8")
+                    + json.dumps({"question": " ", "answer_1": "a", "answer_2": "b"}) + "\n", encoding="utf-8")
     code, _, err = cli(capsys, "evaluate", "--dataset", str(data), "--format", "pairwise",
                        "--out", str(tmp_path / "r.jsonl"), "--no-progress", "--no-cache")
     assert code == 2
-    assert "mine.jsonl row 2: field 'answer_1': field is empty" in err
+    assert "mine.jsonl row 2: field 'question': field is empty" in err
+    assert "--skip-bad-rows" in err  # issue 12: the error names the way past it
 
 
 def test_existing_out_that_is_not_results_exit_2(tmp_path, capsys, fake_model):

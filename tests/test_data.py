@@ -336,12 +336,12 @@ def test_columns_naming_unknown_fields(tmp_path):
         load_custom(path, "scoring", {"label": "x"})  # label is a pairwise field
 
 
-def test_scoring_aspect_columns_all_or_none(tmp_path):
+def test_scoring_aspect_columns_may_be_partial(tmp_path):
+    # Issue 12: missing labels on some criteria are allowed (and counted by the metrics), not a malformed row.
     path = tmp_path / "partial.csv"
     path.write_text("dialogue_history,response,naturalness\nh,r,2\n", encoding="utf-8")
-    with pytest.raises(DataError, match="all four aspect columns") as err:
-        load_custom(path, "scoring")
-    assert_names(err, path)
+    (item,) = load_custom(path, "scoring")
+    assert item.human == {"naturalness": 2.0, "coherence": None, "engagingness": None, "groundedness": None}
 
 
 def test_data_errors_are_chateval_errors():
@@ -359,13 +359,13 @@ def test_header_only_csv_is_a_data_error(tmp_path):
     assert_names(err, path)
 
 
-def test_scoring_row_missing_an_aspect_names_row_and_field(tmp_path):
+def test_scoring_row_missing_an_aspect_keeps_the_others(tmp_path):
     full = {"dialogue_history": "h", "response": "r", "naturalness": 2, "coherence": 2, "engagingness": 2,
             "groundedness": 1}
     path = write_jsonl(tmp_path / "aspects.jsonl", [full, {k: v for k, v in full.items() if k != "coherence"}])
-    with pytest.raises(DataError) as err:
-        load_custom(path, "scoring")
-    assert_names(err, path, row=2, field="coherence")
+    first, second = load_custom(path, "scoring")
+    assert first.human["coherence"] == 2.0 and second.human["coherence"] is None
+    assert second.human["naturalness"] == 2.0
 
 
 def test_scoring_non_numeric_aspect_names_file_and_row(tmp_path):

@@ -90,11 +90,12 @@ def test_a_pickled_program_is_refused_unless_trusted(saved, engine, tmp_path):
 
 def test_evaluate_batch_keeps_order_and_reports_bad_rows(saved, engine):
     _, path = saved
-    frame = pd.DataFrame([ITEM, {**ITEM, "id": "b", "answer_2": ""}, {**ITEM, "id": "c", "answer_1": "a long one here"}])
+    # An empty question is a malformed row (an empty answer is data since issue 12: it is judged).
+    frame = pd.DataFrame([ITEM, {**ITEM, "id": "b", "question": ""}, {**ITEM, "id": "c", "answer_1": "a long one here"}])
     with load(path) as judge:
         out = judge.evaluate_batch(frame, concurrency=3)
     assert list(out["id"]) == ["a", "b", "c"]
-    assert out.loc[1, "error"] and "answer_2" in out.loc[1, "error"] and "row 2" in out.loc[1, "error"]
+    assert out.loc[1, "error"] and "question" in out.loc[1, "error"] and "row 2" in out.loc[1, "error"]
     assert out.loc[0, "winner"] == "2" and pd.isna(out.loc[0, "error"])
 
 

@@ -1,8 +1,10 @@
 """Datasets with human labels, as ``dspy.Example``s, and the seeded split every later step reuses.
 
-Pairwise items: ``question``, ``answer_1``, ``answer_2`` in, ``label`` in {"1", "2", "tie"} (or None).
-Scoring items: ``dialogue_history``, ``fact``, ``response`` in, ``human`` {aspect: score} (or None).
-Every problem names the file, row and field.
+An item holds its task's inputs (``task.TaskSpec``) and its human labels: pairwise, ``label`` in
+{"1", "2", "tie"} (or None); pointwise, ``human`` {criterion: number or label, None where missing}
+(or None). FairEval's items are ``question``, ``answer_1``, ``answer_2``; Topical-Chat's are
+``dialogue_history``, ``fact``, ``response`` with four aspect scores. Every problem names the file,
+row and field.
 """
 
 from __future__ import annotations
@@ -12,15 +14,14 @@ import hashlib
 import io
 import json
 import logging
-import math
 import random
 from collections import defaultdict
 from pathlib import Path
 
 import dspy
 
-from chateval_dspy.errors import DataError
-from chateval_dspy.program.signatures import ASPECTS, INPUTS
+from chateval_dspy.errors import ConfigError, DataError
+from chateval_dspy.program.task import TaskSpec, as_task
 
 log = logging.getLogger(__name__)
 
@@ -125,60 +126,80 @@ def _undecodable(value) -> bool:
     return any(isinstance(v, str) and any("\udc80" <= c <= "\udcff" for c in v) for v in values)
 
 
-def _text(record: dict, name: str, source: str, row: int, column: str | None = None) -> str:
+class Items(list):
+    """Loaded items (a list), and the rows skipped as malformed when loading with ``skip_bad_rows``.
+
+    Example:
+        >>> Items([1, 2], skipped=[DataError("field is missing", source="a.csv", row=3, field="question")]).skipped[0].row
+        3
+    """
+
+    def __init__(self, items=(), *, skipped=()):
+        super().__init__(items)
+        self.skipped: list[DataError] = list(skipped)
+
+
+def _value(record: dict, column: str):
+    """A record's value for ``column``: a key, or a dotted path into nested JSON objects (``human.coherence``)."""
+    if column in record:
+        return record[column]
+    value = record
+    for part in column.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def _has(record: dict, column: str) -> bool:
+    return column in record or ("." in column and _value(record, column) is not None)
+
+
+def _text(record: dict, name: str, source: str, row: int, column: str | None = None, *, judged: bool = False,
+          default: str | None = None) -> str:
     column = column or name
-    if column not in record or record[column] is None:
+    value = _value(record, column)
+    if value is None:
+        if default is not None:
+            return default
         raise DataError("field is missing", source=source, row=row, field=column)
-    value = record[column]
     if not isinstance(value, str):
         raise DataError(f"expected text, got {type(value).__name__}", source=source, row=row, field=column)
-    if not value.strip():
+    if not value.strip() and not judged:
+        # An empty judged response is data (a model that said nothing); an empty question or context is not.
         raise DataError("field is empty", source=source, row=row, field=column)
     return value
 
 
-def _example(fmt: str, item_id: str, texts: dict, **labels) -> dspy.Example:
-    return dspy.Example(id=item_id, **texts, **labels).with_inputs(*INPUTS[fmt])
+def _example(task: TaskSpec, item_id: str, texts: dict, **labels) -> dspy.Example:
+    return dspy.Example(id=item_id, **texts, **labels).with_inputs(*task.input_names)
 
 
-def _human_scores(value, source: str, row: int, column: str) -> dict[str, float]:
-    if not isinstance(value, dict):
-        raise DataError("expected an object of aspect scores", source=source, row=row, field=column)
-    out = {}
-    for aspect, (lo, hi) in ASPECTS.items():
-        score = value.get(aspect)
-        if isinstance(score, bool) or not isinstance(score, (int, float)) or math.isnan(score) or not lo <= score <= hi:
-            raise DataError(f"expected a number in {lo}..{hi}, got {score!r}", source=source, row=row,
-                            field=f"{column}.{aspect}")
-        out[aspect] = float(score)
-    return out
-
-
-def load_faireval(path: str | Path | None = None) -> list[dspy.Example]:
+def load_faireval(path: str | Path | None = None, task: TaskSpec | str = "pairwise") -> list[dspy.Example]:
     """FairEval: answer_1 is ChatGPT's, answer_2 is Vicuna-13B's, as in the paper's Assistant 1/2."""
     path = Path(path or DATA_DIR / BUILTIN["faireval"][0])
+    columns = {"id": "question_id", "answer_1": "answer_chatgpt", "answer_2": "answer_vicuna13b", "label": "human"}
     items = []
     for row, r in read_rows(path):
-        src = str(path)
         label = r.get("human")
         if label not in FAIREVAL_LABELS:
-            raise DataError(f"expected one of {sorted(FAIREVAL_LABELS)}, got {label!r}", source=src, row=row, field="human")
-        texts = {"question": _text(r, "question", src, row), "answer_1": _text(r, "answer_chatgpt", src, row),
-                 "answer_2": _text(r, "answer_vicuna13b", src, row)}
-        items.append(_example("pairwise", str(r.get("question_id", row)), texts, label=FAIREVAL_LABELS[label],
-                              category=r.get("category")))
+            raise DataError(f"expected one of {sorted(FAIREVAL_LABELS)}, got {label!r}", source=str(path), row=row,
+                            field="human")
+        item = item_from_record({**r, "human": FAIREVAL_LABELS[label]}, task, columns=columns, source=str(path),
+                                row=row)
+        items.append(item.copy(category=r.get("category")))
     return items
 
 
-def load_topical_chat(path: str | Path | None = None) -> list[dspy.Example]:
-    """Topical-Chat USR: 60 contexts x 6 responses with mean human scores per aspect."""
+def load_topical_chat(path: str | Path | None = None, task: TaskSpec | str = "scoring") -> list[dspy.Example]:
+    """Topical-Chat USR: 60 contexts x 6 responses with mean human scores per aspect (``human.<aspect>``)."""
     path = Path(path or DATA_DIR / BUILTIN["topical_chat"][0])
+    spec = as_task(task)
+    columns = {c.name: f"human.{c.name}" for c in spec.criteria}
     items = []
     for row, r in read_rows(path):
-        src = str(path)
-        texts = {k: _text(r, k, src, row) for k in INPUTS["scoring"]}
-        items.append(_example("scoring", str(r.get("id", row)), texts, human=_human_scores(r.get("human"), src, row, "human"),
-                              system=r.get("system")))
+        item = item_from_record(r, spec, columns=columns, source=str(path), row=row)
+        items.append(item.copy(system=r.get("system")))
     return items
 
 
@@ -193,82 +214,159 @@ def parse_columns(spec: str | None) -> dict[str, str]:
     return out
 
 
-def column_map(fmt: str, columns: dict[str, str] | None = None) -> dict[str, str]:
-    """Our field name -> the user's column name, for every field of ``fmt`` (unmapped fields keep their name)."""
-    if fmt not in INPUTS:
-        raise DataError(f"unknown format {fmt!r}: choose pairwise or scoring")
+def _task(task: TaskSpec | str) -> TaskSpec:
+    try:
+        return as_task(task)
+    except ConfigError as exc:
+        raise DataError(f"unknown format {task!r}: choose pairwise or scoring, or give a task (--task)") from exc
+
+
+def label_fields(task: TaskSpec | str) -> tuple[str, ...]:
+    """The fields a file may give human labels in: ``label`` (the winner, pairwise) or each criterion (pointwise)."""
+    task = _task(task)
+    return ("label",) if task.format == "pairwise" else tuple(c.name for c in task.criteria)
+
+
+def column_map(task: TaskSpec | str, columns: dict[str, str] | None = None) -> dict[str, str]:
+    """Our field name -> the user's column name, for every field of the task (unmapped fields keep their name)."""
+    task = _task(task)
     columns = dict(columns or {})
-    allowed = set(INPUTS[fmt]) | {"id"} | ({"label"} if fmt == "pairwise" else set(ASPECTS))
+    allowed = set(task.input_names) | {"id"} | set(label_fields(task))
     unknown = sorted(set(columns) - allowed)
     if unknown:
-        raise DataError(f"--columns names unknown fields {unknown}; {fmt} fields are {sorted(allowed)}")
-    return {name: columns.get(name, name) for name in allowed}
+        raise DataError(f"--columns names unknown fields {unknown}; {task.name} fields are {sorted(allowed)}")
+    return {name: columns.get(name, name) for name in sorted(allowed)}
 
 
-def item_from_record(record: dict, fmt: str, *, columns: dict[str, str] | None = None, source: str = "input",
-                     row: int | None = None) -> dspy.Example:
-    """One user record as an item, validated; errors name ``source``, ``row`` and the field.
+def _winner(raw, task: TaskSpec, source: str, row, column: str) -> str | None:
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return None
+    aliases = {**LABELS, task.responses[0].lower(): "1", task.responses[1].lower(): "2"}
+    label = aliases.get(str(raw).strip().lower())
+    if label is None:
+        raise DataError(f"label must be 1, 2 or tie (or a/b, {task.responses[0]}/{task.responses[1]}), got {raw!r}",
+                        source=source, row=row, field=column)
+    return label
 
-    Pairwise fields: question, answer_1, answer_2, optional label (1/2/tie, or a/b), optional id.
-    Scoring fields: dialogue_history, response, optional fact, optional aspect scores
-    (naturalness, coherence, engagingness, groundedness: all or none), optional id.
+
+def item_from_record(record: dict, task: TaskSpec | str, *, columns: dict[str, str] | None = None,
+                     source: str = "input", row: int | None = None) -> dspy.Example:
+    """One user record as an item of ``task`` (or a format's built-in task), validated; errors name ``source``,
+    ``row`` and the user's column.
+
+    Inputs: each of the task's inputs (a missing one takes the input's ``default``, or is an error; an empty
+    judged response is kept, an empty other input is an error). Labels: pairwise, ``label`` (1/2/tie, a/b, or
+    a response's name); pointwise, one column per criterion on its scale (any of them may be missing:
+    ``human`` then holds None for it, and is None when all are). ``id`` is optional (default: the row number).
+    A column may be a dotted path into a nested JSON object (``human.coherence``).
+
+    Example:
+        >>> item_from_record({"question": "2+2?", "answer_1": "4", "answer_2": " ", "winner": "a"}, "pairwise",
+        ...                  columns={"label": "winner"}, row=1).label
+        '1'
     """
     if not isinstance(record, dict):
         raise DataError(f"expected an object, got {type(record).__name__}", source=source, row=row)
-    col = column_map(fmt, columns)
-    raw_id = record.get(col["id"])
+    task = _task(task)
+    col = column_map(task, columns)
+    raw_id = _value(record, col["id"])
     item_id = str(raw_id if raw_id not in (None, "") else row)
-    if fmt == "pairwise":
-        texts = {k: _text(record, k, source, row, col[k]) for k in INPUTS[fmt]}
-        raw = record.get(col["label"])
-        label = None
-        if raw not in (None, ""):
-            label = LABELS.get(str(raw).strip().lower())
-            if label is None:
-                raise DataError(f"label must be 1, 2 or tie (or a/b), got {raw!r}", source=source, row=row,
-                                field=col["label"])
-        return _example(fmt, item_id, texts, label=label)
-    texts = {k: _text(record, k, source, row, col[k]) for k in ("dialogue_history", "response")}
-    texts["fact"] = _text(record, "fact", source, row, col["fact"]) if col["fact"] in record else "(no fact given)"
-    given = [a for a in ASPECTS if record.get(col[a]) not in (None, "")]
-    human = None
-    if given:
-        if len(given) != len(ASPECTS):
-            missing = sorted(set(ASPECTS) - set(given))
-            raise DataError(f"give all four aspect columns or none; missing {missing}", source=source, row=row)
-        values = {}
-        for a in ASPECTS:
-            try:
-                values[a] = float(record[col[a]])
-            except (TypeError, ValueError) as exc:
-                raise DataError(f"expected a number, got {record[col[a]]!r}", source=source, row=row, field=col[a]) from exc
-        human = _human_scores(values, source, row, "human")
-    return _example(fmt, item_id, texts, human=human)
+    texts = {i.name: _text(record, i.name, source, row, col[i.name], judged=i.judged, default=i.default)
+             for i in task.inputs}
+    if task.format == "pairwise":
+        return _example(task, item_id, texts, label=_winner(_value(record, col["label"]), task, source, row, col["label"]))
+    human = {}
+    for c in task.criteria:
+        try:
+            human[c.name] = c.scale.human(_value(record, col[c.name]))
+        except ValueError as exc:
+            raise DataError(str(exc), source=source, row=row, field=col[c.name]) from None
+    return _example(task, item_id, texts, human=human if any(v is not None for v in human.values()) else None)
 
 
-def load_custom(path: str | Path, fmt: str, columns: dict[str, str] | None = None) -> list[dspy.Example]:
-    """A user's JSONL/CSV file; ``columns`` maps our field names to theirs (see ``item_from_record``)."""
-    col = column_map(fmt, columns)
+SKIP_HINT = "; to skip malformed rows (counted and listed at the end), pass --skip-bad-rows"
+
+
+def load_custom(path: str | Path, task: TaskSpec | str, columns: dict[str, str] | None = None, *,
+                skip_bad_rows: bool = False) -> Items:
+    """A user's JSONL/CSV file; ``columns`` maps our field names to theirs (see ``item_from_record``).
+
+    Args:
+        path: The file.
+        task: Its task (``TaskSpec``), or a format's built-in task (``pairwise``, ``scoring``).
+        columns: Our field -> your column.
+        skip_bad_rows: A malformed row (unreadable JSON, a missing question, a label off its scale, a repeated
+            id) is skipped and listed in ``Items.skipped`` instead of stopping the load; without it, the first
+            such row raises its ``DataError``, whose message names the option.
+    """
+    task = _task(task)
+    col = column_map(task, columns)
     src = str(path)
-    items, seen = [], {}
-    for row, record in read_rows(path):
-        item = item_from_record(record, fmt, columns=col, source=src, row=row)
-        if item.id in seen:
-            raise DataError(f"duplicate id {item.id!r} (first on row {seen[item.id]}): ids must be unique so results "
-                            "can be matched to items", source=src, row=row, field=col["id"])
+    items, seen, skipped = Items(), {}, []
+    rows = read_rows(path, bad_rows="keep") if skip_bad_rows else _hinted_rows(path)
+    for row, record in rows:
+        try:
+            if isinstance(record, DataError):
+                raise record
+            item = item_from_record(record, task, columns=col, source=src, row=row)
+            if item.id in seen:
+                raise DataError(f"duplicate id {item.id!r} (first on row {seen[item.id]}): ids must be unique so "
+                                "results can be matched to items", source=src, row=row, field=col["id"])
+        except DataError as exc:
+            if not skip_bad_rows:
+                raise DataError(exc.reason + SKIP_HINT, source=exc.source, row=exc.row, field=exc.field) from exc
+            log.warning("skipping %s", exc)
+            skipped.append(exc)
+            continue
         seen[item.id] = row
         items.append(item)
+    items.skipped = skipped
+    if not items and skipped:
+        raise DataError(f"every row was malformed ({len(skipped)} skipped; the first: {skipped[0]})", source=src)
     return items
 
 
-def load_dataset(name_or_path: str, *, fmt: str | None = None,
-                 columns: dict[str, str] | None = None) -> tuple[list[dspy.Example], str]:
-    """Items and their format, from a built-in name (``faireval``, ``topical_chat``) or a file."""
+def _hinted_rows(path):
+    """``read_rows(path)``, whose row errors (bad JSON, bad bytes) name ``--skip-bad-rows`` too."""
+    try:
+        return read_rows(path)
+    except DataError as exc:
+        if exc.row is None or (exc.row == 1 and "header" in exc.reason):
+            raise
+        raise DataError(exc.reason + SKIP_HINT, source=exc.source, row=exc.row, field=exc.field) from exc
+
+
+def load_dataset(name_or_path: str, *, fmt: str | None = None, columns: dict[str, str] | None = None,
+                 task: TaskSpec | None = None, skip_bad_rows: bool = False) -> tuple[Items, str]:
+    """Items and their format (``pairwise``/``scoring``), from a built-in name (``faireval``, ``topical_chat``)
+    or a file.
+
+    Args:
+        name_or_path: A built-in dataset or a JSONL/CSV file.
+        fmt: A file's format, when no ``task`` is given (its built-in task: FairEval's or Topical-Chat's fields).
+        columns: Our field -> your column (files).
+        task: The task a file's items belong to; a built-in dataset takes a task with its own input fields.
+        skip_bad_rows: Skip malformed rows of a file, listed in ``Items.skipped`` (see ``load_custom``).
+    """
+    if fmt == "pointwise":
+        fmt = "scoring"
+    if task is not None:
+        if fmt and fmt != task.config_format:
+            raise DataError(f"--format {fmt} does not match task {task.name!r}, which is {task.format}")
+        fmt = task.config_format
     if name_or_path in BUILTIN:
-        return (load_faireval() if name_or_path == "faireval" else load_topical_chat()), BUILTIN[name_or_path][1]
+        own = BUILTIN[name_or_path][1]
+        spec = task or as_task(own)
+        if spec.config_format != own or spec.input_names != as_task(own).input_names:
+            raise DataError(f"{name_or_path} holds {as_task(own).format} items with the fields "
+                            f"{', '.join(as_task(own).input_names)}; task {spec.name!r} needs "
+                            f"{', '.join(spec.input_names)}")
+        loaded = load_faireval(task=spec) if name_or_path == "faireval" else load_topical_chat(task=spec)
+        return Items(loaded), own
     if not fmt:
-        raise DataError(f"{name_or_path}: a custom file needs --format pairwise|scoring (built-ins: {', '.join(BUILTIN)})")
-    return load_custom(name_or_path, fmt, columns), fmt
+        raise DataError(f"{name_or_path}: a custom file needs --format pairwise|scoring or --task "
+                        f"(built-ins: {', '.join(BUILTIN)})")
+    return load_custom(name_or_path, task or fmt, columns, skip_bad_rows=skip_bad_rows), fmt
 
 
 def dataset_hash(items) -> str:
@@ -284,11 +382,27 @@ def _group(item: dspy.Example) -> str:
     return item.get("dialogue_history") or item.id
 
 
-def split(items: list[dspy.Example], *, seed: int = 0, fractions=SPLIT_FRACTIONS) -> dict[str, list[dspy.Example]]:
+def grouping(task: TaskSpec | str):
+    """How ``split`` keeps items together: pointwise items by their first input that is not judged (the
+    context several responses answer, as Topical-Chat's dialogue history), pairwise items one by one.
+
+    Example:
+        >>> grouping("scoring")(dspy.Example(id="7", dialogue_history="h", response="r"))
+        'h'
+    """
+    task = as_task(task)
+    context = next((i.name for i in task.inputs if not i.judged), None)
+    if task.format == "pairwise" or context is None:
+        return lambda item: item.id
+    return lambda item: item.get(context) or item.id
+
+
+def split(items: list[dspy.Example], *, seed: int = 0, fractions=SPLIT_FRACTIONS,
+          group=None) -> dict[str, list[dspy.Example]]:
     """Seeded, stratified train/dev/test split.
 
-    Pairwise items are stratified by label; scoring items are split by dialogue context
-    (all responses to one context land in the same split). The same seed and items
+    Pairwise items are stratified by label; pointwise items are split by context (``group``, default the
+    dialogue history: all responses to one context land in the same split). The same seed and items
     always give the same split.
 
     Example:
@@ -301,7 +415,7 @@ def split(items: list[dspy.Example], *, seed: int = 0, fractions=SPLIT_FRACTIONS
     strata: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     for item in items:
         stratum = str(item.get("label")) if "label" in item else "all"
-        strata[stratum][_group(item)].append(item)
+        strata[stratum][(group or _group)(item)].append(item)
     rng = random.Random(seed)
     out = {s: [] for s in SPLITS}
     for stratum in sorted(strata):
@@ -318,10 +432,11 @@ def split(items: list[dspy.Example], *, seed: int = 0, fractions=SPLIT_FRACTIONS
     return {s: sorted(v, key=lambda x: order[id(x)]) for s, v in out.items()}
 
 
-def select(items: list[dspy.Example], part: str = "all", *, seed: int = 0, limit: int | None = None) -> list[dspy.Example]:
+def select(items: list[dspy.Example], part: str = "all", *, seed: int = 0, limit: int | None = None,
+           group=None) -> list[dspy.Example]:
     """One split (or ``all``), then the first ``limit`` items."""
     if part != "all":
         if part not in SPLITS:
             raise DataError(f"unknown split {part!r}; choose all, {', '.join(SPLITS)}")
-        items = split(items, seed=seed)[part]
+        items = split(items, seed=seed, group=group)[part]
     return items[:limit] if limit else items

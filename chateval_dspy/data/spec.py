@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 
 import dspy
 
-from chateval_dspy.data.loaders import SPLITS, load_dataset, select, split
+from chateval_dspy.data.loaders import BUILTIN, SPLITS, Items, grouping, load_dataset, select, split
 from chateval_dspy.errors import ConfigError
+from chateval_dspy.program.task import TaskSpec, builtin_task, load_task
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,9 @@ class DataSpec:
         split: ``all``, ``train``, ``dev`` or ``test`` of the seeded 40/20/40 split.
         seed: The split's (and the bootstrap's) seed.
         limit: Only the first N items (of the split; of each split for ``parts``).
+        task: The task of a custom file: a built-in task's name, a task file (YAML/JSON) or a ``TaskSpec``;
+            its inputs and criteria name the fields (``columns`` maps them to yours).
+        skip_bad_rows: Skip a custom file's malformed rows (listed in ``items().skipped``) instead of stopping.
 
     Example:
         >>> items, fmt = DataSpec("faireval", split="test", limit=3).items()
@@ -34,6 +38,8 @@ class DataSpec:
     split: str = "all"
     seed: int = 0
     limit: int | None = None
+    task: str | TaskSpec | None = None
+    skip_bad_rows: bool = False
 
     def __post_init__(self) -> None:
         if self.split not in ("all", *SPLITS):
@@ -48,19 +54,40 @@ class DataSpec:
 
         return Path(self.dataset).stem if Path(self.dataset).suffix else self.dataset
 
-    def load(self) -> tuple[list[dspy.Example], str]:
-        """Every item of the dataset, and its format."""
-        return load_dataset(self.dataset, fmt=self.format, columns=dict(self.columns))
+    def task_spec(self) -> TaskSpec | None:
+        """The items' task: ``task``, a built-in dataset's own, or a format's built-in; None when none is known."""
+        if self.task is not None:
+            return load_task(self.task)
+        if self.dataset in BUILTIN:
+            return builtin_task(BUILTIN[self.dataset][1])
+        return builtin_task(self.format) if self.format else None
 
-    def items(self) -> tuple[list[dspy.Example], str]:
+    def load(self) -> tuple[Items, str]:
+        """Every item of the dataset, and its format (``Items.skipped``: the malformed rows skipped)."""
+        task = load_task(self.task) if self.task is not None else None
+        return load_dataset(self.dataset, fmt=self.format, columns=dict(self.columns), task=task,
+                            skip_bad_rows=self.skip_bad_rows)
+
+    def _group(self):
+        task = self.task_spec()
+        return grouping(task) if task is not None else None
+
+    def items(self) -> tuple[Items, str]:
         """The items of ``split`` (first ``limit``), and the format."""
         items, fmt = self.load()
-        return select(items, self.split, seed=self.seed, limit=self.limit), fmt
+        return Items(select(items, self.split, seed=self.seed, limit=self.limit, group=self._group()),
+                     skipped=items.skipped), fmt
 
     def parts(self, items: list[dspy.Example]) -> dict[str, list[dspy.Example]]:
         """The seeded train/dev/test split of ``items``, each cut to ``limit`` (for compile and search)."""
-        return {k: v[: self.limit] if self.limit else v for k, v in split(items, seed=self.seed).items()}
+        return {k: v[: self.limit] if self.limit else v
+                for k, v in split(items, seed=self.seed, group=self._group()).items()}
 
     def to_dict(self) -> dict:
-        return {"dataset": self.dataset, "format": self.format, "columns": dict(self.columns), "split": self.split,
-                "seed": self.seed, "limit": self.limit}
+        out = {"dataset": self.dataset, "format": self.format, "columns": dict(self.columns), "split": self.split,
+               "seed": self.seed, "limit": self.limit}
+        if self.task is not None:  # only when set, so that a built-in run's dict is what it always was
+            out["task"] = self.task if isinstance(self.task, str) else self.task.to_dict()
+        if self.skip_bad_rows:
+            out["skip_bad_rows"] = True
+        return out

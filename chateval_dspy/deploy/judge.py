@@ -18,6 +18,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
+from statistics import fmean
 
 import dspy
 import pandas as pd
@@ -33,10 +34,11 @@ from chateval_dspy.lm import resolve
 from chateval_dspy.lm.adapter import JudgeAdapter
 from chateval_dspy.lm.resolve import EMBEDDED, EMBEDDED_MODEL_ID, configure_cache
 from chateval_dspy.program.chateval import ChatEval
+from chateval_dspy.program.task import TaskSpec, as_task
 from chateval_dspy.run.evaluate import judge_item
 
 log = logging.getLogger(__name__)
-NESTED_COLUMNS = ("scores", "rationales", "referees", "truncated")
+NESTED_COLUMNS = ("scores", "rationales", "referees", "truncated", "criteria", "empty")
 
 
 @dataclass(frozen=True)
@@ -44,8 +46,11 @@ class Verdict:
     """The panel's judgement of one item.
 
     ``winner`` is ``"1"``, ``"2"``, ``"tie"`` or None (pairwise; None when every referee abstained);
-    ``scores`` holds ``answer_1``/``answer_2`` (pairwise) or one score per aspect (scoring);
-    ``rationales`` maps each referee to its verdict's evidence, one per answer order.
+    ``scores`` holds each response's combined score, keyed by the response (``answer_1``/``answer_2``:
+    its mean over the task's ``preference.combine`` criteria, what ``aggregate=mean`` compares), or
+    (pointwise) one score or label per criterion; ``criteria`` holds every criterion's panel value, keyed
+    by criterion (pairwise: then by response); ``rationales`` maps each referee to its verdict's evidence,
+    one per answer order; ``empty`` lists the judged responses that were empty.
     """
 
     id: str
@@ -61,24 +66,34 @@ class Verdict:
     completion_tokens: int
     seconds: float
     truncated: dict[str, int] = field(default_factory=dict)
+    criteria: dict | None = None
+    empty: list[str] = field(default_factory=list)
 
     @classmethod
-    def from_record(cls, record: dict) -> Verdict:
-        pairwise = record["format"] == "pairwise"
+    def from_record(cls, record: dict, task: TaskSpec | str | None = None) -> Verdict:
+        """The verdict a results line records, read with its task (default: the built-in task of its format)."""
+        task = as_task(task or record["format"])
+        pairwise = task.format == "pairwise"
         rationales: dict[str, list[str]] = {}
         for transcript in record.get("transcripts") or []:
             for u in transcript:
                 if u["kind"] == "verdict":
                     rationales.setdefault(u["speaker"], []).append(u["text"])
         if pairwise:
-            scores = None if record.get("score_1") is None else {"answer_1": record["score_1"], "answer_2": record["score_2"]}
+            given = all(record.get(f) is not None for f in task.output_fields)
+            criteria = {c.name: {r: record[f"{c.name}_{n}"] for n, r in enumerate(task.responses, start=1)}
+                        for c in task.criteria} if given else None
+            combine = task.preference.combine
+            scores = {r: fmean(record[f"{c}_{n}"] for c in combine) for n, r in enumerate(task.responses, start=1)} \
+                if given and combine else None
         else:
-            scores = record["prediction"]
+            scores = criteria = record["prediction"]
         return cls(id=record["id"], format=record["format"], winner=record["prediction"] if pairwise else None,
                    scores=scores, rationales=rationales, referees=record.get("referees") or {},
                    consistent=record.get("consistent"), abstained=record.get("abstained"), calls=record.get("calls"),
                    prompt_tokens=record["prompt_tokens"], completion_tokens=record["completion_tokens"],
-                   seconds=record["seconds"], truncated=record.get("truncated") or {})
+                   seconds=record["seconds"], truncated=record.get("truncated") or {}, criteria=criteria,
+                   empty=record.get("empty") or [])
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -247,11 +262,16 @@ class Judge:
     def format(self) -> str:
         return self.config.format
 
+    @property
+    def task(self) -> TaskSpec:
+        """The task this evaluator judges (its items' fields, criteria and scales)."""
+        return self.config.task_spec
+
     def __call__(self, item: dict, *, row: int | None = None, source: str = "item") -> Verdict:
-        """Judge one item (a dict with the format's fields; ``id`` optional)."""
-        example = item_from_record(item, self.format, source=source, row=row)
+        """Judge one item (a dict with the task's input fields; ``id`` optional)."""
+        example = item_from_record(item, self.task, source=source, row=row)
         with dspy.context(lm=self.lm, adapter=JudgeAdapter()):
-            return Verdict.from_record(judge_item(self.program, example, self.config))
+            return Verdict.from_record(judge_item(self.program, example, self.config), self.task)
 
     def evaluate_batch(self, items, *, concurrency: int = 4, flat: bool = False) -> pd.DataFrame:
         """Judge many items (a DataFrame or records) with at most ``concurrency`` in flight.

@@ -36,7 +36,7 @@ def score_file(evaluator, src: str | Path, out: str | Path, *, columns: dict[str
     """Judge every row of ``src`` (JSONL/CSV) into ``out`` (JSONL), resuming where an earlier run stopped.
 
     Args:
-        evaluator: A loaded ``Judge`` (anything with ``format`` and ``__call__(item, row=, source=)``).
+        evaluator: A loaded ``Judge`` (anything with ``format`` or ``task``, and ``__call__(item, row=, source=)``).
         src: The user's rows.
         out: The verdicts, one line per input row (see the module docstring for reruns).
         columns: Our field name -> the user's column name, for any field (``id`` and the inputs alike).
@@ -44,7 +44,7 @@ def score_file(evaluator, src: str | Path, out: str | Path, *, columns: dict[str
         on_item: Called with each line written (verdicts and errors).
     """
     src, out = Path(src), Path(out)
-    fmt = evaluator.format
+    fmt = getattr(evaluator, "task", evaluator.format)  # a loaded Judge knows its task; else the format's built-in
     col = column_map(fmt, columns)
     rows = read_rows(src, bad_rows="keep")
     report = ScoreReport(total=len(rows))

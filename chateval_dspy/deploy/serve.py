@@ -134,7 +134,7 @@ def create_app(evaluator, *, token: str | None = None, max_body_bytes: int = 1_0
 def _judge(evaluator, items: list[dict], concurrency: int) -> list[dict]:
     # Validate every item before spending any LM call on the request.
     for i, item in enumerate(items, start=1):
-        item_from_record(item, evaluator.format, source="request", row=i)
+        item_from_record(item, getattr(evaluator, "task", evaluator.format), source="request", row=i)
     verdicts = parallel_map(lambda pair: evaluator(pair[1], row=pair[0], source="request"),
                             list(enumerate(items, start=1)), concurrency)
     return [v.to_dict() for v in verdicts]

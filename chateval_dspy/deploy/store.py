@@ -43,7 +43,7 @@ PROGRAM_FILE, CARD_FILE, CARD_MD = "program.json", "card.json", "card.md"
 CARD_CONFIGURING = ("card_format", "model", "config", "roles")
 # The card keys that describe how the evaluator was made; nothing reads them to configure anything.
 CARD_DESCRIPTIVE = ("created", "versions", "dataset", "dataset_hash", "split", "optimizer", "optimizer_settings",
-                    "metric", "search", "dev_metrics", "test_metrics", "cost")
+                    "metric", "search", "dev_metrics", "test_metrics", "cost", "skipped_rows")
 # DSPy writes these predictor keys empty; any content would let the file choose an LM, its sampling or decoding.
 EMPTY_PREDICTOR_KEYS = {"lm": None, "traces": [], "train": [], "fields": {}}
 # A bootstrapped demo is marked ``augmented``; its ``logprobs`` (kept when weighted scores were on) never reach a prompt.
@@ -82,11 +82,19 @@ def make_card(program: ChatEval, *, model: str, **fields) -> dict:
     }
 
 
+def _criterion_text(criterion: dict) -> str:
+    scale = criterion["scale"]
+    return f"{criterion['name']} {scale if isinstance(scale, str) else '/'.join(scale)}"
+
+
 def _markdown(card: dict) -> str:
     cfg = card["config"]
+    task = cfg.get("task")
     lines = [
         f"# Judge card: {cfg['format']} ChatEval evaluator", "",
         f"- model: `{card['model']}`",
+        *([f"- task: {task['name']} ({task['format']}); inputs {', '.join(i['name'] for i in task['inputs'])}; "
+           f"criteria {', '.join(_criterion_text(c) for c in task['criteria'])}"] if task else []),
         f"- panel: {', '.join(cfg['roles'])}; strategy {cfg['strategy']}; {cfg['turns']} turn(s); "
         f"aggregate {cfg['aggregate']}; position calibration {'on' if cfg['calibrate'] else 'off'}",
     ]
@@ -105,6 +113,10 @@ def _markdown(card: dict) -> str:
                 lines.append(f"- {key.split('_')[0]} split, {stage} compiling: {figures(metrics)}")
         elif block:
             lines.append(f"- {key.split('_')[0]} split: {figures(block)}")
+    if card.get("skipped_rows"):
+        rows = card["skipped_rows"]
+        lines.append(f"- malformed rows skipped: {len(rows)} (" + "; ".join(
+            f"row {r.get('row')}: {r.get('reason')}" for r in rows[:10]) + ("; ..." if len(rows) > 10 else "") + ")")
     if "cost" in card:
         cost = card["cost"]
         line = "- cost per item: " + ", ".join(f"{k} {v:.1f}" for k, v in cost.items() if isinstance(v, (int, float)))
@@ -227,7 +239,7 @@ def check_card(card: dict, where) -> tuple[DebateConfig, list[Role]]:
                           f"{list(config.roles)}")
     for role in roles:
         try:
-            role.persona(config.format)
+            role.persona(config.task_spec)
         except ConfigError as exc:
             raise ConfigError(f"{where}: key 'roles': {exc}") from exc
     versions = card.get("versions", {})

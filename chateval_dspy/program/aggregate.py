@@ -1,10 +1,17 @@
-"""Pure reductions from referees' verdicts to the panel's verdict."""
+"""Pure reductions from referees' verdicts to the panel's verdict, following the task's scales.
+
+Integer-scale fields are averaged (``mean``, the paper) or take their most common rating
+(``majority``); label-scale fields take their most common label. A pairwise panel compares the
+responses' mean scores over the task's ``preference.combine`` criteria, or counts each referee's vote.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from statistics import fmean
+
+from chateval_dspy.program.task import TaskSpec, as_task
 
 
 def preference(score_1: float, score_2: float) -> str:
@@ -42,11 +49,22 @@ def _numeric(verdict: dict) -> list[str]:
     return [k for k, v in verdict.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
 
 
-def vote(verdict: dict | None) -> str | None:
+def combined(verdict: dict, n: int, task: TaskSpec | str = "pairwise", *, expected: bool = False) -> float:
+    """Response ``n``'s score in a pairwise verdict: its mean over the task's ``preference.combine`` criteria.
+
+    Example:
+        >>> combined({"score_1": 8, "score_2": 3}, 1)
+        8.0
+    """
+    pick = _score if expected else (lambda v, key: v[key])
+    return fmean(pick(verdict, f"{name}_{n}") for name in as_task(task).preference.combine)
+
+
+def vote(verdict: dict | None, task: TaskSpec | str = "pairwise") -> str | None:
     """A referee's vote: its stated preference, or (for verdicts without one) what its scores imply."""
     if verdict is None:
         return None
-    return verdict.get("preference") or preference(verdict["score_1"], verdict["score_2"])
+    return verdict.get("preference") or preference(combined(verdict, 1, task), combined(verdict, 2, task))
 
 
 def _score(verdict: dict, key: str) -> float:
@@ -80,18 +98,65 @@ def mode_scores(verdicts: Sequence[dict[str, float] | None]) -> dict[str, float]
     return out
 
 
-def pairwise_verdict(verdicts: Sequence[dict[str, int] | None], how: str) -> tuple[str | None, dict | None]:
-    """The panel's preference and mean scores from referees' verdicts.
+def majority_label(values: Iterable[str], order: Sequence[str]) -> str:
+    """The most common label; among equally common ones, the one listed first on the scale.
 
-    ``how="mean"`` compares the mean ``score_1``/``score_2`` (the paper); ``how="majority"`` counts each
-    referee's vote (its stated ``preference``).
+    Example:
+        >>> majority_label(["fail", "pass"], ("pass", "fail")), majority_label(["fail", "fail", "pass"], ("pass", "fail"))
+        ('pass', 'fail')
     """
-    means = mean_scores(verdicts)
+    counts = Counter(values)
+    top = max(counts.values())
+    return next(label for label in order if counts.get(label) == top)
+
+
+def panel_scores(verdicts: Sequence[dict | None], how: str, task: TaskSpec | str) -> dict | None:
+    """Each verdict field's panel value (abstentions skipped; None if every referee abstained).
+
+    Integer-scale fields: the mean (weighted scores where given) with ``how="mean"``, the most common rating
+    with ``how="majority"``; label-scale fields: the most common label either way.
+
+    Example:
+        >>> panel_scores([{"naturalness": 3, "coherence": 2, "engagingness": 1, "groundedness": 1}, None,
+        ...               {"naturalness": 2, "coherence": 2, "engagingness": 2, "groundedness": 0}], "mean", "scoring")
+        {'naturalness': 2.5, 'coherence': 2.0, 'engagingness': 1.5, 'groundedness': 0.5}
+    """
+    task = as_task(task)
+    given = [v for v in verdicts if v is not None]
+    if not given:
+        return None
+    names = [f for f in task.output_fields if f in given[0]]  # a verdict checked by check_verdict has them all
+    ordinal = (mode_scores if how == "majority" else mean_scores)(
+        [{f: v[f] for f in names if task.scale_of(f).ordinal} | ({"expected": v["expected"]} if "expected" in v else {})
+         for v in given])
+    out = {}
+    for name in names:
+        scale = task.scale_of(name)
+        out[name] = ordinal[name] if scale.ordinal else majority_label((v[name] for v in given), scale.labels)
+    return out
+
+
+def pairwise_verdict(verdicts: Sequence[dict | None], how: str,
+                     task: TaskSpec | str = "pairwise") -> tuple[str | None, dict | None]:
+    """The panel's preference and per-field panel scores from referees' verdicts.
+
+    ``how="mean"`` compares each response's mean score over the task's ``preference.combine`` criteria
+    (the paper: mean ``score_1`` against mean ``score_2``); ``how="majority"`` counts each referee's vote
+    (its stated ``preference``, or what its scores imply).
+
+    Example:
+        >>> pairwise_verdict([{"score_1": 8, "score_2": 4}, {"score_1": 5, "score_2": 6}], "mean")
+        ('1', {'score_1': 6.5, 'score_2': 5.0})
+    """
+    task = as_task(task)
+    means = panel_scores(verdicts, "mean", task)  # the scores reported beside either kind of preference
     if how == "majority":
-        return majority(vote(v) for v in verdicts), means
-    return (preference(means["score_1"], means["score_2"]) if means else None), means
+        return majority(vote(v, task) for v in verdicts), means
+    if means is None:
+        return None, None
+    return preference(combined(means, 1, task), combined(means, 2, task)), means
 
 
-def scoring_verdict(verdicts: Sequence[dict[str, int] | None], how: str) -> dict[str, float] | None:
-    """Per-aspect panel scores: the mean (the paper) or the most common rating."""
-    return mode_scores(verdicts) if how == "majority" else mean_scores(verdicts)
+def scoring_verdict(verdicts: Sequence[dict | None], how: str, task: TaskSpec | str = "scoring") -> dict | None:
+    """Per-criterion panel scores of one response: the mean (the paper) or the most common rating; labels by majority."""
+    return panel_scores(verdicts, how, task)

@@ -6,31 +6,51 @@ no reversed copy, and the swap is undone on the verdicts rather than in the text
 
 from __future__ import annotations
 
+from chateval_dspy.program.task import TaskSpec, as_task
+
 _FLIP = {"1": "2", "2": "1", "tie": "tie", None: None}
 
 
-def swap(inputs: dict) -> dict:
-    """The same pairwise item with the answers in the other order.
+def swap(inputs: dict, task: TaskSpec | str = "pairwise") -> dict:
+    """The same pairwise item with the task's two responses in the other order.
 
     Example:
         >>> swap({"question": "q", "answer_1": "a", "answer_2": "b"})["answer_1"]
         'b'
     """
+    first, second = as_task(task).responses
     out = dict(inputs)
-    out["answer_1"], out["answer_2"] = inputs["answer_2"], inputs["answer_1"]
+    out[first], out[second] = inputs[second], inputs[first]
     return out
 
 
-def unswap_scores(verdict: dict | None) -> dict | None:
-    """Scores given in the swapped order, mapped back to the original answers."""
+def _flipped(task: TaskSpec) -> dict[str, str]:
+    """Each verdict field of response 1 -> the same criterion's field of response 2, and back."""
+    out = {}
+    for c in task.criteria:
+        out[f"{c.name}_1"], out[f"{c.name}_2"] = f"{c.name}_2", f"{c.name}_1"
+    return out
+
+
+def unswap_scores(verdict: dict | None, task: TaskSpec | str = "pairwise") -> dict | None:
+    """Scores given in the swapped order, mapped back to the original responses (every criterion's
+    ``_1``/``_2`` fields, a stated preference, and the weighted ``expected`` scores).
+
+    Example:
+        >>> unswap_scores({"preference": "1", "score_1": 8, "score_2": 3})
+        {'preference': '2', 'score_1': 3, 'score_2': 8}
+    """
     if verdict is None:
         return None
+    flip = _flipped(as_task(task))
     out = dict(verdict)
-    out["score_1"], out["score_2"] = verdict["score_2"], verdict["score_1"]
+    for name, other in flip.items():
+        if other in verdict:
+            out[name] = verdict[other]
     if "preference" in verdict:
         out["preference"] = _FLIP[verdict["preference"]]
     if "expected" in verdict:
-        out["expected"] = {{"score_1": "score_2", "score_2": "score_1"}[k]: v for k, v in verdict["expected"].items()}
+        out["expected"] = {flip.get(k, k): v for k, v in verdict["expected"].items()}
     return out
 
 

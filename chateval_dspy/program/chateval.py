@@ -15,7 +15,6 @@ from chateval_dspy.program import calibration
 from chateval_dspy.program.aggregate import pairwise_verdict, scoring_verdict
 from chateval_dspy.program.debate import Debate
 from chateval_dspy.program.roles import Role, resolve_roles
-from chateval_dspy.program.signatures import ASPECTS, INPUTS
 
 
 class ChatEval(dspy.Module):
@@ -26,9 +25,10 @@ class ChatEval(dspy.Module):
         roles: The resolved referees (a saved evaluator passes the personas from its card);
             by default resolved from ``config.roles`` and ``config.role_file``.
 
-    The prediction carries ``preference`` (``"1"``, ``"2"``, ``"tie"`` or None when every
-    referee abstained) and ``score_1``/``score_2`` for pairwise items, or one field per aspect
-    (``naturalness`` ...) for scoring items; plus ``referees`` (each role's verdicts),
+    The prediction carries, for pairwise tasks, ``preference`` (``"1"``, ``"2"``, ``"tie"`` or None when
+    every referee abstained) and each criterion's panel scores per response (``score_1``/``score_2`` for
+    FairEval), or for pointwise tasks one field per criterion (``naturalness`` ...: the mean rating, or
+    the most common label); plus ``referees`` (each role's verdicts),
     ``transcripts`` (one per answer order), ``consistent`` (both orders agreed), ``abstained``
     (a reason or None), ``abstentions`` (per referee turn) and ``calls``.
 
@@ -46,15 +46,16 @@ class ChatEval(dspy.Module):
     def __init__(self, config: DebateConfig, roles: list[Role] | None = None):
         super().__init__()
         self.config = config
-        self.roles = roles or resolve_roles(config.roles, config.format, config.role_file)
+        self.roles = roles or resolve_roles(config.roles, config.task_spec, config.role_file)
         if [r.slug for r in self.roles] != list(config.roles):
             raise ConfigError(f"roles {[r.slug for r in self.roles]} do not match the config's {list(config.roles)}")
         self.debate = Debate(config, self.roles)
 
     def forward(self, **inputs) -> dspy.Prediction:
-        missing = [k for k in INPUTS[self.config.format] if k not in inputs]
+        task = self.config.task_spec
+        missing = [k for k in task.input_names if k not in inputs]
         if missing:
-            raise TypeError(f"ChatEval({self.config.format}) needs inputs {list(INPUTS[self.config.format])}; missing {missing}")
+            raise TypeError(f"ChatEval({task.name}) needs inputs {list(task.input_names)}; missing {missing}")
         # One forward is one judged item: all its calls share the LM's item deadline.
         with item_scope(bounds_of(dspy.settings.lm)):
             if self.config.format == "pairwise":
@@ -62,22 +63,21 @@ class ChatEval(dspy.Module):
             return self._scoring(inputs)
 
     def _pairwise(self, inputs: dict) -> dspy.Prediction:
-        how = self.config.aggregate
+        how, task = self.config.aggregate, self.config.task_spec
         first = self.debate(**inputs)
         runs = [(first, first.verdicts)]
         if self.config.calibrate:
-            second = self.debate(**calibration.swap(inputs))
-            runs.append((second, {k: calibration.unswap_scores(v) for k, v in second.verdicts.items()}))
-        per_order = [pairwise_verdict(list(verdicts.values()), how)[0] for _, verdicts in runs]
+            second = self.debate(**calibration.swap(inputs, task))
+            runs.append((second, {k: calibration.unswap_scores(v, task) for k, v in second.verdicts.items()}))
+        per_order = [pairwise_verdict(list(verdicts.values()), how, task)[0] for _, verdicts in runs]
         pooled = [v for _, verdicts in runs for v in verdicts.values()]
-        pref, means = pairwise_verdict(pooled, how)
+        pref, means = pairwise_verdict(pooled, how, task)
         referees = {
             slug: [verdicts[slug] for _, verdicts in runs] for slug in self.debate.referees
         }
         return dspy.Prediction(
             preference=pref,
-            score_1=means["score_1"] if means else None,
-            score_2=means["score_2"] if means else None,
+            **{name: (means[name] if means else None) for name in task.output_fields},
             consistent=calibration.consistent(*per_order) if len(per_order) == 2 else None,
             order_preferences=per_order,
             **self._common(runs, referees, abstained=pref is None),
@@ -85,9 +85,10 @@ class ChatEval(dspy.Module):
 
     def _scoring(self, inputs: dict) -> dspy.Prediction:
         run = self.debate(**inputs)
-        scores = scoring_verdict(list(run.verdicts.values()), self.config.aggregate)
+        task = self.config.task_spec
+        scores = scoring_verdict(list(run.verdicts.values()), self.config.aggregate, task)
         return dspy.Prediction(
-            **{aspect: (scores[aspect] if scores else None) for aspect in ASPECTS},
+            **{name: (scores[name] if scores else None) for name in task.output_fields},
             consistent=None,
             **self._common([(run, run.verdicts)], {k: [v] for k, v in run.verdicts.items()}, abstained=scores is None),
         )

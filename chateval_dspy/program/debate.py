@@ -27,8 +27,9 @@ from chateval_dspy.lm.engine import DEADLINE_CAUSE, DeadlineExceeded, bounds_of,
 from chateval_dspy.program.aggregate import vote
 from chateval_dspy.program.debater import Debater
 from chateval_dspy.program.roles import Role
-from chateval_dspy.program.signatures import INPUTS, SCORE_RANGES, ScoreRangeError, Summarize, check_scores
+from chateval_dspy.program.signatures import ScoreRangeError, Summarize, check_verdict
 from chateval_dspy.program.strategies import STRATEGIES, SUMMARIZER, Utterance, render
+from chateval_dspy.program.task import TaskSpec, as_task
 from chateval_dspy.program.weighting import expected_scores
 
 log = logging.getLogger(__name__)
@@ -51,18 +52,19 @@ def _fatal_cause(exc: BaseException) -> LMError | None:
     return None
 
 
-def consensus(fmt: str, verdicts: list[dict | None]) -> bool:
-    """Whether every referee gave a verdict and they all agree (same preference; same ratings when scoring).
+def consensus(task: TaskSpec | str, verdicts: list[dict | None]) -> bool:
+    """Whether every referee gave a verdict and they all agree (same preference; same ratings when pointwise).
 
     Example:
         >>> consensus("pairwise", [{"score_1": 8, "score_2": 3}, {"score_1": 6, "score_2": 5}])
         True
     """
+    task = as_task(task)
     if not verdicts or any(v is None for v in verdicts):
         return False
-    if fmt == "pairwise":
-        return len({vote(v) for v in verdicts}) == 1
-    return len({tuple(v[a] for a in SCORE_RANGES[fmt]) for v in verdicts}) == 1
+    if task.format == "pairwise":
+        return len({vote(v, task) for v in verdicts}) == 1
+    return len({tuple(v[a] for a in task.output_fields) for v in verdicts}) == 1
 
 
 def guard(text: str) -> str:
@@ -75,18 +77,25 @@ def guard(text: str) -> str:
     return text.replace("[[ ##", "[ [ ##").replace("## ]]", "## ] ]")
 
 
-def material(fmt: str, inputs: dict) -> str:
-    """The judged texts as one block, for the summarizer."""
-    if fmt == "pairwise":
-        return f"Question: {inputs['question']}\n\nAnswer 1: {inputs['answer_1']}\n\nAnswer 2: {inputs['answer_2']}"
-    return f"Conversation:\n{inputs['dialogue_history']}\n\nFact: {inputs['fact']}\n\nResponse: {inputs['response']}"
+def material(task: TaskSpec | str, inputs: dict) -> str:
+    """The judged texts as one block, for the summarizer (the task's ``material`` template).
+
+    Example:
+        >>> print(material("pairwise", {"question": "q", "answer_1": "a", "answer_2": "b"}))
+        Question: q
+        <BLANKLINE>
+        Answer 1: a
+        <BLANKLINE>
+        Answer 2: b
+    """
+    return as_task(task).material_text(inputs)
 
 
 class Debate(dspy.Module):
     """A panel of debaters composed by a strategy.
 
     Args:
-        config: The panel's shape (format, strategy, turns, retries).
+        config: The panel's shape (task, strategy, turns, retries).
         roles: The referees, in speaking order.
 
     Example:
@@ -100,13 +109,14 @@ class Debate(dspy.Module):
     def __init__(self, config: DebateConfig, roles: list[Role]):
         super().__init__()
         self.config = config
+        self.task = config.task_spec
         self.strategy = STRATEGIES[config.strategy]
-        self.referees = {role.slug: Debater(role, config.format) for role in roles}
+        self.referees = {role.slug: Debater(role, self.task) for role in roles}
         self.summarizer = dspy.Predict(Summarize) if self.strategy.summarize else None
 
     def forward(self, **inputs) -> dspy.Prediction:
-        cfg, fmt = self.config, self.config.format
-        item = {k: guard(inputs[k]) for k in INPUTS[fmt]}
+        cfg, task = self.config, self.task
+        item = {k: guard(inputs[k]) for k in task.input_names}
         transcript: list[Utterance] = []
         verdicts: dict[str, dict | None] = {}
         abstentions: dict[str, str] = {}
@@ -136,11 +146,11 @@ class Debate(dspy.Module):
                     verdicts[debater.slug] = outcome["scores"]
                 if outcome["abstained"]:
                     abstentions[f"{debater.slug}@{rnd}"] = outcome["abstained"]
-            if final or (cfg.consensus_stop and consensus(fmt, list(verdicts.values()))):
+            if final or (cfg.consensus_stop and consensus(task, list(verdicts.values()))):
                 break
             if self.summarizer is not None:
                 calls += 1
-                summary = self._summarize(fmt, item, [u for u in transcript if u.round == rnd or u.speaker == SUMMARIZER])
+                summary = self._summarize(item, [u for u in transcript if u.round == rnd or u.speaker == SUMMARIZER])
                 transcript.append(Utterance(rnd, SUMMARIZER, "Summary", summary, "summary"))
         return dspy.Prediction(transcript=transcript, verdicts=verdicts, abstentions=abstentions, calls=calls,
                                rounds=rounds)
@@ -159,7 +169,7 @@ class Debate(dspy.Module):
                 pred = within_deadline(call, bounds)
                 if not final:
                     return {"text": pred.argument.strip(), "scores": None, "abstained": None, "calls": attempt + 1}
-                scores = check_scores(self.config.format, dict(pred))
+                scores = check_verdict(self.task, dict(pred))
                 if self.config.weighted_scores:
                     scores.update(self._expected(pred))
                 return {"text": pred.evidence.strip(), "scores": scores, "abstained": None, "calls": attempt + 1}
@@ -189,7 +199,7 @@ class Debate(dspy.Module):
     def _expected(self, pred: dspy.Prediction) -> dict:
         """``{"expected": {...}}`` from the verdict's token log-probabilities, or {} when the LM gave none."""
         content = (getattr(pred, "logprobs", None) or {}).get("content")
-        expected = expected_scores(content, SCORE_RANGES[self.config.format]) if content else {}
+        expected = expected_scores(content, self.task.ordinal_ranges) if content else {}
         return {"expected": expected} if expected else {}
 
     def _utterance(self, rnd: int, debater: Debater, outcome: dict, final: bool) -> Utterance:
@@ -202,8 +212,8 @@ class Debate(dspy.Module):
             text = f"{text}{prefix} Scores: " + ", ".join(f"{k}={v}" for k, v in scores.items())
         return Utterance(rnd, debater.slug, debater.name, text, "verdict" if final else "argument")
 
-    def _summarize(self, fmt: str, item: dict, shown: list[Utterance]) -> str:
-        call = functools.partial(self.summarizer, material=material(fmt, item), discussion=render(shown))
+    def _summarize(self, item: dict, shown: list[Utterance]) -> str:
+        call = functools.partial(self.summarizer, material=material(self.task, item), discussion=render(shown))
         try:
             return within_deadline(call, bounds_of(dspy.settings.lm)).summary.strip()
         except (AdapterParseError, dspy.utils.exceptions.LMError, DeadlineExceeded) as exc:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import dspy
 
 from chateval_dspy.program.roles import Role
-from chateval_dspy.program.signatures import SIGNATURES
+from chateval_dspy.program.signatures import signatures_for
+from chateval_dspy.program.task import TaskSpec, as_task
 
 
 class Debater(dspy.Module):
@@ -17,7 +18,8 @@ class Debater(dspy.Module):
 
     Args:
         role: Who this referee is.
-        fmt: ``pairwise`` or ``scoring``; picks the signatures and the persona text.
+        task: The task (``TaskSpec``), or a format's built-in task (``pairwise``, ``scoring``); picks the
+            signatures and the persona text.
 
     Example:
         >>> from chateval_dspy.program.roles import resolve_roles
@@ -26,10 +28,11 @@ class Debater(dspy.Module):
         ['argue', 'judge']
     """
 
-    def __init__(self, role: Role, fmt: str):
+    def __init__(self, role: Role, task: TaskSpec | str):
         super().__init__()
-        argument, verdict = SIGNATURES[fmt]
-        self.slug, self.name, self.persona = role.slug, role.name, role.persona(fmt)
+        task = as_task(task)
+        argument, verdict = signatures_for(task)
+        self.slug, self.name, self.persona = role.slug, role.name, role.persona(task)
         self.argue = dspy.Predict(argument)
         self.judge = dspy.Predict(verdict)
 

@@ -17,6 +17,7 @@ import yaml
 
 import chateval_dspy.limits as limits
 from chateval_dspy.errors import ConfigError
+from chateval_dspy.program.task import TaskSpec, as_task
 
 SLUG = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 # The paper's "same role prompt for all agents" ablation: referee_1..referee_N
@@ -28,18 +29,31 @@ FORMATS = ("*", "pairwise", "scoring")
 
 @dataclass(frozen=True)
 class Role:
-    """A referee: a stable slug (used in predictor names), a display name and a persona per format."""
+    """A referee: a stable slug (used in predictor names), a display name and its personas.
+
+    Persona keys: ``pairwise`` and ``scoring`` (the built-in tasks, FairEval and Topical-Chat) and ``*``
+    (any task, and the only one your own task specs read).
+    """
 
     slug: str
     name: str
     personas: tuple[tuple[str, str], ...]
 
-    def persona(self, fmt: str) -> str:
+    def persona(self, task: TaskSpec | str) -> str:
+        """The persona for a task (or a format's built-in task): its format's (built-ins only), else ``*``.
+
+        Example:
+            >>> Role("x", "X", (("*", "You judge."), ("scoring", "You chat."))).persona("scoring")
+            'You chat.'
+        """
+        spec = as_task(task)
         table = dict(self.personas)
-        text = table.get(fmt) or table.get("*")
-        if text is None:
-            raise ConfigError(f"role {self.slug!r} has no persona for the {fmt!r} format")
-        return text
+        for key in spec.persona_keys:
+            if table.get(key):
+                return table[key]
+        what = f"the {spec.persona_keys[0]!r} format" if len(spec.persona_keys) > 1 else f"task {spec.name!r}"
+        raise ConfigError(f"role {self.slug!r} has no persona for {what}: give it one under "
+                          f"{' or '.join(repr(k) for k in spec.persona_keys)} in the role file")
 
 
 def same_roles(n: int) -> tuple[str, ...]:
@@ -58,7 +72,7 @@ def make_role(slug, name, personas, where: str, *, same_role_slugs: bool = False
     Args:
         slug: Must match ``SLUG``; ``referee_N`` only with ``same_role_slugs`` (a saved card of the ablation).
         name: A non-empty display name of at most ``limits.MAX_ROLE_NAME_CHARS`` characters.
-        personas: A mapping of format (``*``, ``pairwise``, ``scoring``) -> persona text, each at most
+        personas: A mapping of ``*`` (any task), ``pairwise`` or ``scoring`` -> persona text, each at most
             ``limits.MAX_PERSONA_CHARS`` characters (after whitespace is collapsed, with ``normalise``).
         normalise: Collapse whitespace in names and personas, as role files are written by hand; a card
             keeps the exact text it was compiled with.
@@ -81,7 +95,8 @@ def make_role(slug, name, personas, where: str, *, same_role_slugs: bool = False
     texts = {}
     for fmt, text in personas.items():
         if fmt not in FORMATS or not isinstance(text, str) or not text.strip():
-            raise ConfigError(f"{where}: persona for {fmt!r:.40} must be a non-empty text (formats: pairwise, scoring)")
+            raise ConfigError(f"{where}: persona for {fmt!r:.40} must be a non-empty text (keys: * for any task, "
+                              "pairwise, scoring)")
         text = " ".join(text.split()) if normalise else text
         if len(text) > limits.MAX_PERSONA_CHARS:
             raise ConfigError(f"{where}: persona for {fmt!r} has {len(text)} characters; the limit is "
@@ -138,8 +153,8 @@ def role_library(role_file: str | Path | None = None) -> dict[str, Role]:
     return library
 
 
-def resolve_roles(slugs, fmt: str, role_file: str | Path | None = None) -> list[Role]:
-    """Turn slugs into roles, failing with the list of known slugs."""
+def resolve_roles(slugs, fmt: TaskSpec | str, role_file: str | Path | None = None) -> list[Role]:
+    """Turn slugs into roles, failing with the list of known slugs (or a role without a persona for the task)."""
     library = role_library(role_file)
     roles = []
     for slug in slugs:

@@ -18,7 +18,6 @@ import dspy
 from chateval_dspy.concurrency import bounded_unordered
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import ChatEvalError
-from chateval_dspy.program.signatures import ASPECTS, INPUTS
 from chateval_dspy.run.records import ResultsStream, lm_identity
 from chateval_dspy.run.records import run_key as derive_run_key
 from chateval_dspy.run.result import RunResult
@@ -47,7 +46,7 @@ def truncate(text: str, limit: int) -> tuple[str, int]:
 def prepare(item: dspy.Example, config: DebateConfig) -> tuple[dict, dict[str, int]]:
     """The item's inputs, with over-long texts truncated (and a warning naming item and field)."""
     inputs, cut = {}, {}
-    for name in INPUTS[config.format]:
+    for name in config.task_spec.input_names:
         inputs[name], n = truncate(item[name], config.max_text_chars)
         if n:
             cut[name] = n
@@ -56,15 +55,37 @@ def prepare(item: dspy.Example, config: DebateConfig) -> tuple[dict, dict[str, i
     return inputs, cut
 
 
-def prediction_of(fmt: str, pred: dspy.Prediction):
-    if fmt == "pairwise":
+def empty_fields(item: dspy.Example, config: DebateConfig) -> list[str]:
+    """The judged responses of ``item`` that are empty or only whitespace, each with a warning.
+
+    They are judged as they are (a model that said nothing should lose), and the results line lists them.
+    """
+    empty = [name for name in config.task_spec.judged if not str(item.get(name) or "").strip()]
+    for name in empty:
+        log.warning("item %s: judged field '%s' is empty; judging it as it is (an empty response should lose)",
+                    item.id, name)
+    return empty
+
+
+def prediction_of(config: DebateConfig, pred: dspy.Prediction):
+    """What a results line records as the panel's verdict: the preference (pairwise), or
+    ``{criterion: score or label}`` (pointwise; None when every referee abstained)."""
+    task = config.task_spec
+    if task.format == "pairwise":
         return pred.preference
-    return None if pred.abstained else {a: pred[a] for a in ASPECTS}
+    return None if pred.abstained else {a: pred[a] for a in task.output_fields}
 
 
 def judge_item(program: dspy.Module, item: dspy.Example, config: DebateConfig) -> dict:
-    """One item's result record (what a line of the results file holds)."""
+    """One item's result record (what a line of the results file holds).
+
+    Pairwise: ``prediction`` (the preference) and each criterion's panel scores per response (``score_1``,
+    ``score_2``, ...); pointwise: ``prediction`` = ``{criterion: value}``. ``human`` holds the label(s);
+    ``empty`` (only when some) lists the judged responses that were empty.
+    """
+    task = config.task_spec
     inputs, cut = prepare(item, config)
+    empty = empty_fields(item, config)
     start = time.perf_counter()
     with dspy.track_usage() as usage:
         try:
@@ -81,26 +102,26 @@ def judge_item(program: dspy.Module, item: dspy.Example, config: DebateConfig) -
         tokens["prompt"] += totals.get("prompt_tokens") or 0
         tokens["completion"] += totals.get("completion_tokens") or 0
     record = {"id": item.id, "format": config.format}
-    if config.format == "pairwise":
-        record["human"] = item.get("label")
-    else:
-        record["human"] = item.get("human")
+    pairwise = task.format == "pairwise"
+    record["human"] = item.get("label") if pairwise else item.get("human")
     if pred is None:
         record.update(prediction=None, abstained=error, calls=None)
     else:
         record.update(
-            prediction=prediction_of(config.format, pred),
-            **({"score_1": pred.score_1, "score_2": pred.score_2, "order_preferences": pred.order_preferences}
-               if config.format == "pairwise" else {}),
+            prediction=prediction_of(config, pred),
+            **({**{name: pred[name] for name in task.output_fields}, "order_preferences": pred.order_preferences}
+               if pairwise else {}),
             consistent=pred.consistent, abstained=pred.abstained, abstentions=pred.abstentions,
             referees=pred.referees, transcripts=pred.transcripts, calls=pred.calls,
         )
-    if config.format == "pairwise" and record["human"] is not None:
+    if pairwise and record["human"] is not None:
         record["correct"] = record["prediction"] == record["human"]
     # DSPy records usage only for calls that reached the LM; the rest were answered from its cache.
     lm_calls = sum(len(entries) for entries in usage.usage_data.values())
     record.update(prompt_tokens=tokens["prompt"], completion_tokens=tokens["completion"],
                   cached_calls=max(0, (record["calls"] or 0) - lm_calls), seconds=round(seconds, 3), truncated=cut)
+    if empty:  # only then, so that every other line is what it always was
+        record["empty"] = empty
     return record
 
 

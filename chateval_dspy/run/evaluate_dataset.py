@@ -7,13 +7,14 @@ printed table. The results file is found again by its run key, so the same call 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import dspy
 
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.data.spec import DataSpec
+from chateval_dspy.errors import ConfigError, DataError
 from chateval_dspy.lm.spec import LMSpec
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.run import records
@@ -32,14 +33,35 @@ class DatasetRun:
     key: str
     model: str
     result: RunResult
+    skipped: list[DataError] = field(default_factory=list)  # malformed rows left out (``skip_bad_rows``)
 
     def header(self) -> dict:
         return run_header(self.data, self.config, self.model, self.result.n)
 
 
+def skipped_rows(skipped: list[DataError]) -> list[dict]:
+    """The skipped rows as plain values (for a card, MLflow or JSON): row, field and reason.
+
+    Example:
+        >>> skipped_rows([DataError("field is missing", source="a.csv", row=3, field="question")])
+        [{'row': 3, 'field': 'question', 'reason': 'field is missing'}]
+    """
+    return [{"row": e.row, "field": e.field, "reason": e.reason} for e in skipped]
+
+
+def check_task(data: DataSpec, config: DebateConfig) -> None:
+    """The panel must judge the task the items were read for (same inputs, criteria and scales)."""
+    task = data.task_spec()
+    if task is not None and task != config.task_spec:
+        raise ConfigError(f"the data are items of task {task.name!r} but the panel judges task "
+                          f"{config.task_spec.name!r}: give both the same task (DebateConfig(task=...), "
+                          "DataSpec(task=...); CLI: --task)")
+
+
 def run_header(data: DataSpec, config: DebateConfig, model: str, n: int, split: str | None = None) -> dict:
     """What every printed or logged figure states: model, data, split, items, panel."""
-    return {"model": model, "data": data.dataset, "split": f"{split or data.split} (seed {data.seed})", "items": n,
+    return {"model": model, "data": data.dataset, **({"task": config.task.name} if config.task is not None else {}),
+            "split": f"{split or data.split} (seed {data.seed})", "items": n,
             "strategy": config.strategy, "roles": ",".join(config.roles), "turns": config.turns,
             "calibrate": config.calibrate, "aggregate": config.aggregate}
 
@@ -69,7 +91,8 @@ def evaluate_dataset(data: DataSpec, config: DebateConfig | Callable[[str], Deba
 
     Args:
         data: Which items (dataset, split, seed, limit).
-        config: The panel, or a function of the dataset's format that returns it (the CLI's flags).
+        config: The panel, or a function of the dataset's format that returns it (the CLI's flags); it must
+            judge the data's task (``DataSpec.task``).
         lm: Which LM, and how it is called.
         out: The results file (default ``results/<dataset>-<run key>.jsonl``).
         overwrite: Start ``out`` afresh instead of resuming it.
@@ -84,10 +107,11 @@ def evaluate_dataset(data: DataSpec, config: DebateConfig | Callable[[str], Deba
     """
     items, fmt = data.items()
     cfg = config(fmt) if callable(config) else config
+    check_task(data, cfg)
     program = build_evaluator(cfg)
     key = records.run_key(cfg, lm.identity(), items)
     path = results_path(data, key, out, overwrite=overwrite)
     with lm.judging(lm_slots(cfg, concurrency)) as judging_lm:
         result = evaluate(program, items, cfg, out=path, concurrency=concurrency, on_item=on_item, run_key=key)
         model = judging_lm.model
-    return DatasetRun(data, cfg, items, path, key, model, result)
+    return DatasetRun(data, cfg, items, path, key, model, result, list(getattr(items, "skipped", [])))

@@ -1,10 +1,15 @@
 """Agreement with people, with 95% bootstrap confidence intervals.
 
 Pairwise: accuracy and Cohen's kappa over three classes (1, 2, tie), as in the paper.
-Scoring: turn-level Spearman and Kendall-Tau per aspect over all items, and their mean.
+Pointwise (scoring), per criterion of the task, as its scale allows: turn-level Spearman and
+Kendall-Tau for integer scales (``<criterion>_spearman``, ``_kendall``, and their means
+``average_spearman``, ``average_kendall``), accuracy and Cohen's kappa for label scales
+(``<criterion>_accuracy``, ``_kappa``, and ``average_accuracy``, ``average_kappa``).
 Abstentions are kept, never dropped: in pairwise metrics an abstention is its own
-class, so it always counts as disagreement; in scoring metrics abstained items are
-left out of the correlations and counted (``n_abstained``).
+class, so it always counts as disagreement; in pointwise metrics abstained items are
+left out of the figures and counted (``n_abstained``). A criterion some items carry no
+human label for is computed over the others, and the missing ones are counted
+(``<criterion>_missing``, present only when some are missing).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import numpy as np
 from scipy import stats
 from sklearn.metrics import cohen_kappa_score
 
-from chateval_dspy.program.signatures import ASPECTS
+from chateval_dspy.program.task import TaskSpec, as_task
 
 PAIRWISE_CLASSES = ["1", "2", "tie"]
 ABSTAIN = "abstain"
@@ -63,9 +68,18 @@ def plain(metrics: dict) -> dict:
     return {k: v.to_dict() if isinstance(v, Estimate) else v for k, v in metrics.items()}
 
 
-def primary_metric(fmt: str) -> str:
-    """The one figure a format is ranked by: ``accuracy`` (pairwise) or ``average_spearman`` (scoring)."""
-    return "accuracy" if fmt == "pairwise" else "average_spearman"
+def primary_metric(task: TaskSpec | str) -> str:
+    """The one figure a task (or a format's built-in task) is ranked by: ``accuracy`` (pairwise),
+    ``average_spearman`` (pointwise with an integer-scale criterion), else ``average_accuracy``.
+
+    Example:
+        >>> primary_metric("pairwise"), primary_metric("scoring")
+        ('accuracy', 'average_spearman')
+    """
+    task = as_task(task)
+    if task.format == "pairwise":
+        return "accuracy"
+    return "average_spearman" if any(c.scale.ordinal for c in task.criteria) else "average_accuracy"
 
 
 def bootstrap(statistic: Callable[..., float], *columns: Sequence, seed: int = 0) -> Estimate:
@@ -142,24 +156,85 @@ spearman = _corr(stats.spearmanr)
 kendall = _corr(stats.kendalltau)
 
 
-def _mean_over_aspects(fn):
+def _labelled(human, predicted):
+    """The pairs whose human value is given (NaN or None marks a missing label)."""
+    keep = [h is not None and not (isinstance(h, float) and math.isnan(h)) for h in human]
+    return [h for h, k in zip(human, keep) if k], [p for p, k in zip(predicted, keep) if k]
+
+
+def _mean_over(fns):
+    """The mean of each criterion's statistic (``fns[i]`` over column pair ``i``), each over its labelled items."""
     def statistic(*columns) -> float:
-        values = [fn(columns[2 * i], columns[2 * i + 1]) for i in range(len(columns) // 2)]
-        return float(np.mean(values))  # NaN if any aspect is undefined: an average must not hide a missing part
+        values = [fn(*_labelled(columns[2 * i], columns[2 * i + 1])) for i, fn in enumerate(fns)]
+        return float(np.mean(values))  # NaN if any criterion is undefined: an average must not hide a missing part
     return statistic
 
 
-def scoring_report(human: Sequence[dict], predicted: Sequence[dict | None], *, seed: int = 0) -> dict:
-    """Per-aspect Spearman and Kendall-Tau over items with a verdict, and their mean over aspects."""
+def _mean_over_aspects(fn):
+    def statistic(*columns) -> float:
+        return _mean_over([fn] * (len(columns) // 2))(*columns)
+    return statistic
+
+
+def label_accuracy(human, predicted) -> float:
+    """Share of items whose predicted label is the human one."""
+    return float(np.mean([h == p for h, p in zip(human, predicted)])) if len(human) else math.nan
+
+
+def label_kappa(labels: Sequence[str]):
+    """Cohen's kappa over a label scale's classes."""
+    def statistic(human, predicted) -> float:
+        if not len(human):
+            return math.nan  # a resample that drew only items without this label
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return float(cohen_kappa_score(list(human), list(predicted), labels=list(labels)))
+    return statistic
+
+
+def scoring_report(human: Sequence[dict], predicted: Sequence[dict | None], *, seed: int = 0,
+                   task: TaskSpec | str = "scoring") -> dict:
+    """Per-criterion agreement over items with a verdict, and its mean over the criteria of each kind.
+
+    Integer scales: Spearman and Kendall-Tau; label scales: accuracy and Cohen's kappa. A criterion
+    without a human label on some items is measured on the others (``<criterion>_missing`` counts them).
+
+    Example:
+        >>> r = scoring_report([{"ok": "pass"}, {"ok": "fail"}, {"ok": None}], [{"ok": "pass"}] * 3,
+        ...                    task=TaskSpec.from_dict({"name": "t", "format": "pointwise",
+        ...     "inputs": [{"name": "answer", "judged": True}],
+        ...     "criteria": [{"name": "ok", "description": "is it right?", "scale": ["pass", "fail"]}]}))
+        >>> r["ok_accuracy"].value, r["ok_missing"], sorted(k for k in r if k.startswith("average"))
+        (0.5, 1, ['average_accuracy', 'average_kappa'])
+    """
+    task = as_task(task)
     pairs = [(h, p) for h, p in zip(human, predicted) if p is not None]
     out = {"n": len(pairs), "n_abstained": len(human) - len(pairs)}
-    columns = []
-    for aspect in ASPECTS:
-        h = [float(x[aspect]) for x, _ in pairs]
-        p = [float(y[aspect]) for _, y in pairs]
-        columns += [h, p]
-        out[f"{aspect}_spearman"] = bootstrap(spearman, h, p, seed=seed)
-        out[f"{aspect}_kendall"] = bootstrap(kendall, h, p, seed=seed)
-    out["average_spearman"] = bootstrap(_mean_over_aspects(spearman), *columns, seed=seed)
-    out["average_kendall"] = bootstrap(_mean_over_aspects(kendall), *columns, seed=seed)
+    ordinal, nominal = [], []
+    for c in task.criteria:
+        missing = sum(h.get(c.name) is None for h in human)
+        if missing:
+            out[f"{c.name}_missing"] = missing
+        if c.scale.ordinal:
+            # NaN marks a missing label; the joint bootstrap of the average keeps every item's row.
+            h = [math.nan if x.get(c.name) is None else float(x[c.name]) for x, _ in pairs]
+            p = [float(y[c.name]) for _, y in pairs]
+            ordinal += [h, p]
+            h, p = _labelled(h, p)
+            out[f"{c.name}_spearman"] = bootstrap(spearman, h, p, seed=seed)
+            out[f"{c.name}_kendall"] = bootstrap(kendall, h, p, seed=seed)
+        else:
+            h, p = [x.get(c.name) for x, _ in pairs], [y[c.name] for _, y in pairs]
+            nominal.append((h, p, c.scale.labels))  # None marks a missing label, as NaN does above
+            h, p = _labelled(h, p)
+            out[f"{c.name}_accuracy"] = bootstrap(label_accuracy, h, p, seed=seed)
+            out[f"{c.name}_kappa"] = bootstrap(label_kappa(c.scale.labels), h, p, seed=seed)
+    if ordinal:
+        out["average_spearman"] = bootstrap(_mean_over_aspects(spearman), *ordinal, seed=seed)
+        out["average_kendall"] = bootstrap(_mean_over_aspects(kendall), *ordinal, seed=seed)
+    if nominal:
+        columns = [col for h, p, _ in nominal for col in (h, p)]
+        out["average_accuracy"] = bootstrap(_mean_over([label_accuracy] * len(nominal)), *columns, seed=seed)
+        out["average_kappa"] = bootstrap(_mean_over([label_kappa(labels) for *_, labels in nominal]), *columns,
+                                         seed=seed)
     return out

@@ -33,6 +33,7 @@ class RunResult:
     abstentions: Counter = field(default_factory=Counter)  # whole items, by cause
     referee_abstentions: Counter = field(default_factory=Counter)  # referee turns, by cause
     resumed: int = 0  # records read back from an earlier, interrupted run
+    empty: dict = field(default_factory=dict)  # item id -> its judged responses that were empty
 
     def add(self, record: dict) -> None:
         self.n += 1
@@ -50,6 +51,8 @@ class RunResult:
             self.abstentions[_cause(record["abstained"])] += 1
         for reason in (record.get("abstentions") or {}).values():
             self.referee_abstentions[_cause(reason)] += 1
+        if record.get("empty"):
+            self.empty[str(record["id"])] = list(record["empty"])
 
     def metrics(self, seed: int = 0) -> dict:
         """Agreement with the human labels (empty when the items carry none)."""
@@ -57,7 +60,7 @@ class RunResult:
             return {}
         if self.config.format == "pairwise":
             return pairwise_report(self.human, self.predicted, seed=seed)
-        return scoring_report(self.human, self.predicted, seed=seed)
+        return scoring_report(self.human, self.predicted, seed=seed, task=self.config.task_spec)
 
     def cost(self) -> dict[str, float]:
         n = max(self.n, 1)

@@ -62,6 +62,40 @@ def schema_filler(call: Call) -> dict:
     return out
 
 
+TOPICAL_CHAT = ("naturalness", "coherence", "engagingness", "groundedness")
+CONTEXT_FIELDS = ("discussion", "persona")
+
+
+def spec_filler(call: Call, persona: str) -> dict:
+    """A valid verdict for any task's schema, from the item's content (never its position).
+
+    A pairwise field ``<criterion>_1``/``_2`` is about its own response: the inputs whose names end in 1
+    and 2 (``answer_1``, ``answer_2``), or else the last two inputs of the prompt; any other field is about
+    the last input (where the judged response usually stands). An integer scale's point grows with that
+    text's length, one point per 10 characters (an empty response gets the lowest); a label is picked by
+    length and field name. A stated preference follows the first criterion's two scores.
+    """
+    texts = {k: v for k, v in call.inputs.items() if k not in CONTEXT_FIELDS}
+    ones, twos = sorted(k for k in texts if k.endswith("1")), sorted(k for k in texts if k.endswith("2"))
+    pair = (texts[ones[-1]], texts[twos[-1]]) if ones and twos else tuple(list(texts.values())[-2:])
+    out: dict = {"evidence": f"verdict by <{persona}>"}
+    for name, prop in call.schema.get("properties", {}).items():
+        values = prop.get("enum")
+        if name == "preference" or not values:
+            continue
+        about = pair[int(name[-1]) - 1] if len(pair) == 2 and name[-2:] in ("_1", "_2") else list(texts.values())[-1]
+        size = len(about.strip()) // 10
+        if all(isinstance(v, int) for v in values):
+            out[name] = values[min(len(values) - 1, size)]
+        else:
+            out[name] = values[(size + sum(map(ord, name))) % len(values)]
+    if "preference" in call.outputs:
+        firsts = [k for k in out if k.endswith("_1") and k[:-2] + "_2" in out]
+        a, b = (out[firsts[0]], out[firsts[0][:-2] + "_2"]) if firsts else (0, 0)
+        out["preference"] = "1" if a > b else "2" if b > a else "tie"
+    return out
+
+
 def default_responder(call: Call) -> dict:
     """Arguments name the speaker; verdicts depend on content (lengths), never on position."""
     persona = call.inputs.get("persona", "")[:40]
@@ -71,12 +105,15 @@ def default_responder(call: Call) -> dict:
         return {"summary": f"summary of {call.inputs.get('discussion', '').count('round')} turns"}
     if call.kind == "argument":
         return {"argument": f"argument by <{persona}>"}
-    if "score_1" in call.outputs:
+    if set(call.outputs) == {"evidence", "preference", "score_1", "score_2"}:
         a1, a2 = call.inputs.get("answer_1", ""), call.inputs.get("answer_2", "")
         s1, s2 = min(10, 1 + len(a1) // 10), min(10, 1 + len(a2) // 10)
         return {"evidence": f"verdict by <{persona}>", "score_1": s1, "score_2": s2}
-    return {"evidence": f"verdict by <{persona}>", "naturalness": 2, "coherence": 2, "engagingness": 3,
-            "groundedness": 1 if call.inputs.get("fact", "")[:10].lower() in call.inputs.get("response", "").lower() else 0}
+    if set(call.outputs) == {"evidence", *TOPICAL_CHAT}:
+        return {"evidence": f"verdict by <{persona}>", "naturalness": 2, "coherence": 2, "engagingness": 3,
+                "groundedness": 1 if call.inputs.get("fact", "")[:10].lower() in call.inputs.get("response", "").lower()
+                else 0}
+    return spec_filler(call, persona)  # any other task: a valid verdict for its schema
 
 
 def with_stated_preference(call: Call, out):

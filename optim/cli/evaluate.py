@@ -27,6 +27,14 @@ def run(args) -> int:
     if done.result.resumed:
         print(f"resumed: {done.result.resumed} item(s) were already judged in {done.out}", file=sys.stderr)
     metrics = show.summary(done.result, done.header(), data.seed)
+    if done.skipped:
+        print(f"skipped {len(done.skipped)} malformed row(s) of {data.dataset} (--skip-bad-rows):", file=sys.stderr)
+        for error in done.skipped:
+            print(f"  {error}", file=sys.stderr)
+    empty = list(done.result.empty)
+    if empty:
+        print(f"judged {len(empty)} item(s) with an empty response (see 'empty' in their results lines): "
+              f"{', '.join(map(str, empty[:10]))}{' ...' if len(empty) > 10 else ''}", file=sys.stderr)
     print(f"results: {done.out}")
     if not args.no_mlflow:
         from optim.evaluation import log_evaluation

@@ -24,8 +24,15 @@ def default(cls, name: str):
 def add_data_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("data")
     g.add_argument("--dataset", required=True, help="faireval, topical_chat, or a .jsonl/.csv file of your own")
-    g.add_argument("--format", choices=["pairwise", "scoring"], help="the format of a custom file")
-    g.add_argument("--columns", help="custom file: map fields to your columns, e.g. question=prompt,answer_1=a,label=winner")
+    g.add_argument("--task", help="what is judged: a task file (.yaml/.json: inputs, criteria and scales, "
+                                  "instructions) or a built-in task (faireval, topical_chat); sets the format")
+    g.add_argument("--format", choices=["pairwise", "scoring", "pointwise"],
+                   help="the format of a custom file without --task (its built-in task's fields)")
+    g.add_argument("--columns", help="custom file: map fields to your columns, e.g. question=prompt,answer_1=a,label=winner "
+                                     "(with --task: its inputs, id, and label or each criterion)")
+    g.add_argument("--skip-bad-rows", action="store_true",
+                   help="custom file: skip malformed rows (unreadable JSON, a missing input, a label off its scale), "
+                        "count and list them, instead of stopping")
     g.add_argument("--split", default=default(DataSpec, "split"), choices=["all", *SPLITS])
     g.add_argument("--seed", type=int, default=default(DataSpec, "seed"), help="split and bootstrap seed")
     g.add_argument("--limit", type=int, help="judge only the first N items of the split")
@@ -102,7 +109,16 @@ def add_loaded_flags(p: argparse.ArgumentParser) -> None:
 
 def data_spec(args) -> DataSpec:
     return DataSpec(dataset=args.dataset, format=args.format, columns=parse_columns(args.columns),
-                    split=args.split or "all", seed=args.seed, limit=args.limit)
+                    split=args.split or "all", seed=args.seed, limit=args.limit, task=task(args),
+                    skip_bad_rows=getattr(args, "skip_bad_rows", False))
+
+
+def task(args):
+    """``--task`` read and checked (a ``TaskSpec``), or None: the dataset's or format's built-in task."""
+    from chateval_dspy.program.task import load_task
+
+    name = getattr(args, "task", None)
+    return load_task(name) if name else None
 
 
 def lm_spec(args) -> LMSpec:
@@ -130,7 +146,7 @@ def debate_config(args, fmt: str) -> DebateConfig:
     return DebateConfig(format=fmt, roles=panel_roles(args), strategy=args.strategy, turns=args.turns,
                         calibrate=not args.no_calibrate, aggregate=args.aggregate, parse_retries=args.parse_retries,
                         max_text_chars=args.max_text_chars, role_file=args.role_file,
-                        consensus_stop=args.consensus_stop, weighted_scores=args.weighted_scores)
+                        consensus_stop=args.consensus_stop, weighted_scores=args.weighted_scores, task=task(args))
 
 
 def concurrency(args) -> int:

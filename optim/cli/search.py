@@ -97,7 +97,7 @@ def base_from_args(args, fmt: str) -> DebateConfig:
                         turns=args.turns or 1, aggregate=args.aggregate or flags.default(DebateConfig, "aggregate"),
                         calibrate=not args.no_calibrate, parse_retries=args.parse_retries,
                         max_text_chars=args.max_text_chars, role_file=args.role_file,
-                        consensus_stop=args.consensus_stop, weighted_scores=args.weighted_scores)
+                        consensus_stop=args.consensus_stop, weighted_scores=args.weighted_scores, task=flags.task(args))
 
 
 def _fmt(value, digits: int = 3) -> str:

@@ -126,7 +126,7 @@ def save_final(study: optuna.Study, tested: Tested, out: Path, *, model: str, ca
 
     trial, program = tested.trial, tested.program
     cfg, choice = config_of(trial)
-    metric = primary_metric(cfg.format)
+    metric = primary_metric(cfg.task_spec)
     cost = {k: v for k, v in tested.result.cost().items() if k != "wall_seconds"}
     written = make_card(program, model=model, optimizer=choice, metric=metric,
                         dev_metrics=trial.user_attrs.get("dev", {}), test_metrics=plain(tested.figures), cost=cost,

@@ -23,12 +23,12 @@ from optuna.trial import FrozenTrial, TrialState
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.program.chateval import ChatEval, build_evaluator
-from chateval_dspy.program.signatures import ASPECTS
 from chateval_dspy.run import records
 from chateval_dspy.run.evaluate import evaluate
 from chateval_dspy.run.metrics import primary_metric
 from chateval_dspy.run.result import RunResult
 from optim.compile import OptimizerSettings
+from optim.evaluation import config_params
 from optim.search.space import SearchSpace, suggest_config
 from optim.search.study import FINISHED, SurplusTrial, make_sampler
 from optim.search.worker import Worker
@@ -36,24 +36,34 @@ from optim.search.worker import Worker
 log = logging.getLogger(__name__)
 
 
-def agreement_of(fmt: str, metrics: dict) -> float:
-    """The figure a study optimises: accuracy (pairwise) or average Spearman (scoring); NaN if undefined."""
+def agreement_of(task, metrics: dict) -> float:
+    """The figure a study optimises: the task's primary metric (accuracy pairwise, average Spearman pointwise,
+    average accuracy for label scales only); NaN if undefined. ``task``: a ``TaskSpec`` or a format."""
     if not metrics:
         return math.nan
-    estimate = metrics[primary_metric(fmt)]
+    estimate = metrics[primary_metric(task)]
     return float(estimate.value)
 
 
 def running_agreement(result: RunResult) -> float:
     """The same figure without bootstrap (for pruning after each chunk of dev items)."""
-    from chateval_dspy.run.metrics import accuracy, spearman
+    from chateval_dspy.run.metrics import accuracy, label_accuracy, spearman
 
     if not result.human:
         return math.nan
     if result.config.format == "pairwise":
         return accuracy(result.human, result.predicted)
+    task = result.config.task_spec
     pairs = [(h, p) for h, p in zip(result.human, result.predicted) if p is not None]
-    return float(np.mean([spearman([h[a] for h, _ in pairs], [p[a] for _, p in pairs]) for a in ASPECTS]))
+    ordinal = any(c.scale.ordinal for c in task.criteria)
+    figures = []
+    for c in task.criteria:
+        if c.scale.ordinal != ordinal:
+            continue  # the primary metric averages one kind: correlations, or else label accuracy
+        given = [(h[c.name], p[c.name]) for h, p in pairs if h.get(c.name) is not None]
+        human, predicted = [h for h, _ in given], [p for _, p in given]
+        figures.append(spearman(human, predicted) if ordinal else label_accuracy(human, predicted))
+    return float(np.mean(figures))
 
 
 def tokens_per_item(result: RunResult) -> float:
@@ -74,7 +84,7 @@ def build_for_trial(config: DebateConfig, compile_choice: str, trainset: Sequenc
         raise ConfigError("compiling needs a non-empty train split: use more items or a larger --limit")
     metric_name = "agreement" if config.format == "pairwise" else "score_error"
     return compile_evaluator(program, optimizer=compile_choice, trainset=trainset, valset=None,
-                             metric=make_metric(metric_name, config.format, trainset),
+                             metric=make_metric(metric_name, config.task_spec, trainset),
                              settings=settings or OptimizerSettings())
 
 
@@ -160,7 +170,7 @@ class Objective:
             tags["duplicate_of"] = str(same.number)
         pruned = values = None
         with tracking.run(f"trial-{trial.number}", nested=True, tags=tags,
-                          params={"trial": trial.number, "config": config.to_dict(), "compile": compile_choice}) as active:
+                          params={"trial": trial.number, "config": config_params(config), "compile": compile_choice}) as active:
             trial.set_user_attr("mlflow_run_id", active.info.run_id)
             try:
                 values = self._reuse(trial, same) if same else self._run(trial, config, compile_choice, tracking)
@@ -252,7 +262,7 @@ class Objective:
                     trial.set_user_attr("cost", result.cost())
                     raise optuna.TrialPruned(f"dev agreement {value:.3f} after {result.n} of {len(dev)} items")
         metrics, cost = result.metrics(seed=self.seed), result.cost()
-        agreement = agreement_of(config.format, metrics)
+        agreement = agreement_of(config.task_spec, metrics)
         undefined = math.isnan(agreement)
         trial.set_user_attr("dev", plain(metrics))
         trial.set_user_attr("cost", cost)

@@ -110,6 +110,7 @@ def run_search(data, base: DebateConfig | Callable[[str], DebateConfig], lm, *, 
         >>> run.card["search"]["trial"]  # doctest: +SKIP
     """
     from chateval_dspy.data.loaders import dataset_hash
+    from chateval_dspy.run.evaluate_dataset import check_task, skipped_rows
 
     hooks, space = hooks or SearchHooks(), space or SearchSpace()
     spec = study
@@ -119,6 +120,7 @@ def run_search(data, base: DebateConfig | Callable[[str], DebateConfig], lm, *, 
         raise ConfigError(f"concurrency must be positive, got {concurrency}")
     items, fmt = data.load()
     base = base(fmt) if callable(base) else base
+    check_task(data, base)
     parts = data.parts(items)
     if not parts["dev"] or all(x.get("label" if fmt == "pairwise" else "human") is None for x in parts["dev"]):
         raise ConfigError("search needs labelled dev items: use a dataset with human labels, more items or a larger --limit")
@@ -152,6 +154,8 @@ def run_search(data, base: DebateConfig | Callable[[str], DebateConfig], lm, *, 
         # Trial runs of this study's killed workers (on this host) end as KILLED; the shared parent is joined.
         mlflow_tracking.end_dead_runs({"optuna.study": spec.name}, tracking.uri)
         params = {"study": spec.name, "storage": studies.redact_url(spec.storage), **recorded}
+        if base.task is not None:  # MLflow keeps 6,000 characters a param: the task's compact form
+            params["base"] = {**recorded["base"], "task": base.task.params()}
         parent = studies.study_run(opened, params=params, uri=tracking.uri)
     # The LM is laid out once for every trial. Lay it out for parallel referees only when every trial has them:
     # on a small CPU, servers split for parallel requests run a one-by-one trial on a fraction of the cores.
@@ -185,7 +189,8 @@ def run_search(data, base: DebateConfig | Callable[[str], DebateConfig], lm, *, 
                           "sizes": {k: len(v) for k, v in parts.items()}},
                 "search": {"study": spec.name, "storage": studies.redact_url(spec.storage),
                            "trial": tested.trial.number, "objectives": list(spec.objectives),
-                           "trials_finished": finished, "space": space.to_dict(), "values": list(tested.trial.values)}})
+                           "trials_finished": finished, "space": space.to_dict(), "values": list(tested.trial.values)},
+                **({"skipped_rows": skipped_rows(items.skipped)} if getattr(items, "skipped", None) else {})})
     return SearchRun(opened, ran, finished, out, saved=card is not None, card=card,
                      mlflow_run_id=active.info.run_id if tracked else None)
 
