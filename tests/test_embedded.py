@@ -69,3 +69,27 @@ def test_embedded_server_renders_gemma_template():
         prompt = _post_json(base_url[: -len("/v1")] + "/apply-template",
                             {"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "hello"}]})["prompt"]
     assert "<start_of_turn>user" in prompt and "hello" in prompt and "<start_of_turn>model" in prompt
+
+
+def test_custom_pointwise_task_end_to_end(tmp_path):
+    """Issue 12: the embedded model judges a declared task (a label scale and a 1-5 scale) from the CLI, and every
+    verdict parses under the spec's scales."""
+    import shutil
+    from pathlib import Path
+
+    examples = Path(__file__).resolve().parent.parent / "data" / "examples"
+    for name in ("rag.yaml", "rag.jsonl"):
+        shutil.copy(examples / name, tmp_path / name)
+    out = tmp_path / "rag-results.jsonl"
+    _run(tmp_path, "--task", "rag.yaml", "--dataset", "rag.jsonl", "--limit", "2", "--roles", "1", "--turns", "1",
+         "--skip-bad-rows",
+         "--columns", "question=q,context=ctx,answer=gen,faithful=gold.faithful,relevance=gold.relevance",
+         "--out", str(out))
+    records = _records(out)
+    assert len(records) == 2
+    for r in records:
+        assert r["abstained"] is None and not r["abstentions"], r["abstentions"]
+        assert r["prediction"]["faithful"] in ("pass", "fail")
+        assert 1 <= r["prediction"]["relevance"] <= 5
+        for verdicts in r["referees"].values():
+            assert all(v["faithful"] in ("pass", "fail") and v["relevance"] in range(1, 6) for v in verdicts)
