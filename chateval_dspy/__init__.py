@@ -20,6 +20,7 @@ from chateval_dspy.data.loaders import load_dataset, select, split  # noqa: E402
 from chateval_dspy.data.spec import DataSpec  # noqa: E402
 from chateval_dspy.deploy.judge import Judge, Verdict, load  # noqa: E402
 from chateval_dspy.deploy.metric import as_metric  # noqa: E402
+from chateval_dspy.deploy.mlflow_judge import mlflow_judge  # noqa: E402 - imports MLflow only when called
 from chateval_dspy.errors import ChatEvalError, ConfigError, DataError, LMError  # noqa: E402
 from chateval_dspy.lm.adapter import JudgeAdapter  # noqa: E402
 from chateval_dspy.lm.resolve import configure_cache, resolve_lm  # noqa: E402
@@ -49,6 +50,7 @@ __all__ = [
     "evaluate_dataset",
     "load",
     "load_dataset",
+    "mlflow_judge",
     "resolve_lm",
     "select",
     "split",

@@ -3,7 +3,8 @@
 Default store: ``sqlite:///mlruns/mlflow.db`` with artifacts under ``mlruns/`` in the
 working directory; ``--tracking-uri`` or ``MLFLOW_TRACKING_URI`` choose another.
 Params are the run's ``DebateConfig`` plus model, data and split: no secret has a way in,
-and ``assert_no_secrets`` double-checks every text before it is logged.
+and ``assert_no_secrets`` double-checks every text before it is logged. Traces (``--trace``) are
+built by ``chateval_dspy.run.tracing``, which scrubs the same secrets from every span.
 
 Each run this package starts is tagged with its worker (``chateval.worker``, host, pid and
 process start time): a run whose worker was killed is found by the rerun and ended as
@@ -15,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,11 +29,11 @@ ensure_offline()
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 from chateval_dspy.errors import SecretError  # noqa: E402
+from chateval_dspy.run.tracing import secret_values, secrets_in_environment  # noqa: E402, F401 - one check for all
 
 DEFAULT_DIR = "mlruns"
 EXPERIMENT = "chateval-dspy"
 WORKER_TAG = "chateval.worker"
-_SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD)", re.I)
 
 
 def __getattr__(name: str):
@@ -86,16 +86,47 @@ def setup(uri: str | None = None, experiment: str = EXPERIMENT) -> str:
     return uri
 
 
-def secrets_in_environment() -> list[str]:
-    """Values of environment variables that look like credentials (long enough to be one)."""
-    return [v for k, v in os.environ.items() if _SECRET_NAME.search(k) and len(v) >= 8]
-
-
 def assert_no_secrets(text: str, where: str) -> None:
-    for secret in secrets_in_environment():
+    """Refuse (``SecretError``) a text holding a credential: a key or token from the environment, the key
+    file's key, or a registered token (``chateval_dspy.run.tracing.secret_values``, which traces use too)."""
+    for secret in secret_values():
         if secret in text:
             raise SecretError(f"refusing to log {where}: it contains the value of a credential variable "
                               "(a key or token from the environment); nothing was logged")
+
+
+def tracking_targeted(uri: str | None = None) -> bool:
+    """Whether the user pointed this command at MLflow (``--tracking-uri`` or ``MLFLOW_TRACKING_URI``): then
+    commands that log nothing else (score) trace by default, within the tracing rule."""
+    return bool(uri or os.environ.get("MLFLOW_TRACKING_URI"))
+
+
+def start_tracing(uri: str | None = None, experiment: str = EXPERIMENT) -> str:
+    """Point MLflow at the store and experiment that traces go to; returns the experiment id."""
+    import mlflow
+
+    setup(uri, experiment)
+    return mlflow.get_experiment_by_name(experiment).experiment_id
+
+
+def tracer_for(flag: bool | None, *, items: list, config, uri: str | None = None, mlflow_target: bool = True,
+               tags: dict | None = None):
+    """A ``Tracer`` for a batch when the tracing rule says so (``chateval_dspy.run.tracing.tracing_default``),
+    pointed at the tracking store; else None.
+
+    Args:
+        flag: ``--trace`` (True), ``--no-trace`` (False) or neither (None: the rule decides).
+        items: The items the batch judges (counted by the rule; their texts go into the traces).
+        config: The panel (``DebateConfig``), or a function of the format that returns it.
+        uri: The tracking URI.
+        mlflow_target: Whether the run logs to MLflow (``chateval evaluate`` without ``--no-mlflow``).
+        tags: Tags for every trace.
+    """
+    from chateval_dspy.run.tracing import Tracer, tracing_default
+
+    if not tracing_default(flag, mlflow_target=mlflow_target, items=len(items)):
+        return None
+    return Tracer(config, items=items, tags=tags, experiment_id=start_tracing(uri))
 
 
 def _flat(params: dict, prefix: str = "") -> dict[str, str]:

@@ -133,6 +133,105 @@ def overhead(items, cfg: DebateConfig, workdir: Path) -> dict:
             "overhead_ms_per_call": (result.wall_seconds - meter.engine_seconds) / max(meter.calls, 1) * 1000}
 
 
+def tracing_overhead(items, cfg: DebateConfig, lm_context, workdir: Path, *, label: str, repeats: int = 2) -> dict:
+    """What tracing (``--trace``: each judged item one MLflow trace) adds to a batch's wall time.
+
+    The same items are judged ``2 * repeats`` times under one LM, tracing off and on in ABBA order (drift
+    cancels out), after one untimed, traced warm-up item; each setting counts its fastest run. DSPy's cache
+    is off meanwhile, so every run does the same LM work (the same prompts at temperature 0: a prompt that
+    differed would make a real model generate differently). Traces go to a fresh local store (``sqlite``
+    under ``workdir``).
+
+    Two costs are reported apart, because one grows with the batch and the other does not: the per-item
+    overhead (the traced batch's wall time, spans made and exported in the background while it runs, minus
+    the untraced one's) and the one-off wait for MLflow's export queue to drain (``flush``), which a command
+    pays once, before it links the traces to its run or exits (MLflow's queue polls once a second, so this
+    is about a second or two even when nothing is left to write). Beside them: the time the batch's own thread
+    spent making spans (``in_band``, measured directly: what no background thread hides, and what no noise
+    touches), and the process's CPU time (tracing's whole work, MLflow's export included; an in-process
+    model's compute counts too).
+
+    Args:
+        items: The items judged in every run.
+        cfg: The panel.
+        lm_context: ``lm_context()`` -> a context manager that enters the LM (with the JSON adapter) once.
+        workdir: Where the MLflow store goes.
+        label: The LM, as the report names it.
+        repeats: Runs per setting.
+    """
+    import mlflow
+
+    from chateval_dspy.run.tracing import Tracer
+    from optim import tracking
+
+    previous, cache = mlflow.get_tracking_uri(), dspy.cache
+    experiment_id = tracking.start_tracing(f"sqlite:///{workdir / 'tracing.db'}")
+    program = build_evaluator(cfg)
+    walls: dict[bool, list[float]] = {False: [], True: []}
+    cpus: dict[bool, list[float]] = {False: [], True: []}
+    tokens: list[int] = []
+    flushes: list[float] = []
+    traces, in_band = 0, 0.0
+    try:
+        dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=False)
+        with lm_context():
+            # Warm-up, untimed: the first calls build the adapter's schemas; the first trace sets MLflow's tracing up.
+            warm = [items[0].copy(question=items[0].question + " (warm-up)")]
+            evaluate(program, warm, cfg, on_item=Tracer(cfg, items=warm, experiment_id=experiment_id).on_item())
+            mlflow.flush_trace_async_logging()
+            for traced in [False, True, True, False] * (repeats // 2) + [False, True] * (repeats % 2):
+                tracer = Tracer(cfg, items=items, experiment_id=experiment_id) if traced else None
+                start, cpu = time.perf_counter(), time.process_time()
+                result = evaluate(program, items, cfg, on_item=tracer.on_item() if tracer else None)
+                walls[traced].append(time.perf_counter() - start)
+                tokens.append(result.prompt_tokens + result.completion_tokens)
+                if tracer:
+                    start = time.perf_counter()
+                    tracer.flush()
+                    flushes.append(time.perf_counter() - start)
+                    traces += len(tracer.trace_ids)
+                    in_band += tracer.seconds
+                cpus[traced].append(time.process_time() - cpu)
+    finally:
+        mlflow.flush_trace_async_logging()
+        mlflow.set_tracking_uri(previous)
+        dspy.cache = cache
+    # The fastest run of each setting: on a shared machine noise only ever adds time (every run lists its wall).
+    off, on = min(walls[False]), min(walls[True])
+    cpu_off, cpu_on = min(cpus[False]), min(cpus[True])
+    flush = min(flushes)
+    n = len(items)
+    return {"label": label, "items": n, "runs_per_setting": len(walls[True]), "traces": traces,
+            "config": f"{len(cfg.roles)} roles, {cfg.turns} turns, {cfg.strategy}, {cfg.orders} order(s)",
+            "wall_seconds_off": off, "wall_seconds_on": on, "seconds_per_item_off": off / n,
+            "overhead_ms_per_item": (on - off) / n * 1000, "overhead_share": (on - off) / off if off else float("nan"),
+            "flush_seconds": flush, "in_band_ms_per_item": in_band / max(traces, 1) * 1000,
+            "in_band_share": in_band / max(traces, 1) / (off / n) if off else float("nan"),
+            "cpu_ms_per_item": (cpu_on - cpu_off) / n * 1000,
+            "cpu_share": (cpu_on - cpu_off) / cpu_off if cpu_off else float("nan"),
+            "walls": {"off": walls[False], "on": walls[True]}, "cpu_seconds": {"off": cpus[False], "on": cpus[True]},
+            "tokens_per_run": sorted(set(tokens))}
+
+
+def tracing_rows(args, factory: bench.LMFactory, all_items, model: str, workdir: Path, *,
+                 kept: list[dict] | None = None) -> list[dict]:
+    """Tracing's cost on the fake LM (the suite's per-call latency, and zero latency as the worst case) and,
+    unless the model is skipped (then its last figures are ``kept``), on the model."""
+    cfg = DebateConfig(format="pairwise")
+    fake_items = select(all_items, "all", limit=min(16, args.overhead_items))
+    rows = []
+    for latency in (args.fake_latency, 0.0):
+        lm = fake_lm(default_responder, latency=latency)
+        rows.append(tracing_overhead(fake_items, cfg, lambda lm=lm: bench.judging(lambda slots: contextlib.nullcontext(lm)),
+                                     workdir, label=f"fake LM, {latency * 1000:.0f} ms per call"))
+        rows[-1]["model"] = False
+    if kept is not None:
+        return rows + kept
+    model_items = select(all_items, args.split, seed=args.seed, limit=min(2, args.limit or 2))
+    row = tracing_overhead(model_items, cfg, lambda: bench.judging(factory), workdir, label=model)
+    return rows + [{**row, "model": True}]
+
+
 def rss_child(n: int, out: str) -> dict:
     """Judge ``n`` items (FairEval, cycled under new ids) with the fake LM, streaming to ``out``; report peak RSS.
 
@@ -228,6 +327,14 @@ def targets(report: dict, agreement: dict | None) -> list[dict]:
         out.append(_target(f"framework overhead < 2% of wall time ({report['model_label']})",
                            f"{model_plain['overhead_share'] * 100:.2f}% ({model_plain['overhead_ms_per_call']:.2f} ms/call)",
                            model_plain["overhead_share"] < 0.02))
+    for t in report.get("tracing", []):
+        if t["label"].endswith(" 0 ms per call"):
+            continue  # the worst case, reported beside the targets: no LM time to hide the cost behind
+        out.append(_target(f"tracing adds < 5% to a batch's wall time ({t['label']}, {t['items']} items)",
+                           f"{t['overhead_share'] * 100:.2f}% ({t['overhead_ms_per_item']:.1f} ms per item, "
+                           f"{t['in_band_ms_per_item']:.1f} ms of it making spans in the batch's thread; plus a "
+                           f"one-off {t['flush_seconds']:.1f} s wait for the export queue per command)",
+                           t["overhead_share"] < 0.05))
     rows = {r["name"]: r for r in (agreement or {}).get("rows", [])}
     if not rows:
         rows = {c["name"]: {"cost": c} for c in report.get("configs", [])}
@@ -260,6 +367,7 @@ def run_cost(args, factory: bench.LMFactory) -> dict:
     plain = DebateConfig(format=fmt)
     report: dict = {"configs": [], "throughput": [], "configs_items": len(items)}
     model = "(not run)"
+    kept_tracing: list[dict] = []
     if args.skip_model and Path(args.out).exists():
         # Keep the model's figures from the last full run; only the fake-LM figures are measured again.
         kept = json.loads(Path(args.out).read_text(encoding="utf-8"))
@@ -269,6 +377,7 @@ def run_cost(args, factory: bench.LMFactory) -> dict:
         if kept.get("server_ceiling"):
             report["server_ceiling"] = kept["server_ceiling"]
         model = kept["header"]["model"]
+        kept_tracing = [r for r in kept.get("tracing", []) if r.get("model")]
     workdir = Path(tempfile.mkdtemp(prefix="chateval-bench-cost-"))
     if not args.skip_model:
         with bench.judging(factory) as lm:
@@ -297,6 +406,8 @@ def run_cost(args, factory: bench.LMFactory) -> dict:
     report["overhead"] = overhead(select(all_items, "all", limit=args.overhead_items), DebateConfig(format="pairwise"),
                                   workdir)
     report["rss"] = peak_rss(_levels(args.rss_sizes), workdir)
+    report["tracing"] = tracing_rows(args, factory, all_items, model, workdir,
+                                     kept=kept_tracing if args.skip_model else None)
     agreement = None
     if args.agreement:
         agreement = json.loads(Path(args.agreement).read_text(encoding="utf-8"))

@@ -2,7 +2,23 @@
 
 from __future__ import annotations
 
+import argparse
+import sys
+from pathlib import Path
+
 from optim.cli import flags, show
+
+
+def add_trace_flags(p: argparse.ArgumentParser, default_rule: str) -> None:
+    """``--trace/--no-trace`` and ``--tracking-uri`` (score, serve)."""
+    from chateval_dspy.run.tracing import DEFAULT_MAX_ITEMS
+
+    g = p.add_argument_group("tracing")
+    g.add_argument("--trace", action=argparse.BooleanOptionalAction, default=None,
+                   help=f"log each judged item as an MLflow trace (answer orders, rounds, referee turns). "
+                        f"Default: {default_rule.format(n=DEFAULT_MAX_ITEMS)}")
+    g.add_argument("--tracking-uri", help="MLflow tracking URI for traces (default: $MLFLOW_TRACKING_URI or sqlite "
+                                          "under ./mlruns)")
 
 
 def add_command(sub) -> None:
@@ -12,6 +28,8 @@ def add_command(sub) -> None:
     p.add_argument("--out", required=True, help="verdicts .jsonl; rerunning skips ids already in it")
     p.add_argument("--columns", help="map fields to your columns, e.g. question=prompt,answer_1=a")
     p.add_argument("--no-progress", action="store_true")
+    add_trace_flags(p, "on when MLflow is the tracking target (--tracking-uri or $MLFLOW_TRACKING_URI) and the "
+                       "file has at most {n} rows")
 
 
 def load_judge(args):
@@ -22,15 +40,42 @@ def load_judge(args):
                 timeout=args.timeout, served_model=args.served_model)
 
 
+def traced(judge, args, *, items: int | None, command: str, tags: dict | None = None):
+    """``judge`` wrapped so each item becomes an MLflow trace when the tracing rule says so, else ``judge``."""
+    from chateval_dspy.run.tracing import tracing_default
+    from optim import tracking
+
+    if not tracing_default(args.trace, mlflow_target=tracking.tracking_targeted(args.tracking_uri), items=items):
+        return judge
+    from chateval_dspy.deploy.mlflow_judge import TracedJudge
+    from chateval_dspy.run.tracing import Tracer
+
+    experiment_id = tracking.start_tracing(args.tracking_uri)
+    tracer = Tracer(judge.config, roles=getattr(judge.program, "roles", None), model=judge.lm.model,
+                    tags={"chateval.command": command, **(tags or {})}, experiment_id=experiment_id)
+    return TracedJudge(judge, tracer)
+
+
 def run(args) -> int:
     from chateval_dspy.data.loaders import parse_columns
     from chateval_dspy.deploy.score_file import score_file
+    from chateval_dspy.run.tracing import DEFAULT_MAX_ITEMS, at_most_lines
 
     columns = parse_columns(args.columns)
+    # The default rule counts rows only when it could turn tracing on (an upper bound: non-blank lines).
+    small = args.trace is None and Path(args.src).is_file() and at_most_lines(args.src, DEFAULT_MAX_ITEMS)
     with load_judge(args) as judge, show.progress(None, not args.no_progress) as on_item:
-        report = score_file(judge, args.src, args.out, columns=columns, concurrency=args.concurrency, on_item=on_item)
+        evaluator = traced(judge, args, items=DEFAULT_MAX_ITEMS if small else None, command="score",
+                           tags={"chateval.source": Path(args.src).name})
+        report = score_file(evaluator, args.src, args.out, columns=columns, concurrency=args.concurrency,
+                            on_item=on_item)
+        if evaluator is not judge:
+            evaluator.tracer.flush()
     print(f"rows: {report.total}  scored now: {report.scored}  already done: {report.skipped}  "
           f"rejected: {len(report.rejected)}  -> {args.out}")
     for row, reason in report.rejected:
         print(f"  row {row}: {reason}")
+    if evaluator is not judge:
+        print(f"mlflow traces: {len(evaluator.tracer.trace_ids)} (experiment {evaluator.tracer.experiment_id})",
+              file=sys.stderr)
     return 0

@@ -6,7 +6,7 @@ import os
 import sys
 
 from optim.cli import flags
-from optim.cli.score import load_judge
+from optim.cli.score import add_trace_flags, load_judge, traced
 
 
 def add_command(sub) -> None:
@@ -19,18 +19,28 @@ def add_command(sub) -> None:
     p.add_argument("--queue", type=int, default=4, help="requests in flight before 503")
     p.add_argument("--max-items", type=int, default=32, help="items per request")
     p.add_argument("--max-body-bytes", type=int, default=1_000_000)
+    # A server judges an unbounded number of items, so the default rule never turns tracing on here.
+    add_trace_flags(p, "off (a server's traffic has no size a person would read; --trace turns it on)")
 
 
 def run(args) -> int:
     import uvicorn
 
     from chateval_dspy.deploy.serve import create_app
+    from chateval_dspy.run.tracing import register_secret
 
     token = os.environ.get(args.token_env) or None
+    register_secret(token)  # whatever the variable's name, the token never reaches MLflow
     with load_judge(args) as judge:
-        app = create_app(judge, token=token, max_body_bytes=args.max_body_bytes, max_items=args.max_items,
+        evaluator = traced(judge, args, items=None, command="serve")
+        app = create_app(evaluator, token=token, max_body_bytes=args.max_body_bytes, max_items=args.max_items,
                          queue=args.queue, concurrency=args.concurrency)
         print(f"serving {args.evaluator} on http://{args.host}:{args.port} "
-              f"({'bearer token required' if token else 'no token'}); Ctrl-C stops", file=sys.stderr)
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+              f"({'bearer token required' if token else 'no token'}"
+              f"{'; each item traced to MLflow' if evaluator is not judge else ''}); Ctrl-C stops", file=sys.stderr)
+        try:
+            uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        finally:
+            if evaluator is not judge:
+                evaluator.tracer.flush()
     return 0

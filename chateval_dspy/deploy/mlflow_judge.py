@@ -1,0 +1,436 @@
+"""A loaded evaluator as an MLflow GenAI judge: ``mlflow_judge(judge)`` goes into ``mlflow.genai.evaluate``.
+
+``mlflow_judge(chateval_dspy.load(path))`` is an ``mlflow.genai.judges.base.Judge`` (so a ``Scorer``). For each
+row of ``mlflow.genai.evaluate(data=..., scorers=[...])`` it assembles the item from the row, lets the panel
+debate it and returns ``Feedback``:
+
+- **pairwise**: one Feedback per item whose value is the panel's preference (``"1"``, ``"2"`` or ``"tie"``);
+  with ``per_criterion=True`` also one per criterion (``<name>/<criterion>``) whose value maps each response to
+  its panel score (``{"answer_1": 7.5, "answer_2": 4.0}``).
+- **pointwise**: one Feedback per criterion (``<name>/<criterion>``; just ``<name>`` for a one-criterion task)
+  whose value is the panel's score on the criterion's scale (a mean rating such as ``2.5`` on 1-3, or a label);
+  ``per_criterion=False`` gives one Feedback whose value maps each criterion to its score.
+
+Each Feedback's ``rationale`` is the panel's: its verdict, then each referee's evidence per answer order. Its
+``metadata`` holds the referees' verdicts (``chateval.referees``, JSON), position consistency
+(``chateval.consistent``), the scores, calls, tokens and seconds, and with ``trace=True`` the id of the debate's
+own trace (``mlflow.assessment.scorerTraceId``, so the MLflow UI links the feedback to the debate). An item on
+which every referee abstained gives a Feedback with an error (``CHATEVAL_ABSTAINED``) and the reason.
+
+Where the item comes from: the row's ``inputs`` (fields named as the task's inputs), then ``outputs`` (a dict of
+such fields, or a text: the first judged response still missing), then ``expectations`` (such fields, and
+``expected_response`` for the next judged response still missing). For the built-in pairwise task a row
+``{"inputs": {"question": q}, "outputs": answer, "expectations": {"expected_response": reference}}`` thus
+compares the app's answer (``answer_1``) with the reference (``answer_2``), as ``as_metric`` does. ``fields=``
+maps any input explicitly (``{"answer_2": "expectations.reference"}``).
+
+With ``trace=True`` each debate is one trace of its own (``chateval_dspy.run.tracing``: orders, rounds, referee
+turns), tagged ``chateval.item_id`` (the evaluated row's trace id) and ``chateval.scorer``. It belongs to the
+experiment, not to the evaluation run: ``genai.evaluate`` deletes every trace of its run that is not an evaluated
+row's. While the panel debates, MLflow's own tracing is paused for that thread (``genai.evaluate`` autologs DSPy,
+which would add a call-level copy of every debate that it then deletes), unless ``trace=False`` and you asked
+MLflow to trace scorers (``MLFLOW_GENAI_EVAL_ENABLE_SCORER_TRACING=true``): then that call-level detail is what
+its scorer traces show.
+
+MLflow is imported when a judge is first built, never when this module is imported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import typing
+from collections.abc import Mapping
+from functools import cache
+
+from chateval_dspy.errors import DataError
+from chateval_dspy.run.records import digest
+from chateval_dspy.run.tracing import Tracer, dumps, scrub, secret_values
+
+MAX_RATIONALE_CHARS = 8000
+SOURCES = ("inputs", "outputs", "expectations")
+EXPECTED_RESPONSE = "expected_response"
+ABSTAINED_CODE = "CHATEVAL_ABSTAINED"
+SCORER_TRACE_ID = "mlflow.assessment.scorerTraceId"  # mlflow.tracing.constant.AssessmentMetadataKey.SCORER_TRACE_ID
+SOURCE_RUN = "mlflow.sourceRun"  # mlflow.tracing.constant.TraceMetadataKey.SOURCE_RUN
+
+
+class TracedJudge:
+    """A loaded ``Judge`` whose every item also becomes an MLflow trace; everything else is the judge's own.
+
+    ``chateval score --trace`` and ``chateval serve --trace`` wrap their judge in one; ``mlflow_judge(...,
+    trace=True)`` uses ``judge_traced`` to link each feedback to its debate. (``evaluate_batch`` is the
+    judge's own and is not traced.)
+
+    Args:
+        judge: A loaded ``Judge`` (``chateval_dspy.load``).
+        tracer: The tracer (default: one for this judge's panel, personas and model, tagged with ``tags``).
+        tags: Tags of every trace, for the default tracer.
+    """
+
+    def __init__(self, judge, tracer: Tracer | None = None, *, tags: Mapping[str, str] | None = None):
+        self.judge = judge
+        self.tracer = tracer or Tracer(judge.config, roles=getattr(judge.program, "roles", None),
+                                       model=getattr(judge.lm, "model", None), tags=tags)
+
+    def __getattr__(self, name):
+        return getattr(self.judge, name)
+
+    def judge_traced(self, item: dict, *, row: int | None = None, source: str = "item", parent=None,
+                     quiet: bool = False):
+        """``(verdict, trace id)`` for one item (the trace id is None when tracing failed, which is logged).
+
+        ``parent``: a live span to nest the debate under (then the trace is that span's). ``quiet``: no other
+        spans while the panel judges (MLflow's autologging, which ``mlflow.genai.evaluate`` switches on, would
+        add a second, call-level copy of the debate to the trace).
+        """
+        import time
+
+        import dspy
+
+        from chateval_dspy.data.loaders import item_from_record
+        from chateval_dspy.deploy.judge import Verdict
+        from chateval_dspy.lm.adapter import JudgeAdapter
+        from chateval_dspy.run.evaluate import judge_item
+
+        # What Judge.__call__ does, keeping the record: a Verdict drops the transcripts a trace is made of.
+        judge = self.judge
+        example = item_from_record(item, judge.task, source=source, row=row)
+        with _untraced() if quiet else contextlib.nullcontext(), dspy.context(lm=judge.lm, adapter=JudgeAdapter()):
+            record = judge_item(judge.program, example, judge.config)
+        ended = time.time_ns()
+        trace_id = self.tracer(record, {k: example[k] for k in judge.task.input_names}, ended_ns=ended, parent=parent)
+        return Verdict.from_record(record, judge.task), trace_id
+
+    def __call__(self, item: dict, *, row: int | None = None, source: str = "item"):
+        return self.judge_traced(item, row=row, source=source)[0]
+
+    def close(self) -> None:
+        self.tracer.flush()
+        self.judge.close()
+
+    def __enter__(self) -> TracedJudge:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _scorer_tracing() -> bool:
+    import os
+
+    return os.environ.get("MLFLOW_GENAI_EVAL_ENABLE_SCORER_TRACING", "").strip().lower() in ("true", "1")
+
+
+def _untraced():
+    import mlflow
+
+    return mlflow.tracing.context(enabled=False)
+
+
+# ---- rows to items, verdicts to feedback (plain data, no MLflow) -----------------------------------------------
+
+def _lookup(row: dict, path: str):
+    source, _, key = path.partition(".")
+    if source not in SOURCES:
+        raise DataError(f"fields: {path!r} must start with one of {', '.join(SOURCES)}")
+    value = row.get(source)
+    if key:
+        if not isinstance(value, Mapping) or key not in value:
+            raise DataError(f"fields: the row has no {path!r}")
+        value = value[key]
+    return value
+
+
+def item_for(task, inputs=None, outputs=None, expectations=None, *, fields: Mapping[str, str] | None = None,
+             item_id: str | None = None) -> dict:
+    """The item a row of ``mlflow.genai.evaluate`` describes (see the module docstring for where each field
+    comes from). Missing fields are left out: validating the item names them.
+
+    Example:
+        >>> from chateval_dspy.program.task import as_task
+        >>> item_for(as_task("pairwise"), {"question": "2+2?"}, "4", {"expected_response": "5"})
+        {'question': '2+2?', 'answer_1': '4', 'answer_2': '5', 'id': '...'}
+        >>> item_for(as_task("pairwise"), {"question": "q"}, {"answer_1": "a"}, {"ref": "b"},
+        ...          fields={"answer_2": "expectations.ref"}, item_id="row-1")["answer_2"]
+        'b'
+    """
+    row = {"inputs": inputs, "outputs": outputs, "expectations": expectations}
+    names = task.input_names
+    item: dict = {}
+    for ours, path in (fields or {}).items():
+        if ours not in names and ours != "id":
+            raise DataError(f"fields: {ours!r} is not an input of task {task.name!r} ({', '.join(names)})")
+        item[ours] = _lookup(row, path)
+    missing = [n for n in task.judged if n not in item]
+
+    def take(source) -> None:
+        if isinstance(source, Mapping):
+            for name in names:
+                if name not in item and name in source:
+                    item[name] = source[name]
+                    if name in missing:
+                        missing.remove(name)
+
+    take(inputs)
+    if isinstance(inputs, Mapping) and "id" in inputs and "id" not in item:
+        item["id"] = inputs["id"]
+    take(outputs)
+    if outputs is not None and not isinstance(outputs, Mapping) and missing:
+        item[missing.pop(0)] = outputs if isinstance(outputs, str) else dumps(outputs)
+    take(expectations)
+    if isinstance(expectations, Mapping) and EXPECTED_RESPONSE in expectations and missing:
+        item[missing.pop(0)] = expectations[EXPECTED_RESPONSE]
+    if "id" not in item:
+        item["id"] = item_id or digest({k: item[k] for k in names if k in item})
+    item["id"] = str(item["id"])
+    return item
+
+
+def panel_rationale(verdict, task, names: Mapping[str, str] | None = None) -> str:
+    """The panel's rationale: its verdict, then each referee's evidence per answer order.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> from chateval_dspy.program.task import as_task
+        >>> v = SimpleNamespace(winner="1", scores={"answer_1": 8.0, "answer_2": 3.5}, consistent=True,
+        ...                     abstained=None, rationales={"critic": ["Answer 1 is right.", "Still 1."]})
+        >>> print(panel_rationale(v, as_task("pairwise"), {"critic": "Critic"}))
+        Panel: answer 1 is better (answer_1 8, answer_2 3.5); both answer orders agree.
+        Critic (order 1): Answer 1 is right.
+        Critic (order 2): Still 1.
+    """
+    names = names or {}
+    pairwise = task.format == "pairwise"
+    scores = ", ".join(f"{k} {_num(v)}" for k, v in (verdict.scores or {}).items())
+    if verdict.abstained and (verdict.winner is None if pairwise else not verdict.scores):
+        head = f"Panel: no verdict ({verdict.abstained})."
+    elif pairwise:
+        said = "a tie" if verdict.winner == "tie" else f"answer {verdict.winner} is better"
+        agree = {True: "; both answer orders agree", False: "; the two answer orders disagree"}.get(verdict.consistent, "")
+        head = f"Panel: {said}{f' ({scores})' if scores else ''}{agree}."
+    else:
+        head = f"Panel: {scores}."
+    lines = [head]
+    for slug, texts in (verdict.rationales or {}).items():
+        for i, text in enumerate(texts):
+            order = f" (order {i + 1})" if pairwise and len(texts) > 1 else ""
+            lines.append(f"{names.get(slug, slug)}{order}: {text}")
+    text = "\n".join(lines)
+    return text if len(text) <= MAX_RATIONALE_CHARS else text[:MAX_RATIONALE_CHARS] + " [...]"
+
+
+def _num(v):
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def feedback_parts(verdict, task, *, name: str = "chateval", per_criterion: bool | None = None,
+                   names: Mapping[str, str] | None = None, model: str | None = None,
+                   trace_id: str | None = None) -> list[dict]:
+    """What each Feedback of one verdict holds: ``{name, value, rationale, metadata, error}`` (metadata as text).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> from chateval_dspy.program.task import as_task
+        >>> v = SimpleNamespace(winner="2", scores={"answer_1": 3.0, "answer_2": 8.0}, consistent=False,
+        ...     abstained=None, rationales={}, referees={"critic": [{"score_1": 3, "score_2": 8}]}, calls=4,
+        ...     prompt_tokens=100, completion_tokens=10, seconds=0.2,
+        ...     criteria={"score": {"answer_1": 3.0, "answer_2": 8.0}})
+        >>> [(p["name"], p["value"], p["metadata"]["chateval.consistent"]) for p in feedback_parts(v, as_task("pairwise"))]
+        [('chateval', '2', 'false')]
+        >>> [p["name"] for p in feedback_parts(v, as_task("pairwise"), per_criterion=True)]
+        ['chateval', 'chateval/score']
+    """
+    pairwise = task.format == "pairwise"
+    per_criterion = (not pairwise) if per_criterion is None else per_criterion
+    rationale = panel_rationale(verdict, task, names)
+    metadata = {"chateval.referees": dumps(verdict.referees), "chateval.scores": dumps(verdict.scores),
+                "chateval.calls": str(verdict.calls), "chateval.prompt_tokens": str(verdict.prompt_tokens),
+                "chateval.completion_tokens": str(verdict.completion_tokens), "chateval.seconds": str(verdict.seconds),
+                "chateval.task": task.name}
+    if verdict.consistent is not None:
+        metadata["chateval.consistent"] = str(verdict.consistent).lower()
+    if getattr(verdict, "criteria", None) is not None:
+        metadata["chateval.criteria"] = dumps(verdict.criteria)
+    if verdict.abstained:
+        metadata["chateval.abstained"] = str(verdict.abstained)
+    if model:
+        metadata["chateval.model"] = model
+    if trace_id:
+        metadata[SCORER_TRACE_ID] = metadata["chateval.trace_id"] = trace_id
+
+    def part(part_name, value):
+        error = None
+        if value is None:
+            error = f"no verdict: {verdict.abstained or 'every referee abstained'}"
+        return {"name": part_name, "value": value, "rationale": rationale, "metadata": dict(metadata), "error": error}
+
+    parts = []
+    if pairwise:
+        parts.append(part(name, verdict.winner))
+        if per_criterion:
+            for c in task.criteria:
+                parts.append(part(f"{name}/{c.name}", (verdict.criteria or {}).get(c.name)))
+    elif per_criterion and len(task.criteria) > 1:
+        for c in task.criteria:
+            parts.append(part(f"{name}/{c.name}", (verdict.scores or {}).get(c.name)))
+    elif per_criterion:
+        parts.append(part(name, (verdict.scores or {}).get(task.criteria[0].name)))
+    else:
+        parts.append(part(name, dict(verdict.scores) if verdict.scores else None))
+    return parts
+
+
+def instructions_of(judge) -> str:
+    """What the panel judges, in words (the MLflow judge's ``instructions``).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> from chateval_dspy.config import DebateConfig
+        >>> print(instructions_of(SimpleNamespace(config=DebateConfig(roles=("critic",), turns=1))))
+        ChatEval panel on task 'faireval' (pairwise): referees critic debate for 1 round(s) (one_by_one) in both
+        answer orders; verdicts aggregated by mean. Criteria: score (1-10): overall score of Assistant 1 or 2's
+        answer. Inputs: question, answer_1, answer_2.
+    """
+    cfg = judge.config
+    task = cfg.task_spec
+    def described(c) -> str:  # a pairwise description is a template per response
+        return c.description.replace("{n}", "1 or 2").replace("{response}", "each response")
+
+    criteria = "; ".join(f"{c.name} ({c.scale}): {described(c)}" for c in task.criteria)
+    orders = " in both answer orders" if cfg.orders == 2 else ""
+    return (f"ChatEval panel on task {task.name!r} ({task.format}): referees {', '.join(cfg.roles)} debate for "
+            f"{cfg.turns} round(s) ({cfg.strategy}){orders}; verdicts aggregated by {cfg.aggregate}. "
+            f"Criteria: {criteria}. Inputs: {', '.join(task.input_names)}.")
+
+
+def value_type(task, per_criterion: bool | None = None):
+    """The Python type of the main Feedback's value.
+
+    Example:
+        >>> from chateval_dspy.program.task import as_task
+        >>> value_type(as_task("pairwise"))
+        typing.Literal['1', '2', 'tie']
+    """
+    pairwise = task.format == "pairwise"
+    if pairwise:
+        return typing.Literal["1", "2", "tie"]
+    per_criterion = True if per_criterion is None else per_criterion
+    if not per_criterion:
+        return dict
+    scale = task.criteria[0].scale
+    return typing.Literal[scale.labels] if scale.labels else float
+
+
+# ---- the MLflow class, built on first use -------------------------------------------------------------------
+
+@cache
+def judge_class():
+    """The MLflow judge class (a subclass of ``mlflow.genai.judges.base.Judge``), built at first use."""
+    from mlflow.entities import AssessmentError, AssessmentSource, AssessmentSourceType, Feedback
+    from mlflow.genai.judges.base import Judge as MlflowJudge
+    from mlflow.genai.judges.base import JudgeField
+    from pydantic import PrivateAttr
+
+    class ChatEvalJudge(MlflowJudge):
+        """A ChatEval panel as an MLflow GenAI judge (build it with ``chateval_dspy.mlflow_judge``)."""
+
+        _judge = PrivateAttr(default=None)
+        _traced = PrivateAttr(default=None)
+        _fields = PrivateAttr(default=None)
+        _per_criterion = PrivateAttr(default=None)
+
+        @property
+        def chateval(self):
+            """The loaded ``Judge`` behind this scorer."""
+            return self._judge
+
+        @property
+        def instructions(self) -> str:
+            return instructions_of(self._judge)
+
+        @property
+        def feedback_value_type(self):
+            return value_type(self._judge.task, self._per_criterion)
+
+        def get_input_fields(self) -> list:
+            task = self._judge.task
+            return [JudgeField(name=i.name, description=i.description or i.name, value_type=str) for i in task.inputs]
+
+        def __call__(self, *, inputs=None, outputs=None, expectations=None, trace=None):
+            judge = self._judge
+            task = judge.task
+            row_id = trace.info.trace_id if trace is not None else None
+            item = item_for(task, inputs, outputs, expectations, fields=self._fields, item_id=row_id)
+            trace_id = None
+            try:
+                if self._traced is not None:
+                    verdict, trace_id = self._traced.judge_traced(item, source="mlflow.genai.evaluate row", quiet=True)
+                else:
+                    # MLflow autologs DSPy during genai.evaluate: a call-level trace of every debate that it deletes
+                    # again at the end (unless it traces scorers, when that detail is what the user asked for).
+                    with contextlib.nullcontext() if _scorer_tracing() else _untraced():
+                        verdict = judge(item, source="mlflow.genai.evaluate row")
+            except DataError as exc:
+                raise DataError(f"{exc}. Name the task's inputs ({', '.join(task.input_names)}) in the row's inputs, "
+                                "outputs or expectations, or map them: mlflow_judge(judge, fields={...})") from exc
+            names = {r.slug: r.name for r in getattr(judge.program, "roles", [])}
+            source = AssessmentSource(source_type=AssessmentSourceType.LLM_JUDGE,
+                                      source_id=f"chateval:{getattr(judge.lm, 'model', '?')}")
+            secrets = secret_values()
+            out = []
+            for p in feedback_parts(verdict, task, name=self.name, per_criterion=self._per_criterion, names=names,
+                                    model=getattr(judge.lm, "model", None), trace_id=trace_id):
+                p = scrub(p, secrets)
+                error = AssessmentError(error_code=ABSTAINED_CODE, error_message=p["error"]) if p["error"] else None
+                out.append(Feedback(name=p["name"], value=p["value"], rationale=p["rationale"], source=source,
+                                    metadata=p["metadata"], error=error))
+            return out
+
+        def align(self, traces, optimizer=None):
+            raise NotImplementedError("a ChatEval panel is tuned against human labels with `chateval compile` "
+                                      "(DSPy optimizers over every referee's prompts), not with MLflow's aligners")
+
+    return ChatEvalJudge
+
+
+def mlflow_judge(judge, *, name: str = "chateval", trace: bool = False, fields: Mapping[str, str] | None = None,
+                 per_criterion: bool | None = None, description: str | None = None):
+    """A loaded evaluator as an MLflow GenAI judge, for ``mlflow.genai.evaluate(data=..., scorers=[...])``.
+
+    Args:
+        judge: A loaded ``Judge`` (``chateval_dspy.load(path, model=...)``); it stays open as long as the scorer
+            is used.
+        name: The Feedback name (per-criterion feedbacks are ``<name>/<criterion>``).
+        trace: Also log each item's debate as its own MLflow trace (``chateval_dspy.run.tracing``) and link every
+            Feedback to it (``mlflow.assessment.scorerTraceId``).
+        fields: Our input field -> ``inputs.<key>``, ``outputs``, ``outputs.<key>`` or ``expectations.<key>``.
+        per_criterion: Pairwise: add one Feedback per criterion (default no). Pointwise: one per criterion
+            (default) or one whose value maps every criterion to its score.
+        description: The scorer's description (default: the panel in words).
+
+    The scorer has no timeout of MLflow's own (``timeout=0``): each item is bounded by the LM's item deadline.
+
+    Example:
+        >>> with chateval_dspy.load("programs/faireval-bootstrap") as judge:  # doctest: +SKIP
+        ...     result = mlflow.genai.evaluate(data=rows, scorers=[chateval_dspy.mlflow_judge(judge)])
+    """
+    cls = judge_class()
+    scorer = cls(name=name, description=description or instructions_of(judge), timeout=0)
+    scorer._judge = judge
+    scorer._fields = dict(fields) if fields else None
+    scorer._per_criterion = per_criterion
+    if trace:
+        # A trace made during genai.evaluate belongs to its run, and MLflow deletes every trace of the run that
+        # is not an evaluated row's (unless it traces scorers itself): a debate trace is the experiment's instead.
+        tracer = Tracer(judge.config, roles=getattr(judge.program, "roles", None), model=getattr(judge.lm, "model", None),
+                        tags={"chateval.command": "mlflow.genai.evaluate", "chateval.scorer": name},
+                        metadata={SOURCE_RUN: ""})
+        scorer._traced = TracedJudge(judge, tracer)
+    return scorer
+
+
+def __getattr__(name: str):
+    # ``from chateval_dspy.deploy.mlflow_judge import ChatEvalJudge`` builds the class (and imports MLflow) then.
+    if name == "ChatEvalJudge":
+        return judge_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

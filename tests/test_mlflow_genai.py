@@ -1,0 +1,306 @@
+"""A judge MLflow understands, against a real tracking server (issue 13, items 1, 2 and 5).
+
+A ``mlflow server`` process (sqlite backend, temporary artifact root, loopback, no job runner) is started once
+for the module; the LM is the scripted fake behind an OpenAI-compatible URL, called with a planted API key.
+``mlflow.genai.evaluate`` with ``chateval_dspy.mlflow_judge`` must give one Feedback per item (or criterion) on
+the task's scale with the panel's rationale; each debate must be one trace with the span tree orders x rounds x
+referees; and nothing the server stored (its sqlite file and artifact root) may hold the key. The same judge is
+checked on the default local store too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from test_search import mlflow_db  # noqa: F401 - the MLflow store template, shared
+
+import chateval_dspy
+from chateval_dspy.config import DebateConfig
+from chateval_dspy.data.loaders import load_dataset
+from chateval_dspy.deploy.store import make_card, save_program
+from chateval_dspy.program.chateval import build_evaluator
+from chateval_dspy.testing.fake_server import FakeOpenAIServer
+
+PLANTED = "sk-planted-GENAI-0123456789abcdef"
+MODEL = "openai-compatible/fake-served"
+N = 6
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def tracking_server(tmp_path_factory, mlflow_db):  # noqa: F811 - the shared template fixture
+    """``(uri, root)`` of a real ``mlflow server``; everything it stores lies under ``root``."""
+    root = tmp_path_factory.mktemp("mlflow-server")
+    shutil.copy(mlflow_db, root / "server.db")  # already migrated: the server starts in seconds
+    port = _free_port()
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    log = open(root / "server.log", "wb")  # noqa: SIM115 - closed at teardown
+    # Its own session (process group), so that the server and the uvicorn worker it starts end together.
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
+                             f"sqlite:///{root / 'server.db'}", "--default-artifact-root", str(root / "artifacts"),
+                             "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+                            cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=2) as resp:  # noqa: S310 - loopback
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"mlflow server did not start:\n{(root / 'server.log').read_text()[-3000:]}")
+            time.sleep(0.3)
+        yield uri, root
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def lm_url():
+    """The fake LM's URL; every request to it must carry the planted key (so a leak would have had a source)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CHATEVAL_API_KEY", PLANTED)
+        with FakeOpenAIServer() as url:
+            yield url
+
+
+@pytest.fixture(scope="module")
+def evaluators(tmp_path_factory):
+    """Saved evaluators: ``pairwise`` (FairEval's task) and ``pointwise`` (Topical-Chat's four criteria)."""
+    root = tmp_path_factory.mktemp("evaluators")
+    out = {}
+    for name, cfg in (("pairwise", DebateConfig(roles=("critic", "scientist"), turns=2)),
+                      ("pointwise", DebateConfig(format="scoring", roles=("critic", "scientist"), turns=1))):
+        program = build_evaluator(cfg)
+        out[name] = save_program(program, root / name, make_card(program, model=MODEL))
+    return out
+
+
+@pytest.fixture
+def on_server(tracking_server, monkeypatch):
+    """MLflow pointed at the tracking server, as a user's ``MLFLOW_TRACKING_URI`` would; restored afterwards."""
+    import mlflow
+
+    uri, _ = tracking_server
+    previous = mlflow.get_tracking_uri()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    mlflow.set_tracking_uri(uri)
+    yield uri
+    mlflow.flush_trace_async_logging()
+    mlflow.set_tracking_uri(previous)
+
+
+def pairwise_rows(n: int = N) -> list[dict]:
+    """FairEval items as an app's answers judged against references: the question in, ChatGPT's answer out."""
+    items, _ = load_dataset("faireval")
+    return [{"inputs": {"question": x.question}, "outputs": x.answer_1,
+             "expectations": {"expected_response": x.answer_2}} for x in items[:n]]
+
+
+def pointwise_rows(n: int = N) -> list[dict]:
+    items, _ = load_dataset("topical_chat")
+    return [{"inputs": {"dialogue_history": x.dialogue_history, "fact": x.fact}, "outputs": x.response}
+            for x in items[:n]]
+
+
+def feedbacks_of(result, name_prefix: str = "chateval") -> list:
+    """Every Feedback the evaluation run logged, read back from the store."""
+    import mlflow
+
+    mlflow.flush_trace_async_logging()
+    traces = mlflow.search_traces(run_id=result.run_id, return_type="list")
+    assert len(traces) == N  # one evaluated row each; the debates are not the run's
+    return [a for t in traces for a in t.info.assessments if a.name.startswith(name_prefix)]
+
+
+def span_tree(trace) -> list:
+    spans = sorted(trace.data.spans, key=lambda s: (s.start_time_ns, s.name))
+    kids: dict = {}
+    for s in spans:
+        kids.setdefault(s.parent_id, []).append(s)
+
+    def walk(s):
+        return [s.name, [walk(c) for c in kids[s.span_id]]] if s.span_id in kids else s.name
+
+    return [walk(s) for s in kids[None]]
+
+
+def check_pairwise(result, debates: list | None):
+    feedbacks = feedbacks_of(result)
+    assert len(feedbacks) == N and {f.name for f in feedbacks} == {"chateval"}
+    for f in feedbacks:
+        assert f.value in ("1", "2", "tie") and f.error is None
+        assert f.rationale.startswith("Panel: ") and "Critic (order 1): " in f.rationale
+        assert f.source.source_type == "LLM_JUDGE" and f.source.source_id == f"chateval:{MODEL}"
+        referees = json.loads(f.metadata["chateval.referees"])
+        assert set(referees) == {"critic", "scientist"} and all(len(v) == 2 for v in referees.values())
+        assert f.metadata["chateval.consistent"] in ("true", "false") and int(f.metadata["chateval.calls"]) == 8
+    if debates is not None:
+        # One trace per judged item: orders x rounds x referees, each linked from its row's feedback.
+        assert len(debates) == N
+        order = [["round 1", ["critic", "scientist"]], ["round 2", ["critic", "scientist"]]]
+        for t in debates:
+            assert span_tree(t) == [["chateval", [["order 1", order], ["order 2 (answers swapped)", order]]]]
+        assert {f.metadata["mlflow.assessment.scorerTraceId"] for f in feedbacks} == {t.info.trace_id for t in debates}
+        rows = {f.trace_id for f in feedbacks}
+        assert {t.info.tags["chateval.item_id"] for t in debates} == rows
+
+
+def debate_traces(scorer_name: str = "chateval") -> list:
+    import mlflow
+
+    mlflow.flush_trace_async_logging()
+    return mlflow.search_traces(filter_string=f"tags.`chateval.scorer` = '{scorer_name}'", return_type="list")
+
+
+# ---- against the tracking server ---------------------------------------------------------------------------
+
+def test_genai_evaluate_gives_one_feedback_per_item_and_one_trace_per_debate(on_server, evaluators, lm_url):
+    import mlflow
+
+    mlflow.set_experiment("genai-pairwise")
+    with chateval_dspy.load(evaluators["pairwise"], model=lm_url, cache=False) as judge:
+        scorer = chateval_dspy.mlflow_judge(judge, trace=True)
+        assert isinstance(scorer, mlflow.genai.judges.base.Judge)
+        result = mlflow.genai.evaluate(data=pairwise_rows(), scorers=[scorer])
+    check_pairwise(result, debate_traces())
+    assert list(result.result_df["chateval/value"].map(lambda v: v in ("1", "2", "tie"))) == [True] * N
+
+
+def test_a_pointwise_judge_gives_one_feedback_per_criterion_on_its_scale(on_server, evaluators, lm_url):
+    import mlflow
+
+    mlflow.set_experiment("genai-pointwise")
+    with chateval_dspy.load(evaluators["pointwise"], model=lm_url, cache=False) as judge:
+        result = mlflow.genai.evaluate(data=pointwise_rows(), scorers=[chateval_dspy.mlflow_judge(judge)])
+        scales = {c.name: c.scale for c in judge.task.criteria}
+    feedbacks = feedbacks_of(result)
+    assert len(feedbacks) == N * 4
+    for f in feedbacks:
+        criterion = f.name.removeprefix("chateval/")
+        low, high = scales[criterion].low, scales[criterion].high
+        assert isinstance(f.value, (int, float)) and low <= f.value <= high, (f.name, f.value)
+        assert f.rationale.startswith("Panel: naturalness ") and "Critic: " in f.rationale
+    # Numeric values aggregate into run metrics, one per criterion.
+    assert {"chateval/naturalness/mean", "chateval/groundedness/mean"} <= set(result.metrics)
+
+
+def test_chateval_evaluate_with_tracing_logs_one_trace_per_item_under_its_run(on_server, lm_url, tmp_path,
+                                                                              monkeypatch):
+    """What ``chateval evaluate --dataset faireval --limit 3 --trace`` does, through the same calls."""
+    import mlflow
+
+    from chateval_dspy.data.spec import DataSpec
+    from chateval_dspy.lm.spec import LMSpec
+    from chateval_dspy.run.evaluate_dataset import evaluate_dataset
+    from optim import tracking
+    from optim.evaluation import log_evaluation
+
+    monkeypatch.chdir(tmp_path)
+    data = DataSpec("faireval", limit=3)
+    cfg = DebateConfig(roles=("critic", "scientist"), turns=2)
+    items, _ = data.items()
+    tracer = tracking.tracer_for(None, items=items, config=lambda fmt: cfg, tags={"chateval.command": "evaluate"})
+    assert tracer is not None  # on by default: MLflow is the target and 3 items is a run people read
+    done = evaluate_dataset(data, cfg, LMSpec(model=lm_url, cache=False), on_item=tracer.on_item())
+    run_id = log_evaluation(done, done.result.metrics(), uri=on_server)
+    tracer.link_to_run(run_id)
+    traces = mlflow.search_traces(run_id=run_id, return_type="list")
+    assert sorted(t.info.tags["chateval.item_id"] for t in traces) == sorted(str(x.id) for x in items)
+    order = [["round 1", ["critic", "scientist"]], ["round 2", ["critic", "scientist"]]]
+    assert all(span_tree(t) == [["chateval", [["order 1", order], ["order 2 (answers swapped)", order]]]]
+               for t in traces)
+    assert tracking.tracer_for(None, items=items * 40, config=cfg) is None  # 120 items: off unless --trace
+
+
+def test_nothing_the_tracking_server_stored_holds_the_key(tracking_server, lm_url):
+    """Runs after the tests above, which sent the server feedbacks, traces, params and artifacts."""
+    import mlflow
+
+    mlflow.flush_trace_async_logging()
+    _, root = tracking_server
+    stored = [f for f in root.rglob("*") if f.is_file() and f.name != "server.log"]
+    assert any(f.name == "server.db" for f in stored) and any("artifacts" in f.parts for f in stored)
+    assert [f for f in stored if PLANTED.encode() in f.read_bytes()] == []
+
+
+# ---- on the default local store, and the judge on its own -------------------------------------------------------
+
+def test_on_the_default_local_store_too(evaluators, lm_url, tmp_path, monkeypatch, mlflow_db):  # noqa: F811
+    import mlflow
+
+    from optim import tracking
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    (tmp_path / "mlruns").mkdir()
+    shutil.copy(mlflow_db, tmp_path / "mlruns" / "mlflow.db")
+    previous = mlflow.get_tracking_uri()
+    tracking.setup(None)  # sqlite:///mlruns/mlflow.db, artifacts under mlruns/
+    try:
+        with chateval_dspy.load(evaluators["pairwise"], model=lm_url, cache=False) as judge:
+            result = mlflow.genai.evaluate(data=pairwise_rows(), scorers=[chateval_dspy.mlflow_judge(judge, trace=True)])
+        check_pairwise(result, debate_traces())
+        stored = [f for f in (tmp_path / "mlruns").rglob("*") if f.is_file()]
+        assert [f for f in stored if PLANTED.encode() in f.read_bytes()] == []
+    finally:
+        mlflow.flush_trace_async_logging()
+        mlflow.set_tracking_uri(previous)
+
+
+def test_the_judge_reads_any_row_shape_and_reports_an_abstention(evaluators, lm_url, monkeypatch):
+    import dspy
+    from mlflow.entities import Feedback
+
+    import chateval_dspy.lm.resolve
+    from chateval_dspy.errors import DataError
+    from chateval_dspy.testing.fake_lm import ScriptedEngine
+
+    with chateval_dspy.load(evaluators["pairwise"], model=lm_url, cache=False) as judge:
+        scorer = chateval_dspy.mlflow_judge(judge, name="panel", per_criterion=True,
+                                            fields={"answer_2": "expectations.reference"})
+        assert "critic, scientist" in scorer.instructions and scorer.timeout == 0
+        assert [f.name for f in scorer.get_input_fields()] == ["question", "answer_1", "answer_2"]
+        out = scorer(inputs={"question": "2+2?"}, outputs={"answer_1": "4"}, expectations={"reference": "four, surely"})
+        assert [f.name for f in out] == ["panel", "panel/score"] and all(isinstance(f, Feedback) for f in out)
+        assert set(out[1].value) == {"answer_1", "answer_2"} and out[0].value in ("1", "2", "tie")
+        with pytest.raises(DataError, match="answer_2.*fields=") as missing:
+            chateval_dspy.mlflow_judge(judge)(inputs={"question": "q"}, outputs="only one answer")
+        assert "mlflow_judge(judge, fields=" in str(missing.value)
+
+    # A panel whose every verdict fails to parse: a Feedback with an error and the reason, never a made-up value.
+    @contextlib.contextmanager
+    def garbage(spec, **kwargs):
+        yield dspy.LM("fake/garbage", engine=ScriptedEngine(lambda call: "not json"), cache=False, num_retries=0)
+
+    monkeypatch.setattr(chateval_dspy.lm.resolve, "resolve_lm", garbage)
+    with pytest.warns(UserWarning, match="now runs on fake/garbage"), \
+            chateval_dspy.load(evaluators["pairwise"], model="garbage") as judge:
+        (feedback,) = chateval_dspy.mlflow_judge(judge)(inputs={"question": "q", "answer_1": "a", "answer_2": "b"})
+    assert feedback.value is None and feedback.error.error_code == "CHATEVAL_ABSTAINED"
+    assert "parse_failure" in feedback.error.error_message and feedback.rationale.startswith("Panel: no verdict")
