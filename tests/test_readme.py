@@ -47,10 +47,16 @@ def commands(code: str) -> list[str]:
     return out
 
 
-def test_every_block_is_bash_or_python():
-    """A block in another language would be skipped silently; the layout diagram is plain text on purpose."""
-    for lang, _, line in blocks(README.read_text(encoding="utf-8")):
-        assert lang in ("bash", "python", ""), f"README.md:{line}: block in {lang!r}"
+def test_every_block_is_bash_or_python_or_an_example_file():
+    """A block in another language would be skipped silently; the layout diagram is plain text on purpose, and a
+    YAML block must be one of data/examples/*.yaml, which the commands use."""
+    import yaml
+
+    examples = [yaml.safe_load(p.read_text(encoding="utf-8")) for p in (ROOT / "data" / "examples").glob("*.yaml")]
+    for lang, code, line in blocks(README.read_text(encoding="utf-8")):
+        assert lang in ("bash", "python", "yaml", ""), f"README.md:{line}: block in {lang!r}"
+        if lang == "yaml":
+            assert yaml.safe_load(code) in examples, f"README.md:{line}: YAML block is not a file in data/examples"
 
 
 @pytest.fixture

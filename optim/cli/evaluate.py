@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from optim.cli import flags, show
@@ -15,15 +16,24 @@ def add_command(sub) -> None:
     p.add_argument("--overwrite", action="store_true", help="start --out afresh instead of resuming it")
     p.add_argument("--no-progress", action="store_true")
     flags.add_tracking_flags(p)
+    from chateval_dspy.run.tracing import TRACE_HELP
+
+    p.add_argument("--trace", action=argparse.BooleanOptionalAction, default=None, help=TRACE_HELP)
 
 
 def run(args) -> int:
     from chateval_dspy.run.evaluate_dataset import evaluate_dataset
+    from optim.tracking import tracer_for
 
     data = flags.data_spec(args)
+    panel = lambda fmt: flags.debate_config(args, fmt)  # noqa: E731 - the panel once the data's format is known
+    tracer = None if args.trace is False else tracer_for(
+        args.trace, items=data.items()[0], config=panel, uri=args.tracking_uri, mlflow_target=not args.no_mlflow,
+        tags={"chateval.command": "evaluate"})
     with show.progress(None, not args.no_progress) as on_item:
-        done = evaluate_dataset(data, lambda fmt: flags.debate_config(args, fmt), flags.lm_spec(args), out=args.out,
-                                overwrite=args.overwrite, concurrency=flags.concurrency(args), on_item=on_item)
+        done = evaluate_dataset(data, panel, flags.lm_spec(args), out=args.out, overwrite=args.overwrite,
+                                concurrency=flags.concurrency(args),
+                                on_item=tracer.on_item(on_item) if tracer else on_item)
     if done.result.resumed:
         print(f"resumed: {done.result.resumed} item(s) were already judged in {done.out}", file=sys.stderr)
     metrics = show.summary(done.result, done.header(), data.seed)
@@ -39,5 +49,11 @@ def run(args) -> int:
     if not args.no_mlflow:
         from optim.evaluation import log_evaluation
 
-        print(f"mlflow run: {log_evaluation(done, metrics, uri=args.tracking_uri)}")
+        run_id = log_evaluation(done, metrics, uri=args.tracking_uri)
+        print(f"mlflow run: {run_id}")
+        if tracer:
+            tracer.link_to_run(run_id)
+    if tracer:
+        tracer.flush()
+        print(f"mlflow traces: {len(tracer.trace_ids)} (experiment {tracer.experiment_id})", file=sys.stderr)
     return 0
