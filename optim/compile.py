@@ -343,12 +343,13 @@ def compile_and_save(data, config, lm, *, optimizer: str, out: str | Path, metri
     """
     from chateval_dspy.data.loaders import dataset_hash
     from chateval_dspy.deploy.store import make_card, save_program
+    from chateval_dspy.lm.panel import referee_names
     from chateval_dspy.program.chateval import build_evaluator
     from chateval_dspy.run import records
     from chateval_dspy.run.evaluate import evaluate
     from chateval_dspy.run.evaluate_dataset import check_task, lm_slots, run_header, skipped_rows
     from chateval_dspy.run.metrics import plain
-    from optim.evaluation import run_params
+    from optim.evaluation import run_params, unpriced_marks
     from optim.objectives import make_metric
 
     hooks = hooks or CompileHooks()
@@ -359,6 +360,7 @@ def compile_and_save(data, config, lm, *, optimizer: str, out: str | Path, metri
     items, fmt = data.load()
     cfg = config(fmt) if callable(config) else config
     check_task(data, cfg)
+    lm.check_panel(cfg.roles)  # a mixed panel's referees must sit on it: checked before any model starts
     parts = data.parts(items)
     if not parts["train"] or not parts["test"]:
         raise ConfigError("the train or test split is empty: use more items or a larger --limit")
@@ -383,15 +385,15 @@ def compile_and_save(data, config, lm, *, optimizer: str, out: str | Path, metri
     params = run_params(data, cfg, "", items, optimizer=optimizer, optimizer_settings=settings.to_dict(),
                         metric=metric_name, n_train=len(parts["train"]), n_dev=len(parts["dev"]),
                         n_test=len(parts["test"]))
-    params.pop("model")  # known once the LM is up: logged then
+    params.pop("model")  # known once the LM is up: logged then (with a mixed panel's referee models)
     run = mlflow_tracking.run("compile", params=params, uri=tracking.uri,
                               tags={"command": "compile", "optimizer": optimizer,
                                     "chateval.out": str(out.resolve())}) if tracked else contextlib.nullcontext()
     with run as active:
         with lm.judging(lm_slots(cfg, max(concurrency, settings.threads))) as judging_lm:
-            model = judging_lm.model
+            model, referees = judging_lm.model, referee_names()
             if tracked:
-                mlflow_tracking.log_params({"model": model})
+                mlflow_tracking.log_params({"model": model, **({"referee_models": referees} if referees else {})})
                 mlflow_tracking.autolog_compiles()
             compiled = None
             for stage in ("before", "after"):
@@ -407,16 +409,20 @@ def compile_and_save(data, config, lm, *, optimizer: str, out: str | Path, metri
                 with hooks.progress(stage, len(parts["test"])) as on_item:
                     result = evaluate(program, parts["test"], cfg, out=folder.work / f"test_{stage}.jsonl",
                                       concurrency=concurrency, on_item=on_item, run_key=stage_key)
-                figures[stage], costs[stage] = result.metrics(seed=data.seed), result.cost()
-                hooks.tested(stage, result, figures[stage], run_header(data, cfg, model, result.n, "test"))
+                figures[stage], costs[stage] = result.metrics(seed=data.seed), result.card_cost()
+                hooks.tested(stage, result, figures[stage],
+                             run_header(data, cfg, model, result.n, "test", referee_models=referees))
                 if tracked:
-                    mlflow_tracking.log_metrics(figures[stage], costs[stage], prefix=f"test_{stage}.")
-        card = make_card(compiled, model=model, dataset=data.dataset, dataset_hash=dataset_hash(items),
+                    mlflow_tracking.log_metrics(figures[stage], {**costs[stage], **result.model_metrics()},
+                                                prefix=f"test_{stage}.")
+                    mlflow_tracking.log_params(unpriced_marks(costs[stage], prefix=f"test_{stage}."))
+        card = make_card(compiled, model=model, referee_models=referees, dataset=data.dataset,
+                         dataset_hash=dataset_hash(items),
                          split={"seed": data.seed, "fractions": [0.4, 0.2, 0.4], "limit": data.limit,
                                 "sizes": {k: len(v) for k, v in parts.items()}},
                          optimizer=optimizer, optimizer_settings=settings.to_dict(), metric=metric_name,
                          test_metrics={s: plain(figures[s]) for s in figures},
-                         cost={k: v for k, v in costs["after"].items() if k != "wall_seconds"},
+                         cost=costs["after"],
                          **({"skipped_rows": skipped} if skipped else {}))
         save_program(compiled, out, card)
         if tracked:

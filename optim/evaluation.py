@@ -19,25 +19,47 @@ def config_params(config) -> dict:
     return out
 
 
-def run_params(data, config, model: str, items, **extra) -> dict:
-    """The params every tracked run states: panel, model, dataset and its hash, split, seed, limit."""
-    return {"config": config_params(config), "model": model, "dataset": data.dataset,
+def run_params(data, config, model: str, items, *, referee_models: dict | None = None, **extra) -> dict:
+    """The params every tracked run states: panel, model (and a mixed panel's referee models, by role slug),
+    dataset and its hash, split, seed, limit."""
+    return {"config": config_params(config), "model": model,
+            **({"referee_models": dict(referee_models)} if referee_models else {}), "dataset": data.dataset,
             "dataset_hash": dataset_hash(items), "split": data.split, "seed": data.seed, "limit": data.limit, **extra}
+
+
+def unpriced_marks(cost: dict, prefix: str = "") -> dict[str, str]:
+    """The dollar figures MLflow cannot hold as metrics (``unpriced``), as params/tags saying so.
+
+    Example:
+        >>> unpriced_marks({"cost_usd_per_item": "unpriced", "cost_usd_total": "unpriced", "calls_per_item": 8.0})
+        {'cost_usd': 'unpriced'}
+        >>> unpriced_marks({"cost_usd_per_item": 0.01, "cost_usd_total": 0.02})
+        {}
+    """
+    from chateval_dspy.lm.pricing import UNPRICED
+
+    return {f"{prefix}cost_usd": UNPRICED} if cost.get("cost_usd_total") == UNPRICED else {}
 
 
 def log_evaluation(done, metrics: dict, *, uri: str | None = None) -> str:
     """Log a ``DatasetRun`` (from ``evaluate_dataset``) as one MLflow run; returns its id.
 
     A task of one's own goes with it as ``task/task.json``; rows skipped as malformed as
-    ``skipped/skipped_rows.json`` and the metric ``skipped_rows``.
+    ``skipped/skipped_rows.json`` and the metric ``skipped_rows``. Cost in US dollars is logged as the metrics
+    ``cost_usd_per_item`` and ``cost_usd_total`` when every model used is priced, else as the tag
+    ``cost_usd: unpriced``; per-model figures as ``model/<name>/<figure>_per_item``.
     """
     from chateval_dspy.run.evaluate_dataset import skipped_rows
     from optim import tracking
 
     extra = {"skipped_rows": len(done.skipped)} if done.skipped else {}
-    with tracking.run("evaluate", params=run_params(done.data, done.config, done.model, done.items), uri=uri,
-                      tags={"command": "evaluate"}) as active:
-        tracking.log_metrics(metrics, {**done.result.cost(), **done.result.abstention_metrics(), **extra})
+    cost = done.result.cost()
+    params = run_params(done.data, done.config, done.model, done.items,
+                        referee_models=getattr(done, "referee_models", None))
+    with tracking.run("evaluate", params=params, uri=uri,
+                      tags={"command": "evaluate", **unpriced_marks(cost)}) as active:
+        tracking.log_metrics(metrics, {**cost, **done.result.abstention_metrics(), **done.result.model_metrics(),
+                                       **extra})
         tracking.log_file(done.out, "results")
         with tempfile.TemporaryDirectory() as tmp:
             if done.config.task is not None:

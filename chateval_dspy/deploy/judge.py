@@ -6,6 +6,12 @@ registered model (``models:/<name>/<version>``, ``models:/<name>/latest``, ``mod
 Plain JSON state is the default, checked against ``chateval_dspy.limits`` (see ``store``); a pickled
 program is refused unless the caller passes ``trust_pickle=True``. The LM is chosen here, at load time
 (the card's model *name* by default), and never read from the files.
+
+A mixed panel's card names each referee's model too (``referee_models``). The rule: ``load(path)`` runs every
+referee on its card name (a LiteLLM string or ``embedded``); ``model=`` overrides the whole panel with one LM;
+``referee_models={slug: spec}`` rebinds those referees (a URL, a LiteLLM string, ``embedded``), the others
+following ``model=`` if given, else their card names. A card name ``openai-compatible/<id>`` (a base URL's LM)
+cannot be reached from the name: such a referee needs ``referee_models=`` (or ``model=``).
 """
 
 from __future__ import annotations
@@ -30,15 +36,17 @@ from chateval_dspy.config import DebateConfig
 from chateval_dspy.data.loaders import item_from_record
 from chateval_dspy.deploy.store import CARD_FILE, load_program, read_card
 from chateval_dspy.errors import ChatEvalError, ConfigError, DataError
-from chateval_dspy.lm import resolve
 from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.lm.panel import open_panel
+from chateval_dspy.lm.pricing import attach_price
 from chateval_dspy.lm.resolve import EMBEDDED, EMBEDDED_MODEL_ID, configure_cache
+from chateval_dspy.lm.spec import LMSpec
 from chateval_dspy.program.chateval import ChatEval
 from chateval_dspy.program.task import TaskSpec, as_task
 from chateval_dspy.run.evaluate import judge_item
 
 log = logging.getLogger(__name__)
-NESTED_COLUMNS = ("scores", "rationales", "referees", "truncated", "criteria", "empty")
+NESTED_COLUMNS = ("scores", "rationales", "referees", "truncated", "criteria", "empty", "usage_by_model")
 
 
 @dataclass(frozen=True)
@@ -50,7 +58,9 @@ class Verdict:
     its mean over the task's ``preference.combine`` criteria, what ``aggregate=mean`` compares), or
     (pointwise) one score or label per criterion; ``criteria`` holds every criterion's panel value, keyed
     by criterion (pairwise: then by response); ``rationales`` maps each referee to its verdict's evidence,
-    one per answer order; ``empty`` lists the judged responses that were empty.
+    one per answer order; ``empty`` lists the judged responses that were empty. ``cost_usd`` is what the item
+    cost in US dollars (None: some model used is unpriced); ``usage_by_model`` holds calls, tokens, seconds
+    and dollars per model.
     """
 
     id: str
@@ -68,6 +78,8 @@ class Verdict:
     truncated: dict[str, int] = field(default_factory=dict)
     criteria: dict | None = None
     empty: list[str] = field(default_factory=list)
+    cost_usd: float | None = None
+    usage_by_model: dict[str, dict] = field(default_factory=dict)
 
     @classmethod
     def from_record(cls, record: dict, task: TaskSpec | str | None = None) -> Verdict:
@@ -93,7 +105,8 @@ class Verdict:
                    consistent=record.get("consistent"), abstained=record.get("abstained"), calls=record.get("calls"),
                    prompt_tokens=record["prompt_tokens"], completion_tokens=record["completion_tokens"],
                    seconds=record["seconds"], truncated=record.get("truncated") or {}, criteria=criteria,
-                   empty=record.get("empty") or [])
+                   empty=record.get("empty") or [], cost_usd=record.get("cost_usd"),
+                   usage_by_model=record.get("usage_by_model") or {})
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -112,13 +125,40 @@ def _check_version(card: dict, source: str) -> None:
 
 
 def _default_model(card: dict) -> str:
-    model = card.get("model") or ""
+    return _spec_for_name(card.get("model") or "", "this evaluator", "model= (a base URL or LiteLLM model string)")
+
+
+def _spec_for_name(model: str, who: str, how: str) -> str:
+    """The LM spec a card's model *name* stands for, or a ConfigError saying how to give the endpoint."""
     if model == EMBEDDED_MODEL_ID:
         return EMBEDDED
     if model.startswith("openai-compatible/") or not model:
-        raise ConfigError(f"this evaluator was compiled for {model or 'an unknown model'!r}, which cannot be reached "
-                          "from its name alone: pass model= (a base URL or LiteLLM model string)")
+        raise ConfigError(f"{who} was compiled for {model or 'an unknown model'!r}, which cannot be reached "
+                          f"from its name alone: pass {how}")
     return model
+
+
+def referee_specs(card: dict, roles, *, model: str | None, referee_models: dict[str, str] | None) -> dict[str, str]:
+    """``{slug: spec}`` of the referees that run on an LM of their own (the rule in the module's docstring).
+
+    Example:
+        >>> card = {"model": "openai/gpt-4o-mini", "referee_models": {"critic": "openai/gpt-4o"}}
+        >>> referee_specs(card, ("critic", "scientist"), model=None, referee_models=None)
+        {'critic': 'openai/gpt-4o'}
+        >>> referee_specs(card, ("critic", "scientist"), model="http://h:8000/v1", referee_models=None)
+        {}
+        >>> referee_specs(card, ("critic", "scientist"), model=None, referee_models={"scientist": "embedded"})
+        {'critic': 'openai/gpt-4o', 'scientist': 'embedded'}
+    """
+    from chateval_dspy.lm.panel import check_panel, check_referee_models
+
+    given = dict(check_referee_models(referee_models or {}))
+    check_panel(given, roles)
+    out = {} if model is not None else {
+        slug: _spec_for_name(name, f"referee {slug!r}", f"referee_models={{{slug!r}: URL}} (or model= for the "
+                             "whole panel)")
+        for slug, name in (card.get("referee_models") or {}).items() if slug not in given}
+    return {**out, **given}
 
 
 def _from_mlflow(uri: str, workdir: Path, trust_pickle: bool) -> Path | ChatEval:
@@ -253,10 +293,13 @@ class Judge:
         ...     v.winner, v.scores, v.rationales
     """
 
-    def __init__(self, program: ChatEval, card: dict, lm: dspy.LM, stack: contextlib.ExitStack):
+    def __init__(self, program: ChatEval, card: dict, lm: dspy.LM, stack: contextlib.ExitStack,
+                 referee_lms: dict[str, dspy.LM] | None = None):
         self.program, self.card, self.lm = program, card, lm
         self.config = program.config
+        self.referee_lms = dict(referee_lms or {})  # a mixed panel: role slug -> the LM its predictors are bound to
         self._stack = stack
+        bind_referees(program, self.referee_lms)
 
     @property
     def format(self) -> str:
@@ -310,21 +353,49 @@ class Judge:
         self.close()
 
 
+def bind_referees(program: ChatEval, lms: dict[str, dspy.LM]) -> None:
+    """Bind each referee's ``argue`` and ``judge`` predictors to its LM (a loaded program, never saved again).
+
+    Binding the predictors themselves makes the panel mixed wherever the program runs, inside any caller's
+    DSPy context; the summarizer and the other referees keep the context's LM.
+    """
+    for slug, lm in lms.items():
+        referee = program.debate.referees[slug]
+        referee.argue.lm = referee.judge.lm = lm
+
+
 def load(path_or_uri: str | Path, *, model: str | None = None, trust_pickle: bool = False, slots: int = 4,
-         timeout: float = 120.0, served_model: str | None = None, cache: bool = True) -> Judge:
-    """Load a saved evaluator and bind it to an LM.
+         timeout: float = 120.0, served_model: str | None = None, cache: bool = True,
+         referee_models: dict[str, str] | None = None, price_per_mtok: str | tuple[float, float] | None = None) -> Judge:
+    """Load a saved evaluator and bind it to an LM (a mixed panel: each referee to its own).
 
     Args:
         path_or_uri: A saved evaluator directory, ``runs:/<run_id>[/path]`` (``/pyfunc`` too), or
             ``models:/<name>/<version>``, ``models:/<name>/latest``, ``models:/<name>@<alias>``.
         model: The LM spec (``embedded``, a base URL, a LiteLLM string); default: the card's model,
-            which is only ever a model name (a card naming a URL or settings is refused).
+            which is only ever a model name (a card naming a URL or settings is refused). Given, it runs the
+            whole panel, referees the card assigns to other models included (unless ``referee_models`` says).
         trust_pickle: Allow loading a pickled program (runs code from the file). Off by default.
         slots: Requests kept in flight at once (the embedded model is laid out for them).
         timeout: Seconds per LM request.
         served_model: The model id at a base URL.
         cache: DSPy's LM cache in ``$CHATEVAL_CACHE_DIR`` (default ``~/.cache/chateval-dspy``), or off.
             The cache is process-wide, so this sets it for the whole process.
+        referee_models: ``{role slug: spec}``: those referees run on their own LM (a base URL, a LiteLLM string,
+            ``embedded``); default: the card's ``referee_models`` names (see the module's docstring for the rule).
+        price_per_mtok: US dollars per million input and output tokens of the main model (``"0.15,0.6"``), for an
+            endpoint LiteLLM's cost map does not price; verdicts then carry ``cost_usd``.
+
+    Example:
+        >>> from chateval_dspy.deploy.store import make_card, save_program
+        >>> from chateval_dspy.program.chateval import build_evaluator
+        >>> program = build_evaluator(DebateConfig(roles=("critic", "scientist"), turns=1, calibrate=False))
+        >>> _ = save_program(program, tmp / "mixed", make_card(
+        ...     program, model="openai-compatible/fake-served", referee_models={"scientist": "openai/gpt-4o-mini"}))
+        >>> with load(tmp / "mixed", model=fake_url, referee_models={"scientist": fake_url}, cache=False) as judge:
+        ...     v = judge({"question": "2+2?", "answer_1": "4", "answer_2": "5"})
+        >>> sorted(judge.referee_lms), list(v.usage_by_model), v.cost_usd is None
+        (['scientist'], ['openai-compatible/fake-served'], True)
     """
     stack = contextlib.ExitStack()
     try:
@@ -343,18 +414,34 @@ def load(path_or_uri: str | Path, *, model: str | None = None, trust_pickle: boo
         else:
             _check_version(read_card(found), str(found / CARD_FILE))
             program, card = load_program(found)
+        roles = tuple(program.config.roles)
         spec = model or _default_model(card)
+        referees = referee_specs(card, roles, model=model, referee_models=referee_models)
+        price = LMSpec(spec, price_per_mtok=price_per_mtok).price()  # a bad price fails before any model starts
         configure_cache(cache)
-        # Looked up at call time, like every LM entry point, so one patch of resolve_lm reaches them all.
-        lm = stack.enter_context(resolve.resolve_lm(spec, slots=slots, timeout=timeout, served_model=served_model))
-        if card.get("model") and lm.model != card["model"]:
-            warnings.warn(f"this evaluator was compiled for {card['model']} and now runs on {lm.model}: its instructions "
-                          "and demonstrations were tuned for another model, so its agreement figures may not hold",
-                          UserWarning, stacklevel=2)
-        return Judge(program, card, lm, stack)
+        lm, referee_lms = stack.enter_context(open_panel(spec, referees, slots=slots, timeout=timeout,
+                                                         served_model=served_model))
+        attach_price(lm, price)
+        _warn_if_moved(card, lm, referee_lms, roles)
+        return Judge(program, card, lm, stack, referee_lms)
     except BaseException:
         stack.close()
         raise
+
+
+def _warn_if_moved(card: dict, lm: dspy.LM, referee_lms: dict[str, dspy.LM], roles) -> None:
+    """Warn about every referee (and the main LM) that now runs on another model than the card's."""
+    compiled = card.get("model")
+    if compiled and lm.model != compiled:
+        warnings.warn(f"this evaluator was compiled for {compiled} and now runs on {lm.model}: its instructions "
+                      "and demonstrations were tuned for another model, so its agreement figures may not hold",
+                      UserWarning, stacklevel=3)
+    named = card.get("referee_models") or {}
+    moved = {slug: (named.get(slug) or compiled, (referee_lms.get(slug) or lm).model) for slug in roles}
+    moved = {slug: pair for slug, pair in moved.items() if pair[0] and pair[0] != pair[1] and slug in named}
+    if moved:
+        warnings.warn("referee(s) compiled for another model now run on: " + ", ".join(
+            f"{slug} {was} -> {now}" for slug, (was, now) in moved.items()), UserWarning, stacklevel=3)
 
 
 def _trusted(program: ChatEval) -> ChatEval:

@@ -32,6 +32,7 @@ from dspy.utils.saving import get_dependency_versions
 import chateval_dspy.limits as limits
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import ConfigError
+from chateval_dspy.lm.pricing import UNPRICED, usd_text
 from chateval_dspy.program.chateval import ChatEval, build_evaluator
 from chateval_dspy.program.roles import Role, make_role
 
@@ -39,8 +40,9 @@ log = logging.getLogger(__name__)
 
 CARD_FORMAT = 1
 PROGRAM_FILE, CARD_FILE, CARD_MD = "program.json", "card.json", "card.md"
-# The card keys a loader reads to build the evaluator; each is checked.
-CARD_CONFIGURING = ("card_format", "model", "config", "roles")
+# The card keys a loader reads to build the evaluator; each is checked. ``referee_models`` (a mixed panel's
+# ``{role slug: model name}``) is, like ``model``, only a default *name* for the loader's LM.
+CARD_CONFIGURING = ("card_format", "model", "config", "roles", "referee_models")
 # The card keys that describe how the evaluator was made; nothing reads them to configure anything.
 CARD_DESCRIPTIVE = ("created", "versions", "dataset", "dataset_hash", "split", "optimizer", "optimizer_settings",
                     "metric", "search", "dev_metrics", "test_metrics", "cost", "skipped_rows")
@@ -51,6 +53,9 @@ DEMO_MARKERS = ("augmented",)
 DEMO_DROPPED = ("logprobs",)
 # A model *name* (``provider/model``, ``openai-compatible/<served id>``): no scheme, query, spaces or settings.
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+/-]*$")
+# The cost block: per-item figures (numbers; dollars may be the word ``unpriced``) and ``by_model``, per model
+# name, the same figures over the run.
+COST_BY_MODEL = "by_model"
 
 
 def versions() -> dict[str, str]:
@@ -64,17 +69,28 @@ def versions() -> dict[str, str]:
     return out
 
 
-def make_card(program: ChatEval, *, model: str, **fields) -> dict:
-    """A judge card for ``program``; ``fields`` add data, split, optimizer, metrics, cost (``CARD_DESCRIPTIVE``)."""
+def make_card(program: ChatEval, *, model: str, referee_models: dict[str, str] | None = None, **fields) -> dict:
+    """A judge card for ``program``; ``fields`` add data, split, optimizer, metrics, cost (``CARD_DESCRIPTIVE``).
+
+    ``referee_models`` records a mixed panel: ``{role slug: model name}`` for the referees that ran on a model
+    other than ``model`` (``lm.panel.referee_names()``); names only, as for ``model``. A base URL's LM is named
+    ``openai-compatible/<served id>``, which ``load()`` cannot reach from the name alone: its caller gives the
+    endpoint again (``referee_models=`` or ``model=``).
+    """
     unknown = sorted(set(fields) - set(CARD_DESCRIPTIVE))
     if unknown:  # a loader refuses keys it does not know, so a card must not be written with them
         raise ConfigError(f"unknown judge card field(s) {', '.join(unknown)}; a card describes its evaluator with: "
                           f"{', '.join(CARD_DESCRIPTIVE)}")
     check_model_name(model, "make_card")
+    referees = {slug: name for slug, name in sorted((referee_models or {}).items())
+                if slug in program.config.roles and name != model}
+    if referees:
+        check_referee_models(referees, program.config, "make_card")
     return {
         "card_format": CARD_FORMAT,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "model": model,
+        **({"referee_models": referees} if referees else {}),
         "config": program.config.to_dict(),
         "roles": [{"slug": r.slug, "name": r.name, "personas": dict(r.personas)} for r in program.roles],
         "versions": versions(),
@@ -93,6 +109,8 @@ def _markdown(card: dict) -> str:
     lines = [
         f"# Judge card: {cfg['format']} ChatEval evaluator", "",
         f"- model: `{card['model']}`",
+        *([f"- referee models: {', '.join(f'{k} `{v}`' for k, v in card['referee_models'].items())}"]
+          if card.get("referee_models") else []),
         *([f"- task: {task['name']} ({task['format']}); inputs {', '.join(i['name'] for i in task['inputs'])}; "
            f"criteria {', '.join(_criterion_text(c) for c in task['criteria'])}"] if task else []),
         f"- panel: {', '.join(cfg['roles'])}; strategy {cfg['strategy']}; {cfg['turns']} turn(s); "
@@ -119,12 +137,18 @@ def _markdown(card: dict) -> str:
             f"row {r.get('row')}: {r.get('reason')}" for r in rows[:10]) + ("; ..." if len(rows) > 10 else "") + ")")
     if "cost" in card:
         cost = card["cost"]
-        line = "- cost per item: " + ", ".join(f"{k} {v:.1f}" for k, v in cost.items() if isinstance(v, (int, float)))
+        line = "- cost per item: " + ", ".join(
+            f"{k} {usd_text(v)}" if k.startswith("cost_usd") else f"{k} {v:.1f}" for k, v in cost.items()
+            if k.startswith("cost_usd") or (isinstance(v, (int, float)) and not isinstance(v, bool)))
         if cost.get("cached_calls_per_item"):
             # A compile that keeps the original prompts meets its test calls again in the LM cache.
             line += (f" ({cost['cached_calls_per_item']:.1f} of {cost.get('calls_per_item', 0):.1f} calls per item were "
                      "answered from the LM cache, which bills no tokens: tokens and seconds count only the others)")
         lines.append(line)
+        for name, figures in (cost.get(COST_BY_MODEL) or {}).items():
+            lines.append(f"  - `{name}`: {figures.get('calls', 0)} calls, {figures.get('prompt_tokens', 0)} prompt + "
+                         f"{figures.get('completion_tokens', 0)} completion tokens, "
+                         f"{usd_text(figures.get('cost_usd'))} over the test split")
     lines.append(f"- versions: {', '.join(f'{k} {v}' for k, v in card['versions'].items())}")
     lines.append(f"- created: {card['created']}")
     return "\n".join(lines) + "\n"
@@ -194,16 +218,50 @@ def read_card(directory: str | Path) -> dict:
     return card
 
 
-def check_model_name(model, where) -> None:
+def check_model_name(model, where, *, key: str = "model") -> None:
     """A card's model is a default *name* only: never an endpoint URL, a key or call settings."""
     if model is None or model == "":
         return
     if not isinstance(model, str) or len(model) > limits.MAX_MODEL_NAME_CHARS:
-        raise ConfigError(f"{where}: key 'model' must be a model name of at most {limits.MAX_MODEL_NAME_CHARS} "
+        raise ConfigError(f"{where}: key {key!r} must be a model name of at most {limits.MAX_MODEL_NAME_CHARS} "
                           f"characters (limits.MAX_MODEL_NAME_CHARS), got {model!r:.80}")
     if "://" in model or not MODEL_NAME.match(model):
-        raise ConfigError(f"{where}: key 'model' must be a model name such as 'openai/gpt-4o-mini', not an endpoint "
+        raise ConfigError(f"{where}: key {key!r} must be a model name such as 'openai/gpt-4o-mini', not an endpoint "
                           f"URL, credentials or settings (got {model[:80]!r}); pass the LM to load(model=...)")
+
+
+def check_referee_models(referees, config: DebateConfig, where) -> None:
+    """A card's ``referee_models``: referees of the panel, each to a model *name* (the rule of ``model``)."""
+    if not isinstance(referees, dict) or not referees or len(referees) > limits.MAX_ROLES:
+        raise ConfigError(f"{where}: key 'referee_models' must map referees of the panel to model names")
+    for slug, name in referees.items():
+        if slug not in config.roles:
+            raise ConfigError(f"{where}: key 'referee_models' names {str(slug)[:40]!r}, which is not a referee of the "
+                              f"panel ({', '.join(config.roles)})")
+        check_model_name(name, where, key=f"referee_models.{slug}")
+
+
+def check_cost(cost, where) -> None:
+    """A card's ``cost``: figures (numbers, or ``unpriced`` for dollars) and ``by_model``, per model name, the same."""
+    def figures(block, at: str, nested: bool) -> None:
+        if not isinstance(block, dict) or len(block) > 40:
+            raise ConfigError(f"{where}: key {at!r} must be a mapping of at most 40 cost figures")
+        for key, value in block.items():
+            if nested and key == COST_BY_MODEL:
+                if not isinstance(value, dict) or len(value) > limits.MAX_ROLES + 1:
+                    raise ConfigError(f"{where}: key '{at}.{COST_BY_MODEL}' must map at most {limits.MAX_ROLES + 1} "
+                                      "model names to their figures")
+                for name, inner in value.items():
+                    check_model_name(name, where, key=f"{at}.{COST_BY_MODEL}")
+                    figures(inner, f"{at}.{COST_BY_MODEL}.{name}", False)
+                continue
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not isinstance(key, str) or len(key) > 80 or not (
+                    number or value is None or (value == UNPRICED and "usd" in key)):
+                raise ConfigError(f"{where}: key '{at}.{str(key)[:80]}' must be a number (dollars: a number or "
+                                  f"{UNPRICED!r}), got {value!r:.80}")
+
+    figures(cost, "cost", True)
 
 
 def check_card(card: dict, where) -> tuple[DebateConfig, list[Role]]:
@@ -221,6 +279,10 @@ def check_card(card: dict, where) -> tuple[DebateConfig, list[Role]]:
         config = DebateConfig.from_dict(card["config"])
     except ConfigError as exc:
         raise ConfigError(f"{where}: key 'config': {exc}") from exc
+    if "referee_models" in card:
+        check_referee_models(card["referee_models"], config, where)
+    if "cost" in card:
+        check_cost(card["cost"], where)
     entries = card["roles"]
     if not isinstance(entries, list):
         raise ConfigError(f"{where}: malformed card, missing or wrong field 'roles' (expected a list)")

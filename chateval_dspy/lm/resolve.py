@@ -173,6 +173,27 @@ def _served_model(base_url: str, key: str) -> str:
     return models[0]["id"]
 
 
+def check_model_spec(spec, where: str = "--model") -> str:
+    """``spec`` if it names an LM ``resolve_lm`` can build (``embedded``, an http(s) base URL, ``provider/model``),
+    else a ``ConfigError`` naming ``where``. Checked before any model starts; whether a URL answers is
+    checked when it is reached.
+
+    Example:
+        >>> check_model_spec("openai/gpt-4o-mini")
+        'openai/gpt-4o-mini'
+        >>> check_model_spec("gpt4", "referee 'critic'")
+        Traceback (most recent call last):
+        ...
+        chateval_dspy.errors.ConfigError: referee 'critic': unknown model 'gpt4': use 'embedded', an http(s) base URL, ...
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ConfigError(f"{where} must be 'embedded', an http(s) base URL or a LiteLLM model string")
+    if spec != EMBEDDED and not spec.startswith(("http://", "https://")) and ("/" not in spec or spec.strip() != spec):
+        raise ConfigError(f"{where}: unknown model {spec[:200]!r}: use 'embedded', an http(s) base URL, or "
+                          "'provider/model' (LiteLLM)")
+    return spec
+
+
 @contextlib.contextmanager
 def resolve_lm(spec: str = EMBEDDED, *, slots: int = 2, temperature: float = 0.0, max_tokens: int | None = None,
                served_model: str | None = None, timeout: float = DEFAULT_TIMEOUT, retries: int = DEFAULT_RETRIES,
@@ -198,8 +219,7 @@ def resolve_lm(spec: str = EMBEDDED, *, slots: int = 2, temperature: float = 0.0
         >>> with resolve_lm("embedded") as lm, dspy.context(lm=lm):  # doctest: +SKIP
         ...     ...
     """
-    if not isinstance(spec, str) or not spec.strip():
-        raise ConfigError("--model must be 'embedded', an http(s) base URL or a LiteLLM model string")
+    check_model_spec(spec)
     bounds = CallBounds.derive(timeout, retries, call_deadline, item_deadline)
     limits = {"timeout": bounds.timeout, "max_retries": bounds.retries, "call_deadline": bounds.call_deadline,
               "item_deadline": bounds.item_deadline}
@@ -217,8 +237,6 @@ def resolve_lm(spec: str = EMBEDDED, *, slots: int = 2, temperature: float = 0.0
         yield dspy.LM(f"openai-compatible/{model}", engine=engine, temperature=temperature, max_tokens=max_tokens or 1024,
                       num_retries=0)
         return
-    if "/" not in spec:
-        raise ConfigError(f"unknown model {spec!r}: use 'embedded', an http(s) base URL, or 'provider/model' (LiteLLM)")
     # DSPy's engines for model strings make one attempt each (LiteLLM's own retries are off): DSPy retries.
     # The deadlines ride on the LM for the debate to enforce around each call.
     yield with_bounds(dspy.LM(spec, temperature=temperature, max_tokens=max_tokens or 1024, timeout=bounds.timeout,

@@ -9,11 +9,15 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import dspy
 
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.lm.engine import DEFAULT_RETRIES, DEFAULT_TIMEOUT, CallBounds
+
+if TYPE_CHECKING:
+    from chateval_dspy.lm.pricing import Price
 
 
 @dataclass(frozen=True)
@@ -31,10 +35,20 @@ class LMSpec:
         item_deadline: Seconds all calls of one judged item may take (None: ``4 * call_deadline``).
         cache: DSPy's memory and disk cache of LM answers.
         cache_dir: The cache's directory (default ``$CHATEVAL_CACHE_DIR`` or ``~/.cache/chateval-dspy``).
+        referee_models: A mixed panel: ``{role slug: model}`` (each ``embedded``, a base URL or a LiteLLM string);
+            those referees' predictors run on their own LM, everything else (the summarizer, the other
+            referees) on ``model``. Sampling, timeouts and retries are this spec's for every LM; a URL's model id
+            is the first it lists. Stored as sorted pairs (``referee_map`` gives the dict back).
+        price_per_mtok: US dollars per million input and output tokens of ``model`` (``"0.15,0.6"`` or a pair),
+            for an endpoint LiteLLM's cost map does not price; None: the cost map's price, if any.
 
     Example:
         >>> LMSpec(model="http://127.0.0.1:8000/v1", temperature=0.0).identity()["model"]
         'http://127.0.0.1:8000/v1'
+        >>> LMSpec(referee_models={"scientist": "openai/gpt-4o-mini"}).identity()["referee_models"]
+        {'scientist': 'openai/gpt-4o-mini'}
+        >>> LMSpec(price_per_mtok="0.2,0.8").price()
+        Price(input_per_mtok=0.2, output_per_mtok=0.8, source='stated')
         >>> LMSpec(temperature=3.0)
         Traceback (most recent call last):
         ...
@@ -51,10 +65,21 @@ class LMSpec:
     item_deadline: float | None = None
     cache: bool = True
     cache_dir: str | None = None
+    referee_models: tuple[tuple[str, str], ...] | dict[str, str] = ()
+    price_per_mtok: tuple[float, float] | str | None = None
 
     def __post_init__(self) -> None:
+        from chateval_dspy.lm.panel import check_referee_models
+        from chateval_dspy.lm.pricing import stated_price
+
         if not isinstance(self.model, str) or not self.model.strip():
             raise ConfigError("model must be 'embedded', an http(s) base URL or a LiteLLM model string")
+        object.__setattr__(self, "referee_models", check_referee_models(self.referee_models))
+        if self.price_per_mtok is not None:
+            text = self.price_per_mtok if isinstance(self.price_per_mtok, str) else \
+                ",".join(map(str, self.price_per_mtok)) if isinstance(self.price_per_mtok, (tuple, list)) else "?"
+            price = stated_price(text)
+            object.__setattr__(self, "price_per_mtok", (price.input_per_mtok, price.output_per_mtok))
         if not 0 <= self.temperature <= 2:
             raise ConfigError(f"temperature must lie in 0..2, got {self.temperature}")
         if self.max_tokens is not None and not 16 <= self.max_tokens <= 32768:
@@ -72,27 +97,56 @@ class LMSpec:
         """
         return CallBounds.derive(self.timeout, self.retries, self.call_deadline, self.item_deadline)
 
+    @property
+    def referee_map(self) -> dict[str, str]:
+        """``{role slug: model}`` of a mixed panel ({} when every referee runs on ``model``)."""
+        return dict(self.referee_models)
+
+    def price(self) -> Price | None:
+        """The price stated for ``model`` (``price_per_mtok``), or None (then LiteLLM's cost map prices it, if it can)."""
+        from chateval_dspy.lm.pricing import Price
+
+        return Price(*self.price_per_mtok, "stated") if self.price_per_mtok is not None else None
+
     def identity(self) -> dict:
-        """What decides the answers: a results file resumes only under the same identity."""
-        return {"model": self.model, "served_model": self.served_model, "temperature": self.temperature,
-                "max_tokens": self.max_tokens}
+        """What decides the answers: a results file resumes only under the same identity.
+
+        A mixed panel's referee models are part of it; a single-model spec's identity (and so its run keys) is
+        what it was before mixed panels. The price changes no answer and is not.
+        """
+        out = {"model": self.model, "served_model": self.served_model, "temperature": self.temperature,
+               "max_tokens": self.max_tokens}
+        if self.referee_models:
+            out["referee_models"] = self.referee_map
+        return out
+
+    def check_panel(self, roles) -> None:
+        """Every referee given a model sits on the panel ``roles`` (checked before any model starts)."""
+        from chateval_dspy.lm.panel import check_panel
+
+        check_panel(self.referee_map, roles)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        out["referee_models"] = self.referee_map
+        return out
 
     @contextlib.contextmanager
     def judging(self, slots: int = 1, *, threads: int | None = None) -> Iterator[dspy.LM]:
         """Start (embedded) or reach the LM, set the cache, and enter it with the JSON adapter.
 
         ``slots`` is how many requests the caller keeps in flight (the embedded server is laid out for them).
+        A mixed panel's referee LMs are started too and bound to their referees for the context's duration
+        (``lm.panel``); the main LM is what it yields. A stated price goes with the main LM.
         """
-        from chateval_dspy.lm import resolve  # looked up at call time, so tests can replace resolve_lm
+        from chateval_dspy.lm import panel, resolve
         from chateval_dspy.lm.adapter import JudgeAdapter
+        from chateval_dspy.lm.pricing import attach_price
 
         resolve.configure_cache(self.cache, self.cache_dir)
-        with resolve.resolve_lm(self.model, slots=slots, temperature=self.temperature, max_tokens=self.max_tokens,
-                                served_model=self.served_model, timeout=self.timeout, retries=self.retries,
-                                call_deadline=self.call_deadline, item_deadline=self.item_deadline,
-                                threads=threads) as lm, \
-                dspy.context(lm=lm, adapter=JudgeAdapter()):
+        with panel.open_panel(self.model, self.referee_map, slots=slots, temperature=self.temperature,
+                              max_tokens=self.max_tokens, served_model=self.served_model, timeout=self.timeout,
+                              retries=self.retries, call_deadline=self.call_deadline,
+                              item_deadline=self.item_deadline, threads=threads) as (lm, referees), \
+                dspy.context(lm=attach_price(lm, self.price()), adapter=JudgeAdapter()), panel.binding(referees):
             yield lm

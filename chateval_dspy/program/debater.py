@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import dspy
 
+from chateval_dspy.lm.panel import referee_lm
 from chateval_dspy.program.roles import Role
 from chateval_dspy.program.signatures import signatures_for
 from chateval_dspy.program.task import TaskSpec, as_task
@@ -15,6 +18,9 @@ class Debater(dspy.Module):
     Each debater builds its own ``argue`` and ``judge`` predictors, so an optimizer
     tunes every role's instructions and demonstrations separately
     (``referees['critic'].argue``, ``referees['critic'].judge`` in ``named_predictors()``).
+
+    In a mixed panel the referee runs on the LM bound to its slug (``lm.panel``, set up by ``LMSpec.judging``
+    or ``load(..., referee_models=...)``); otherwise on the context's LM, as every DSPy module does.
 
     Args:
         role: Who this referee is.
@@ -38,4 +44,7 @@ class Debater(dspy.Module):
 
     def forward(self, *, final: bool, config: dict | None = None, **inputs) -> dspy.Prediction:
         predictor = self.judge if final else self.argue
-        return predictor(persona=self.persona, config=config or {}, **inputs)
+        own = referee_lm(self.slug)
+        # Bound per turn, by role name: the debate and the saved state never hold an LM of their own.
+        with dspy.context(lm=own) if own is not None else contextlib.nullcontext():
+            return predictor(persona=self.persona, config=config or {}, **inputs)

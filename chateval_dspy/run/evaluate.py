@@ -18,9 +18,10 @@ import dspy
 from chateval_dspy.concurrency import bounded_unordered
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import ChatEvalError
-from chateval_dspy.run.records import ResultsStream, lm_identity
+from chateval_dspy.run.records import ResultsStream, context_identity
 from chateval_dspy.run.records import run_key as derive_run_key
 from chateval_dspy.run.result import RunResult
+from chateval_dspy.run.usage import ModelMeter, item_cost, usage_by_model
 
 log = logging.getLogger(__name__)
 TRUNCATION_MARK = " [... truncated {n} characters]"
@@ -81,13 +82,16 @@ def judge_item(program: dspy.Module, item: dspy.Example, config: DebateConfig) -
 
     Pairwise: ``prediction`` (the preference) and each criterion's panel scores per response (``score_1``,
     ``score_2``, ...); pointwise: ``prediction`` = ``{criterion: value}``. ``human`` holds the label(s);
-    ``empty`` (only when some) lists the judged responses that were empty.
+    ``empty`` (only when some) lists the judged responses that were empty. ``usage_by_model`` holds each
+    model's calls, cached calls, tokens, seconds and ``cost_usd`` (``run.usage``); ``cost_usd`` is their sum in
+    US dollars, None when any model used is unpriced.
     """
     task = config.task_spec
     inputs, cut = prepare(item, config)
     empty = empty_fields(item, config)
+    meter = ModelMeter()
     start = time.perf_counter()
-    with dspy.track_usage() as usage:
+    with dspy.track_usage() as usage, dspy.context(callbacks=[*(dspy.settings.get("callbacks") or []), meter]):
         try:
             pred = program(**inputs)
             error = None
@@ -118,8 +122,10 @@ def judge_item(program: dspy.Module, item: dspy.Example, config: DebateConfig) -
         record["correct"] = record["prediction"] == record["human"]
     # DSPy records usage only for calls that reached the LM; the rest were answered from its cache.
     lm_calls = sum(len(entries) for entries in usage.usage_data.values())
+    models = usage_by_model(usage.get_total_tokens(), usage.usage_data, meter)
     record.update(prompt_tokens=tokens["prompt"], completion_tokens=tokens["completion"],
-                  cached_calls=max(0, (record["calls"] or 0) - lm_calls), seconds=round(seconds, 3), truncated=cut)
+                  cached_calls=max(0, (record["calls"] or 0) - lm_calls), seconds=round(seconds, 3), truncated=cut,
+                  cost_usd=item_cost(models), usage_by_model=models)
     if empty:  # only then, so that every other line is what it always was
         record["empty"] = empty
     return record
@@ -140,8 +146,9 @@ def evaluate(program: dspy.Module, items: Iterable[dspy.Example], config: Debate
         on_item: Called with each record (the CLI advances its progress bar here).
         run_key: What identifies the run; stored in each record and checked on resume, so a file written by
             another run is refused (``ConfigError``). None: derived from ``config``, the model and sampling
-            settings of the LM in the DSPy context, the items and ``program.dump_state()`` (so a compiled
-            program never resumes the uncompiled one's file). Only needed with ``out``.
+            settings of the LM in the DSPy context (and of a mixed panel's referee LMs), the items and
+            ``program.dump_state()`` (so a compiled program never resumes the uncompiled one's file). Only
+            needed with ``out``.
 
     Example:
         >>> with dspy.context(lm=lm, adapter=JudgeAdapter()):  # doctest: +SKIP
@@ -150,7 +157,7 @@ def evaluate(program: dspy.Module, items: Iterable[dspy.Example], config: Debate
     """
     if out is not None and run_key is None:
         items = list(items)  # hashed for the key, then judged: an iterator could be read only once
-        run_key = derive_run_key(config, lm_identity(dspy.settings.lm), items, program.dump_state())
+        run_key = derive_run_key(config, context_identity(), items, program.dump_state())
     result = RunResult(config)
     with ResultsStream(out, run_key) as stream:
         for record in stream.records:

@@ -15,6 +15,7 @@ import dspy
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.data.spec import DataSpec
 from chateval_dspy.errors import ConfigError, DataError
+from chateval_dspy.lm.panel import referee_names
 from chateval_dspy.lm.spec import LMSpec
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.run import records
@@ -34,9 +35,10 @@ class DatasetRun:
     model: str
     result: RunResult
     skipped: list[DataError] = field(default_factory=list)  # malformed rows left out (``skip_bad_rows``)
+    referee_models: dict[str, str] = field(default_factory=dict)  # a mixed panel: role slug -> model name
 
     def header(self) -> dict:
-        return run_header(self.data, self.config, self.model, self.result.n)
+        return run_header(self.data, self.config, self.model, self.result.n, referee_models=self.referee_models)
 
 
 def skipped_rows(skipped: list[DataError]) -> list[dict]:
@@ -58,9 +60,13 @@ def check_task(data: DataSpec, config: DebateConfig) -> None:
                           "DataSpec(task=...); CLI: --task)")
 
 
-def run_header(data: DataSpec, config: DebateConfig, model: str, n: int, split: str | None = None) -> dict:
-    """What every printed or logged figure states: model, data, split, items, panel."""
-    return {"model": model, "data": data.dataset, **({"task": config.task.name} if config.task is not None else {}),
+def run_header(data: DataSpec, config: DebateConfig, model: str, n: int, split: str | None = None, *,
+               referee_models: dict[str, str] | None = None) -> dict:
+    """What every printed or logged figure states: model (and a mixed panel's referee models), data, split,
+    items, panel."""
+    referees = {"referee_models": ",".join(f"{k}={v}" for k, v in referee_models.items())} if referee_models else {}
+    return {"model": model, **referees, "data": data.dataset,
+            **({"task": config.task.name} if config.task is not None else {}),
             "split": f"{split or data.split} (seed {data.seed})", "items": n,
             "strategy": config.strategy, "roles": ",".join(config.roles), "turns": config.turns,
             "calibrate": config.calibrate, "aggregate": config.aggregate}
@@ -93,7 +99,7 @@ def evaluate_dataset(data: DataSpec, config: DebateConfig | Callable[[str], Deba
         data: Which items (dataset, split, seed, limit).
         config: The panel, or a function of the dataset's format that returns it (the CLI's flags); it must
             judge the data's task (``DataSpec.task``).
-        lm: Which LM, and how it is called.
+        lm: Which LM, and how it is called; a mixed panel's ``referee_models`` must name referees of the panel.
         out: The results file (default ``results/<dataset>-<run key>.jsonl``).
         overwrite: Start ``out`` afresh instead of resuming it.
         concurrency: Items judged at once.
@@ -108,10 +114,11 @@ def evaluate_dataset(data: DataSpec, config: DebateConfig | Callable[[str], Deba
     items, fmt = data.items()
     cfg = config(fmt) if callable(config) else config
     check_task(data, cfg)
+    lm.check_panel(cfg.roles)  # before any model starts
     program = build_evaluator(cfg)
     key = records.run_key(cfg, lm.identity(), items)
     path = results_path(data, key, out, overwrite=overwrite)
     with lm.judging(lm_slots(cfg, concurrency)) as judging_lm:
         result = evaluate(program, items, cfg, out=path, concurrency=concurrency, on_item=on_item, run_key=key)
-        model = judging_lm.model
-    return DatasetRun(data, cfg, items, path, key, model, result, list(getattr(items, "skipped", [])))
+        model, referees = judging_lm.model, referee_names()
+    return DatasetRun(data, cfg, items, path, key, model, result, list(getattr(items, "skipped", [])), referees)

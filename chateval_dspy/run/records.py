@@ -121,6 +121,28 @@ def lm_identity(lm) -> dict:
     return {"model": getattr(lm, "model", repr(lm)), **{k: kwargs[k] for k in SAMPLING_KWARGS if k in kwargs}}
 
 
+def context_identity() -> dict:
+    """The identity of the LMs in the current DSPy context: the main LM's (``lm_identity``), plus a mixed panel's
+    referee LMs by role slug when any are bound (so a single-model run's key is what it always was).
+
+    Example:
+        >>> import dspy
+        >>> from chateval_dspy.lm.panel import binding
+        >>> with dspy.context(lm=dspy.LM("openai/a")), binding({"critic": dspy.LM("openai/b")}):
+        ...     context_identity()["referees"]["critic"]["model"]
+        'openai/b'
+    """
+    import dspy
+
+    from chateval_dspy.lm.panel import referee_lms
+
+    out = lm_identity(dspy.settings.lm)
+    referees = referee_lms()
+    if referees:
+        out["referees"] = {slug: lm_identity(lm) for slug, lm in sorted(referees.items())}
+    return out
+
+
 def is_error(record: dict) -> bool:
     """An error line (a row that could not be judged): it never counts as a finished item."""
     return bool(record.get("error"))

@@ -6,6 +6,7 @@ import math
 
 import pandas as pd
 
+from chateval_dspy.lm.pricing import usd_text
 from chateval_dspy.run.metrics import Estimate
 
 
@@ -17,12 +18,19 @@ def _fmt(value) -> str:
     return str(value)
 
 
-def summary_table(metrics: dict, cost: dict, header: dict, abstentions: dict | None = None) -> str:
+def _cost_value(key: str, value) -> str:
+    return usd_text(value) if key.startswith("cost_usd") else _fmt(value)
+
+
+def summary_table(metrics: dict, cost: dict, header: dict, abstentions: dict | None = None,
+                  models: dict | None = None) -> str:
     """A plain-text table: what was run (model, data, split, config), agreement, cost, and abstentions.
 
     Every agreement figure carries its 95% bootstrap CI in brackets. ``abstentions`` is
     ``RunResult.abstention_counts()``: whole items and single referee turns without a verdict, by cause.
     Without it the totals still show (``cost``'s ``abstained_items`` and ``abstained_referee_turns``).
+    Dollar figures print as ``$0.000123`` or ``unpriced``. ``models`` is ``RunResult.model_usage()``: calls,
+    tokens, seconds and dollars per model (``model_table``).
     """
     lines = ["  ".join(f"{k}={v}" for k, v in header.items())]
     referee_turns = cost.get("abstained_referee_turns")
@@ -47,10 +55,12 @@ def summary_table(metrics: dict, cost: dict, header: dict, abstentions: dict | N
                      + (f", abstained referee turns: {referee_turns}" if referee_turns is not None else ""))
     else:
         lines += ["", "(no human labels in these items: no agreement figures)"]
-    cost_frame = pd.DataFrame([(k, _fmt(v)) for k, v in cost.items()], columns=["cost", "value"])
+    cost_frame = pd.DataFrame([(k, _cost_value(k, v)) for k, v in cost.items()], columns=["cost", "value"])
     lines += ["", cost_frame.to_string(index=False)]
     if cost.get("cached_calls_per_item"):
         lines.append("(tokens and seconds count only calls that reached the LM; rerun with --no-cache for full costs)")
+    if models:
+        lines += ["", model_table(models)]
     table = abstention_table(abstentions) if abstentions else ""
     if table:
         lines += ["", table]
@@ -74,3 +84,21 @@ def abstention_table(abstentions: dict) -> str:
     rows = [(c, items.get(c, 0), turns.get(c, 0)) for c in causes]
     rows.append(("total", sum(items.values()), sum(turns.values())))
     return pd.DataFrame(rows, columns=["abstentions by cause", "items", "referee turns"]).to_string(index=False)
+
+
+def model_table(models: dict) -> str:
+    """Calls, tokens, LM seconds and US dollars per model over the run (``RunResult.model_usage()``).
+
+    Example:
+        >>> print(model_table({"openai/gpt-4o-mini": {"calls": 8, "cached_calls": 0, "prompt_tokens": 4000,
+        ...                    "completion_tokens": 400, "seconds": 3.2, "cost_usd": 0.00084},
+        ...                    "embedded/gemma-3-270m-q4_k_m": {"calls": 8, "cached_calls": 2, "prompt_tokens": 3000,
+        ...                    "completion_tokens": 300, "seconds": 9.5, "cost_usd": "unpriced"}}))
+                               model  calls  cached calls  prompt tokens  completion tokens  LM seconds       USD
+                  openai/gpt-4o-mini      8             0           4000                400         3.2 $0.000840
+        embedded/gemma-3-270m-q4_k_m      8             2           3000                300         9.5  unpriced
+    """
+    rows = [(m, f["calls"], f.get("cached_calls", 0), f["prompt_tokens"], f["completion_tokens"],
+             f"{f['seconds']:.1f}", usd_text(f["cost_usd"])) for m, f in models.items()]
+    return pd.DataFrame(rows, columns=["model", "calls", "cached calls", "prompt tokens", "completion tokens",
+                                       "LM seconds", "USD"]).to_string(index=False)

@@ -27,11 +27,27 @@ def stated(header: dict, markdown: bool = True) -> str:
     return (f"*{line}*\n\n`{cmd}`" if markdown else f"{line}\n{cmd}")
 
 
-def _cost_cells(cost: dict | None) -> list[str]:
+def usd_cell(cost: dict | None, model: str | None) -> str:
+    """US dollars per item, or ``unpriced``. Figures measured before dollars were recorded show ``unpriced`` when
+    the table's model has no price (the embedded model), else ``-`` (not measured).
+
+    Example:
+        >>> usd_cell({"cost_usd_per_item": 0.00123}, "openai/gpt-4o-mini"), usd_cell({}, "embedded/gemma-3-270m-q4_k_m")
+        ('$0.001230', 'unpriced')
+    """
+    from chateval_dspy.lm.pricing import price_for, usd_text
+
+    if cost and "cost_usd_per_item" in cost:
+        return usd_text(cost["cost_usd_per_item"])
+    return usd_text(None) if model and price_for(model) is None else "-"
+
+
+def _cost_cells(cost: dict | None, model: str | None = None) -> list[str]:
     if not cost:
-        return ["0", "0", "-", "-"]
+        return ["0", "0", "-", "-", "0"]
     return [fmt_num(cost["calls_per_item"]), fmt_num(cost["tokens_per_item"], 0),
-            fmt_num(cost.get("computed_tokens_per_item"), 0), fmt_num(cost["seconds_per_item"], 1)]
+            fmt_num(cost.get("computed_tokens_per_item"), 0), fmt_num(cost["seconds_per_item"], 1),
+            usd_cell(cost, model)]
 
 
 def _delta_cell(s: dict | None) -> str:
@@ -48,7 +64,7 @@ def _delta_cell(s: dict | None) -> str:
 
 def agreement_markdown(report: dict, markdown: bool = True) -> str:
     h, rows = report["header"], report["rows"]
-    cost_cols = ["calls/item", "tokens/item", "tokens computed/item", "s/item"]
+    cost_cols = ["calls/item", "tokens/item", "tokens computed/item", "s/item", "USD/item"]
     if h.get("format") == "pairwise":
         columns = ["configuration", "n", "accuracy % [95% CI]", "kappa [95% CI]", "Δ acc vs single (pp)", "McNemar p", *cost_cols]
         body = []
@@ -56,7 +72,7 @@ def agreement_markdown(report: dict, markdown: bool = True) -> str:
             m, s = r["metrics"], r.get("vs_single")
             body.append([r["label"], r["n"], fmt_est(m["accuracy"], 100, 1), fmt_est(m["kappa"], 1, 2),
                          "-" if not s else f"{s['delta_accuracy'] * 100:+.1f}", "-" if not s else fmt_p(s["p"]),
-                         *_cost_cells(r.get("cost"))])
+                         *_cost_cells(r.get("cost"), h.get("model"))])
     else:
         columns = ["configuration", "n", *[f"{a[:3]} ρ / τ" for a in ASPECTS], "avg ρ [95% CI]", "avg τ [95% CI]",
                    "Δ avg ρ vs single [95% CI]", *cost_cols]
@@ -65,7 +81,7 @@ def agreement_markdown(report: dict, markdown: bool = True) -> str:
             m, s = r["metrics"], r.get("vs_single")
             cells = [f"{fmt_est(m[f'{a}_spearman'], digits=2)} / {fmt_est(m[f'{a}_kendall'], digits=2)}" for a in ASPECTS]
             body.append([r["label"], m["n"], *cells, fmt_est(m["average_spearman"]), fmt_est(m["average_kendall"]),
-                         _delta_cell(s), *_cost_cells(r.get("cost"))])
+                         _delta_cell(s), *_cost_cells(r.get("cost"), h.get("model"))])
     notes = [f"{r['label']}: {r['note']}" for r in rows if r.get("note")]
     abst = [f"{r['label']}: {r['metrics']['n_abstained']}" for r in rows if r["metrics"].get("n_abstained")]
     out = [stated(h, markdown), "", table(columns, body, markdown)]
@@ -85,11 +101,12 @@ def cost_markdown(report: dict, markdown: bool = True) -> str:
                     f"measured {report.get('model_measured', h['date'])}):", ""]
         rows = [[c["label"], fmt_num(c["calls_per_item"]), fmt_num(c["prompt_tokens_per_item"], 0),
                  fmt_num(c["completion_tokens_per_item"], 0), fmt_num(c.get("computed_tokens_per_item"), 0),
-                 fmt_num(c["seconds_per_item"], 2), fmt_num(c.get("overhead_ms_per_call"), 2),
+                 fmt_num(c["seconds_per_item"], 2), usd_cell(c, h.get("model")),
+                 fmt_num(c.get("overhead_ms_per_call"), 2),
                  fmt_num(c.get("overhead_share", float("nan")) * 100, 2)] for c in report["configs"]]
         out.append(table(["configuration", "LM calls/item", "prompt tokens/item", "completion tokens/item",
-                          "tokens computed/item (prefix cache)", "s/item", "overhead ms/call", "overhead % of wall"],
-                         rows, markdown))
+                          "tokens computed/item (prefix cache)", "s/item", "USD/item", "overhead ms/call",
+                          "overhead % of wall"], rows, markdown))
     for block in report.get("throughput", []):
         out += ["", f"Throughput, {block['label']} ({block['items']} items per level, {block['config']}):", ""]
         rows = [[t["concurrency"], fmt_num(t["items_per_minute"], 2), fmt_num(t["wall_seconds"], 1), f"{t['speedup']:.2f}x"]

@@ -53,7 +53,7 @@ class _Printed(CompileHooks):
         from chateval_dspy.run.table import summary_table
 
         print(f"\n== test split, {stage} compiling ==")
-        print(summary_table(figures, result.cost(), header))
+        print(summary_table(figures, result.cost(), header, models=result.model_usage()))
 
 
 def run(args) -> int:

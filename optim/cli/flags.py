@@ -68,6 +68,13 @@ def add_lm_flags(p: argparse.ArgumentParser, *, concurrency: int = 1) -> None:
                    help="embedded (default: Gemma 3 270M, started for you), an OpenAI-compatible base URL, "
                         "or a LiteLLM model string such as openai/gpt-4o-mini")
     g.add_argument("--served-model", help="model id at a base URL (default: the first it lists)")
+    g.add_argument("--referee", action="append", metavar="SLUG=MODEL",
+                   help="a mixed panel: referee SLUG runs on MODEL (embedded, a base URL, a LiteLLM string), the "
+                        "summarizer and other referees on --model; repeat per referee, e.g. "
+                        "--referee critic=openai/gpt-4o-mini --referee scientist=http://host:8000/v1")
+    g.add_argument("--price-per-mtok", metavar="IN,OUT",
+                   help="US dollars per million input,output tokens of --model (e.g. 0.15,0.6), for an endpoint "
+                        "LiteLLM's cost map does not price; without it such a model's cost is 'unpriced'")
     g.add_argument("--temperature", type=float, default=default(LMSpec, "temperature"))
     g.add_argument("--max-tokens", type=int)
     g.add_argument("--timeout", type=float, default=default(LMSpec, "timeout"),
@@ -122,10 +129,13 @@ def task(args):
 
 
 def lm_spec(args) -> LMSpec:
+    from chateval_dspy.lm.panel import parse_referees
+
     return LMSpec(model=args.model, served_model=args.served_model, temperature=args.temperature,
                   max_tokens=args.max_tokens, timeout=args.timeout, retries=args.retries,
                   call_deadline=args.call_deadline, item_deadline=args.item_deadline, cache=not args.no_cache,
-                  cache_dir=args.cache_dir)
+                  cache_dir=args.cache_dir, referee_models=parse_referees(getattr(args, "referee", None)),
+                  price_per_mtok=getattr(args, "price_per_mtok", None))
 
 
 def panel_roles(args) -> tuple[str, ...]:

@@ -201,7 +201,7 @@ class _Printed(SearchHooks):
         from chateval_dspy.run.table import summary_table
 
         print(f"\n== best trial {trial.number} on the test split ==")
-        print(summary_table(figures, result.cost(), header))
+        print(summary_table(figures, result.cost(), header, models=result.model_usage()))
         if result.abstentions:
             print("abstentions by cause: " + ", ".join(f"{k}={v}" for k, v in result.abstentions.most_common()))
 

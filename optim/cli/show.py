@@ -7,11 +7,12 @@ import sys
 
 
 def summary(result, header: dict, seed: int) -> dict:
-    """Print agreement (with CIs, beside the baseline) and cost; returns the metrics."""
+    """Print agreement (with CIs, beside the baseline), cost (with US dollars, per model too); returns the metrics."""
     from chateval_dspy.run.table import summary_table
 
     metrics = result.metrics(seed=seed)
-    print(summary_table(metrics, result.cost(), header, abstentions=result.abstention_counts()))
+    print(summary_table(metrics, result.cost(), header, abstentions=result.abstention_counts(),
+                        models=result.model_usage()))
     return metrics
 
 

@@ -14,7 +14,6 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import dspy
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
@@ -107,7 +106,7 @@ def final_test(study: optuna.Study, trial: FrozenTrial, parts: dict, out: Path, 
     results.parent.mkdir(parents=True, exist_ok=True)
     (out / "results" / OWNER_FILE).write_text(json.dumps({"study": study.study_name, "trial": trial.number}),
                                               encoding="utf-8")
-    key = records.run_key(cfg, records.lm_identity(dspy.settings.lm), parts["test"], program.dump_state())
+    key = records.run_key(cfg, records.context_identity(), parts["test"], program.dump_state())
     try:
         records.finished_records(results, key)
     except ValueError:  # an earlier best panel's test (ConfigError) or a damaged file: this test starts afresh
@@ -116,19 +115,21 @@ def final_test(study: optuna.Study, trial: FrozenTrial, parts: dict, out: Path, 
     return Tested(trial, program, result, result.metrics(seed=seed), results)
 
 
-def save_final(study: optuna.Study, tested: Tested, out: Path, *, model: str, card: dict, tracking=None) -> dict:
+def save_final(study: optuna.Study, tested: Tested, out: Path, *, model: str, card: dict, tracking=None,
+               referee_models: dict[str, str] | None = None) -> dict:
     """Save the tested program with its card (``card`` adds data, split and search fields), log it, mark it done.
 
-    Returns the card written.
+    ``referee_models``: a mixed panel's ``{role slug: model name}`` for the card. Returns the card written.
     """
     from chateval_dspy.deploy.store import make_card, save_program
     from chateval_dspy.run.metrics import plain, primary_metric
+    from optim.evaluation import unpriced_marks
 
     trial, program = tested.trial, tested.program
     cfg, choice = config_of(trial)
     metric = primary_metric(cfg.task_spec)
-    cost = {k: v for k, v in tested.result.cost().items() if k != "wall_seconds"}
-    written = make_card(program, model=model, optimizer=choice, metric=metric,
+    cost = tested.result.card_cost()
+    written = make_card(program, model=model, referee_models=referee_models, optimizer=choice, metric=metric,
                         dev_metrics=trial.user_attrs.get("dev", {}), test_metrics=plain(tested.figures), cost=cost,
                         **card)
     save_program(program, out, written)
@@ -138,7 +139,8 @@ def save_final(study: optuna.Study, tested: Tested, out: Path, *, model: str, ca
         objectives = written.get("search", {}).get("objectives", ["agreement"])
         mlflow_tracking.log_metrics({"best_trial": trial.number,
                                      **{f"best.dev.{o}": v for o, v in zip(objectives, trial.values)}})
-        mlflow_tracking.log_metrics(tested.figures, cost, prefix="test.")
+        mlflow_tracking.log_metrics(tested.figures, {**cost, **tested.result.model_metrics()}, prefix="test.")
+        mlflow_tracking.log_params(unpriced_marks(cost, prefix="test."))
         mlflow_tracking.log_file(out, "evaluator")
         mlflow_tracking.log_file(tested.results, "results")
         if tracking.log_model:

@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import dspy
 import numpy as np
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -229,7 +228,7 @@ class Objective:
         program = build_for_trial(config, compile_choice, self.parts["train"], self.settings)
         dev = self.parts["dev"]
         # One key for the whole dev split: each chunk appends to the same file, which a retry then resumes.
-        key = records.run_key(config, records.lm_identity(dspy.settings.lm), dev, program.dump_state())
+        key = records.run_key(config, records.context_identity(), dev, program.dump_state())
         out = self._results_file(trial, key)
         result = RunResult(config)
         done: set[str] = set()

@@ -93,7 +93,8 @@ def run_search(data, base: DebateConfig | Callable[[str], DebateConfig], lm, *, 
     Args:
         data: Which items (``DataSpec``: dataset, seed and limit of the train/dev/test split).
         base: What trials do not choose (format, calibration, ...), or a function of the dataset's format.
-        lm: Which LM (``LMSpec``); with ``tokens`` as an objective its cache is turned off.
+        lm: Which LM (``LMSpec``); with ``tokens`` as an objective its cache is turned off. A mixed panel's
+            ``referee_models`` apply to the trials whose panel seats those referees.
         study: The study's name, storage, budget, objectives and pruning.
         space: What trials may choose (default: everything).
         settings: How trials that compile do it (its seed is the data's; default ``OptimizerSettings()``).
@@ -109,7 +110,10 @@ def run_search(data, base: DebateConfig | Callable[[str], DebateConfig], lm, *, 
         ...                  study=StudySpec("demo", trials=3), space=SearchSpace(turns=(1, 1)))
         >>> run.card["search"]["trial"]  # doctest: +SKIP
     """
+    import chateval_dspy.limits as limits
     from chateval_dspy.data.loaders import dataset_hash
+    from chateval_dspy.lm.panel import referee_names
+    from chateval_dspy.program.roles import DEFAULT_ORDER, same_roles
     from chateval_dspy.run.evaluate_dataset import check_task, skipped_rows
 
     hooks, space = hooks or SearchHooks(), space or SearchSpace()
@@ -121,6 +125,8 @@ def run_search(data, base: DebateConfig | Callable[[str], DebateConfig], lm, *, 
     items, fmt = data.load()
     base = base(fmt) if callable(base) else base
     check_task(data, base)
+    # A mixed panel binds models by role slug: each must be a referee some trial can seat (checked before any model starts).
+    lm.check_panel(DEFAULT_ORDER + same_roles(limits.MAX_ROLES))
     parts = data.parts(items)
     if not parts["dev"] or all(x.get("label" if fmt == "pairwise" else "human") is None for x in parts["dev"]):
         raise ConfigError("search needs labelled dev items: use a dataset with human labels, more items or a larger --limit")
@@ -140,7 +146,9 @@ def run_search(data, base: DebateConfig | Callable[[str], DebateConfig], lm, *, 
     recorded = {"dataset": data.dataset, "format": fmt, "dataset_hash": dataset_hash(items), "seed": data.seed,
                 "limit": data.limit, "objectives": list(spec.objectives), "space": space.to_dict(),
                 "model_spec": lm.model, "base": base_settings(base),
-                "max_demos": settings.max_demos if space.compile != ("none",) else None}
+                "max_demos": settings.max_demos if space.compile != ("none",) else None,
+                # Only a mixed panel records its referees' models, so that existing studies resume as they were.
+                **({"referee_models": lm.referee_map} if lm.referee_models else {})}
     studies.check_settings(opened, recorded)
     hooks.started(opened, spec, parts)
     tracked = tracking is not None and tracking.enabled
@@ -164,9 +172,9 @@ def run_search(data, base: DebateConfig | Callable[[str], DebateConfig], lm, *, 
     tested = card = None
     with parent or contextlib.nullcontext() as active:
         with lm.judging(lm_slots(slot_cfg, concurrency)) as judging_lm:
-            model = judging_lm.model
+            model, referees = judging_lm.model, referee_names()
             if tracked:
-                mlflow_tracking.log_params({"model": model})
+                mlflow_tracking.log_params({"model": model, **({"referee_models": referees} if referees else {})})
             ran = studies.run_trials(opened, objective, spec.trials, callbacks=[hooks.trial], wait=test, poll=poll,
                                      on_wait=hooks.waiting)
             finished = studies.count(opened)
@@ -179,11 +187,12 @@ def run_search(data, base: DebateConfig | Callable[[str], DebateConfig], lm, *, 
                     tested = final_test(opened, final.trial, parts, out, settings=settings, seed=data.seed,
                                         concurrency=concurrency, on_item=on_item)
                 cfg = tested.program.config
+                referees = {k: v for k, v in referees.items() if k in cfg.roles}  # the best panel's own
                 hooks.tested(tested.trial, tested.result, tested.figures,
-                             run_header(data, cfg, model, tested.result.n, "test"))
+                             run_header(data, cfg, model, tested.result.n, "test", referee_models=referees))
         _trials_table(opened, spec.name, mlflow_tracking, finished)
         if tested is not None:
-            card = save_final(opened, tested, out, model=model, tracking=tracking, card={
+            card = save_final(opened, tested, out, model=model, referee_models=referees, tracking=tracking, card={
                 "dataset": data.dataset, "dataset_hash": recorded["dataset_hash"],
                 "split": {"seed": data.seed, "fractions": [0.4, 0.2, 0.4], "limit": data.limit,
                           "sizes": {k: len(v) for k, v in parts.items()}},

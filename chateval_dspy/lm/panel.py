@@ -1,0 +1,138 @@
+"""Mixed-model panels: a referee may run on an LM of its own, bound by its role slug at run time.
+
+As in "Replacing Judges with Juries" (Verga et al., 2024), a panel of different models can judge better and
+cheaper than one large model. The debate code does not change: each referee's turn looks up the LM bound to
+its slug in DSPy's context (``referee_lm``) and runs under it; every other call (the summarizer, a referee
+without an LM of its own, an optimizer's own prompts) uses the context's main LM.
+
+``open_panel`` starts the LMs: each distinct model once (a referee naming the main model shares its LM, two
+referees naming one URL share one client), the base URLs and model strings before the embedded server, so a
+referee naming an unreachable URL stops the run before the embedded model starts, with the referee named.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+
+import dspy
+
+import chateval_dspy.limits as limits
+from chateval_dspy.errors import ConfigError, LMError
+
+# The key in DSPy's settings that holds ``{role slug: dspy.LM}``; DSPy carries it into its worker threads.
+CONTEXT_KEY = "chateval_referee_lms"
+
+
+def check_referee_models(referees, *, where: str = "referee_models") -> tuple[tuple[str, str], ...]:
+    """``{slug: model}`` (or its pairs) as sorted pairs, each model checked as ``--model`` is.
+
+    Example:
+        >>> check_referee_models({"scientist": "http://127.0.0.1:8000/v1", "critic": "openai/gpt-4o-mini"})
+        (('critic', 'openai/gpt-4o-mini'), ('scientist', 'http://127.0.0.1:8000/v1'))
+    """
+    from chateval_dspy.lm.resolve import check_model_spec
+
+    pairs = list(referees.items()) if isinstance(referees, Mapping) else list(referees or ())
+    if len(pairs) > limits.MAX_ROLES:
+        raise ConfigError(f"{where}: at most {limits.MAX_ROLES} referees (limits.MAX_ROLES), got {len(pairs)}")
+    out: dict[str, str] = {}
+    for pair in pairs:
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not isinstance(pair[0], str) or not pair[0]:
+            raise ConfigError(f"{where}: expected role slug -> model, got {pair!r:.80}")
+        slug, model = pair
+        if slug in out:
+            raise ConfigError(f"{where}: referee {slug!r} is given a model twice")
+        out[slug] = check_model_spec(model, f"referee {slug!r}")
+    return tuple(sorted(out.items()))
+
+
+def parse_referees(values: list[str] | None) -> dict[str, str]:
+    """``--referee SLUG=MODEL`` flags as ``{slug: model}`` (the model may hold ``=`` itself, as a URL's query can).
+
+    Example:
+        >>> parse_referees(["critic=openai/gpt-4o-mini", "scientist=http://host:8000/v1"])
+        {'critic': 'openai/gpt-4o-mini', 'scientist': 'http://host:8000/v1'}
+    """
+    out: dict[str, str] = {}
+    for value in values or []:
+        slug, sep, model = value.partition("=")
+        if not sep or not slug.strip() or not model.strip():
+            raise ConfigError(f"--referee takes SLUG=MODEL (e.g. critic=openai/gpt-4o-mini), got {value!r:.200}")
+        if slug.strip() in out:
+            raise ConfigError(f"--referee {slug.strip()!r} is given twice")
+        out[slug.strip()] = model.strip()
+    return dict(check_referee_models(out, where="--referee"))
+
+
+def check_panel(referees: Mapping[str, str], roles) -> None:
+    """Every referee given a model must sit on the panel (``roles``: its slugs); a ``ConfigError`` otherwise.
+
+    Example:
+        >>> check_panel({"critic": "openai/gpt-4o-mini"}, ("general_public", "scientist"))
+        Traceback (most recent call last):
+        ...
+        chateval_dspy.errors.ConfigError: referee 'critic' is given a model but is not on the panel (general_public, ...
+    """
+    missing = [slug for slug in referees if slug not in roles]
+    if missing:
+        raise ConfigError(f"referee {missing[0]!r} is given a model but is not on the panel ({', '.join(roles)}); "
+                          "name a referee of the panel (--role SLUG)")
+
+
+def referee_lm(slug: str) -> dspy.LM | None:
+    """The LM bound to referee ``slug`` in the current context, or None (it runs on the main LM)."""
+    bound = dspy.settings.get(CONTEXT_KEY)
+    return bound.get(slug) if bound else None
+
+
+def referee_lms() -> dict[str, dspy.LM]:
+    """Every referee LM bound in the current context, by role slug."""
+    return dict(dspy.settings.get(CONTEXT_KEY) or {})
+
+
+def referee_names(lms: Mapping[str, dspy.LM] | None = None) -> dict[str, str]:
+    """``{slug: model name}`` of the bound referees (what a card records; a URL's LM is ``openai-compatible/<id>``).
+
+    Example:
+        >>> with binding({"critic": dspy.LM("openai/gpt-4o-mini")}):
+        ...     referee_names()
+        {'critic': 'openai/gpt-4o-mini'}
+    """
+    return {slug: lm.model for slug, lm in sorted((referee_lms() if lms is None else lms).items())}
+
+
+def binding(lms: Mapping[str, dspy.LM]) -> contextlib.AbstractContextManager:
+    """A context in which each referee of ``lms`` runs on its LM (nothing changes when ``lms`` is empty)."""
+    return dspy.context(**{CONTEXT_KEY: dict(lms)}) if lms else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def open_panel(main: str, referees: Mapping[str, str] | None = None, **kwargs) -> Iterator[tuple[dspy.LM, dict]]:
+    """Start the main LM and each referee's; yields ``(main LM, {slug: LM})``, stops them all on exit.
+
+    Args:
+        main: The main model (``embedded``, a base URL, a LiteLLM string): the summarizer and unassigned referees.
+        referees: ``{slug: model}``; a referee naming ``main`` shares the main LM.
+        **kwargs: ``resolve_lm``'s settings (slots, sampling, bounds, threads, ``served_model`` for ``main`` only).
+    """
+    from chateval_dspy.lm import resolve  # looked up at call time, so tests can replace resolve_lm
+
+    referees = dict(referees or {})
+    served = kwargs.pop("served_model", None)
+    specs = list(dict.fromkeys([main, *referees.values()]))
+    # URLs are reached (and model strings built) before the embedded server starts, so a referee naming an
+    # unreachable URL fails at once, not after the embedded model has loaded.
+    order = sorted(specs, key=lambda s: s == resolve.EMBEDDED)
+    named = {spec: [slug for slug, s in referees.items() if s == spec] for spec in specs}
+    with contextlib.ExitStack() as stack:
+        lms: dict[str, dspy.LM] = {}
+        for spec in order:
+            try:
+                lms[spec] = stack.enter_context(resolve.resolve_lm(
+                    spec, served_model=served if spec == main else None, **kwargs))
+            except (LMError, ConfigError) as exc:
+                if spec == main:
+                    raise
+                raise type(exc)(f"referee {', '.join(map(repr, named[spec]))}: {exc}") from exc
+        yield lms[main], {slug: lms[spec] for slug, spec in referees.items()}
