@@ -185,6 +185,26 @@ def test_issue_11_item_6_the_cli_maps_columns(saved, engine, tmp_path, capsys):
     assert {r["id"]: r["winner"] for r in lines(out)} == {"r0": "2", "r1": "1"}
 
 
+def test_score_prices_an_unpriced_model_when_asked(saved, engine, tmp_path, capsys):
+    """Issue 13 (item 4): ``--price-per-mtok`` reaches ``load()`` from ``chateval score``; without it the
+    fake model is unpriced (``cost_usd`` null, never 0)."""
+    from optim.cli.main import main
+
+    _, path = saved
+    src = write_jsonl(tmp_path / "in.jsonl", [{**ITEM, "id": "p1"}])
+    for name, extra in (("unpriced", []), ("priced", ["--price-per-mtok", "1,2"])):
+        out = tmp_path / f"{name}.jsonl"
+        assert main(["score", str(path), "--in", str(src), "--out", str(out), "--no-progress", *extra]) == 0
+        (record,) = lines(out)
+        tokens = (record["prompt_tokens"], record["completion_tokens"])
+        assert tokens[0] > 0
+        if extra:
+            assert record["cost_usd"] == pytest.approx((tokens[0] * 1 + tokens[1] * 2) / 1e6)
+        else:
+            assert record["cost_usd"] is None
+    capsys.readouterr()
+
+
 # ---------------------------------------------------------------- malformed rows
 
 

@@ -112,6 +112,10 @@ def add_loaded_flags(p: argparse.ArgumentParser) -> None:
                    help="seconds one attempt of one LM request may take")
     p.add_argument("--concurrency", type=int, default=2, help="items judged at once")
     p.add_argument("--trust-pickle", action="store_true", help="allow a pickled program (runs code from the file)")
+    p.add_argument("--referee", action="append", metavar="SLUG=MODEL",
+                   help="run referee SLUG on MODEL (default: the card's referee models); repeat per referee")
+    p.add_argument("--price-per-mtok", metavar="IN,OUT",
+                   help="US dollars per million input,output tokens of --model, where LiteLLM's cost map has no price")
 
 
 def data_spec(args) -> DataSpec:

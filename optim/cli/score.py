@@ -35,9 +35,11 @@ def add_command(sub) -> None:
 def load_judge(args):
     """The saved evaluator named by the flags, bound to its LM (score, serve)."""
     from chateval_dspy.deploy.judge import load
+    from chateval_dspy.lm.panel import parse_referees
 
     return load(args.evaluator, model=args.model, trust_pickle=args.trust_pickle, slots=flags.concurrency(args),
-                timeout=args.timeout, served_model=args.served_model)
+                timeout=args.timeout, served_model=args.served_model, referee_models=parse_referees(args.referee) or None,
+                price_per_mtok=args.price_per_mtok)
 
 
 def traced(judge, args, *, items: int | None, command: str, tags: dict | None = None):
