@@ -44,3 +44,25 @@ class LMError(ChatEvalError, RuntimeError):
 
 class SecretError(ChatEvalError, RuntimeError):
     """A credential's value was about to reach a log, a file or MLflow; nothing was written."""
+
+
+def cause_of(exc: BaseException | None, kind: type[BaseException]) -> BaseException | None:
+    """The first exception of ``kind`` in ``exc``'s chain of causes (DSPy wraps engine errors in its own), or None.
+
+    Example:
+        >>> try:
+        ...     try:
+        ...         raise LMError("server died")
+        ...     except LMError as inner:
+        ...         raise RuntimeError("wrapped") from inner
+        ... except RuntimeError as outer:
+        ...     print(cause_of(outer, LMError))
+        server died
+    """
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, kind):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None

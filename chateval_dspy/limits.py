@@ -12,6 +12,10 @@ With every panel limit at its maximum an item costs at most
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from chateval_dspy.errors import ConfigError
+
 KIB = 1024
 MIB = 1024 * KIB
 
@@ -50,3 +54,19 @@ MAX_LABEL_CHARS = 40  # one label of a scale; it is an enum value of the JSON sc
 # A criterion's or input's description; with the data note appended it stays within MAX_FIELD_TEXT_CHARS.
 MAX_TASK_DESCRIPTION_CHARS = 800
 MAX_TASK_NAME_CHARS = 40  # task, input and criterion names are identifiers (field names of the prompts)
+
+
+def read_bounded(path: str | Path, limit: int, limit_name: str, what: str = "file") -> bytes:
+    """At most ``limit`` bytes of the regular file ``path``, whatever the file claims to be (a FIFO, a device or
+    a sparse giant never gets read); a ``ConfigError`` naming ``what``, the path and the limit otherwise."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"cannot read {what} {path}: missing or not a regular file")
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}") from exc
+    if len(data) > limit:
+        raise ConfigError(f"{what} {path} is larger than {limit} bytes ({limit_name}); refusing to read it")
+    return data

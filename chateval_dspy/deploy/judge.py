@@ -238,11 +238,7 @@ def _evaluator_in(local: Path, uri: str, trust_pickle: bool) -> Path | ChatEval:
     mlmodel = local / "MLmodel"
     if not mlmodel.is_file():
         raise ConfigError(f"{uri} holds neither a saved evaluator ({CARD_FILE}) nor an MLflow model")
-    with open(mlmodel, "rb") as f:
-        text = f.read(limits.MAX_MLMODEL_FILE_BYTES + 1)
-    if len(text) > limits.MAX_MLMODEL_FILE_BYTES:
-        raise ConfigError(f"{mlmodel} is larger than {limits.MAX_MLMODEL_FILE_BYTES} bytes "
-                          "(limits.MAX_MLMODEL_FILE_BYTES)")
+    text = limits.read_bounded(mlmodel, limits.MAX_MLMODEL_FILE_BYTES, "limits.MAX_MLMODEL_FILE_BYTES", "MLmodel file")
     try:
         flavors = (yaml.safe_load(text) or {}).get("flavors") or {}
         relative = flavors["python_function"]["artifacts"]["evaluator"]["path"]

@@ -185,15 +185,7 @@ def read_json_file(path: Path, limit: int, limit_name: str):
     Raises:
         ConfigError: naming the file: unreadable, not a regular file, over ``limit``, or not JSON.
     """
-    if not path.is_file():  # a FIFO or a device would block or never end
-        raise ConfigError(f"{path}: missing or not a regular file")
-    try:
-        with open(path, "rb") as f:
-            data = f.read(limit + 1)
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read it ({exc.strerror or exc})") from exc
-    if len(data) > limit:
-        raise ConfigError(f"{path} is larger than {limit} bytes ({limit_name}); refusing to parse it")
+    data = limits.read_bounded(path, limit, limit_name)
     try:
         return json.loads(data)
     # ValueError covers bad JSON, bad UTF-8 and numbers too long to convert; RecursionError, deep nesting.

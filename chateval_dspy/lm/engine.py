@@ -35,7 +35,7 @@ import openai
 from dspy import lm15
 from dspy.lm15 import Message, Response, TextPart, TokenLogprob, TopLogprob, Usage, response_to_events
 
-from chateval_dspy.errors import ConfigError, LMError
+from chateval_dspy.errors import ConfigError, LMError, cause_of
 
 R = TypeVar("R")
 
@@ -116,13 +116,7 @@ class DeadlineExceeded(lm15.TimeoutError):  # noqa: N818 - named after what happ
 
 def deadline_in(exc: BaseException | None) -> DeadlineExceeded | None:
     """The ``DeadlineExceeded`` behind ``exc`` (DSPy wraps engine errors in its own), or None."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, DeadlineExceeded):
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return None
+    return cause_of(exc, DeadlineExceeded)
 
 
 # Absolute ``time.monotonic()`` ends. Contextvars, so that worker threads that copy the context

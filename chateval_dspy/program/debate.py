@@ -22,7 +22,7 @@ from dspy.utils.exceptions import AdapterParseError, LMAuthError, LMConfiguratio
 
 from chateval_dspy.concurrency import parallel_map
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.errors import LMError
+from chateval_dspy.errors import LMError, cause_of
 from chateval_dspy.lm.engine import DEADLINE_CAUSE, DeadlineExceeded, bounds_of, deadline_in, within_deadline
 from chateval_dspy.program.aggregate import vote
 from chateval_dspy.program.debater import Debater
@@ -43,13 +43,7 @@ TOP_LOGPROBS = 10
 
 def _fatal_cause(exc: BaseException) -> LMError | None:
     """Our own LMError (e.g. a server that died twice) inside DSPy's wrapping: it must stop the run."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, LMError):
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return None
+    return cause_of(exc, LMError)
 
 
 def consensus(task: TaskSpec | str, verdicts: list[dict | None]) -> bool:

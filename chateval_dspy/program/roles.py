@@ -128,14 +128,10 @@ def _parse_roles(data, source: str) -> dict[str, Role]:
 def load_role_file(path: str | Path) -> dict[str, Role]:
     """Read roles from a YAML or JSON file shaped like ``roles/default.yaml``."""
     path = Path(path)
+    raw = limits.read_bounded(path, limits.MAX_ROLE_FILE_BYTES, "limits.MAX_ROLE_FILE_BYTES", "role file")
     try:
-        with open(path, "rb") as f:
-            raw = f.read(limits.MAX_ROLE_FILE_BYTES + 1)  # never more, whatever the file claims to be
-        if len(raw) > limits.MAX_ROLE_FILE_BYTES:
-            raise ConfigError(f"role file {path} is larger than {limits.MAX_ROLE_FILE_BYTES} bytes "
-                              "(limits.MAX_ROLE_FILE_BYTES)")
         text = raw.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
         raise ConfigError(f"cannot read role file {path}: {exc}") from exc
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)

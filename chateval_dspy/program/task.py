@@ -658,16 +658,10 @@ def _entries(raw, key: str, allowed: tuple[str, ...], limit: int) -> list[dict]:
 def read_task_file(path: str | Path) -> TaskSpec:
     """A task spec from a YAML or JSON file, read within ``limits.MAX_TASK_FILE_BYTES`` and checked."""
     path = Path(path)
+    raw = limits.read_bounded(path, limits.MAX_TASK_FILE_BYTES, "limits.MAX_TASK_FILE_BYTES", "task file")
     try:
-        if not path.is_file():
-            raise ConfigError(f"task file {path}: missing or not a regular file")
-        with open(path, "rb") as f:
-            raw = f.read(limits.MAX_TASK_FILE_BYTES + 1)
-        if len(raw) > limits.MAX_TASK_FILE_BYTES:
-            raise ConfigError(f"task file {path} is larger than {limits.MAX_TASK_FILE_BYTES} bytes "
-                              "(limits.MAX_TASK_FILE_BYTES)")
         text = raw.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
         raise ConfigError(f"cannot read task file {path}: {exc}") from exc
     try:
         data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
