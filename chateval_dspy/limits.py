@@ -12,7 +12,10 @@ With every panel limit at its maximum an item costs at most
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+
+import yaml
 
 from chateval_dspy.errors import ConfigError
 
@@ -70,3 +73,19 @@ def read_bounded(path: str | Path, limit: int, limit_name: str, what: str = "fil
     if len(data) > limit:
         raise ConfigError(f"{what} {path} is larger than {limit} bytes ({limit_name}); refusing to read it")
     return data
+
+
+def read_config_file(path: str | Path, limit: int, limit_name: str, what: str):
+    """The parsed content of a YAML or JSON file (JSON by its ``.json`` suffix), read with ``read_bounded``;
+    a ``ConfigError`` naming ``what`` and the path for bad UTF-8, bad syntax or nesting too deep to parse."""
+    path = Path(path)
+    raw = read_bounded(path, limit, limit_name, what)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc}") from exc
+    as_json = path.suffix.lower() == ".json"
+    try:
+        return json.loads(text) if as_json else yaml.safe_load(text)
+    except (ValueError, RecursionError, yaml.YAMLError) as exc:  # ValueError: JSON errors and over-long numbers
+        raise ConfigError(f"{what} {path} is not valid {'JSON' if as_json else 'YAML'}: {str(exc)[:300]}") from exc

@@ -7,7 +7,6 @@ predictors for an optimizer to tune.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from importlib import resources
@@ -127,16 +126,7 @@ def _parse_roles(data, source: str) -> dict[str, Role]:
 
 def load_role_file(path: str | Path) -> dict[str, Role]:
     """Read roles from a YAML or JSON file shaped like ``roles/default.yaml``."""
-    path = Path(path)
-    raw = limits.read_bounded(path, limits.MAX_ROLE_FILE_BYTES, "limits.MAX_ROLE_FILE_BYTES", "role file")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"cannot read role file {path}: {exc}") from exc
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (ValueError, RecursionError, yaml.YAMLError) as exc:  # ValueError: JSON errors and over-long numbers
-        raise ConfigError(f"role file {path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from exc
+    data = limits.read_config_file(path, limits.MAX_ROLE_FILE_BYTES, "limits.MAX_ROLE_FILE_BYTES", "role file")
     return _parse_roles(data, str(path))
 
 

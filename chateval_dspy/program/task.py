@@ -657,17 +657,7 @@ def _entries(raw, key: str, allowed: tuple[str, ...], limit: int) -> list[dict]:
 
 def read_task_file(path: str | Path) -> TaskSpec:
     """A task spec from a YAML or JSON file, read within ``limits.MAX_TASK_FILE_BYTES`` and checked."""
-    path = Path(path)
-    raw = limits.read_bounded(path, limits.MAX_TASK_FILE_BYTES, "limits.MAX_TASK_FILE_BYTES", "task file")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"cannot read task file {path}: {exc}") from exc
-    try:
-        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
-    except (ValueError, RecursionError, yaml.YAMLError) as exc:
-        kind = "JSON" if path.suffix.lower() == ".json" else "YAML"
-        raise ConfigError(f"task file {path} is not valid {kind}: {str(exc)[:300]}") from exc
+    data = limits.read_config_file(path, limits.MAX_TASK_FILE_BYTES, "limits.MAX_TASK_FILE_BYTES", "task file")
     return TaskSpec.from_dict(data, str(path))
 
 
