@@ -9,6 +9,7 @@ from chateval_dspy.lm.offline import ensure_offline
 
 ensure_offline()  # before anything below imports dspy / litellm
 
+import contextlib  # noqa: E402
 import importlib  # noqa: E402
 import os  # noqa: E402
 
@@ -16,8 +17,12 @@ import dspy  # noqa: E402
 import pytest  # noqa: E402
 from dspy.dsp.utils.utils import dotdict  # noqa: E402
 
+import chateval_dspy.lm.resolve  # noqa: E402
+from chateval_dspy.config import DebateConfig  # noqa: E402
+from chateval_dspy.deploy.store import make_card, save_program  # noqa: E402
 from chateval_dspy.lm.adapter import JudgeAdapter  # noqa: E402
-from chateval_dspy.testing.fake_lm import fake_lm  # noqa: E402
+from chateval_dspy.program.chateval import build_evaluator  # noqa: E402
+from chateval_dspy.testing.fake_lm import ScriptedEngine, fake_lm  # noqa: E402
 
 # The module, not the ``settings`` singleton that ``dspy.dsp.utils`` re-exports under the same name.
 _dspy_settings = importlib.import_module("dspy.dsp.utils.settings")
@@ -72,3 +77,27 @@ def run_program(program, lm, **inputs) -> dspy.Prediction:
 def run():
     """``run(program, lm, **inputs)``: the program's prediction under the given LM and the JSON adapter."""
     return run_program
+
+
+# ---- a saved evaluator and the fake engine behind every LM that load() builds (test_judge, test_score_file)
+
+
+@pytest.fixture
+def engine(monkeypatch):
+    """One fake engine shared by every LM that load() builds, so calls can be counted across loads."""
+    shared = ScriptedEngine()
+
+    @contextlib.contextmanager
+    def fake_resolve(spec, **kwargs):
+        yield dspy.LM(spec if "/" in spec else f"fake/{spec}", engine=shared, cache=False, num_retries=0)
+
+    monkeypatch.setattr(chateval_dspy.lm.resolve, "resolve_lm", fake_resolve)
+    return shared
+
+
+@pytest.fixture
+def saved(tmp_path):
+    program = build_evaluator(DebateConfig(roles=("critic", "scientist"), turns=2))
+    program.debate.referees["critic"].judge.demos = [dspy.Example(
+        question="dq", answer_1="x", answer_2="y", persona="p", discussion="d", evidence="e", score_1=7, score_2=3)]
+    return program, save_program(program, tmp_path / "prog", make_card(program, model="fake/card-model"))

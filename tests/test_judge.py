@@ -13,37 +13,13 @@ import httpx
 import pandas as pd
 import pytest
 
-import chateval_dspy.lm.resolve
-from chateval_dspy.config import DebateConfig
 from chateval_dspy.deploy.judge import Verdict, load
-from chateval_dspy.deploy.store import CARD_FILE, make_card, save_program
+from chateval_dspy.deploy.store import CARD_FILE
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.lm.adapter import JudgeAdapter
-from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.testing.fake_lm import ScriptedEngine
 
 ITEM = {"id": "a", "question": "Which?", "answer_1": "short", "answer_2": "a considerably longer answer"}
-
-
-@pytest.fixture
-def engine(monkeypatch):
-    """One fake engine shared by every LM that load() builds, so calls can be counted across loads."""
-    shared = ScriptedEngine()
-
-    @contextlib.contextmanager
-    def fake_resolve(spec, **kwargs):
-        yield dspy.LM(spec if "/" in spec else f"fake/{spec}", engine=shared, cache=False, num_retries=0)
-
-    monkeypatch.setattr(chateval_dspy.lm.resolve, "resolve_lm", fake_resolve)
-    return shared
-
-
-@pytest.fixture
-def saved(tmp_path):
-    program = build_evaluator(DebateConfig(roles=("critic", "scientist"), turns=2))
-    program.debate.referees["critic"].judge.demos = [dspy.Example(
-        question="dq", answer_1="x", answer_2="y", persona="p", discussion="d", evidence="e", score_1=7, score_2=3)]
-    return program, save_program(program, tmp_path / "prog", make_card(program, model="fake/card-model"))
 
 
 def test_load_gives_the_same_verdicts_as_the_program_in_memory(saved, engine):

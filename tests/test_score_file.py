@@ -3,43 +3,15 @@ columns mapped for every field, and a malformed row reported without stopping th
 
 from __future__ import annotations
 
-import contextlib
 import json
 
-import dspy
 import pytest
 
-import chateval_dspy.lm.resolve
-from chateval_dspy.config import DebateConfig
 from chateval_dspy.deploy.judge import load
 from chateval_dspy.deploy.score_file import score_file
-from chateval_dspy.deploy.store import make_card, save_program
-from chateval_dspy.program.chateval import build_evaluator
-from chateval_dspy.testing.fake_lm import ScriptedEngine
 
 ITEM = {"id": "a", "question": "Which?", "answer_1": "short", "answer_2": "a considerably longer answer"}
 CALLS = 8  # per item: 2 referees x 2 turns x 2 orders
-
-
-@pytest.fixture
-def engine(monkeypatch):
-    """One fake engine shared by every LM that load() builds, so calls can be counted across loads."""
-    shared = ScriptedEngine()
-
-    @contextlib.contextmanager
-    def fake_resolve(spec, **kwargs):
-        yield dspy.LM(spec if "/" in spec else f"fake/{spec}", engine=shared, cache=False, num_retries=0)
-
-    monkeypatch.setattr(chateval_dspy.lm.resolve, "resolve_lm", fake_resolve)
-    return shared
-
-
-@pytest.fixture
-def saved(tmp_path):
-    program = build_evaluator(DebateConfig(roles=("critic", "scientist"), turns=2))
-    program.debate.referees["critic"].judge.demos = [dspy.Example(
-        question="dq", answer_1="x", answer_2="y", persona="p", discussion="d", evidence="e", score_1=7, score_2=3)]
-    return program, save_program(program, tmp_path / "prog", make_card(program, model="fake/card-model"))
 
 
 def write_jsonl(path, rows):
