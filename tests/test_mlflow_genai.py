@@ -22,6 +22,7 @@ import time
 import urllib.request
 
 import pytest
+from stored_traces import span_tree
 from test_search import mlflow_db  # noqa: F401 - the MLflow store template, shared
 
 import chateval_dspy
@@ -136,18 +137,6 @@ def feedbacks_of(result, name_prefix: str = "chateval") -> list:
     traces = mlflow.search_traces(run_id=result.run_id, return_type="list")
     assert len(traces) == N  # one evaluated row each; the debates are not the run's
     return [a for t in traces for a in t.info.assessments if a.name.startswith(name_prefix)]
-
-
-def span_tree(trace) -> list:
-    spans = sorted(trace.data.spans, key=lambda s: (s.start_time_ns, s.name))
-    kids: dict = {}
-    for s in spans:
-        kids.setdefault(s.parent_id, []).append(s)
-
-    def walk(s):
-        return [s.name, [walk(c) for c in kids[s.span_id]]] if s.span_id in kids else s.name
-
-    return [walk(s) for s in kids[None]]
 
 
 def check_pairwise(result, debates: list | None):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import dspy
 import pytest
+from stored_traces import span_tree
 from test_search import mlflow_db  # noqa: F401 - the MLflow store template, shared
 
 from chateval_dspy.config import DebateConfig
@@ -207,19 +208,6 @@ def stored_traces(experiment_id: str, **filters):
 
     mlflow.flush_trace_async_logging()
     return mlflow.search_traces(locations=[experiment_id], return_type="list", **filters)
-
-
-def span_tree(trace) -> list:
-    """The stored trace's span names as ``[name, [children]]``, children in start order."""
-    spans = sorted(trace.data.spans, key=lambda s: (s.start_time_ns, s.name))
-    kids: dict = {}
-    for s in spans:
-        kids.setdefault(s.parent_id, []).append(s)
-
-    def walk(s):
-        return [s.name, [walk(c) for c in kids[s.span_id]]] if s.span_id in kids else s.name
-
-    return [walk(s) for s in kids[None]]
 
 
 def test_a_batch_traces_each_item_once_and_links_them_to_its_run(local_store, tmp_path, monkeypatch):
