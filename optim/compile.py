@@ -21,7 +21,8 @@ import dspy
 from chateval_dspy import limits
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.program.chateval import ChatEval
-from chateval_dspy.program.task import TaskSpec, as_task
+from chateval_dspy.program.demos import DEFAULT_DEMOS, label_demo, with_label_demos  # noqa: F401 - label_demo: this API's
+from optim.labels import LabelledData
 from optim.objectives import Metric, with_feedback
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ class OptimizerSettings:
         1
     """
 
-    max_demos: int = 2
+    max_demos: int = DEFAULT_DEMOS
     candidates: int = 4
     auto: str = "light"
     threads: int = 1
@@ -67,74 +68,8 @@ class OptimizerSettings:
         return asdict(self)
 
 
-def _points(scale) -> dict[str, int]:
-    """Where a pairwise winner, loser and tie sit on an integer scale (8, 4 and 6 on 1-10, as FairEval's demos)."""
-    span = scale.high - scale.low
-    return {"better": scale.high - round(span * 0.2), "worse": scale.low + round(span * 0.3),
-            "even": scale.low + round(span * 0.55)}
-
-
-def label_demo(example: dspy.Example, task: TaskSpec | str, persona: str) -> dspy.Example | None:
-    """A human label written as a judge's verdict of ``task`` (or a format's built-in task), for ``labeled``.
-
-    Pairwise: the winner's integer-scale criteria get a high point and the loser's a low one (8/4 on 1-10,
-    6/6 for a tie), label-scale criteria the scale's first label for the winner (both, for a tie) and its
-    last for the loser, and a stated preference the label. Pointwise: mean human scores rounded to the
-    nearest valid rating, labels as they are; None when a criterion has no human label (no whole verdict).
-
-    Example:
-        >>> demo = label_demo(dspy.Example(question="q", answer_1="a", answer_2="b", label="2"), "pairwise", "p")
-        >>> demo.preference, demo.score_1, demo.score_2, demo.evidence
-        ('2', 4, 8, 'Human referees: Answer 2 is better.')
-    """
-    task = as_task(task)
-    fields = {name: example[name] for name in task.input_names}
-    fields.update(persona=persona, discussion="(no discussion)")
-    if task.format == "pairwise":
-        label = example.label
-        for c in task.criteria:
-            if c.scale.ordinal:
-                points = _points(c.scale)
-                first, second = {"1": ("better", "worse"), "2": ("worse", "better"), "tie": ("even", "even")}[label]
-                fields[f"{c.name}_1"], fields[f"{c.name}_2"] = points[first], points[second]
-            else:
-                top, bottom = c.scale.labels[0], c.scale.labels[-1]
-                fields[f"{c.name}_1"], fields[f"{c.name}_2"] = {"1": (top, bottom), "2": (bottom, top),
-                                                                "tie": (top, top)}[label]
-        said = ("Both answers are equally good." if label == "tie"
-                else f"{task.responses[int(label) - 1].replace('_', ' ').capitalize()} is better.")
-        if task.stated_preference:
-            fields["preference"] = label
-        return dspy.Example(**fields, evidence=f"Human referees: {said}")
-    human = example.get("human") or {}
-    if any(human.get(c.name) is None for c in task.criteria):
-        return None
-    for c in task.criteria:
-        value = human[c.name]
-        fields[c.name] = int(min(c.scale.high, max(c.scale.low, round(value)))) if c.scale.ordinal else value
-    return dspy.Example(**fields, evidence="Human referees' ratings.")
-
-
-class _JudgeOnly(dspy.Module):
-    """Lets LabeledFewShot fill one role's judge predictor."""
-
-    def __init__(self, judge):
-        super().__init__()
-        self.judge = judge
-
-
 def _labeled(student: ChatEval, trainset, settings: OptimizerSettings) -> ChatEval:
-    program = student.deepcopy()
-    task = program.config.task_spec
-    for debater in program.debate.referees.values():
-        demos = [d for d in (label_demo(x, task, debater.persona) for x in trainset) if d is not None]
-        if not demos:
-            raise ConfigError(f"the labeled optimizer needs train items with a human label for every criterion of "
-                              f"task {task.name!r}; none has them all")
-        filled = dspy.LabeledFewShot(k=settings.max_demos).compile(_JudgeOnly(debater.judge), trainset=demos, sample=True)
-        debater.judge.demos = filled.judge.demos
-    program._compiled = True
-    return program
+    return with_label_demos(student, trainset, k=settings.max_demos)
 
 
 def compile_evaluator(student: ChatEval, *, optimizer: str, trainset: Sequence[dspy.Example],
@@ -324,7 +259,9 @@ def compile_and_save(data, config, lm, *, optimizer: str, out: str | Path, metri
     they were not. The killed run's MLflow runs end as KILLED.
 
     Args:
-        data: Which items (``DataSpec``: dataset, seed and limit of the train/dev/test split).
+        data: Which items (``DataSpec``: dataset, seed and limit of the train/dev/test split), or a
+            ``optim.labels.LabelledData``: a dataset (or none) with people's labels on top, which train (the card's
+            ``labels`` records the sources, the traces learned from, and how many labels came from whom).
         config: The panel (``DebateConfig``), or a function of the dataset's format that returns it.
         lm: Which LM (``LMSpec``).
         optimizer: One of ``OPTIMIZERS``.
@@ -423,7 +360,8 @@ def compile_and_save(data, config, lm, *, optimizer: str, out: str | Path, metri
                          optimizer=optimizer, optimizer_settings=settings.to_dict(), metric=metric_name,
                          test_metrics={s: plain(figures[s]) for s in figures},
                          cost=costs["after"],
-                         **({"skipped_rows": skipped} if skipped else {}))
+                         **({"skipped_rows": skipped} if skipped else {}),
+                         **({"labels": data.label_set().card()} if isinstance(data, LabelledData) else {}))
         save_program(compiled, out, card)
         if tracked:
             mlflow_tracking.log_file(out, "evaluator")

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from chateval_dspy.errors import ConfigError
+from chateval_dspy.data.spec import DataSpec
+from chateval_dspy.deploy.feedback import resolve
+from chateval_dspy.errors import ConfigError, DataError
 from chateval_dspy.program.task import load_task
-from optim.labels import combine, labels_from_mlflow, parse_source, resolve
+from optim.labels import LabelledData, labels_from_mlflow, parse_source, read_labels
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,11 +65,11 @@ def test_pairwise_feedback_becomes_labels_and_disagreements_are_counted(store):
     feedback(mlflow, b, "preference", "1", "ann")
     feedback(mlflow, b, "preference", "2", "bob")  # an even split: a disagreement, left unlabelled
     got = labels_from_mlflow("mlflow:review")
-    assert [x.id for x in got.items] == ["i0"] and got.items[0].label == "2"
+    assert list(got.items) == ["i0"] and got.items["i0"].label == "2"
     assert got.disagreements == 1 and got.unlabelled == 2 and got.labels == 3  # c has no feedback at all
-    assert got.trace_ids == [a] and got.reviewers["ann"] >= 1
-    card = got.card("mlflow:review")
-    assert card["traces"] == [a] and card["items"] == 1 and card["disagreements"] == 1
+    assert got.trace_ids == {"i0": a} and got.reviewers == {"ann": 2, "bob": 1}
+    card = got.card()
+    assert card["traces"] == [a] and card["items"] == 1 and card["disagreements"] == 1 and card["from_review"] == 3
     del c
 
 
@@ -81,18 +83,88 @@ def test_pointwise_feedback_per_criterion_with_means_and_majorities(store):
         feedback(mlflow, t, "faithful", faithful, who)
         feedback(mlflow, t, "relevance", relevance, who)
     got = labels_from_mlflow("mlflow:review", task)
-    (x,) = got.items
+    (x,) = got.items.values()
     assert x.human["faithful"] == "pass" and abs(x.human["relevance"] - 14 / 3) < 1e-9
     assert got.labels == 6 and got.disagreements == 0
 
 
-def test_reviewers_override_file_labels_for_the_same_item():
-    import dspy
+def faireval_ids(n: int) -> list:
+    from chateval_dspy.data.loaders import load_dataset
 
-    file_items = [dspy.Example(id="a", label="1"), dspy.Example(id="b", label="2")]
-    reviewed = [dspy.Example(id="b", label="tie"), dspy.Example(id="c", label="1")]
-    merged, overridden = combine(file_items, reviewed)
-    assert [(x.id, x.label) for x in merged] == [("a", "1"), ("b", "tie"), ("c", "1")] and overridden == 1
+    return load_dataset("faireval")[0][:n]
+
+
+def write_rows(path: Path, rows: list[dict]) -> str:
+    import json
+
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return str(path)
+
+
+def test_a_label_file_labels_dataset_items_by_id_and_new_items_by_their_inputs(tmp_path):
+    base = faireval_ids(3)
+    rows = [{"id": base[0].id, "label": "tie", "reviewer": "ann"}, {"id": base[0].id, "label": "tie", "reviewer": "bo"},
+            {"id": base[1].id, "label": "1", "reviewer": "ann"}, {"id": base[1].id, "label": "2", "reviewer": "bo"},
+            {"id": "new", "question": "2+2?", "answer_1": "4", "answer_2": "5", "label": "1"}]
+    got = read_labels([write_rows(tmp_path / "l.jsonl", rows)], "pairwise", base=base)
+    assert list(got.items) == [base[0].id, "new"] and got.items[base[0].id].label == "tie"
+    assert got.items[base[0].id].question == base[0].question  # the dataset's own texts
+    assert got.disagreements == 1 and got.labels == 5 and got.from_review == 0  # base[1]: 1:1, left unlabelled
+    assert got.reviewers == {"ann": 2, "bo": 2, "file": 1} and got.card()["from_files"] == 5
+
+
+def test_a_bad_label_file_names_file_row_and_field(tmp_path):
+    base = faireval_ids(1)
+    unknown = write_rows(tmp_path / "a.jsonl", [{"id": base[0].id, "label": "1"}, {"id": "zz", "label": "2"}])
+    with pytest.raises(DataError, match=r"a.jsonl row 2.*field 'id'.*no item of the dataset"):
+        read_labels([unknown], "pairwise", base=base)
+    off_scale = write_rows(tmp_path / "b.jsonl", [{"id": base[0].id, "label": "maybe"}])
+    with pytest.raises(DataError, match=r"b.jsonl row 1"):
+        read_labels([off_scale], "pairwise", base=base)
+    with pytest.raises(DataError, match=r"c.jsonl row 1.*no label"):
+        read_labels([write_rows(tmp_path / "c.jsonl", [{"id": base[0].id}])], "pairwise", base=base)
+    with pytest.raises(ConfigError, match="no such file"):
+        read_labels([str(tmp_path / "missing.csv")], "pairwise")
+
+
+def test_mlflow_feedback_overrides_a_label_file_which_overrides_the_dataset(store, tmp_path):
+    mlflow = store
+    base = faireval_ids(2)
+    x = base[0]
+    t = traced(mlflow, str(x.id), {"question": x.question, "answer_1": x.answer_1, "answer_2": x.answer_2})
+    mlflow.flush_trace_async_logging()
+    feedback(mlflow, t, "label", "tie", "ann")
+    wrong = {"1": "2", "2": "1", "tie": "1"}
+    path = write_rows(tmp_path / "l.jsonl", [{"id": x.id, "label": wrong[x.label]}, {"id": base[1].id, "label": "tie"}])
+    got = read_labels(["mlflow:review", path], "pairwise", base=base)  # files are read first, whatever the order
+    assert got.items[str(x.id)].label == "tie" and got.items[str(base[1].id)].label == "tie"
+    assert got.overridden == 1 and got.trace_ids == {str(x.id): t}
+    assert [s["source"] for s in got.card()["sources"]] == [path, "mlflow:review"]
+
+
+def test_labelled_items_train_and_leave_dev_and_test(tmp_path):
+    data = DataSpec("faireval", seed=0)
+    items, _ = data.load()
+    test_ids = [x.id for x in data.parts(items)["test"][:3]]
+    path = write_rows(tmp_path / "l.csv.jsonl", [{"id": i, "label": "tie"} for i in test_ids])
+    labelled = LabelledData((path,), data)
+    merged, fmt = labelled.load()
+    parts = labelled.parts(merged)
+    assert fmt == "pairwise" and len(merged) == len(items)
+    assert set(test_ids) <= {x.id for x in parts["train"]} and not set(test_ids) & {x.id for x in parts["test"]}
+    assert all(x.label == "tie" for x in parts["train"] if x.id in test_ids)
+    assert labelled.label_set().overridden == 3 and labelled.dataset == f"faireval+{path}"
+    # Without a dataset the labelled items are the data, split by the seed.
+    alone = LabelledData((write_rows(tmp_path / "own.jsonl", [
+        {"id": f"o{i}", "question": f"q{i}", "answer_1": "a", "answer_2": "b", "label": "1"} for i in range(10)]),))
+    own, _ = alone.load()
+    assert sorted(len(v) for v in alone.parts(own).values()) == [2, 4, 4]
+
+
+def test_compile_needs_a_dataset_or_labels():
+    from optim.cli.main import main
+
+    assert main(["compile", "--out", "x", "--no-mlflow"]) == 2
 
 
 def test_an_unknown_experiment_is_a_clear_error(store):

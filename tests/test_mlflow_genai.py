@@ -12,18 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 
 import pytest
+from mlflow_server import mlflow_db, tracking_server  # noqa: F401 - shared fixtures
 from stored_traces import span_tree
-from test_search import mlflow_db  # noqa: F401 - the MLflow store template, shared
 
 import chateval_dspy
 from chateval_dspy.config import DebateConfig
@@ -35,50 +28,6 @@ from chateval_dspy.testing.fake_server import FakeOpenAIServer
 PLANTED = "sk-planted-GENAI-0123456789abcdef"
 MODEL = "openai-compatible/fake-served"
 N = 6
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def tracking_server(tmp_path_factory, mlflow_db):  # noqa: F811 - the shared template fixture
-    """``(uri, root)`` of a real ``mlflow server``; everything it stores lies under ``root``."""
-    root = tmp_path_factory.mktemp("mlflow-server")
-    shutil.copy(mlflow_db, root / "server.db")  # already migrated: the server starts in seconds
-    port = _free_port()
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    log = open(root / "server.log", "wb")  # noqa: SIM115 - closed at teardown
-    # Its own session (process group), so that the server and the uvicorn worker it starts end together.
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
-                             f"sqlite:///{root / 'server.db'}", "--default-artifact-root", str(root / "artifacts"),
-                             "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                            cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"{uri}/health", timeout=2) as resp:  # noqa: S310 - loopback
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"mlflow server did not start:\n{(root / 'server.log').read_text()[-3000:]}")
-            time.sleep(0.3)
-        yield uri, root
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +52,7 @@ def evaluators(tmp_path_factory):
 
 
 @pytest.fixture
-def on_server(tracking_server, monkeypatch):
+def on_server(tracking_server, monkeypatch):  # noqa: F811 - the shared fixture
     """MLflow pointed at the tracking server, as a user's ``MLFLOW_TRACKING_URI`` would; restored afterwards."""
     import mlflow
 
@@ -227,7 +176,131 @@ def test_chateval_evaluate_with_tracing_logs_one_trace_per_item_under_its_run(on
     assert tracking.tracer_for(None, items=items * 40, config=cfg) is None  # 120 items: off unless --trace
 
 
-def test_nothing_the_tracking_server_stored_holds_the_key(tracking_server, lm_url):
+def human(trace_id: str, name: str, value, who: str) -> None:
+    import mlflow
+    from mlflow.entities import AssessmentSource, AssessmentSourceType
+
+    mlflow.log_feedback(trace_id=trace_id, name=name, value=value,
+                        source=AssessmentSource(source_type=AssessmentSourceType.HUMAN, source_id=who))
+
+
+@pytest.fixture(scope="module")
+def reviewed(tracking_server, lm_url, tmp_path_factory):  # noqa: F811 - the shared fixture
+    """10 FairEval train items judged by ``chateval evaluate --trace`` on the server, each then labelled by people
+    in MLflow (ann on all, bo on the first three: agreeing on two, splitting evenly with ann on the third).
+
+    Yields ``(uri, work dir, labels source, traces, the item ids labelled)``."""
+    import mlflow
+
+    from optim.cli.main import main
+
+    uri, _ = tracking_server
+    work = tmp_path_factory.mktemp("reviewed")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(work)
+        mp.setenv("MLFLOW_TRACKING_URI", uri)
+        assert main(["evaluate", "--dataset", "faireval", "--split", "train", "--limit", "10", "--roles", "2",
+                     "--turns", "1", "--model", lm_url, "--no-cache", "--trace", "--no-progress"]) == 0
+        (results,) = (work / "results").glob("*.jsonl")
+        key = json.loads(results.read_text().splitlines()[0])["run_key"]
+        mlflow.set_tracking_uri(uri)
+        mlflow.flush_trace_async_logging()
+        traces = mlflow.search_traces(filter_string=f"tags.`chateval.run_key` = '{key}'", return_type="list")
+        assert len(traces) == 10
+        truth = {str(x.id): x.label for x in load_dataset("faireval")[0]}
+        flipped = {"1": "2", "2": "1", "tie": "1"}
+        for i, t in enumerate(traces):
+            right = truth[t.info.tags["chateval.item_id"]]
+            human(t.info.trace_id, "label", flipped[right], "ann")  # ann first answers wrongly,
+            human(t.info.trace_id, "label", right, "ann")  # then corrects it: her latest answer counts
+            if i < 2:
+                human(t.info.trace_id, "preference", right, "bo")
+            elif i == 2:
+                human(t.info.trace_id, "label", flipped[right], "bo")  # 1:1 with ann, an even split
+        mlflow.flush_trace_async_logging()
+        order = [t.info.trace_id for t in traces]  # read again, now with their feedback, in the same order
+        fetched = {t.info.trace_id: t for t in mlflow.search_traces(filter_string=f"tags.`chateval.run_key` = '{key}'",
+                                                                     return_type="list")}
+        traces = [fetched[i] for i in order]
+        labelled = {t.info.tags["chateval.item_id"] for t in traces[:2] + traces[3:]}
+        yield uri, work, f"mlflow:chateval-dspy?filter=tags.`chateval.run_key` = '{key}'", traces, labelled
+
+
+def test_human_feedback_on_traces_becomes_the_labels_of_a_compile_whose_card_lists_them(reviewed, lm_url,
+                                                                                         monkeypatch):
+    from optim.cli.main import main
+
+    uri, work, source, traces, labelled = reviewed
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    out = work / "programs" / "reviewed"
+    assert main(["compile", "--labels", source, "--dataset", "faireval", "--limit", "4", "--roles", "2",
+                 "--turns", "1", "--model", lm_url, "--no-cache", "--optimizer", "labeled", "--max-demos", "16",
+                 "--out", str(out), "--no-progress", "--no-log-model"]) == 0
+    card = json.loads((out / "card.json").read_text())
+    got = card["labels"]
+    assert sorted(got["traces"]) == sorted(t.info.trace_id for t in traces[:2] + traces[3:])  # 9: one split evenly
+    assert got["items"] == 9 and got["disagreements"] == 1 and got["unlabelled"] == 1
+    assert got["sources"] == [{"source": source, "traces": 10, "items": 9, "labels": 13}]
+    assert got["reviewers"] == {"ann": 10, "bo": 3} and got["labels"] == got["from_review"] == 13
+    assert card["split"]["sizes"]["train"] == 4 + 9  # the dataset's first 4 train items, then the 9 labelled
+    assert "people's labels: 9 items" in (out / "card.md").read_text()
+    # Every referee learned from the people's labels: its demos include every labelled item, with their label.
+    items = {x.question: x for x in load_dataset("faireval")[0]}
+    state = json.loads((out / "program.json").read_text())
+    judges = [p for name, p in state.items() if name.endswith(".judge")]
+    assert len(judges) == 2
+    for predictor in judges:
+        shown = {str(items[d["question"]].id): d for d in predictor["demos"]}
+        assert labelled <= set(shown)
+        for item_id in labelled:
+            said = shown[item_id]["evidence"]
+            right = {"1": "Answer 1 is better.", "2": "Answer 2 is better.", "tie": "equally good"}[
+                items[shown[item_id]["question"]].label]
+            assert said.startswith("Human referees") and right in said
+
+
+def test_align_on_the_mlflow_judge_adds_the_labelled_items_as_demos(reviewed, evaluators, lm_url, monkeypatch):
+    from chateval_dspy.lm.adapter import JudgeAdapter
+    from optim.align import CompileAligner
+
+    uri, _, _, traces, labelled = reviewed
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    with chateval_dspy.load(evaluators["pairwise"], model=lm_url, cache=False) as judge:
+        scorer = chateval_dspy.mlflow_judge(judge)
+        aligned = scorer.align(traces)
+        assert aligned is not scorer and aligned.name == scorer.name
+        before = dict(judge.program.named_predictors())
+        after = dict(aligned.chateval.program.named_predictors())
+        inputs = {"question": "q", "answer_1": "a", "answer_2": "b", "persona": "p", "discussion": "d"}
+        for name, predictor in after.items():
+            old = JudgeAdapter().format(before[name].signature, before[name].demos, inputs)
+            new = JudgeAdapter().format(predictor.signature, predictor.demos, inputs)
+            if name.endswith(".judge"):
+                assert len(predictor.demos) == 2 and before[name].demos == [] and new != old, name
+            else:  # talk predictors take no labelled demos: their prompts stay the original's
+                assert predictor.demos == [] and new == old, name
+        assert sorted(aligned.chateval.card["labels"]["traces"]) == sorted(t.info.trace_id for t in traces[:2] + traces[3:])
+        assert judge.program.named_predictors()[1][1].demos == []  # the original judge is unchanged
+        # With an alignment optimizer: chateval compile's optimizers underneath, on the judge's own LM.
+        tuned = scorer.align(traces, CompileAligner("bootstrap"))
+        assert tuned.chateval.card["labels"]["optimizer"] == "bootstrap"
+        assert tuned.chateval.card["labels"]["train"] + tuned.chateval.card["labels"]["dev"] == 9
+        verdict = tuned.chateval({"question": "2+2?", "answer_1": "4", "answer_2": "5"})
+        assert verdict.winner in ("1", "2", "tie")
+        with pytest.raises(chateval_dspy.errors.ConfigError, match="none of the 1 traces"):
+            scorer.align([_unlabelled_trace(traces)])
+
+
+def _unlabelled_trace(traces):
+    import copy
+
+    t = copy.deepcopy(traces[0])
+    t.info.assessments = []
+    return t
+
+
+def test_nothing_the_tracking_server_stored_holds_the_key(tracking_server, lm_url):  # noqa: F811
     """Runs after the tests above, which sent the server feedbacks, traces, params and artifacts."""
     import mlflow
 

@@ -34,7 +34,7 @@ import chateval_dspy.limits as limits
 from chateval_dspy.concurrency import bounded_unordered
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.data.loaders import item_from_record
-from chateval_dspy.deploy.store import CARD_FILE, load_program, read_card
+from chateval_dspy.deploy.store import CARD_FILE, load_program, read_card, save_program
 from chateval_dspy.errors import ChatEvalError, ConfigError, DataError
 from chateval_dspy.lm.adapter import JudgeAdapter
 from chateval_dspy.lm.panel import open_panel
@@ -338,6 +338,19 @@ class Judge:
                 if column in frame:
                     frame[column] = frame[column].map(lambda v: None if v is None else json.dumps(v, default=str))
         return frame
+
+    def with_program(self, program: ChatEval, card: dict | None = None) -> Judge:
+        """A judge of ``program`` (a tuned copy of this one's) on this judge's LM, which stays this judge's to close.
+
+        ``card`` replaces this judge's card (its config must still describe ``program``).
+        """
+        if program.config != self.config:
+            raise ConfigError("with_program: the program's panel differs from this judge's; load its own evaluator")
+        return Judge(program, dict(card or self.card), self.lm, contextlib.ExitStack(), referee_lms=self.referee_lms)
+
+    def save(self, directory: str | Path) -> Path:
+        """Save this judge's program and card as an evaluator directory (``load`` reads it back)."""
+        return save_program(self.program, directory, self.card)
 
     def close(self) -> None:
         self._stack.close()

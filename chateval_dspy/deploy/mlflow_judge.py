@@ -387,10 +387,43 @@ def judge_class():
             return out
 
         def align(self, traces, optimizer=None):
-            raise NotImplementedError("a ChatEval panel is tuned against human labels with `chateval compile` "
-                                      "(DSPy optimizers over every referee's prompts), not with MLflow's aligners")
+            """A new judge tuned to the human feedback on ``traces`` (see ``align``); this one is left unchanged."""
+            return align(self, traces, optimizer)
+
+        def retuned(self, program, labels: dict):
+            """This scorer's settings over ``program`` (a tuned copy of its panel); the card's ``labels`` say what
+            it learned from."""
+            judge = self._judge.with_program(program, {**self._judge.card, "labels": labels})
+            return mlflow_judge(judge, name=self.name, trace=self._traced is not None, fields=self._fields,
+                                per_criterion=self._per_criterion)
 
     return ChatEvalJudge
+
+
+def align(scorer, traces, optimizer=None):
+    """``ChatEvalJudge.align``: the scorer's panel tuned to the human feedback people gave on ``traces``.
+
+    The labels are read by ``chateval_dspy.deploy.feedback``'s rule (each reviewer's latest answer; majority or
+    mean; even splits counted and left out). With no ``optimizer``, every referee's judge predictor gets up to
+    ``DEFAULT_DEMOS`` labelled items as demonstrations (the ``labeled`` optimizer of ``chateval compile``: no LM
+    call). Any other ``optimizer`` is an MLflow ``AlignmentOptimizer`` (``optimizer.align(scorer, traces)``), such
+    as ``optim.align.CompileAligner("bootstrap")``, which runs one of ``chateval compile``'s DSPy optimizers over
+    every referee's prompts. The aligned judge runs on the same LM; its card's ``labels`` lists the traces.
+    """
+    from chateval_dspy.deploy.feedback import labels_from_traces
+    from chateval_dspy.errors import ConfigError
+    from chateval_dspy.program.demos import DEFAULT_DEMOS, with_label_demos
+
+    traces = list(traces)
+    if optimizer is not None:
+        return optimizer.align(scorer, traces)
+    got = labels_from_traces(traces, scorer.chateval.task)
+    if not got.items:
+        raise ConfigError(f"align: none of the {len(traces)} traces carries usable human feedback (name it "
+                          f"'label' or 'preference' for a pairwise task, else a criterion's name; "
+                          f"{got.disagreements} even splits)")
+    program = with_label_demos(scorer.chateval.program, list(got.items.values()), k=DEFAULT_DEMOS)
+    return scorer.retuned(program, got.card())
 
 
 def mlflow_judge(judge, *, name: str = "chateval", trace: bool = False, fields: Mapping[str, str] | None = None,

@@ -45,7 +45,7 @@ PROGRAM_FILE, CARD_FILE, CARD_MD = "program.json", "card.json", "card.md"
 CARD_CONFIGURING = ("card_format", "model", "config", "roles", "referee_models")
 # The card keys that describe how the evaluator was made; nothing reads them to configure anything.
 CARD_DESCRIPTIVE = ("created", "versions", "dataset", "dataset_hash", "split", "optimizer", "optimizer_settings",
-                    "metric", "search", "dev_metrics", "test_metrics", "cost", "skipped_rows")
+                    "metric", "search", "dev_metrics", "test_metrics", "cost", "skipped_rows", "labels")
 # DSPy writes these predictor keys empty; any content would let the file choose an LM, its sampling or decoding.
 EMPTY_PREDICTOR_KEYS = {"lm": None, "traces": [], "train": [], "fields": {}}
 # A bootstrapped demo is marked ``augmented``; its ``logprobs`` (kept when weighted scores were on) never reach a prompt.
@@ -135,6 +135,18 @@ def _markdown(card: dict) -> str:
         rows = card["skipped_rows"]
         lines.append(f"- malformed rows skipped: {len(rows)} (" + "; ".join(
             f"row {r.get('row')}: {r.get('reason')}" for r in rows[:10]) + ("; ..." if len(rows) > 10 else "") + ")")
+    if card.get("labels"):
+        got = card["labels"]
+        who = ", ".join(f"{k} ({v})" for k, v in (got.get("reviewers") or {}).items())
+        traces = got.get("traces") or []
+        sources = ", ".join(s.get("source", "?") for s in got.get("sources", []))
+        lines.append(f"- people's labels: {got.get('items')} items from {sources}; "
+                     f"{got.get('labels')} answers ({got.get('from_review')} from review, {got.get('from_files')} from files)"
+                     f"{' by ' + who if who else ''}; {got.get('disagreements')} even splits left unlabelled; "
+                     f"{got.get('overridden')} labels overridden")
+        if traces:
+            lines.append(f"  - traces learned from ({len(traces)}): " + ", ".join(f"`{t}`" for t in traces[:20])
+                         + (", ..." if len(traces) > 20 else "") + " (all in card.json)")
     if "cost" in card:
         cost = card["cost"]
         line = "- cost per item: " + ", ".join(

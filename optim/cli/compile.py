@@ -13,7 +13,14 @@ def add_command(sub) -> None:
     p = sub.add_parser("compile", help="tune every referee's instructions and demos against the human labels",
                        description="Rerunning the same command after an interruption finishes the job: nothing "
                                    "already judged is judged again, and the card and MLflow logging are completed.")
-    flags.add_common_flags(p)
+    flags.add_common_flags(p, dataset_required=False)
+    g = p.add_argument_group("labels")
+    g.add_argument("--labels", action="append", metavar="SOURCE",
+                   help="people's labels, repeatable: mlflow:<experiment>[?filter=<trace filter>] (human feedback on "
+                        "traced debates: the MLflow Review page or mlflow.log_feedback) or a CSV/JSONL file (id, label "
+                        "or one column per criterion, optionally reviewer). Labelled items train; a dataset item of "
+                        "the same id leaves dev/test. MLflow feedback overrides a file, a file the dataset. Without "
+                        "--dataset the labelled items are the data, split by --seed")
     g = p.add_argument_group("optimizer")
     g.add_argument("--optimizer", default="bootstrap", choices=list(OPTIMIZERS))
     g.add_argument("--metric", help="agreement or balanced (pairwise; default agreement); score_error (scoring)")
@@ -57,12 +64,12 @@ class _Printed(CompileHooks):
 
 
 def run(args) -> int:
-    data = flags.data_spec(args)
+    data = compile_data(args)
     settings = OptimizerSettings(max_demos=args.max_demos, candidates=args.candidates, auto=args.auto,
                                  threads=args.threads, seed=args.seed)
     done = compile_and_save(data, lambda fmt: flags.debate_config(args, fmt), flags.lm_spec(args),
                             optimizer=args.optimizer, out=args.out, metric=args.metric, settings=settings,
-                            tracking=tracking_spec(args), concurrency=flags.concurrency(args),
+                            tracking=flags.tracking_spec(args), concurrency=flags.concurrency(args),
                             hooks=_Printed(not args.no_progress))
     print(f"\nsaved evaluator: {done.out} (card: {done.out / 'card.md'})")
     if done.mlflow_run_id:
@@ -70,9 +77,16 @@ def run(args) -> int:
     return 0
 
 
-def tracking_spec(args):
-    """``--tracking-uri``, ``--no-mlflow``, ``--no-log-model``, ``--register`` -> ``TrackingSpec``."""
-    from optim.tracking import TrackingSpec
 
-    return TrackingSpec(enabled=not args.no_mlflow, uri=args.tracking_uri, log_model=not args.no_log_model,
-                        register=getattr(args, "register", None))
+def compile_data(args):
+    """``--dataset`` and ``--labels`` -> the ``DataSpec``, or the ``LabelledData`` with people's labels on top."""
+    from chateval_dspy.errors import ConfigError
+    from optim.labels import LabelledData
+
+    if not args.dataset and not args.labels:
+        raise ConfigError("compile needs --dataset, --labels, or both")
+    base = flags.data_spec(args) if args.dataset else None
+    if not args.labels:
+        return base
+    return LabelledData(tuple(args.labels), base, task=flags.task(args) or args.format, seed=args.seed,
+                        limit=args.limit, tracking_uri=args.tracking_uri)

@@ -21,9 +21,10 @@ def default(cls, name: str):
     return {f.name: f.default for f in dataclasses.fields(cls)}[name]
 
 
-def add_data_flags(p: argparse.ArgumentParser) -> None:
+def add_data_flags(p: argparse.ArgumentParser, *, dataset_required: bool = True) -> None:
     g = p.add_argument_group("data")
-    g.add_argument("--dataset", required=True, help="faireval, topical_chat, or a .jsonl/.csv file of your own")
+    g.add_argument("--dataset", required=dataset_required,
+                   help="faireval, topical_chat, or a .jsonl/.csv file of your own")
     g.add_argument("--task", help="what is judged: a task file (.yaml/.json: inputs, criteria and scales, "
                                   "instructions) or a built-in task (faireval, topical_chat); sets the format")
     g.add_argument("--format", choices=["pairwise", "scoring", "pointwise"],
@@ -90,9 +91,9 @@ def add_lm_flags(p: argparse.ArgumentParser, *, concurrency: int = 1) -> None:
     g.add_argument("--cache-dir", help="DSPy cache directory (default: $CHATEVAL_CACHE_DIR or ~/.cache/chateval-dspy)")
 
 
-def add_common_flags(p: argparse.ArgumentParser) -> None:
+def add_common_flags(p: argparse.ArgumentParser, *, dataset_required: bool = True) -> None:
     """Data, panel and model flags, shared by every command that judges a dataset."""
-    add_data_flags(p)
+    add_data_flags(p, dataset_required=dataset_required)
     add_panel_flags(p)
     add_lm_flags(p)
 
@@ -116,6 +117,14 @@ def add_loaded_flags(p: argparse.ArgumentParser) -> None:
                    help="run referee SLUG on MODEL (default: the card's referee models); repeat per referee")
     p.add_argument("--price-per-mtok", metavar="IN,OUT",
                    help="US dollars per million input,output tokens of --model, where LiteLLM's cost map has no price")
+
+
+def tracking_spec(args):
+    """``--tracking-uri``, ``--no-mlflow``, ``--no-log-model``, ``--register`` -> ``TrackingSpec``."""
+    from optim.tracking import TrackingSpec
+
+    return TrackingSpec(enabled=not args.no_mlflow, uri=args.tracking_uri, log_model=not getattr(args, "no_log_model", False),
+                        register=getattr(args, "register", None))
 
 
 def data_spec(args) -> DataSpec:

@@ -19,7 +19,6 @@ import sys
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import ConfigError
 from optim.cli import flags
-from optim.cli.compile import tracking_spec
 from optim.compile import OptimizerSettings
 from optim.report import panel_label, trials_frame
 from optim.search.run import SearchHooks, run_search
@@ -218,7 +217,7 @@ def run(args) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # one line per trial is printed instead
     done = run_search(flags.data_spec(args), lambda fmt: base_from_args(args, fmt), flags.lm_spec(args), study=spec,
                       space=space_from_args(args), settings=OptimizerSettings(max_demos=args.max_demos, seed=args.seed),
-                      out=args.out, test=not args.no_test, tracking=tracking_spec(args),
+                      out=args.out, test=not args.no_test, tracking=flags.tracking_spec(args),
                       concurrency=flags.concurrency(args), hooks=_Printed(not args.no_progress))
     if done.saved:
         print(f"\nsaved evaluator: {done.out} (card: {done.out / 'card.md'})")
