@@ -186,8 +186,8 @@ def human(trace_id: str, name: str, value, who: str) -> None:
 
 @pytest.fixture(scope="module")
 def reviewed(tracking_server, lm_url, tmp_path_factory):  # noqa: F811 - the shared fixture
-    """10 FairEval train items judged by ``chateval evaluate --trace`` on the server, each then labelled by people
-    in MLflow (ann on all, bo on the first three: agreeing on two, splitting evenly with ann on the third).
+    """11 FairEval train items judged by ``chateval evaluate --trace`` on the server, then labelled by people in
+    MLflow: ann on all, bo agreeing with her on the first two and splitting evenly with her on the last.
 
     Yields ``(uri, work dir, labels source, traces, the item ids labelled)``."""
     import mlflow
@@ -199,14 +199,14 @@ def reviewed(tracking_server, lm_url, tmp_path_factory):  # noqa: F811 - the sha
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(work)
         mp.setenv("MLFLOW_TRACKING_URI", uri)
-        assert main(["evaluate", "--dataset", "faireval", "--split", "train", "--limit", "10", "--roles", "2",
+        assert main(["evaluate", "--dataset", "faireval", "--split", "train", "--limit", "11", "--roles", "2",
                      "--turns", "1", "--model", lm_url, "--no-cache", "--trace", "--no-progress"]) == 0
         (results,) = (work / "results").glob("*.jsonl")
         key = json.loads(results.read_text().splitlines()[0])["run_key"]
         mlflow.set_tracking_uri(uri)
         mlflow.flush_trace_async_logging()
         traces = mlflow.search_traces(filter_string=f"tags.`chateval.run_key` = '{key}'", return_type="list")
-        assert len(traces) == 10
+        assert len(traces) == 11
         truth = {str(x.id): x.label for x in load_dataset("faireval")[0]}
         flipped = {"1": "2", "2": "1", "tie": "1"}
         for i, t in enumerate(traces):
@@ -215,14 +215,14 @@ def reviewed(tracking_server, lm_url, tmp_path_factory):  # noqa: F811 - the sha
             human(t.info.trace_id, "label", right, "ann")  # then corrects it: her latest answer counts
             if i < 2:
                 human(t.info.trace_id, "preference", right, "bo")
-            elif i == 2:
+            elif i == 10:
                 human(t.info.trace_id, "label", flipped[right], "bo")  # 1:1 with ann, an even split
         mlflow.flush_trace_async_logging()
         order = [t.info.trace_id for t in traces]  # read again, now with their feedback, in the same order
         fetched = {t.info.trace_id: t for t in mlflow.search_traces(filter_string=f"tags.`chateval.run_key` = '{key}'",
                                                                      return_type="list")}
         traces = [fetched[i] for i in order]
-        labelled = {t.info.tags["chateval.item_id"] for t in traces[:2] + traces[3:]}
+        labelled = {t.info.tags["chateval.item_id"] for t in traces[:10]}
         yield uri, work, f"mlflow:chateval-dspy?filter=tags.`chateval.run_key` = '{key}'", traces, labelled
 
 
@@ -239,12 +239,12 @@ def test_human_feedback_on_traces_becomes_the_labels_of_a_compile_whose_card_lis
                  "--out", str(out), "--no-progress", "--no-log-model"]) == 0
     card = json.loads((out / "card.json").read_text())
     got = card["labels"]
-    assert sorted(got["traces"]) == sorted(t.info.trace_id for t in traces[:2] + traces[3:])  # 9: one split evenly
-    assert got["items"] == 9 and got["disagreements"] == 1 and got["unlabelled"] == 1
-    assert got["sources"] == [{"source": source, "traces": 10, "items": 9, "labels": 13}]
-    assert got["reviewers"] == {"ann": 10, "bo": 3} and got["labels"] == got["from_review"] == 13
-    assert card["split"]["sizes"]["train"] == 4 + 9  # the dataset's first 4 train items, then the 9 labelled
-    assert "people's labels: 9 items" in (out / "card.md").read_text()
+    assert sorted(got["traces"]) == sorted(t.info.trace_id for t in traces[:10])  # the 11th split evenly
+    assert got["items"] == 10 and got["disagreements"] == 1 and got["unlabelled"] == 1
+    assert got["sources"] == [{"source": source, "traces": 11, "items": 10, "labels": 14}]
+    assert got["reviewers"] == {"ann": 11, "bo": 3} and got["labels"] == got["from_review"] == 14
+    assert card["split"]["sizes"]["train"] == 4 + 10  # the dataset's first 4 train items, then the 10 labelled
+    assert "people's labels: 10 items" in (out / "card.md").read_text()
     # Every referee learned from the people's labels: its demos include every labelled item, with their label.
     items = {x.question: x for x in load_dataset("faireval")[0]}
     state = json.loads((out / "program.json").read_text())
@@ -280,12 +280,12 @@ def test_align_on_the_mlflow_judge_adds_the_labelled_items_as_demos(reviewed, ev
                 assert len(predictor.demos) == 2 and before[name].demos == [] and new != old, name
             else:  # talk predictors take no labelled demos: their prompts stay the original's
                 assert predictor.demos == [] and new == old, name
-        assert sorted(aligned.chateval.card["labels"]["traces"]) == sorted(t.info.trace_id for t in traces[:2] + traces[3:])
+        assert sorted(aligned.chateval.card["labels"]["traces"]) == sorted(t.info.trace_id for t in traces[:10])
         assert judge.program.named_predictors()[1][1].demos == []  # the original judge is unchanged
         # With an alignment optimizer: chateval compile's optimizers underneath, on the judge's own LM.
         tuned = scorer.align(traces, CompileAligner("bootstrap"))
         assert tuned.chateval.card["labels"]["optimizer"] == "bootstrap"
-        assert tuned.chateval.card["labels"]["train"] + tuned.chateval.card["labels"]["dev"] == 9
+        assert tuned.chateval.card["labels"]["train"] + tuned.chateval.card["labels"]["dev"] == 10
         verdict = tuned.chateval({"question": "2+2?", "answer_1": "4", "answer_2": "5"})
         assert verdict.winner in ("1", "2", "tie")
         with pytest.raises(chateval_dspy.errors.ConfigError, match="none of the 1 traces"):
