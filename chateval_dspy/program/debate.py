@@ -14,8 +14,10 @@ turns abstain at once, without calling the LM.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import time
 
 import dspy
 from dspy.utils.exceptions import AdapterParseError, LMAuthError, LMConfigurationError
@@ -59,6 +61,27 @@ def consensus(task: TaskSpec | str, verdicts: list[dict | None]) -> bool:
     if task.format == "pairwise":
         return len({vote(v, task) for v in verdicts}) == 1
     return len({tuple(v[a] for a in task.output_fields) for v in verdicts}) == 1
+
+
+MEASURED = ("started", "seconds", "prompt_tokens", "completion_tokens")
+
+
+@contextlib.contextmanager
+def measured():
+    """Fills the yielded dict with the block's start (epoch seconds), duration and the tokens its LM calls used.
+
+    DSPy's usage trackers nest: the block's calls still count in the item's own tracker.
+    """
+    took: dict = {}
+    started, clock = time.time(), time.perf_counter()
+    with dspy.track_usage() as usage:
+        try:
+            yield took
+        finally:
+            totals = usage.get_total_tokens().values()
+            took.update(started=started, seconds=round(time.perf_counter() - clock, 4),
+                        prompt_tokens=sum(t.get("prompt_tokens") or 0 for t in totals) if totals else None,
+                        completion_tokens=sum(t.get("completion_tokens") or 0 for t in totals) if totals else None)
 
 
 def guard(text: str) -> str:
@@ -144,13 +167,19 @@ class Debate(dspy.Module):
                 break
             if self.summarizer is not None:
                 calls += 1
-                summary = self._summarize(item, [u for u in transcript if u.round == rnd or u.speaker == SUMMARIZER])
-                transcript.append(Utterance(rnd, SUMMARIZER, "Summary", summary, "summary"))
+                with measured() as took:
+                    summary = self._summarize(item, [u for u in transcript if u.round == rnd or u.speaker == SUMMARIZER])
+                transcript.append(Utterance(rnd, SUMMARIZER, "Summary", summary, "summary", **took))
         return dspy.Prediction(transcript=transcript, verdicts=verdicts, abstentions=abstentions, calls=calls,
                                rounds=rounds)
 
     def _turn(self, debater: Debater, item: dict, seen: str, final: bool) -> dict:
-        """One referee's turn, with retries; returns text, scores (verdicts) and any abstention reason."""
+        """One referee's turn, with retries: text, scores (verdicts), any abstention reason, and its time and tokens."""
+        with measured() as took:
+            outcome = self._attempts(debater, item, seen, final)
+        return {**outcome, **took}
+
+    def _attempts(self, debater: Debater, item: dict, seen: str, final: bool) -> dict:
         reason = None
         attempts = 1 + self.config.parse_retries
         bounds = bounds_of(dspy.settings.lm)
@@ -204,7 +233,8 @@ class Debate(dspy.Module):
             scores.pop("expected", None)
             prefix = f" Prefers: {'a tie' if stated == 'tie' else 'answer ' + stated}." if stated else ""
             text = f"{text}{prefix} Scores: " + ", ".join(f"{k}={v}" for k, v in scores.items())
-        return Utterance(rnd, debater.slug, debater.name, text, "verdict" if final else "argument")
+        return Utterance(rnd, debater.slug, debater.name, text, "verdict" if final else "argument",
+                         **{k: outcome.get(k) for k in MEASURED})
 
     def _summarize(self, item: dict, shown: list[Utterance]) -> str:
         call = functools.partial(self.summarizer, material=material(self.task, item), discussion=render(shown))

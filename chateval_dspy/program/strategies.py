@@ -22,6 +22,11 @@ class Utterance:
     name: str
     text: str
     kind: str  # "argument", "verdict" or "summary"
+    # How the turn went, measured (a trace lays its span out by them); never shown to another speaker.
+    started: float | None = None  # epoch seconds
+    seconds: float | None = None
+    prompt_tokens: int | None = None  # None: answered from the LM cache, or the LM reported no usage
+    completion_tokens: int | None = None
 
 
 Visible = Callable[[Sequence[Utterance], int], list[Utterance]]

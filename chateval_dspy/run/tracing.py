@@ -19,11 +19,11 @@ The root carries the item's LM calls, tokens (``mlflow.chat.tokenUsage``, so MLf
 them), seconds and the panel's config; each trace is tagged ``chateval.item_id`` (and
 ``chateval.run_key``, ``chateval.task``, ``chateval.model`` and what the caller adds).
 
-Timing: a results record holds each item's total seconds, not each turn's. Unless the transcript's
-utterances carry their own ``started`` (epoch seconds) and ``seconds`` (and, optionally,
-``prompt_tokens``/``completion_tokens``), the item's measured time is laid out over its turns in speaking
-order (concurrent turns of a round side by side) and every span says so: ``chateval.timing`` is
-``"estimated"`` (``"measured"`` when the utterances carry their times).
+Timing: the debate measures every turn (its ``started`` epoch seconds, ``seconds``, and the
+``prompt_tokens``/``completion_tokens`` of its LM calls, None when the LM cache answered) and each span
+is laid out by them (``chateval.timing`` is ``"measured"``). Results files written before turns were
+measured hold each item's total seconds only: then the item's time is laid out over its turns in speaking
+order (concurrent turns of a round side by side) and every span says ``"estimated"``.
 
 Secrets: every text that goes into a trace (inputs, outputs, attributes, tags) is scrubbed of credential
 values (``secret_values``: environment variables named like a key or token, the key file that
@@ -206,7 +206,9 @@ def _times(transcripts: list[list[dict]], start: int, end: int, concurrent: bool
     """``(start_ns, end_ns)`` of every utterance: measured when the utterances carry their times, else the
     item's interval laid out over its sequential steps (equal shares)."""
     if _measured(transcripts):
-        return [[(int(u["started"] * _NS), int((u["started"] + u["seconds"]) * _NS)) for u in t] for t in transcripts]
+        # The duration in its own int: added to epoch seconds first, it would lose its last digits to rounding.
+        return [[(int(u["started"] * _NS), int(u["started"] * _NS) + int(u["seconds"] * _NS)) for u in t]
+                for t in transcripts]
     plans = [_steps(t, concurrent) for t in transcripts]
     total = sum(len(p) for p in plans) or 1
     share = (end - start) / total
