@@ -33,13 +33,13 @@ class CompileAligner:
         >>> aligned.chateval.card["labels"]["traces"]  # doctest: +SKIP
     """
 
-    def __init__(self, optimizer: str = "bootstrap", *, settings: OptimizerSettings = OptimizerSettings(),
+    def __init__(self, optimizer: str = "bootstrap", *, settings: OptimizerSettings | None = None,
                  metric: str | None = None, dev: float = 0.3):
         if optimizer not in OPTIMIZERS:
             raise ConfigError(f"unknown optimizer {optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}")
         if not 0 <= dev < 1:
             raise ConfigError(f"dev must lie in [0, 1), got {dev}")
-        self.optimizer, self.settings, self.metric, self.dev = optimizer, settings, metric, dev
+        self.optimizer, self.settings, self.metric, self.dev = optimizer, settings or OptimizerSettings(), metric, dev
 
     def align(self, judge, traces):
         loaded = judge.chateval

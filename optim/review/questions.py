@@ -1,0 +1,84 @@
+"""The questions a reviewer answers, made from the task's criteria (MLflow label schemas).
+
+A question's name is the name its answers carry as Feedback on the trace, so it is exactly what
+``optim.labels`` reads as a label: pairwise tasks ask one question, ``preference`` (1, 2 or tie); pointwise tasks
+ask one question per criterion, named after it, on its scale (a number between the ends of an integer scale, or
+one of a label scale's labels), with the criterion's description as the reviewer's instruction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from chateval_dspy.errors import ConfigError
+from chateval_dspy.program.task import TaskSpec, as_task
+
+PREFERENCE = "preference"  # one of optim.labels.PAIRWISE_NAMES, so an answer is a label
+# MLflow's own limits on a question (mlflow.genai.label_schemas.validation).
+MAX_OPTIONS, MAX_OPTION_CHARS, MAX_INSTRUCTION_CHARS = 10, 64, 1000
+RESERVED = "feedback"  # the experiment's default question in MLflow
+
+
+@dataclass(frozen=True)
+class Question:
+    """One question: ``options`` (categorical) or ``low``..``high`` (numeric), and the reviewer's instruction."""
+
+    name: str
+    instruction: str
+    options: tuple[str, ...] = ()
+    low: float | None = None
+    high: float | None = None
+
+    def mlflow_input(self):
+        """The MLflow input widget of this question."""
+        from mlflow.genai.label_schemas import InputCategorical, InputNumeric
+
+        if self.options:
+            return InputCategorical(options=list(self.options))
+        return InputNumeric(min_value=self.low, max_value=self.high)
+
+    def matches(self, schema) -> bool:
+        """Whether an existing MLflow label schema asks this question (same kind of answer, same answers)."""
+        given = schema.input
+        if self.options:
+            return list(getattr(given, "options", None) or []) == list(self.options) \
+                and not getattr(given, "multi_select", False)
+        return type(given).__name__ == "InputNumeric" and (given.min_value, given.max_value) == (self.low, self.high)
+
+
+def _instruction(text: str) -> str:
+    return text if len(text) <= MAX_INSTRUCTION_CHARS else text[:MAX_INSTRUCTION_CHARS - 3] + "..."
+
+
+def questions(task: TaskSpec | str) -> list[Question]:
+    """The task's questions (see the module docstring).
+
+    Example:
+        >>> [(q.name, q.options) for q in questions("pairwise")]
+        [('preference', ('1', '2', 'tie'))]
+        >>> q = questions("scoring")[0]
+        >>> q.name, q.low, q.high, q.instruction
+        ('naturalness', 1, 3, 'does it sound like a person? (1-3)')
+    """
+    task = as_task(task)
+    if task.format == "pairwise":
+        first, second = task.responses
+        what = task.preference.stated or f"which response is better overall: 1, 2, or tie ({task.criteria_text()})"
+        text = (f"{what[:1].upper()}{what[1:]}. 1 is {first}, 2 is {second}, as the trace's inputs show them (the "
+                "span 'order 2' shows the panel the same two in swapped order).")
+        return [Question(PREFERENCE, _instruction(text), options=("1", "2", "tie"))]
+    out = []
+    for criterion in task.criteria:
+        if criterion.name.casefold() == RESERVED:
+            raise ConfigError(f"task {task.name}: criterion '{criterion.name}' is MLflow's reserved question name; "
+                              "rename the criterion to review it")
+        scale = criterion.scale
+        text = _instruction(f"{task.describe(criterion)} ({scale})")
+        if scale.ordinal:
+            out.append(Question(criterion.name, text, low=scale.low, high=scale.high))
+            continue
+        if len(scale.labels) > MAX_OPTIONS or any(len(label) > MAX_OPTION_CHARS for label in scale.labels):
+            raise ConfigError(f"task {task.name}: criterion '{criterion.name}' has labels MLflow's review page cannot "
+                              f"offer (at most {MAX_OPTIONS} labels of at most {MAX_OPTION_CHARS} characters)")
+        out.append(Question(criterion.name, text, options=scale.labels))
+    return out

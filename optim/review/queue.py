@@ -1,0 +1,290 @@
+"""The most uncertain judged items into an MLflow review queue (``chateval review``).
+
+``build_queue`` ranks a results file's items (or an experiment's traced debates) by ``uncertainty.U``, makes the
+task's questions as label schemas in the traces' experiment, creates the named queue (or finds it) with its
+reviewers, and attaches the chosen items' traces. Reviewers answer in the MLflow UI's Review page; each answer
+is a Feedback on the trace, named as ``optim.labels`` reads it, so ``chateval compile --labels
+mlflow:<experiment>`` learns from it.
+
+Which items: ``top=N`` takes the N most uncertain items that have a trace; ``budget=N`` keeps the queue at N
+items in all, topping it up with the most uncertain items not in it yet. Either way an item already in the
+queue (any trace of it) or already answered (a person's feedback on one of the questions, on any of its traces)
+is not added again, so a rerun adds nothing new unless new items rank among the chosen ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from chateval_dspy.errors import ChatEvalError, ConfigError
+from chateval_dspy.program.task import TaskSpec, as_task, load_task
+from optim.review import sources
+from optim.review.questions import Question, questions
+from optim.review.uncertainty import Uncertainty, rank
+
+DEFAULT_TOP = 20
+MAX_REVIEWERS = 10  # MLflow's limit on a queue's assigned users
+PREFIX = "mlflow:"
+
+
+@dataclass
+class Ranked:
+    """One ranked item: its uncertainty and its trace (None: the item was never traced)."""
+
+    uncertainty: Uncertainty
+    trace_id: str | None
+    status: str = "not chosen"  # added, queued (before), answered, no trace, not chosen
+
+
+@dataclass
+class QueueResult:
+    """What ``build_queue`` did: the queue, where to open it, and what happened to each ranked item."""
+
+    source: str
+    experiment_id: str | None
+    queue_id: str | None
+    queue: str
+    url: str | None
+    ranked: list[Ranked] = field(default_factory=list)
+    questions: list[str] = field(default_factory=list)
+    created_questions: list[str] = field(default_factory=list)
+    reviewers: list[str] = field(default_factory=list)
+
+    def count(self, status: str) -> int:
+        return sum(r.status == status for r in self.ranked)
+
+    @property
+    def added(self) -> list[str]:
+        """Trace ids attached by this call."""
+        return [r.trace_id for r in self.ranked if r.status == "added"]
+
+
+def resolve_task(task, records: list[dict]) -> TaskSpec:
+    """The task spec given (name, file or spec), else the records' format's built-in task."""
+    if isinstance(task, TaskSpec):
+        return task
+    if task:
+        return load_task(task)
+    formats = {r.get("format") or "pairwise" for r in records}
+    if len(formats) > 1:
+        raise ConfigError(f"the items are of several formats ({sorted(formats)}); review one task at a time")
+    return as_task(formats.pop() if formats else "pairwise")
+
+
+def queue_url(uri: str, experiment_id: str, queue_id: str) -> str:
+    """The queue in the MLflow UI (its Review page, the queue selected); a local store is served by ``mlflow ui``.
+
+    Example:
+        >>> queue_url("http://127.0.0.1:5000/", "3", "rq-1")
+        'http://127.0.0.1:5000/#/experiments/3/review-queue?selectedQueueId=rq-1'
+    """
+    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
+    return f"{base}/#/experiments/{experiment_id}/review-queue?selectedQueueId={queue_id}"
+
+
+def _answered(trace, names: set[str]) -> bool:
+    """Whether a person already answered one of the questions on this trace (the answers labels are read from)."""
+    from chateval_dspy.deploy.feedback import human_answers
+
+    return bool(set(human_answers(trace)) & names)
+
+
+def _schemas(experiment_id: str, wanted: list[Question]) -> tuple[list[str], list[str]]:
+    """The label schema ids of ``wanted`` in the experiment, created where missing; (ids, names created)."""
+    from mlflow.genai import label_schemas
+
+    existing, token = {}, None
+    while True:
+        page = label_schemas.list_label_schemas(experiment_id, max_results=100, page_token=token)
+        existing.update({s.name: s for s in page})
+        token = getattr(page, "token", None)
+        if not token:
+            break
+    ids, created = [], []
+    for q in wanted:
+        schema = existing.get(q.name)
+        if schema is None:
+            schema = label_schemas.create_label_schema(q.name, type="feedback", input=q.mlflow_input(),
+                                                       instruction=q.instruction, enable_comment=True,
+                                                       experiment_id=experiment_id)
+            created.append(q.name)
+        elif not q.matches(schema):
+            raise ConfigError(f"experiment {experiment_id}: its label schema '{q.name}' asks for other answers than "
+                              "this task's; review in another experiment or delete that schema")
+        ids.append(schema.schema_id)
+    return ids, created
+
+
+def _queue(experiment_id: str, name: str, reviewers: list[str], schema_ids: list[str]):
+    """The named custom queue, created, or found and given any new reviewers."""
+    from mlflow.genai import review_queues
+
+    found, token = None, None
+    while found is None:
+        page = review_queues.list_review_queues(experiment_id=experiment_id, page_token=token)
+        found = next((q for q in page if q.name == name.strip()), None)
+        token = getattr(page, "token", None)
+        if not token:
+            break
+    if found is None:
+        return review_queues.create_review_queue(name, queue_type="custom", users=reviewers, schema_ids=schema_ids,
+                                                 experiment_id=experiment_id)
+    if found.queue_type != "custom":
+        raise ConfigError(f"review queue '{name}' in experiment {experiment_id} is a reviewer's own queue; "
+                          "choose another --queue name")
+    missing = [s for s in schema_ids if s not in found.schema_ids]
+    users = list(dict.fromkeys([*found.users, *(r.strip().lower() for r in reviewers)]))
+    if len(users) > MAX_REVIEWERS:
+        raise ConfigError(f"review queue '{name}' would have {len(users)} reviewers; MLflow allows {MAX_REVIEWERS}")
+    if missing or users != list(found.users):
+        try:
+            found = review_queues.update_review_queue(found.queue_id, users=users,
+                                                      schema_ids=[*found.schema_ids, *missing] if missing else None)
+        except Exception as exc:  # MLflow freezes a queue's questions once it holds items
+            raise ConfigError(f"review queue '{name}' in experiment {experiment_id} asks other questions and holds "
+                              f"items ({str(exc)[:200]}); choose another --queue name") from exc
+    return found
+
+
+def _queued(queue_id: str) -> set[str]:
+    from mlflow.genai import review_queues
+
+    out, token = set(), None
+    while True:
+        page = review_queues.list_review_queue_items(queue_id, max_results=1000, page_token=token)
+        out.update(i.item_id for i in page)
+        token = getattr(page, "token", None)
+        if not token:
+            return out
+
+
+def _candidates(source: str, task, experiment: str | None):
+    """(ranked items with their trace ids, the task, the experiment id or None, all its traces)."""
+    import mlflow
+
+    from optim import tracking
+    from optim.labels import parse_source
+
+    if source.startswith(PREFIX):
+        name, filter_string = parse_source(source)
+    else:
+        name, filter_string = experiment or tracking.EXPERIMENT, None
+    found = mlflow.get_experiment_by_name(name) or (mlflow.get_experiment(name) if name.isdigit() else None)
+    if source.startswith(PREFIX):
+        if found is None:
+            raise ConfigError(f"{source}: no MLflow experiment named {name!r} in {mlflow.get_tracking_uri()}")
+        every = sources.search(found.experiment_id, spans=False)
+        traced = sources.search(found.experiment_id, filter_string)
+        given = resolve_task(task, []) if task else None  # order 2's verdicts are mapped back on its criteria
+        records = sources.debates(traced, given)
+        if not records:
+            raise ConfigError(f"{source}: no traced chateval debate in experiment {name!r}; judge items with "
+                              "`chateval evaluate ... --trace` (or `chateval score ... --trace`) first")
+        spec = given or resolve_task(None, records)
+        return [(u, r["trace_id"]) for r, u in rank(records, spec)], spec, found.experiment_id, every
+    records = sources.read_results(source)
+    spec = resolve_task(task, records)
+    records = [sources.normalized(r, spec) for r in records]
+    every = sources.search(found.experiment_id, spans=False) if found is not None else []
+    traces = sources.match(records, every)
+    return ([(u, traces.get(str(r["id"]))) for r, u in rank(records, spec)], spec,
+            found.experiment_id if found is not None else None, every)
+
+
+def rank_source(source: str, task=None) -> tuple[list[Ranked], TaskSpec]:
+    """A results file's items ranked, most uncertain first, without MLflow (``chateval review --no-mlflow``)."""
+    records = sources.read_results(source)
+    spec = resolve_task(task, records)
+    records = [sources.normalized(r, spec) for r in records]
+    return [Ranked(u, None, "not chosen") for _, u in rank(records, spec)], spec
+
+
+def build_queue(source: str, *, queue: str, task=None, top: int | None = None, budget: int | None = None,
+                reviewers: list[str] | tuple[str, ...] = (), experiment: str | None = None,
+                tracking_uri: str | None = None) -> QueueResult:
+    """Rank the judged items of ``source`` and put the most uncertain into the MLflow review queue ``queue``.
+
+    Args:
+        source: A results JSONL (of ``chateval evaluate``/``score``) or ``mlflow:<experiment>[?filter=...]``.
+        queue: The queue's name (created in the traces' experiment if it does not exist).
+        task: The task (name, file or ``TaskSpec``); default the items' format's built-in task.
+        top: Take the ``top`` most uncertain items that have a trace (default ``DEFAULT_TOP``).
+        budget: Instead of ``top``: keep the queue at ``budget`` items in all, adding the most uncertain new ones.
+        reviewers: Users assigned to the queue (added to an existing queue's reviewers).
+        experiment: Where a results file's traces are (default ``optim.tracking.EXPERIMENT``).
+        tracking_uri: The MLflow tracking store (default: as ``optim.tracking`` resolves it).
+
+    Example:
+        >>> result = build_queue("results/faireval.jsonl", queue="unsure", top=10, reviewers=["alice"])  # doctest: +SKIP
+        >>> result.url, len(result.added)  # doctest: +SKIP
+    """
+    import mlflow
+
+    from optim import tracking
+
+    if top is not None and budget is not None:
+        raise ConfigError("give either top or budget, not both")
+    size = top if top is not None else budget if budget is not None else DEFAULT_TOP
+    if size < 1:
+        raise ConfigError(f"{'budget' if budget is not None else 'top'} must be positive, got {size}")
+    reviewers = list(dict.fromkeys(r.strip() for r in reviewers if r and r.strip()))
+    if len(reviewers) > MAX_REVIEWERS:
+        raise ConfigError(f"{len(reviewers)} reviewers given; an MLflow review queue takes at most {MAX_REVIEWERS}")
+    if not queue or not queue.strip():
+        raise ConfigError("name the review queue (--queue NAME)")
+    for text, what in ((queue, "the queue name"), *((r, "a reviewer name") for r in reviewers)):
+        tracking.assert_no_secrets(text, what)
+    uri = tracking.tracking_uri(tracking_uri)
+    mlflow.set_tracking_uri(uri)
+    try:
+        items, spec, experiment_id, every = _candidates(source, task, experiment)
+    except ChatEvalError:
+        raise
+    except Exception as exc:  # an unreachable server, a store MLflow cannot open: one line naming it
+        raise ConfigError(f"{source}: cannot read its traces from MLflow at {uri} "
+                          f"({type(exc).__name__}: {str(exc)[:300]})") from exc
+    ranked = [Ranked(u, trace_id, "not chosen" if trace_id else "no trace") for u, trace_id in items]
+    result = QueueResult(source, experiment_id, None, queue.strip(), None, ranked)
+    if not any(r.trace_id for r in ranked):
+        where = f"experiment {experiment or tracking.EXPERIMENT!r} of {uri}"
+        raise ConfigError(f"none of the {len(ranked)} items of {source} has a trace in {where}: judge them with "
+                          "--trace (`chateval evaluate ... --trace --overwrite`, or a new --out: a resumed run traces "
+                          "only the items it judges), or point --experiment/--tracking-uri at where they went")
+    asked = questions(spec)
+    for question in asked:
+        tracking.assert_no_secrets(question.instruction, f"the question '{question.name}'")
+    names = {q.name for q in asked}
+    item_of = {t.info.trace_id: sources.item_id_of(t) for t in every}
+    answered = {item_of[t.info.trace_id] for t in every if _answered(t, names)}
+    try:
+        schema_ids, result.created_questions = _schemas(experiment_id, asked)
+        found = _queue(experiment_id, queue, reviewers, schema_ids)
+        queued_traces = _queued(found.queue_id)
+        queued = {item_of.get(t, t) for t in queued_traces}
+        room = size if budget is None else max(0, size - len(queued_traces))
+        taken = added = 0
+        for r in ranked:
+            if r.trace_id is None or (budget is None and taken >= room):
+                continue
+            item = r.uncertainty.item_id
+            if r.trace_id in queued_traces or item in queued:
+                r.status = "queued"
+            elif item in answered:
+                r.status = "answered"
+            elif added < room:
+                r.status, added = "added", added + 1
+            else:
+                continue
+            taken += 1  # top: the N most uncertain traced items, whatever became of them
+        if result.added:
+            from mlflow.genai import review_queues
+
+            review_queues.add_items_to_review_queue(found.queue_id, item_ids=result.added)
+    except ChatEvalError:
+        raise
+    except Exception as exc:  # MLflow's own errors (an unreachable server, a rejected name) become one line
+        raise ConfigError(f"review queue '{queue}' in experiment {experiment_id} of {uri}: "
+                          f"{type(exc).__name__}: {str(exc)[:300]}") from exc
+    result.queue_id, result.questions, result.reviewers = found.queue_id, [q.name for q in asked], list(found.users)
+    result.url = queue_url(uri, experiment_id, found.queue_id)
+    return result

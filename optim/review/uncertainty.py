@@ -1,0 +1,249 @@
+"""How unsure the panel was about one judged item: a stated score from what its results record already holds.
+
+Five components, each in [0, 1], from one results record (a line of ``chateval evaluate``/``score``, or the same
+fields read back from a trace by ``optim.review.sources``)::
+
+    U = 0.30 * split + 0.25 * inconsistent + 0.20 * margin + 0.15 * abstained + 0.10 * spread
+
+- ``split``: the referees disagree. Pairwise: per answer order, the referees' votes (a stated preference, or
+  what a referee's scores imply) give ``(1 - top / n) / (1 - 1 / min(n, 3))``, with ``top`` the largest number of
+  equal votes among ``n``: 0 when all agree, 1 when the votes are spread as far as they can be; the mean over
+  the orders with at least two votes. Pointwise: per criterion, the range of the referees' ratings over the
+  scale's range (integer scales) or the same vote formula over its ``k`` labels (``min(n, k)``); the mean over
+  criteria.
+- ``inconsistent``: 1 when the two answer orders reached different verdicts (``consistent: false``), else 0.
+- ``margin``: the panel's verdict is narrow. Pairwise: ``1 - |s1 - s2| / (high - low)`` of the panel's mean
+  scores, averaged over the criteria the preference combines (a tie on equal scores is 1). Pointwise: on each
+  integer-scale criterion, ``2 * |x - round(x)|`` of the panel's score ``x`` (1 halfway between two points),
+  averaged over those criteria; label-scale criteria have no margin.
+- ``abstained``: the share of the referees' verdicts (per referee and order) that are missing; 1 when the
+  whole panel abstained.
+- ``spread`` (results of ``--weighted-scores``): how far a verdict's expected score under the LM's token
+  probabilities lies from the rating it stated, ``min(1, 2 * mean |E - s|)`` over the weighted fields: half a
+  point away is a coin flip between two neighbouring ratings. 0 without weighted scores.
+
+The weights put disagreement among the referees first and position bias second, because both say that the
+panel's own evidence conflicts; margin, abstentions and token probabilities say only that it is weak.
+Components that do not apply (no second order, no weighted scores) are 0, so U is comparable within a run.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from statistics import fmean
+
+from chateval_dspy.program.aggregate import vote
+from chateval_dspy.program.task import TaskSpec, as_task
+from chateval_dspy.run.records import is_error
+
+WEIGHTS = {"split": 0.30, "inconsistent": 0.25, "margin": 0.20, "abstained": 0.15, "spread": 0.10}
+
+
+@dataclass(frozen=True)
+class Uncertainty:
+    """One item's uncertainty: the score ``U``, each component's value, and a reason for each non-zero one."""
+
+    item_id: str
+    score: float
+    components: dict[str, float] = field(default_factory=dict)
+    reasons: tuple[str, ...] = ()
+
+    def explain(self) -> str:
+        """One line: the score, then the reasons (what ``chateval review --explain`` prints per item)."""
+        return f"{self.item_id}: U={self.score:.3f}  " + ("; ".join(self.reasons) or "the panel was sure")
+
+
+def _task(record: dict, task) -> TaskSpec:
+    return task if isinstance(task, TaskSpec) else as_task(task or record.get("format") or "pairwise")
+
+
+def _disagreement(votes: list, kinds: int) -> float:
+    """``(1 - top / n) / (1 - 1 / min(n, kinds))``: 0 when all votes agree, 1 at the widest possible spread.
+
+    Example:
+        >>> _disagreement(["1", "1"], 3), _disagreement(["1", "2"], 3), round(_disagreement(["1", "1", "2"], 3), 3)
+        (0.0, 1.0, 0.5)
+    """
+    n = len(votes)
+    most = min(n, kinds)
+    if n < 2 or most < 2:
+        return 0.0
+    top = Counter(map(str, votes)).most_common(1)[0][1]
+    return (1 - top / n) / (1 - 1 / most)
+
+
+def _orders(record: dict) -> list[list[tuple[str, dict | None]]]:
+    """The referees' verdicts per answer order: ``[[(slug, verdict or None), ...], ...]``."""
+    referees = record.get("referees") or {}
+    n = max((len(v) for v in referees.values()), default=0)
+    return [[(slug, v[o] if o < len(v) else None) for slug, v in referees.items()] for o in range(n)]
+
+
+def split(record: dict, task=None) -> tuple[float, str | None]:
+    """How far the referees disagree (see the module docstring); returns the value and its reason.
+
+    Example:
+        >>> record = {"format": "pairwise", "referees": {"critic": [{"score_1": 8, "score_2": 3}, None],
+        ...                                              "scientist": [{"score_1": 2, "score_2": 6}, None]}}
+        >>> split(record)
+        (1.0, 'referees split (order 1: critic 1, scientist 2)')
+    """
+    task = _task(record, task)
+    orders = _orders(record)
+    if task.format == "pairwise":
+        values, said = [], []
+        for o, verdicts in enumerate(orders, start=1):
+            votes = [(slug, vote(v, task)) for slug, v in verdicts if v is not None]
+            if len(votes) < 2:
+                continue
+            value = _disagreement([b for _, b in votes], 3)
+            values.append(value)
+            if value > 0:
+                said.append(f"order {o}: " + ", ".join(f"{slug} {b}" for slug, b in votes))
+        value = fmean(values) if values else 0.0
+        return value, (f"referees split ({'; '.join(said)})" if said else None)
+    values, said = [], []
+    given = [v for verdicts in orders for _, v in verdicts if v is not None]
+    for criterion in task.criteria:
+        ratings = [v[criterion.name] for v in given if v.get(criterion.name) is not None]
+        if len(ratings) < 2:
+            continue
+        scale = criterion.scale
+        if scale.ordinal:
+            value = (max(ratings) - min(ratings)) / (scale.high - scale.low)
+        else:
+            value = _disagreement(ratings, len(scale.labels))
+        values.append(value)
+        if value > 0:
+            said.append(f"{criterion.name} {'/'.join(map(str, ratings))}")
+    value = fmean(values) if values else 0.0
+    return value, (f"referees split ({', '.join(said)})" if said else None)
+
+
+def inconsistent(record: dict, task=None) -> tuple[float, str | None]:
+    """1 when the two answer orders reached different verdicts, else 0.
+
+    Example:
+        >>> inconsistent({"consistent": False, "order_preferences": ["1", "tie"]})
+        (1.0, 'answer orders disagree (1 then tie)')
+    """
+    if record.get("consistent") is not False:
+        return 0.0, None
+    prefs = record.get("order_preferences") or []
+    return 1.0, "answer orders disagree" + (f" ({' then '.join(map(str, prefs))})" if prefs else "")
+
+
+def margin(record: dict, task=None) -> tuple[float, str | None]:
+    """How narrow the panel's verdict is (see the module docstring).
+
+    Example:
+        >>> margin({"format": "pairwise", "score_1": 6.0, "score_2": 5.0})
+        (0.889, 'narrow margin (score 6 vs 5 on 1-10)')
+    """
+    task = _task(record, task)
+    if task.format == "pairwise":
+        values, said = [], []
+        for name in task.preference.combine:
+            scale = task.criterion[name].scale
+            s1, s2 = record.get(f"{name}_1"), record.get(f"{name}_2")
+            if not scale.ordinal or not isinstance(s1, (int, float)) or not isinstance(s2, (int, float)):
+                continue
+            values.append(1 - min(1.0, abs(s1 - s2) / (scale.high - scale.low)))
+            said.append(f"{name} {s1:g} vs {s2:g} on {scale}")
+        value = round(fmean(values), 3) if values else 0.0
+        return value, (f"narrow margin ({', '.join(said)})" if value > 0 else None)
+    scores = record.get("prediction") if isinstance(record.get("prediction"), dict) else {}
+    values, said = [], []
+    for criterion in task.criteria:
+        x = scores.get(criterion.name)
+        if not criterion.scale.ordinal or not isinstance(x, (int, float)) or isinstance(x, bool):
+            continue
+        value = 2 * abs(x - round(x))
+        values.append(value)
+        if value > 0:
+            said.append(f"{criterion.name} {x:.2f}")
+    value = round(fmean(values), 3) if values else 0.0
+    return value, (f"between two points ({', '.join(said)})" if said else None)
+
+
+def abstained(record: dict, task=None) -> tuple[float, str | None]:
+    """The share of referees' verdicts that are missing; 1 when the whole panel abstained.
+
+    Example:
+        >>> abstained({"referees": {"critic": [None, {"score_1": 1, "score_2": 2}], "scientist": [None, None]},
+        ...            "abstentions": {"order1:critic@2": "parse_failure"}})
+        (0.75, '3 of 4 verdicts missing (parse_failure)')
+    """
+    reasons = sorted(set((record.get("abstentions") or {}).values()))
+    why = f" ({', '.join(reasons)})" if reasons else ""
+    if record.get("abstained"):
+        return 1.0, f"the panel abstained ({record['abstained']})"
+    verdicts = [v for verdicts in _orders(record) for _, v in verdicts]
+    missing = sum(v is None for v in verdicts)
+    if not verdicts or not missing:
+        return 0.0, None
+    return missing / len(verdicts), f"{missing} of {len(verdicts)} verdicts missing{why}"
+
+
+def spread(record: dict, task=None) -> tuple[float, str | None]:
+    """How spread the verdicts' token probabilities are (``--weighted-scores``): ``min(1, 2 * mean |E - s|)``.
+
+    Example:
+        >>> spread({"referees": {"critic": [{"score_1": 7, "score_2": 3, "expected": {"score_1": 7.3, "score_2": 3.1}}]}})
+        (0.4, 'probabilities spread (expected scores 0.2 from the stated ones on average)')
+    """
+    gaps = []
+    for verdicts in _orders(record):
+        for _, v in verdicts:
+            for name, e in ((v or {}).get("expected") or {}).items():
+                s = v.get(name)
+                if isinstance(s, (int, float)) and isinstance(e, (int, float)):
+                    gaps.append(abs(e - s))
+    if not gaps:
+        return 0.0, None
+    gap = fmean(gaps)
+    value = round(min(1.0, 2 * gap), 3)
+    return value, (f"probabilities spread (expected scores {gap:.1f} from the stated ones on average)"
+                   if value > 0 else None)
+
+
+COMPONENTS = {"split": split, "inconsistent": inconsistent, "margin": margin, "abstained": abstained,
+              "spread": spread}
+
+
+def uncertainty(record: dict, task=None) -> Uncertainty:
+    """The item's ``U`` and its components (see the module docstring).
+
+    Args:
+        record: A results record (a line of a results file, or ``sources.record_from_trace``).
+        task: The task spec (or a format name); default the record's format's built-in task.
+
+    Example:
+        >>> u = uncertainty({"id": "7", "format": "pairwise", "consistent": False, "order_preferences": ["1", "2"],
+        ...                  "score_1": 5.0, "score_2": 5.0, "referees": {"critic": [{"score_1": 5, "score_2": 5}] * 2}})
+        >>> u.score, u.components["inconsistent"], u.components["margin"]
+        (0.45, 1.0, 1.0)
+    """
+    task = _task(record, task)
+    components, reasons = {}, []
+    for name, component in COMPONENTS.items():
+        value, reason = component(record, task)
+        components[name] = float(value)
+        if reason:
+            reasons.append(reason)
+    score = round(sum(WEIGHTS[k] * v for k, v in components.items()), 6)
+    return Uncertainty(str(record.get("id")), score, components, tuple(reasons))
+
+
+def rank(records: Iterable[dict], task=None) -> list[tuple[dict, Uncertainty]]:
+    """Judged records (error lines left out), most uncertain first; equal scores keep their file order.
+
+    Example:
+        >>> ranked = rank([{"id": "a", "format": "pairwise"}, {"id": "b", "format": "pairwise", "consistent": False}])
+        >>> [u.item_id for _, u in ranked]
+        ['b', 'a']
+    """
+    scored = [(r, uncertainty(r, task)) for r in records if not is_error(r)]
+    return sorted(scored, key=lambda pair: -pair[1].score)
