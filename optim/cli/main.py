@@ -12,11 +12,19 @@ import os  # noqa: E402
 import sys  # noqa: E402
 
 from chateval_dspy.errors import ChatEvalError  # noqa: E402
+from optim.cli import (  # noqa: E402
+    ablate,  # noqa: E402
+    evaluate,
+    report,
+    review,
+    score,
+    search,
+    serve,
+)
 from optim.cli import compile as compile_command  # noqa: E402
-from optim.cli import evaluate, report, score, search, serve  # noqa: E402
 
 COMMANDS = {"evaluate": evaluate, "compile": compile_command, "search": search, "report": report, "score": score,
-            "serve": serve}
+            "serve": serve, "ablate": ablate, "review": review}
 
 
 def build_parser() -> argparse.ArgumentParser:

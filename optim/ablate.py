@@ -1,0 +1,313 @@
+"""Which referee earns its cost: the panel judged whole, with each referee left out, and with each referee alone.
+
+Every variant is the full panel's ``DebateConfig`` with other ``roles`` (nothing else changes), judged on the
+same items under the same LM, so each one's agreement can be compared with the full panel's item by item
+(``optim.paired``: exact McNemar for pairwise, a paired bootstrap for scored tasks) and set against its
+tokens and US dollars per item. A panel of two has no leave-one-out beyond its referees alone, so each of its
+variants is judged once, under both names.
+
+Each variant's results go to its own file in ``out`` (``<variant>.jsonl``), streamed and resumed exactly as
+``chateval evaluate`` does (same run key, so a file of another run is refused): a rerun judges only what is
+missing. ``ablation.json`` and ``ablation.png`` hold the figures and the plot; with tracking, MLflow gets one
+parent run (the full panel's params, every variant's difference) and one child run per variant.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from chateval_dspy.config import DebateConfig
+from chateval_dspy.data.spec import DataSpec
+from chateval_dspy.errors import ConfigError
+from chateval_dspy.lm.spec import LMSpec
+from chateval_dspy.run.metrics import Estimate, plain, primary_metric
+from chateval_dspy.run.result import RunResult
+from optim.paired import mcnemar_exact, paired_delta
+
+SUMMARY_FILE = "ablation.json"
+PLOT_FILE = "ablation.png"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One panel of the ablation: its display ``name``, file ``slug``, ``roles``, and which referee it leaves
+    out or keeps alone (both, for a panel of two: leaving one out keeps the other alone)."""
+
+    name: str
+    slug: str
+    roles: tuple[str, ...]
+    left_out: str | None = None
+    alone: str | None = None
+
+
+def variants(roles: tuple[str, ...]) -> list[Variant]:
+    """The full panel, each referee left out, each referee alone; a panel judged twice under two names is one.
+
+    Example:
+        >>> [v.name for v in variants(("critic", "scientist"))]
+        ['full panel', 'without critic (scientist alone)', 'without scientist (critic alone)']
+        >>> len(variants(("a", "b", "c")))
+        7
+    """
+    roles = tuple(roles)
+    if len(roles) < 2:
+        raise ConfigError(f"an ablation needs a panel of at least 2 referees, got {len(roles)} "
+                          f"({', '.join(roles) or 'none'}): with one there is nothing to leave out; "
+                          "name more (--roles N, or --role SLUG repeated)")
+    out = [Variant("full panel", "full", roles)]
+    for r in roles:
+        rest = tuple(x for x in roles if x != r)
+        alone = rest[0] if len(rest) == 1 else None
+        out.append(Variant(f"without {r}" + (f" ({alone} alone)" if alone else ""), f"without-{r}", rest, r, alone))
+    if len(roles) > 2:
+        out += [Variant(f"{r} alone", f"alone-{r}", (r,), alone=r) for r in roles]
+    return out
+
+
+@dataclass
+class VariantResult:
+    """One variant as judged: its config and results file, the ``RunResult``, its agreement figures with CIs,
+    and (for every variant but the full panel) the paired comparison with the full panel (``vs_full``)."""
+
+    variant: Variant
+    config: DebateConfig
+    out: Path
+    key: str
+    result: RunResult
+    metrics: dict
+    agreement: Estimate
+    vs_full: dict | None = None
+
+    def cost(self) -> dict:
+        return self.result.cost()
+
+    def tokens_per_item(self) -> float:
+        cost = self.cost()
+        return cost["prompt_tokens_per_item"] + cost["completion_tokens_per_item"]
+
+    def to_dict(self) -> dict:
+        v = self.variant
+        vs = None if self.vs_full is None else {**self.vs_full, "delta": self.vs_full["delta"].to_dict()}
+        return {"variant": v.name, "slug": v.slug, "roles": list(v.roles), "left_out": v.left_out, "alone": v.alone,
+                "results": str(self.out), "run_key": self.key, "n": self.result.n,
+                "agreement": self.agreement.to_dict(), "metrics": plain(self.metrics), "vs_full": vs,
+                "cost": {**self.cost(), "tokens_per_item": self.tokens_per_item()}}
+
+
+@dataclass
+class AblationResult:
+    """What ``ablate`` measured: every variant's figures, where they are, and the MLflow run holding them."""
+
+    data: DataSpec
+    config: DebateConfig
+    model: str
+    metric: str  # the agreement figure compared (``metrics.primary_metric``)
+    test: str  # the paired test against the full panel
+    out: Path
+    rows: list[VariantResult]
+    referee_models: dict[str, str] = field(default_factory=dict)
+    plot: Path | None = None
+    mlflow_run_id: str | None = None
+
+    @property
+    def full(self) -> VariantResult:
+        return self.rows[0]
+
+    def row(self, slug: str) -> VariantResult:
+        """The variant with file ``slug`` (``full``, ``without-<role>``, ``alone-<role>``)."""
+        for r in self.rows:
+            if r.variant.slug == slug:
+                return r
+        raise KeyError(f"no variant {slug!r}; variants: {', '.join(r.variant.slug for r in self.rows)}")
+
+    def header(self) -> dict:
+        from chateval_dspy.run.evaluate_dataset import run_header
+
+        return run_header(self.data, self.config, self.model, self.full.result.n, referee_models=self.referee_models)
+
+    def to_dict(self) -> dict:
+        return {"header": self.header(), "metric": self.metric, "test": self.test,
+                "rows": [r.to_dict() for r in self.rows]}
+
+    def table(self) -> str:
+        """The printed table: what was judged, then one line per variant (agreement with its 95% CI, the
+        difference from the full panel with its paired 95% CI and test, calls, tokens and dollars per item)."""
+        from optim.ablation_report import ablation_table
+
+        return ablation_table(self.to_dict())
+
+
+class AblationHooks:
+    """What ``ablate`` tells its caller as it goes; the CLI shows a progress bar per variant, the defaults stay silent."""
+
+    def progress(self, variant: Variant, total: int) -> contextlib.AbstractContextManager:
+        """A context yielding the per-item callback while ``variant`` is judged, or None."""
+        return contextlib.nullcontext()
+
+    def judged(self, row: VariantResult) -> None:
+        """``row``'s items are all judged (or were, by an earlier run)."""
+
+
+def _correct(records: list[dict]) -> dict[str, bool]:
+    return {str(r["id"]): r["prediction"] == r["human"] for r in records if r.get("human") is not None}
+
+
+def compare(full: list[dict], row: list[dict], config: DebateConfig, *, seed: int = 0) -> dict:
+    """``row``'s agreement against the full panel's on the items both judged (their results records).
+
+    Pairwise: the exact McNemar test and the difference in accuracy with a paired bootstrap CI; scored tasks:
+    the difference in the primary figure with a paired bootstrap CI (``p`` is None).
+    """
+    task = config.task_spec
+    pairwise = task.format == "pairwise"
+    by_id = {str(r["id"]): r for r in row}
+    pairs = [(f, by_id[str(f["id"])]) for f in full if str(f["id"]) in by_id and f.get("human") is not None]
+    if not pairwise:  # a correlation is over verdicts: an item either panel abstained on is left out of both
+        pairs = [(f, r) for f, r in pairs if f["prediction"] is not None and r["prediction"] is not None]
+    delta = paired_delta(task, [f["human"] for f, _ in pairs], [r["prediction"] for _, r in pairs],
+                         [f["prediction"] for f, _ in pairs], seed=seed)
+    if pairwise:
+        test = mcnemar_exact(_correct([f for f, _ in pairs]), _correct([r for _, r in pairs]))
+        return {**test, "delta": delta}
+    return {"test": "paired bootstrap", "n": len(pairs), "p": None, "delta": delta}
+
+
+@contextlib.contextmanager
+def _cache_per_variant(lm: LMSpec):
+    """Yields ``use(key)``, which gives the variant of run ``key`` an LM cache of its own (when ``lm`` caches).
+
+    Variants share prompts (a referee's first turn is the same on every panel it opens), so under one cache
+    only the first variant judged would pay for them, and every later one would look cheaper than it is.
+    A variant's own cache still replays its finished calls when a killed run is rerun. The run's usual cache
+    is back in force afterwards.
+    """
+    from chateval_dspy.lm import resolve
+
+    root = (Path(lm.cache_dir) if lm.cache_dir else resolve.default_cache_dir()) / "ablate"
+
+    def use(key: str) -> None:
+        if lm.cache:
+            resolve.configure_cache(True, root / key)
+    try:
+        yield use
+    finally:
+        resolve.configure_cache(lm.cache, lm.cache_dir)
+
+
+def ablate(data: DataSpec, config: DebateConfig | Callable[[str], DebateConfig], lm: LMSpec, *,
+           out: str | Path | None = None, tracking=None, concurrency: int = 1, overwrite: bool = False,
+           hooks: AblationHooks | None = None) -> AblationResult:
+    """Judge ``data`` with the full panel of ``config``, with each referee left out and with each alone.
+
+    Args:
+        data: Which items (dataset, split, seed, limit); every variant judges the same ones.
+        config: The full panel (at least 2 referees), or a function of the dataset's format that returns it.
+        lm: The LM every variant runs on (started once).
+        out: The folder for each variant's results file, ``ablation.json`` and ``ablation.png`` (default
+            ``results/ablate-<dataset>-<the full panel's run key>``); the same call resumes it.
+        tracking: An ``optim.tracking.TrackingSpec``; None or disabled: nothing goes to MLflow.
+        concurrency: Items judged at once.
+        overwrite: Start every variant's file afresh instead of resuming it.
+        hooks: Told about progress (the CLI draws it).
+
+    Example:
+        >>> done = ablate(DataSpec("faireval", limit=2), DebateConfig(roles=("critic", "scientist"), turns=1,
+        ...               calibrate=False), LMSpec(model=fake_url, cache=False), out=tmp / "ablation")
+        >>> [(r.variant.slug, r.result.n, r.result.calls) for r in done.rows]
+        [('full', 2, 4), ('without-critic', 2, 2), ('without-scientist', 2, 2)]
+        >>> done.full.cost()["cost_usd_per_item"], done.row("without-critic").vs_full["test"]
+        ('unpriced', 'exact McNemar')
+    """
+    from chateval_dspy.lm.panel import referee_names
+    from chateval_dspy.program.chateval import build_evaluator
+    from chateval_dspy.run import records
+    from chateval_dspy.run.evaluate import evaluate
+    from chateval_dspy.run.evaluate_dataset import check_task, lm_slots, results_path
+    from optim.ablation_report import ablation_plot
+
+    hooks = hooks or AblationHooks()
+    if concurrency < 1:
+        raise ConfigError(f"concurrency must be positive, got {concurrency}")
+    items, fmt = data.items()
+    cfg = config(fmt) if callable(config) else config
+    panels = variants(cfg.roles)
+    check_task(data, cfg)
+    lm.check_panel(cfg.roles)  # before any model starts
+    configs = {v.slug: replace(cfg, roles=v.roles) for v in panels}
+    keys = {slug: records.run_key(c, lm.identity(), items) for slug, c in configs.items()}
+    out = Path(out) if out else Path("results") / f"ablate-{data.name}-{keys['full']}"
+    # Every file is checked before the model starts: one of another run is refused up front, not halfway.
+    paths = {v.slug: results_path(data, keys[v.slug], out / f"{v.slug}.jsonl", overwrite=overwrite) for v in panels}
+    metric = primary_metric(cfg.task_spec)
+    rows, judged = [], {}
+    with lm.judging(lm_slots(cfg, concurrency)) as judging_lm, _cache_per_variant(lm) as use_cache:
+        model, referees = judging_lm.model, referee_names()
+        for v in panels:
+            use_cache(keys[v.slug])
+            program = build_evaluator(configs[v.slug])
+            with hooks.progress(v, len(items)) as on_item:
+                result = evaluate(program, items, configs[v.slug], out=paths[v.slug], concurrency=concurrency,
+                                  on_item=on_item, run_key=keys[v.slug])
+            judged[v.slug] = [r for r in records.finished_records(paths[v.slug], keys[v.slug])
+                              if not records.is_error(r)]
+            figures = result.metrics(seed=data.seed)
+            agreement = figures.get(metric) or Estimate(math.nan, math.nan, math.nan, 0)
+            vs_full = None if v.slug == "full" else compare(judged["full"], judged[v.slug], cfg, seed=data.seed)
+            rows.append(VariantResult(v, configs[v.slug], paths[v.slug], keys[v.slug], result, figures, agreement,
+                                      vs_full))
+            hooks.judged(rows[-1])
+    test = "exact McNemar" if cfg.format == "pairwise" else "paired bootstrap"
+    done = AblationResult(data, cfg, model, metric, test, out, rows, referees)
+    summary = done.to_dict()
+    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, ensure_ascii=False, default=str), encoding="utf-8")
+    done.plot = ablation_plot(summary, out / PLOT_FILE)
+    if tracking is not None and tracking.enabled:
+        done.mlflow_run_id = log_ablation(done, items, uri=tracking.uri)
+    return done
+
+
+def log_ablation(done: AblationResult, items, *, uri: str | None = None) -> str:
+    """One MLflow parent run (the full panel's params and figures, each variant's difference, the table and plot)
+    with one child run per variant (its config, figures with CIs, paired test, cost, results file); returns the
+    parent's id. Dollars MLflow cannot hold (``unpriced``) become tags, as for ``chateval evaluate``."""
+    from optim import tracking
+    from optim.evaluation import config_params, run_params, unpriced_marks
+
+    full = done.full
+    params = run_params(done.data, done.config, done.model, items, referee_models=done.referee_models or None,
+                        ablation={"variants": len(done.rows), "metric": done.metric, "test": done.test})
+    tags = {"command": "ablate", "chateval.out": str(done.out.resolve()), **unpriced_marks(full.cost())}
+    with tracking.run("ablate", params=params, uri=uri, tags=tags) as parent:
+        summary: dict[str, float] = {}
+        for row in done.rows:
+            v, cost = row.variant, row.cost()
+            child_params = {"config": config_params(row.config), "variant": v.name, "slug": v.slug,
+                            "left_out": v.left_out or "none", "alone": v.alone or "none"}
+            with tracking.run(f"ablate-{v.slug}", params=child_params, nested=True,
+                              tags={"command": "ablate", "chateval.variant": v.slug, **unpriced_marks(cost)}):
+                tracking.log_metrics({**row.metrics, "agreement": row.agreement},
+                                     {**cost, "tokens_per_item": row.tokens_per_item(),
+                                      **row.result.abstention_metrics(), **row.result.model_metrics()})
+                if row.vs_full is not None:
+                    vs = row.vs_full
+                    tracking.log_metrics({"vs_full.delta": vs["delta"], "vs_full.n": vs["n"],
+                                          **({"vs_full.p": vs["p"]} if vs["p"] is not None else {}),
+                                          **{f"vs_full.{k}": vs[k] for k in ("reference_only", "row_only") if k in vs}})
+                tracking.log_file(row.out, "results")
+            summary[f"{v.slug}.agreement"] = row.agreement.value
+            summary[f"{v.slug}.tokens_per_item"] = row.tokens_per_item()
+            if row.vs_full is not None:
+                summary[f"{v.slug}.delta"] = row.vs_full["delta"].value
+                if row.vs_full["p"] is not None:
+                    summary[f"{v.slug}.p"] = row.vs_full["p"]
+        tracking.log_metrics({**full.metrics, "agreement": full.agreement}, {**full.cost(), **summary})
+        tracking.log_file(done.out / SUMMARY_FILE, "ablation")
+        if done.plot is not None:
+            tracking.log_file(done.plot, "ablation")
+    return parent.info.run_id
+
