@@ -15,22 +15,22 @@ from scipy import stats
 
 from chateval_dspy.program.signatures import ASPECTS
 from chateval_dspy.run.metrics import Estimate, bootstrap, kendall, spearman
+from optim.paired import mcnemar_exact
 
 
 def mcnemar(reference: dict[str, bool], row: dict[str, bool]) -> dict:
-    """Exact McNemar test of ``row`` against ``reference`` (item id -> correct), on their shared items.
+    """Exact McNemar test of ``row`` against ``reference`` (item id -> correct), on their shared items
+    (``optim.paired.mcnemar_exact``), with the accuracy difference.
 
     Example:
         >>> mcnemar({"a": True, "b": False, "c": False}, {"a": True, "b": True, "c": True})["row_only"]
         2
     """
-    shared = [i for i in reference if i in row]
-    ref_only = sum(reference[i] and not row[i] for i in shared)
-    row_only = sum(row[i] and not reference[i] for i in shared)
-    discordant = ref_only + row_only
-    p = stats.binomtest(row_only, discordant, 0.5).pvalue if discordant else 1.0
-    return {"test": "exact McNemar", "n": len(shared), "reference_only": ref_only, "row_only": row_only,
-            "delta_accuracy": (row_only - ref_only) / len(shared) if shared else math.nan, "p": float(p)}
+    out = mcnemar_exact(reference, row)
+    out["delta_accuracy"] = (out["row_only"] - out["reference_only"]) / out["n"] if out["n"] else math.nan
+    if not out["n"]:
+        out["p"] = 1.0  # as it always was for the benchmark tables: no shared item, nothing to test
+    return out
 
 
 def _delta(corr):
