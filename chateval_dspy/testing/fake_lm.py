@@ -33,6 +33,7 @@ class Call:
     config: dict = field(default_factory=dict)
     schema: dict = field(default_factory=dict)  # the JSON schema of the expected output
     n_messages: int = 1  # > 1 when demonstrations precede the question
+    history: tuple[tuple[str, str], ...] = ()  # (role, text) of every message before the last: the demos
 
     @property
     def kind(self) -> str:
@@ -148,7 +149,8 @@ class ScriptedEngine:
         schema = fmt.get("schema") or {}
         config = {"temperature": request.config.temperature, "max_tokens": request.config.max_tokens}
         call = Call(system, user, list(schema.get("properties", {})), {k: v.strip() for k, v in FIELD.findall(user)},
-                    config, schema, len(request.messages))
+                    config, schema, len(request.messages),
+                    tuple((m.role, m.text or "") for m in request.messages[:-1]))
         with self._lock:
             self.calls.append(call)
         if self.latency:

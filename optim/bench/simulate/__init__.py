@@ -1,0 +1,148 @@
+"""``python -m optim.bench simulate``: do tuning and search recover signal that is planted with a known size?
+
+The referees are simulated (``chateval_dspy.testing.sim_lm``: the model and its equations are stated
+there once); the program, the optimizers and the search are the product's own. One section per module:
+
+- ``aggregation``: accuracy against the number of referees, independent (Condorcet) and herding per strategy;
+- ``calibration``: a position-biased panel with and without answer-order calibration;
+- ``compiling``: test agreement before/after each optimizer as training labels grow, against the planted ceiling;
+- ``search``: K-trial searches against random search and the oracle's best panel, and the winner's curse;
+- ``labels``: how many labels each optimizer needs before its gain is outside the CI (from ``compiling``).
+
+Every figure is a mean over seeds (a seed is a fresh world: new items, new referee draws) with its
+95% interval, beside the value the model predicts where one is derivable (``theory``).
+
+    python -m optim.bench simulate --smoke          # every section on a small budget (CI)
+    python -m optim.bench simulate --markdown       # the full study
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
+
+from chateval_dspy.testing.sim_lm import SimKnobs
+
+SECTIONS = ("aggregation", "calibration", "compile", "search", "labels")
+OPTIMIZERS = ("labeled", "bootstrap", "bootstrap_rs", "mipro", "gepa")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much each section judges.
+
+    Args:
+        seeds: Worlds per figure (aggregation, calibration, compile).
+        items: Test items per world (aggregation, calibration).
+        panel_sizes: Independent panel sizes (aggregation).
+        herd_sizes: Panel sizes with herding on (aggregation).
+        calibration_sizes: Panel sizes (calibration).
+        train_sizes: Training labels given to each optimizer (compile, labels).
+        dev: Dev items an optimizer selects on (compile).
+        test: Held-out test items (compile).
+        optimizers: Optimizers compared (compile).
+        max_demos: Demonstrations per predictor (compile).
+        candidates: bootstrap_rs candidate programs (compile).
+        trials: Search budgets K (search).
+        dev_sizes: Dev items a search selects on (search).
+        search_seeds: Worlds per search figure.
+        search_test: Held-out test items on which each search's winner is judged.
+    """
+
+    seeds: int = 8
+    items: int = 150
+    panel_sizes: tuple[int, ...] = (1, 2, 3, 4, 5, 7, 9)
+    herd_sizes: tuple[int, ...] = (1, 3, 5)
+    calibration_sizes: tuple[int, ...] = (1, 3, 5)
+    train_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
+    dev: int = 20
+    test: int = 200
+    optimizers: tuple[str, ...] = OPTIMIZERS
+    max_demos: int = 4
+    candidates: int = 4
+    trials: tuple[int, ...] = (5, 10, 20, 40)
+    dev_sizes: tuple[int, ...] = (10, 50)
+    search_seeds: int = 20
+    search_test: int = 100
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+SMOKE = Budget(seeds=2, items=24, panel_sizes=(1, 3), herd_sizes=(3,), calibration_sizes=(1,), train_sizes=(2, 4),
+               dev=6, test=24, trials=(5, 10), dev_sizes=(6,), search_seeds=2, search_test=24)
+
+
+def budget_from(smoke: bool, seeds: int | None = None) -> Budget:
+    """The smoke or full budget, with ``seeds`` (if given) for every section."""
+    base = SMOKE if smoke else Budget()
+    if seeds is None:
+        return base
+    return Budget(**{**{f.name: getattr(base, f.name) for f in fields(base)}, "seeds": seeds, "search_seeds": seeds})
+
+
+def _knobs(value):
+    if isinstance(value, SimKnobs):
+        return asdict(value)
+    if isinstance(value, dict):
+        return {k: _knobs(v) for k, v in value.items()}
+    return value
+
+
+def run_sections(budget: Budget, sections=SECTIONS, *, no_signal: bool = False,
+                 progress: Callable[[str], None] | None = None) -> dict:
+    """Run the chosen sections; each result carries its knobs, sizes and wall seconds.
+
+    Args:
+        budget: How much to judge.
+        sections: Any of ``SECTIONS``; ``labels`` reads ``compile`` (run for it if not chosen).
+        no_signal: Every section's knobs at ``SimKnobs.no_signal()`` (the study must then find nothing).
+        progress: Called with a line after each section.
+    """
+    from optim.bench.simulate import aggregation, calibration, compiling, search
+
+    unknown = [s for s in sections if s not in SECTIONS]
+    if unknown:
+        raise ValueError(f"unknown sections {unknown}; choose from: {', '.join(SECTIONS)}")
+    flat = SimKnobs.no_signal()
+    out: dict = {}
+    for name in sections:
+        start = time.perf_counter()
+        # The optimizers print progress (and tqdm bars) of their own; the study's output is its tables.
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), _quiet():
+            if name == "aggregation":
+                out[name] = aggregation.run_aggregation(budget)
+            elif name == "calibration":
+                out[name] = calibration.run_calibration(budget)
+            elif name == "compile" or (name == "labels" and "compile" not in out):
+                out["compile"] = compiling.run_compile(budget, flat if no_signal else compiling.TUNABLE)
+            elif name == "search":
+                out[name] = search.run_search(budget, flat if no_signal else search.PANELS)
+            if name == "labels":
+                out[name] = {"rows": compiling.labels_needed(out["compile"])}
+        out[name]["seconds"] = time.perf_counter() - start
+        if progress:
+            progress(f"{name}: {out[name]['seconds']:.0f} s")
+    return _knobs(out)
+
+
+@contextlib.contextmanager
+def _quiet():
+    import optuna
+
+    previous = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    loggers = [logging.getLogger(n) for n in ("dspy", "optuna", "chateval_dspy")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        optuna.logging.set_verbosity(previous)
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
