@@ -9,6 +9,9 @@ file of figures, and prints (``--markdown``) a table that states model, data, sp
     python -m optim.bench agreement --dataset faireval --split test --limit 12 --configs quick --markdown
     python -m optim.bench cost --limit 4
     python -m optim.bench injection --limit 16 --config single_calibrated
+    python -m optim.bench simulate --smoke
+    python -m optim.bench review --roles 1 --pool-limit 24 --test-limit 8 --counts 2,4 --threads 1
+    python -m optim.bench review --planted --seeds 20 --tie-draws 20
     python -m optim.bench plots
 
 This module holds the command line and what the suites share: the LM (``LMFactory``), the meter
@@ -46,6 +49,20 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, help="the first N items of the split")
     p.add_argument("--work-dir", default=str(RAW_DIR), help="per-item JSONL results (resumable)")
     p.add_argument("--markdown", action="store_true", help="print Markdown tables (default: plain text)")
+
+
+def suite_files(directory: Path) -> list[Path]:
+    """The suites' figures files in ``directory`` (their header names the suite); ``chateval ablate``'s and other
+    JSON files beside them are not the suites'."""
+    out = []
+    for path in sorted(directory.glob("*.json")):
+        try:
+            header = json.loads(path.read_text(encoding="utf-8")).get("header")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(header, dict) and header.get("suite"):
+            out.append(path)
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,6 +106,39 @@ def build_parser() -> argparse.ArgumentParser:
     inj.add_argument("--placements", default="append,prepend")
     inj.add_argument("--out", default=str(BENCH_DIR / "injection.json"))
 
+    sim = sub.add_parser("simulate", help="simulated referees: do tuning and search recover planted signal?")
+    sim.add_argument("--smoke", action="store_true", help="every section on a small budget (seconds)")
+    sim.add_argument("--sections", default="all", help="comma-separated: aggregation, calibration, compile, search, "
+                                                       "labels (default: all)")
+    sim.add_argument("--seeds", type=int, help="worlds per figure (default: the budget's)")
+    sim.add_argument("--no-signal", action="store_true", help="every knob at 'no signal': the study must find nothing")
+    sim.add_argument("--out", help="figures JSON (default benchmarks/simulate.json; smoke: a temporary file)")
+    sim.add_argument("--plots", help="directory for the PNG plots (default: the JSON's directory)")
+    sim.add_argument("--markdown", action="store_true", help="print Markdown tables (default: plain text)")
+
+    rv = sub.add_parser("review", help="does the uncertainty flag find the errors; queue-order vs random labels")
+    rv.add_argument("--model", default="embedded", help="embedded (default), an OpenAI-compatible base URL, or a LiteLLM string")
+    rv.add_argument("--served-model", help="model id at a base URL")
+    rv.add_argument("--timeout", type=float, default=120.0)
+    rv.add_argument("--threads", type=int, help="embedded model: CPU threads (default: all cores)")
+    rv.add_argument("--seed", type=int, default=0, help="the split's seed (the pool is train, the slice test)")
+    rv.add_argument("--work-dir", default=str(RAW_DIR), help="per-item JSONL results (resumable)")
+    rv.add_argument("--markdown", action="store_true", help="print Markdown tables (default: plain text)")
+    rv.add_argument("--planted", action="store_true", help="a fake LM with a known signal instead of --model "
+                                                           "(optim.bench.review.planted_responder)")
+    rv.add_argument("--pool-limit", type=int, help="train items judged, ranked and offered as labels (default all)")
+    rv.add_argument("--test-limit", type=int, help="test items judged by the uncompiled panel (default all)")
+    rv.add_argument("--curve-test-limit", type=int, help="test items each compiled panel judges (default --test-limit)")
+    rv.add_argument("--counts", default="2,4,8,16", help="label counts of the curve ('' : flag precision only)")
+    rv.add_argument("--seeds", type=int, default=5, help="random label orders per count")
+    rv.add_argument("--tie-draws", type=int, default=0, help="queue orders with ties in U broken at random, per count")
+    rv.add_argument("--random-counts", help="label counts with random draws (default: --counts; a subset saves time)")
+    rv.add_argument("--optimizer", default="labeled", choices=["labeled", "bootstrap"])
+    rv.add_argument("--roles", type=int, default=2, help="referees on the panel (default 2)")
+    rv.add_argument("--turns", type=int, default=1)
+    rv.add_argument("--aggregate", default="majority", choices=["mean", "majority"])
+    rv.add_argument("--out", help="figures JSON (default benchmarks/review-faireval.json, or review-planted.json)")
+
     pl = sub.add_parser("plots", help="PNG plots from the suites' JSON files")
     pl.add_argument("--dir", default=str(BENCH_DIR))
     tb = sub.add_parser("tables", help="Markdown tables from the suites' JSON files (no rerun)")
@@ -126,9 +176,13 @@ def main(argv: list[str] | None = None, *, lm_factory: LMFactory | None = None) 
         if args.update:
             print(f"updated {update_markdown(Path(args.update))} table(s) in {args.update}")
             return 0
-        for path in args.files or sorted(BENCH_DIR.glob("*.json")):
+        for path in args.files or suite_files(BENCH_DIR):
             print(f"<!-- {path} -->\n{render_file(path)}\n")
         return 0
+    if args.suite == "simulate":
+        from optim.bench.simulate.cli import run_simulate
+
+        return run_simulate(args)
     if getattr(args, "limit", None) is not None and args.limit < 1:
         print("bench: error: --limit must be positive", file=sys.stderr)
         return 2
@@ -144,6 +198,10 @@ def main(argv: list[str] | None = None, *, lm_factory: LMFactory | None = None) 
                 print(list_configs(args.dataset))
                 return 0
             report = run_agreement(args, factory)
+        elif args.suite == "review":
+            from optim.bench.review import run_review
+
+            report = run_review(args, factory)
         elif args.suite == "cost":
             from optim.bench.cost import run_cost
 
@@ -158,7 +216,7 @@ def main(argv: list[str] | None = None, *, lm_factory: LMFactory | None = None) 
     from optim.bench import tables as bench_report
 
     render = {"agreement": bench_report.agreement_markdown, "cost": bench_report.cost_markdown,
-              "injection": bench_report.injection_markdown}[args.suite]
+              "injection": bench_report.injection_markdown, "review": bench_report.review_markdown}[args.suite]
     print(render(report, markdown=args.markdown))
     print(f"figures: {report['path']}", file=sys.stderr)
     return 0

@@ -2,7 +2,9 @@
 
 - ``agreement-vs-panel-<dataset>.png``: agreement (with 95% CI) against roles (1-5) and turns (1-4);
 - ``tokens-vs-agreement-<dataset>.png``: LM tokens per item against agreement, one point per configuration;
-- ``throughput.png``: items per minute against items judged at once.
+- ``throughput.png``: items per minute against items judged at once;
+- ``simulate-*.png``: the simulation study's sections (drawn by ``optim.bench.simulate.report``);
+- ``review-flags-*.png``, ``review-labels-*.png``: the review suite's (drawn by ``optim.bench.review``).
 """
 
 from __future__ import annotations
@@ -120,4 +122,13 @@ def draw_all(directory: Path) -> list[Path]:
     if cost.exists():
         p = throughput_plot(json.loads(cost.read_text(encoding="utf-8")), directory / "throughput.png")
         out += [p] if p else []
+    simulated = directory / "simulate.json"
+    if simulated.exists():
+        from optim.bench.simulate.report import plots
+
+        out += plots(json.loads(simulated.read_text(encoding="utf-8")), directory)
+    for src in sorted(directory.glob("review-*.json")):
+        from optim.bench.review import plots as review_plots
+
+        out += review_plots(json.loads(src.read_text(encoding="utf-8")), directory, src.stem.removeprefix("review-"))
     return out

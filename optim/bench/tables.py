@@ -153,10 +153,45 @@ def injection_markdown(report: dict, markdown: bool = True) -> str:
     return "\n".join(out)
 
 
+def review_markdown(report: dict, markdown: bool = True) -> str:
+    """The review suite's flag-precision and label-efficiency tables (``optim.bench.review``)."""
+    h, out = report["header"], [stated(report["header"], markdown), "", f"Panel: {report['header']['panel']}."]
+    f = report.get("flags")
+    if f:
+        out += ["", f"Flag precision over {f['n']} items: wrong verdicts overall {fmt_est(f['wrong'], 100, 1)} %; "
+                    f"AUC of U for a wrong verdict {fmt_est(f['auc'], 1, 2)}; {f['distinct_scores']} distinct U values.", ""]
+        rows = [[f"{r['fraction']:.0%}", r["k"], fmt_est(r["top"], 100, 1), fmt_est(r["rest"], 100, 1),
+                 f"{r['top_tie_averaged'] * 100:.1f}", f"{r['tied_at_cut']} ({r['tied_in_top']} in top)",
+                 fmt_p(r["fisher_p"])] for r in f["rows"]]
+        out.append(table(["top k", "k", "wrong in top k % [95% CI]", "wrong in the rest % [95% CI]",
+                          "top k, tie-averaged %", "items tied at the cut", "Fisher p"], rows, markdown))
+    c = report.get("labels")
+    if c:
+        out += ["", f"Label efficiency ({h['optimizer']}; {h['curve_split']}; uncompiled panel: "
+                    f"{fmt_est(c['base']['accuracy'], 100, 1)} %, majority class of the train split "
+                    f"{fmt_est(c['base']['majority_accuracy'], 100, 1)} %):", ""]
+        rand, ties = {p["m"]: p for p in c["random"]}, {p["m"]: p for p in c.get("ties", [])}
+
+        def drawn(points, m):
+            return (fmt_est(points[m]["accuracy"], 100, 1), points[m]["draws"]) if m in points else ("-", 0)
+
+        rows = [[p["m"], fmt_est(p["accuracy"], 100, 1), *drawn(ties, p["m"]), *drawn(rand, p["m"])]
+                for p in c["orders"]["queue"]]
+        out.append(table(["labels", "queue order: accuracy % [95% CI over test items]",
+                          "queue order, ties at random: mean % [95% CI over draws]", "draws",
+                          "random order: mean accuracy % [95% CI over draws]", "draws"], rows, markdown))
+    return "\n".join(out)
+
+
 def render_file(path: str | Path, markdown: bool = True) -> str:
     """The table of a figures JSON written by any suite."""
     report = json.loads(Path(path).read_text(encoding="utf-8"))
-    render = {"agreement": agreement_markdown, "cost": cost_markdown, "injection": injection_markdown}
+    if report["header"]["suite"] == "simulate":
+        from optim.bench.simulate.report import markdown as simulate_markdown
+
+        return simulate_markdown(report, markdown)
+    render = {"agreement": agreement_markdown, "cost": cost_markdown, "injection": injection_markdown,
+              "review": review_markdown}
     return render[report["header"]["suite"]](report, markdown)
 
 
