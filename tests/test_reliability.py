@@ -177,9 +177,15 @@ def test_sigkill_then_rerun_finishes_with_identical_results_and_no_repeated_call
     assert calls_clean <= calls_with_kill <= calls_clean + 1
 
     def stable(path):
+        # What was judged and said; times and tokens are measurements (the item's and each turn's) and differ.
+        from chateval_dspy.program.debate import MEASURED
+
         keep = ("id", "prediction", "score_1", "score_2", "referees", "transcripts", "consistent", "abstained", "calls")
-        return sorted(json.dumps({k: r.get(k) for k in keep}, sort_keys=True) for r in map(json.loads,
-                       path.read_text().splitlines()))
+        records = [{k: r.get(k) for k in keep} for r in map(json.loads, path.read_text().splitlines())]
+        for r in records:
+            r["transcripts"] = [[{k: v for k, v in u.items() if k not in MEASURED} for u in t]
+                                for t in r["transcripts"] or []]
+        return sorted(json.dumps(r, sort_keys=True) for r in records)
 
     assert stable(out) == stable(tmp_path / "clean.jsonl")
 
