@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -23,12 +22,12 @@ import dspy
 from chateval_dspy.data.loaders import item_from_record
 from chateval_dspy.errors import DataError
 from chateval_dspy.program.task import TaskSpec
+from chateval_dspy.run.tracing import was_cut
 
 log = logging.getLogger(__name__)
 
 PAIRWISE_NAMES = ("label", "preference")
 ITEM_ID_TAG = "chateval.item_id"
-CUT = re.compile(r" \[\.\.\. \d+ more characters in the results file\]$")  # tracing's mark of a cut text
 
 
 def resolve(values: list, ordinal: bool):
@@ -158,7 +157,7 @@ def labelled(item_id: str, answers: dict[str, dict[str, object]], task, *, input
         if base is not None:
             return Labelled(relabelled(base, labels, task), counted, split, who)
         inputs = dict(inputs or {})
-        if any(isinstance(v, str) and CUT.search(v) for v in inputs.values()):
+        if any(was_cut(v) for v in inputs.values()):
             return Labelled(None, counted, split, who, problem="its texts were cut to fit the trace; name the "
                                                                "dataset they came from so that its full texts are used")
         return Labelled(item_from_record({**inputs, **labels, "id": item_id}, task, source=source, row=row),

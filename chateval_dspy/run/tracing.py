@@ -168,10 +168,18 @@ def at_most_lines(path: str | Path, n: int) -> bool:
 
 # ---- the span tree, as plain data ----------------------------------------------------------------------------
 
+CUT_MARK = re.compile(r" \[\.\.\. \d+ more characters in the results file\]$")  # how _cut ends a text it cut
+
+
 def _cut(text: str) -> str:
     if len(text) <= MAX_TRACE_TEXT:
         return text
     return text[:MAX_TRACE_TEXT] + f" [... {len(text) - MAX_TRACE_TEXT} more characters in the results file]"
+
+
+def was_cut(text) -> bool:
+    """Whether a text read back from a trace is one that tracing cut to fit (its full text is not in the trace)."""
+    return isinstance(text, str) and CUT_MARK.search(text) is not None
 
 
 def _node(name: str, span_type: str, start: int, end: int, *, inputs=None, outputs=None, attributes=None,
