@@ -138,6 +138,7 @@ def trials_frame(study):
         cost = t.user_attrs.get("cost") or {}
         tokens = (cost.get("prompt_tokens_per_item", math.nan) + cost.get("completion_tokens_per_item", math.nan)
                   if cost else math.nan)
+        share = cost.get("cached_prompt_share")
         rows.append({
             "trial": t.number, "state": t.state.name.lower(),
             "roles": ",".join(cfg.get("roles", [])), "n_roles": len(cfg.get("roles", [])) or None,
@@ -146,6 +147,7 @@ def trials_frame(study):
             "agreement": t.values[0] if t.values else math.nan,
             "ci_low": figure["ci_low"] if figure else math.nan, "ci_high": figure["ci_high"] if figure else math.nan,
             "tokens_per_item": tokens,
+            "cached_prompt_share": share if isinstance(share, (int, float)) else math.nan,
             "note": _note(t),
         })
     return pd.DataFrame(rows)
@@ -186,7 +188,9 @@ def study_table(study) -> str:
         return "(the study has no trials)"
     frame = frame.assign(roles=[panel_label(r.split(",")) if r else "" for r in frame.roles],
                          tokens_per_item=[f"{t:.0f}" if t == t else "-" for t in frame.tokens_per_item])
-    return frame.drop(columns=["n_roles"]).to_string(index=False, float_format=lambda v: f"{v:.3f}", na_rep="-")
+    # A study run without the provider's prompt cache (or before it was counted) keeps the table it always had.
+    dropped = ["n_roles"] + ([] if (frame.cached_prompt_share.fillna(0) > 0).any() else ["cached_prompt_share"])
+    return frame.drop(columns=dropped).to_string(index=False, float_format=lambda v: f"{v:.3f}", na_rep="-")
 
 
 def figure3(study, path: Path, files: list[Path]) -> None:
@@ -402,11 +406,34 @@ def scatter(records: list[dict], path: Path, files: list[Path], title: str) -> N
     _save(fig, path, files)
 
 
+def model_cost_table(records: list[dict]) -> str:
+    """Calls, tokens (cached and cache-written among the prompt tokens), seconds and dollars per model over a
+    results file's lines (``run.table.model_table``); "" when no line carries per-model usage.
+
+    Example:
+        >>> print(model_cost_table([{"id": 1, "usage_by_model": {"openai/gpt-4o-mini": {
+        ...     "calls": 2, "prompt_tokens": 10000, "cached_prompt_tokens": 6000, "completion_tokens": 500,
+        ...     "seconds": 1.0, "cost_usd": 0.00135, "cache_rates": "read"}}}]))
+                     model  calls  cached calls  prompt tokens  cached prompt  cache write  completion tokens LM seconds       USD
+        openai/gpt-4o-mini      2             0          10000           6000            0                500        1.0 $0.001350
+    """
+    from chateval_dspy.config import DebateConfig
+    from chateval_dspy.run.result import RunResult
+    from chateval_dspy.run.table import model_table
+
+    result = RunResult(DebateConfig())
+    for record in records:
+        if isinstance(record.get("usage_by_model"), dict) and not record.get("error"):
+            result.add_usage(record["usage_by_model"])
+    return model_table(result.model_usage()) if result.models else ""
+
+
 def run_report(client, run, out: Path, workdir: Path) -> Report:
-    """The run's metrics table and one plot per results file."""
+    """The run's metrics table, its cost per model from each results file, and one plot per results file."""
     out = Path(out)
     files: list[Path] = []
     notes: list[str] = []
+    tables = [metrics_table(run)]
     downloaded = result_files(client, run.info.run_id, workdir)
     if not downloaded:
         notes.append("the run has no results JSONL artifact: no confusion matrix or scatter")
@@ -415,11 +442,14 @@ def run_report(client, run, out: Path, workdir: Path) -> Report:
         if not records:
             notes.append(f"{path.name} is empty")
             continue
+        by_model = model_cost_table(records)
+        if by_model:
+            tables.append(f"cost by model ({path.name}):\n{by_model}")
         if records[0].get("format") == "pairwise":
             confusion(records, out / f"confusion_{path.stem}.png", files, path.stem)
         else:
             scatter(records, out / f"scatter_{path.stem}.png", files, path.stem)
-    return Report(_run_header(run), metrics_table(run), files, notes)
+    return Report(_run_header(run), "\n\n".join(tables), files, notes)
 
 
 def attach(client, run_id: str, out: Path, artifact_dir: str = "report") -> None:

@@ -105,7 +105,9 @@ def test_issue_12_referee_flags_on_the_command_line(two, tmp_path, capsys):
     assert speakers(two["b"]) == ["scientist", "scientist"] and speakers(two["a"]) == ["critic", "critic"]
     # The summary names the referee's model and reports calls, tokens, seconds and dollars per model.
     assert "referee_models=scientist=openai-compatible/beta" in printed
-    rows = {m: re.search(rf"^\s*{re.escape(m)}\s+(\d+)\s+\d+\s+\d+\s+\d+\s+[\d.]+\s+unpriced\s*$", printed, re.M)
+    # calls, cached calls, prompt, cached prompt, cache write and completion tokens, LM seconds, USD
+    rows = {m: re.search(rf"^\s*{re.escape(m)}\s+(\d+)\s+\d+\s+\d+\s+\d+\s+\d+\s+\d+\s+[\d.]+\s+unpriced\s*$", printed,
+                         re.M)
             for m in ("openai-compatible/alpha", "openai-compatible/beta")}
     assert all(rows.values()), printed
     assert [int(r.group(1)) for r in rows.values()] == [2, 2]

@@ -74,14 +74,13 @@ def test_a_pairwise_debate_is_orders_by_rounds_by_referee_turns():
     assert tree["outputs"]["winner"] == record["prediction"] and tree["outputs"]["consistent"] == record["consistent"]
     assert tree["attributes"]["mlflow.chat.tokenUsage"]["input_tokens"] == record["prompt_tokens"] > 0
     assert tree["attributes"]["chateval.calls"] == 8 and tree["attributes"]["chateval.timing"] == "measured"
-    # Each turn's span is its own measured time and tokens (they add up to the item's); times nest, and the
-    # orders follow one another.
+    # Each turn's span is its own measured time and tokens (they add up to the item's); times nest. The two
+    # orders run at once, so their spans may overlap; each still lies within the item's.
     turns_ = [t for order in tree["children"] for rnd in order["children"] for t in rnd["children"]]
     said = [u for transcript in record["transcripts"] for u in transcript]
     assert [t["end_ns"] - t["start_ns"] for t in turns_] == [int(u["seconds"] * 1e9) for u in said]
     assert sum(t["attributes"]["mlflow.chat.tokenUsage"]["input_tokens"] for t in turns_) == record["prompt_tokens"]
     assert all(t["attributes"]["chateval.timing"] == "measured" for t in turns_)
-    assert order1["end_ns"] <= order2["start_ns"]
     for order in tree["children"]:
         assert within(order, tree)
         for rnd in order["children"]:

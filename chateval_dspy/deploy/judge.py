@@ -375,7 +375,7 @@ def bind_referees(program: ChatEval, lms: dict[str, dspy.LM]) -> None:
 
 def load(path_or_uri: str | Path, *, model: str | None = None, trust_pickle: bool = False, slots: int = 4,
          timeout: float = 120.0, served_model: str | None = None, cache: bool = True,
-         referee_models: dict[str, str] | None = None, price_per_mtok: str | tuple[float, float] | None = None) -> Judge:
+         referee_models: dict[str, str] | None = None, price_per_mtok: str | tuple[float, ...] | None = None) -> Judge:
     """Load a saved evaluator and bind it to an LM (a mixed panel: each referee to its own).
 
     Args:
@@ -392,8 +392,9 @@ def load(path_or_uri: str | Path, *, model: str | None = None, trust_pickle: boo
             The cache is process-wide, so this sets it for the whole process.
         referee_models: ``{role slug: spec}``: those referees run on their own LM (a base URL, a LiteLLM string,
             ``embedded``); default: the card's ``referee_models`` names (see the module's docstring for the rule).
-        price_per_mtok: US dollars per million input and output tokens of the main model (``"0.15,0.6"``), for an
-            endpoint LiteLLM's cost map does not price; verdicts then carry ``cost_usd``.
+        price_per_mtok: US dollars per million input and output tokens of the main model (``"0.15,0.6"``, optionally
+            with the cached-read and cache-write rates: ``"0.15,0.6,0.075"``), for an endpoint LiteLLM's cost map
+            does not price; verdicts then carry ``cost_usd``.
 
     Example:
         >>> from chateval_dspy.deploy.store import make_card, save_program

@@ -32,7 +32,7 @@ from dspy.utils.saving import get_dependency_versions
 import chateval_dspy.limits as limits
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import ConfigError
-from chateval_dspy.lm.pricing import UNPRICED, usd_text
+from chateval_dspy.lm.pricing import CACHE_RATES, UNPRICED, cache_rate_note, usd_text
 from chateval_dspy.program.chateval import ChatEval, build_evaluator
 from chateval_dspy.program.roles import Role, make_role
 
@@ -56,6 +56,8 @@ MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+/-]*$")
 # The cost block: per-item figures (numbers; dollars may be the word ``unpriced``) and ``by_model``, per model
 # name, the same figures over the run.
 COST_BY_MODEL = "by_model"
+# Per model, the one word among its figures: which cache rates its price had (``Price.cache_rates``).
+CACHE_RATES_KEY = "cache_rates"
 
 
 def versions() -> dict[str, str]:
@@ -103,6 +105,29 @@ def _criterion_text(criterion: dict) -> str:
     return f"{criterion['name']} {scale if isinstance(scale, str) else '/'.join(scale)}"
 
 
+def _cost_lines(cost: dict) -> list[str]:
+    """The card's cost block in words: the figures per item, then calls, tokens and dollars per model."""
+    line = "- cost per item: " + ", ".join(
+        f"{k} {usd_text(v)}" if k.startswith("cost_usd") else f"{k} {v:.3f}" if k.endswith("_share")
+        else f"{k} {v:.1f}" for k, v in cost.items()
+        if k.startswith("cost_usd") or (isinstance(v, (int, float)) and not isinstance(v, bool)))
+    if cost.get("cached_calls_per_item"):
+        # A compile that keeps the original prompts meets its test calls again in the LM cache.
+        line += (f" ({cost['cached_calls_per_item']:.1f} of {cost.get('calls_per_item', 0):.1f} calls per item were "
+                 "answered from the LM cache, which bills no tokens: tokens and seconds count only the others)")
+    lines = [line]
+    for name, figures in (cost.get(COST_BY_MODEL) or {}).items():
+        lines.append(f"  - `{name}`: {figures.get('calls', 0)} calls, {figures.get('prompt_tokens', 0)} prompt "
+                     f"({figures.get('cached_prompt_tokens') or 0} cached prompt, "
+                     f"{figures.get('cache_write_tokens') or 0} cache write) + "
+                     f"{figures.get('completion_tokens', 0)} completion tokens, "
+                     f"{usd_text(figures.get('cost_usd'))} over the test split")
+        note = cache_rate_note(name, figures)
+        if note:
+            lines.append(f"    - {note}")
+    return lines
+
+
 def _markdown(card: dict) -> str:
     cfg = card["config"]
     task = cfg.get("task")
@@ -148,19 +173,7 @@ def _markdown(card: dict) -> str:
             lines.append(f"  - traces learned from ({len(traces)}): " + ", ".join(f"`{t}`" for t in traces[:20])
                          + (", ..." if len(traces) > 20 else "") + " (all in card.json)")
     if "cost" in card:
-        cost = card["cost"]
-        line = "- cost per item: " + ", ".join(
-            f"{k} {usd_text(v)}" if k.startswith("cost_usd") else f"{k} {v:.1f}" for k, v in cost.items()
-            if k.startswith("cost_usd") or (isinstance(v, (int, float)) and not isinstance(v, bool)))
-        if cost.get("cached_calls_per_item"):
-            # A compile that keeps the original prompts meets its test calls again in the LM cache.
-            line += (f" ({cost['cached_calls_per_item']:.1f} of {cost.get('calls_per_item', 0):.1f} calls per item were "
-                     "answered from the LM cache, which bills no tokens: tokens and seconds count only the others)")
-        lines.append(line)
-        for name, figures in (cost.get(COST_BY_MODEL) or {}).items():
-            lines.append(f"  - `{name}`: {figures.get('calls', 0)} calls, {figures.get('prompt_tokens', 0)} prompt + "
-                         f"{figures.get('completion_tokens', 0)} completion tokens, "
-                         f"{usd_text(figures.get('cost_usd'))} over the test split")
+        lines += _cost_lines(card["cost"])
     lines.append(f"- versions: {', '.join(f'{k} {v}' for k, v in card['versions'].items())}")
     lines.append(f"- created: {card['created']}")
     return "\n".join(lines) + "\n"
@@ -246,7 +259,8 @@ def check_referee_models(referees, config: DebateConfig, where) -> None:
 
 
 def check_cost(cost, where) -> None:
-    """A card's ``cost``: figures (numbers, or ``unpriced`` for dollars) and ``by_model``, per model name, the same."""
+    """A card's ``cost``: figures (numbers, or ``unpriced`` for dollars) and ``by_model``, per model name, the same
+    (plus ``cache_rates``, a ``Price.cache_rates`` word or null)."""
     def figures(block, at: str, nested: bool) -> None:
         if not isinstance(block, dict) or len(block) > 40:
             raise ConfigError(f"{where}: key {at!r} must be a mapping of at most 40 cost figures")
@@ -260,6 +274,11 @@ def check_cost(cost, where) -> None:
                     figures(inner, f"{at}.{COST_BY_MODEL}.{name}", False)
                 continue
             number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not nested and key == CACHE_RATES_KEY:
+                if value is not None and value not in CACHE_RATES.values():
+                    raise ConfigError(f"{where}: key '{at}.{key}' must be one of {', '.join(CACHE_RATES.values())} "
+                                      f"or null, got {value!r:.80}")
+                continue
             if not isinstance(key, str) or len(key) > 80 or not (
                     number or value is None or (value == UNPRICED and "usd" in key)):
                 raise ConfigError(f"{where}: key '{at}.{str(key)[:80]}' must be a number (dollars: a number or "

@@ -1,27 +1,97 @@
-"""The adapter every judge call goes through: DSPy's JSONAdapter, with its per-signature work done once.
+"""The adapter every judge call goes through: DSPy's JSONAdapter with the cache-friendly layout and lean format.
 
-DSPy's JSONAdapter rebuilds a pydantic model and its JSON schema (the response format) and re-renders
-the system message (field descriptions and structure) on every call, although both depend only on the
-signature. A debate makes many calls with a handful of signatures, so that rebuilding was about half
-of the framework's own time per LM call (see BENCHMARKS.md, "overhead"). This subclass memoises
-both per signature class and instructions; the prompts and schemas are byte-for-byte DSPy's.
+``lm.layout`` says what goes where and why. This subclass applies it per call: the lean format when the LM
+enforces the JSON schema DSPy sends, the complete one otherwise; for Anthropic models (which cache only at
+marked breakpoints) it marks the end of the static part and the end of the item's texts with
+``cache_control``, which LiteLLM carries to the Messages API.
 
-Optimizers create new signature classes as they rewrite instructions; the memo holds them weakly,
-so a long compile does not keep every candidate alive.
+DSPy's JSONAdapter rebuilds a pydantic model and its JSON schema (the response format) and re-renders the
+system message on every call, although both depend only on the signature. A debate makes many calls with a
+handful of signatures, so that rebuilding was about half of the framework's own time per LM call (see
+BENCHMARKS.md, "overhead"); both are memoised per signature class and instructions. Optimizers create new
+signature classes as they rewrite instructions; the memo holds them weakly, so a long compile does not keep
+every candidate alive.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import threading
 import weakref
+from dataclasses import dataclass
 
 import dspy
+from dspy.adapters.utils import format_field_value
+
+from chateval_dspy.lm.layout import field_order, item_fields, lean_system
 
 _ABSENT = object()
+EPHEMERAL = {"type": "ephemeral"}
+# Models reached through LiteLLM that cache only at explicit cache_control breakpoints (Anthropic's rule).
+MARKED_PREFIXES = ("anthropic/", "bedrock/anthropic.", "vertex_ai/claude")
+
+
+@dataclass(frozen=True)
+class Style:
+    """How one call is rendered: the lean format (the LM enforces the schema) and Anthropic cache marks."""
+
+    lean: bool = False
+    marks: bool = False
+
+
+# Set around each call by ``JudgeAdapter.__call__``; ``format`` outside a call renders the complete format.
+_STYLE: contextvars.ContextVar[Style | None] = contextvars.ContextVar("chateval_judge_style", default=None)
+
+
+def _current() -> Style:
+    return _STYLE.get() or Style()
+
+
+@contextlib.contextmanager
+def rendering(style: Style):
+    """Render with ``style`` inside the block (``JudgeAdapter`` sets it per call; tests and tools set it to look).
+
+    Example:
+        >>> from chateval_dspy.program.signatures import signatures_for
+        >>> with rendering(Style(lean=True)):
+        ...     system = JudgeAdapter().format(signatures_for("pairwise")[0], [], {})[0]["content"]
+        >>> "Outputs will be a JSON object" in system
+        False
+    """
+    token = _STYLE.set(style)
+    try:
+        yield
+    finally:
+        _STYLE.reset(token)
+
+
+def wants_marks(lm) -> bool:
+    """Whether ``lm``'s provider caches only at ``cache_control`` breakpoints (Anthropic, also via Bedrock/Vertex).
+
+    Example:
+        >>> import dspy
+        >>> wants_marks(dspy.LM("anthropic/claude-3-5-haiku-20241022")), wants_marks(dspy.LM("openai/gpt-4o-mini"))
+        (True, False)
+    """
+    return str(getattr(lm, "model", "")).startswith(MARKED_PREFIXES)
+
+
+def _text_block(text: str, marked: bool = False) -> dict:
+    return {"type": "text", "text": text, **({"cache_control": dict(EPHEMERAL)} if marked else {})}
 
 
 class JudgeAdapter(dspy.JSONAdapter):
-    """``dspy.JSONAdapter`` that builds each signature's response format and system message once."""
+    """``dspy.JSONAdapter`` with the cache-friendly layout (``lm.layout``), memoised per signature.
+
+    Example:
+        >>> from chateval_dspy.program.signatures import signatures_for
+        >>> argue, _ = signatures_for("pairwise")
+        >>> inputs = {"question": "q", "answer_1": "a", "answer_2": "b", "discussion": "(none)", "persona": "p"}
+        >>> user = JudgeAdapter().format(argue, [], inputs)[-1]["content"]
+        >>> [line for line in user.splitlines() if line.startswith("[[")]
+        ['[[ ## question ## ]]', '[[ ## answer_1 ## ]]', '[[ ## answer_2 ## ]]', '[[ ## persona ## ]]', '[[ ## discussion ## ]]']
+    """
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -53,5 +123,64 @@ class JudgeAdapter(dspy.JSONAdapter):
         if fmt is not _ABSENT:
             lm_kwargs["response_format"] = fmt
 
+    def style_for(self, lm, signature) -> Style:
+        """The call's style: lean when a JSON schema goes with the request, marks for Anthropic models."""
+        probe: dict = {}
+        self._prepare_response_format(lm, probe, signature)
+        fmt = probe.get("response_format")
+        # DSPy hands a schema over as a pydantic model class (or, from some callers, the json_schema dict).
+        schema = isinstance(fmt, type) or (isinstance(fmt, dict) and fmt.get("type") == "json_schema")
+        return Style(lean=schema, marks=wants_marks(lm))
+
+    def __call__(self, lm, lm_kwargs, signature, demos, inputs):
+        with rendering(self.style_for(lm, signature)):
+            return super().__call__(lm, lm_kwargs, signature, demos, inputs)
+
+    async def acall(self, lm, lm_kwargs, signature, demos, inputs):
+        with rendering(self.style_for(lm, signature)):
+            return await super().acall(lm, lm_kwargs, signature, demos, inputs)
+
     def format_system_message(self, signature) -> str:
-        return self._remember(signature, "system", lambda: super(JudgeAdapter, self).format_system_message(signature))
+        if _current().lean:
+            return self._remember(signature, "lean", lambda: lean_system(signature))
+        return self._remember(signature, "complete", lambda: self._complete_system(signature))
+
+    def _complete_system(self, signature) -> str:
+        # For an LM that enforces no schema: the lean text, then DSPy's own JSON skeleton with its notes on each value.
+        structure = self.format_field_structure(signature)
+        return lean_system(signature) + "\n\n" + structure[structure.index("Outputs will be"):]
+
+    def _user_parts(self, signature, inputs: dict) -> tuple[str, str]:
+        """The user message as (the item's texts, the rest): fields in layout order, the reminder last."""
+        fields, item = signature.input_fields, set(item_fields(signature.input_fields))
+        blocks = {True: [], False: []}
+        for name in field_order(fields):
+            if name in inputs:
+                value = format_field_value(field_info=fields[name], value=inputs[name])
+                blocks[name in item].append(f"[[ ## {name} ## ]]\n{value}")
+        return "\n\n".join(blocks[True]), "\n\n".join(blocks[False])
+
+    def format_user_message_content(self, signature, inputs, prefix: str = "", suffix: str = "",
+                                    main_request: bool = False) -> str:
+        item, rest = self._user_parts(signature, inputs)
+        reminder = self.user_message_output_requirements(signature) if main_request and not _current().lean else ""
+        return "\n\n".join(p for p in (prefix, item, rest, reminder, suffix) if p).strip()
+
+    def format(self, signature, demos, inputs):
+        messages = super().format(signature, demos, inputs)
+        return self._marked(signature, inputs, messages) if _current().marks else messages
+
+    def _marked(self, signature, inputs: dict, messages: list[dict]) -> list[dict]:
+        """Breakpoints at the end of the static part (system and demos) and at the end of the item's texts."""
+        out = [dict(m) for m in messages]
+        static = len(out) - 2  # the last message before the question: the system message or the last demo
+        out[static]["content"] = [_text_block(out[static]["content"], marked=True)]
+        item, _ = self._user_parts(signature, inputs)
+        content = out[-1]["content"]
+        if item and content.startswith(item) and len(content) > len(item):
+            cut = len(item) + 2 if content[len(item):len(item) + 2] == "\n\n" else len(item)
+            out[-1]["content"] = [_text_block(content[:cut], marked=True), _text_block(content[cut:])]
+        return out
+
+
+__all__ = ["JudgeAdapter", "Style", "rendering", "wants_marks"]

@@ -358,7 +358,9 @@ class OpenAICompatEngine:
             message=Message.assistant([TextPart(choice.message.content or "")]),
             usage=Usage(input_tokens=usage.prompt_tokens if usage else 0,
                         output_tokens=usage.completion_tokens if usage else 0,
-                        total_tokens=usage.total_tokens if usage else 0),
+                        total_tokens=usage.total_tokens if usage else 0,
+                        # Part of prompt_tokens, as OpenAI counts them; None when the server does not say.
+                        cache_read_tokens=getattr(getattr(usage, "prompt_tokens_details", None), "cached_tokens", None)),
         )
 
     def stream(self, request):

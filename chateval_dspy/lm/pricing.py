@@ -10,6 +10,12 @@ main model) wins; a model behind a base URL (``openai-compatible/<served id>``) 
 whatever its served id resembles, because a private endpoint's bill is not OpenAI's; any other model string is
 looked up in the cost map by its name (``openai/gpt-4o-mini`` is priced as gpt-4o-mini wherever
 ``OPENAI_BASE_URL`` points).
+
+Prompt caching: of a call's prompt tokens, those read from the provider's prompt cache
+(``cached_prompt_tokens``) and those written to it (``cache_write_tokens``) have rates of their own, the cost
+map's ``cache_read_input_token_cost`` and ``cache_creation_input_token_cost`` (or the third and fourth values of
+``--price-per-mtok``). A price without one of them prices those tokens at the input rate, and says so
+(``Price.cache_rates``, ``cache_rate_note``).
 """
 
 from __future__ import annotations
@@ -30,21 +36,110 @@ PRIVATE_PREFIXES = ("embedded/", "openai-compatible/")
 _PRICE_ATTR = "_chateval_price"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Price:
-    """US dollars per million prompt (input) and completion (output) tokens, and where the figure came from.
+    """US dollars per million tokens: prompt (input), completion (output) and, when known, prompt tokens read
+    from the provider's prompt cache and written to it; and where the figures came from.
+
+    ``prompt_tokens`` counts every prompt token, cached or not: ``usd`` prices the cached reads and the cache
+    writes among them at their own rates, the rest at the input rate. A rate that is None (the cost map or the
+    stated price has none) prices those tokens at the input rate; ``cache_rates`` says which rates there are.
 
     Example:
         >>> Price(0.15, 0.6, "litellm").usd(prompt_tokens=1000, completion_tokens=500)
         0.00045
+
+        10,000 prompt tokens of which 6,000 were read from the cache, and 500 output tokens, at gpt-4o-mini's
+        prices ((4000 * 0.15 + 6000 * 0.075 + 500 * 0.6) / 1e6):
+
+        >>> mini = Price(0.15, 0.6, "litellm", cached_prompt_per_mtok=0.075)
+        >>> mini.usd(10_000, 500, cached_prompt_tokens=6_000), mini.cache_rates
+        (0.00135, 'read')
+
+        Without cache rates, cached and written tokens cost what any input token costs:
+
+        >>> Price(1.0, 5.0, "stated").usd(10_000, 0, cached_prompt_tokens=6_000, cache_write_tokens=2_000)
+        0.01
+        >>> Price(1.0, 5.0, "stated").cache_rates
+        'none'
     """
 
     input_per_mtok: float
     output_per_mtok: float
     source: str
+    cached_prompt_per_mtok: float | None = None
+    cache_write_per_mtok: float | None = None
 
-    def usd(self, prompt_tokens: int, completion_tokens: int) -> float:
-        return round((prompt_tokens * self.input_per_mtok + completion_tokens * self.output_per_mtok) / 1e6, 10)
+    def usd(self, prompt_tokens: int, completion_tokens: int, *, cached_prompt_tokens: int = 0,
+            cache_write_tokens: int = 0) -> float:
+        """US dollars for a call's tokens; ``prompt_tokens`` includes ``cached_prompt_tokens`` and ``cache_write_tokens``."""
+        uncached = prompt_tokens - cached_prompt_tokens - cache_write_tokens
+        if uncached < 0 or cached_prompt_tokens < 0 or cache_write_tokens < 0:
+            raise ValueError(f"prompt_tokens ({prompt_tokens}) must include cached_prompt_tokens "
+                             f"({cached_prompt_tokens}) and cache_write_tokens ({cache_write_tokens})")
+        read = self.input_per_mtok if self.cached_prompt_per_mtok is None else self.cached_prompt_per_mtok
+        write = self.input_per_mtok if self.cache_write_per_mtok is None else self.cache_write_per_mtok
+        return round((uncached * self.input_per_mtok + cached_prompt_tokens * read + cache_write_tokens * write
+                      + completion_tokens * self.output_per_mtok) / 1e6, 10)
+
+    @property
+    def cache_rates(self) -> str:
+        """Which cache rates the price has: ``read+write``, ``read``, ``write`` or ``none`` (the rest cost as input)."""
+        return CACHE_RATES[(self.cached_prompt_per_mtok is not None, self.cache_write_per_mtok is not None)]
+
+    @property
+    def per_mtok(self) -> tuple[float, ...]:
+        """The rates as ``--price-per-mtok`` states them, so that ``stated_price(p.per_mtok)`` gives ``p`` back:
+        ``(in, out)``, ``(in, out, cached_read)`` or ``(in, out, cached_read, cache_write)`` (a write rate without
+        a read rate states the input rate as the read rate).
+
+        Example:
+            >>> stated_price("1,5").per_mtok, stated_price("1,5,0.1").per_mtok, stated_price("1,5,0.1,1.25").per_mtok
+            ((1.0, 5.0), (1.0, 5.0, 0.1), (1.0, 5.0, 0.1, 1.25))
+        """
+        read = self.input_per_mtok if self.cached_prompt_per_mtok is None else self.cached_prompt_per_mtok
+        if self.cache_write_per_mtok is not None:
+            return (self.input_per_mtok, self.output_per_mtok, read, self.cache_write_per_mtok)
+        if self.cached_prompt_per_mtok is not None:
+            return (self.input_per_mtok, self.output_per_mtok, read)
+        return (self.input_per_mtok, self.output_per_mtok)
+
+    def __repr__(self) -> str:
+        # Cache rates only when there are some, so that a price of two rates reads as it always did.
+        cache = "".join(f", {k}={getattr(self, k)!r}" for k in ("cached_prompt_per_mtok", "cache_write_per_mtok")
+                        if getattr(self, k) is not None)
+        return (f"Price(input_per_mtok={self.input_per_mtok!r}, output_per_mtok={self.output_per_mtok!r}, "
+                f"source={self.source!r}{cache})")
+
+
+# (has a read rate, has a write rate) -> the word ``Price.cache_rates`` and the results lines use.
+CACHE_RATES = {(True, True): "read+write", (True, False): "read", (False, True): "write", (False, False): "none"}
+
+
+def cache_rate_note(model: str, figures: dict) -> str | None:
+    """What a table says under a model whose cached tokens were priced as input for want of a cache rate, else None.
+
+    Args:
+        model: The model's name.
+        figures: Its figures over a run or an item: ``cache_rates`` (None: unpriced, or written before cache
+            rates were recorded), ``cached_prompt_tokens`` and ``cache_write_tokens``.
+
+    Example:
+        >>> cache_rate_note("m", {"cache_rates": "none", "cached_prompt_tokens": 6000})
+        "m: no cache rates in LiteLLM's cost map or --price-per-mtok: 6000 cached prompt tokens priced as input"
+        >>> cache_rate_note("openai/gpt-4o-mini", {"cache_rates": "read", "cached_prompt_tokens": 6000}) is None
+        True
+    """
+    rates = figures.get("cache_rates")
+    if rates not in CACHE_RATES.values():
+        return None
+    priced_as_input = [f"{n} {what}" for n, what, kind in (
+        (figures.get("cached_prompt_tokens") or 0, "cached prompt tokens", "read"),
+        (figures.get("cache_write_tokens") or 0, "cache write tokens", "write")) if n and kind not in rates]
+    if not priced_as_input:
+        return None
+    return (f"{model}: no cache rates in LiteLLM's cost map or --price-per-mtok: "
+            f"{' and '.join(priced_as_input)} priced as input")
 
 
 @functools.lru_cache(maxsize=1)
@@ -74,25 +169,39 @@ def litellm_price(model: str) -> Price | None:
         if isinstance(entry, dict) and entry.get("mode") in (None, "chat", "completion") \
                 and isinstance(entry.get("input_cost_per_token"), (int, float)) \
                 and isinstance(entry.get("output_cost_per_token"), (int, float)):
-            return Price(entry["input_cost_per_token"] * 1e6, entry["output_cost_per_token"] * 1e6, "litellm")
+            return Price(_per_mtok(entry["input_cost_per_token"]), _per_mtok(entry["output_cost_per_token"]),
+                         "litellm", _per_mtok(entry.get("cache_read_input_token_cost")),
+                         _per_mtok(entry.get("cache_creation_input_token_cost")))
     return None
 
 
-def stated_price(text: str) -> Price:
-    """``"0.15,0.6"`` (US dollars per million input and output tokens) as a Price; a ConfigError otherwise.
+def _per_mtok(per_token) -> float | None:
+    # Rounded: 1e-07 * 1e6 is 0.09999999999999999 in floating point, and the tables print the rate.
+    if not isinstance(per_token, (int, float)) or isinstance(per_token, bool) or not math.isfinite(per_token):
+        return None
+    return round(per_token * 1e6, 9)
+
+
+def stated_price(text) -> Price:
+    """``"in,out"`` or ``"in,out,cached_read,cache_write"`` (US dollars per million input, output, cache-read and
+    cache-write tokens; a sequence of numbers will do too) as a Price; a ConfigError otherwise.
 
     Example:
         >>> stated_price("0.15,0.6")
         Price(input_per_mtok=0.15, output_per_mtok=0.6, source='stated')
+        >>> stated_price("1,5,0.1,1.25").cache_rates, stated_price((1, 5, 0.1)).cache_rates
+        ('read+write', 'read')
     """
+    parts = text.split(",") if isinstance(text, str) else list(text) if isinstance(text, (tuple, list)) else [text]
     try:
-        values = [float(v) for v in str(text).split(",")]
-    except ValueError:
+        values = [float(v) for v in parts]
+    except (TypeError, ValueError):
         values = []
-    if len(values) != 2 or not all(math.isfinite(v) and 0 <= v <= 10_000 for v in values):
+    if len(values) not in (2, 3, 4) or not all(math.isfinite(v) and 0 <= v <= 10_000 for v in values):
         raise ConfigError(f"--price-per-mtok takes two prices in US dollars per million tokens, input,output "
-                          f"(e.g. 0.15,0.6), each 0..10000; got {text!r}")
-    return Price(values[0], values[1], "stated")
+                          f"(e.g. 0.15,0.6), optionally followed by the cache-read and cache-write prices "
+                          f"(e.g. 1,5,0.1,1.25), each 0..10000; got {text!r}")
+    return Price(values[0], values[1], "stated", *values[2:])
 
 
 def price_for(model: str, stated: Price | None = None) -> Price | None:

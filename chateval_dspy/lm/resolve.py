@@ -25,6 +25,7 @@ from pathlib import Path
 import dspy
 
 from chateval_dspy.errors import ConfigError, LMError
+from chateval_dspy.lm.adapter import MARKED_PREFIXES
 from chateval_dspy.lm.engine import (
     DEFAULT_RETRIES,
     DEFAULT_TIMEOUT,
@@ -238,6 +239,8 @@ def resolve_lm(spec: str = EMBEDDED, *, slots: int = 2, temperature: float = 0.0
                       num_retries=0)
         return
     # DSPy's engines for model strings make one attempt each (LiteLLM's own retries are off): DSPy retries.
-    # The deadlines ride on the LM for the debate to enforce around each call.
+    # The deadlines ride on the LM for the debate to enforce around each call. Models that cache only at marked
+    # breakpoints go through LiteLLM, which carries the adapter's cache_control blocks to the provider as they are.
+    route = {"engine": "litellm"} if spec.startswith(MARKED_PREFIXES) else {}
     yield with_bounds(dspy.LM(spec, temperature=temperature, max_tokens=max_tokens or 1024, timeout=bounds.timeout,
-                              num_retries=bounds.retries), bounds)
+                              num_retries=bounds.retries, **route), bounds)

@@ -40,7 +40,8 @@ class LMSpec:
             referees) on ``model``. Sampling, timeouts and retries are this spec's for every LM; a URL's model id
             is the first it lists. Stored as sorted pairs (``referee_map`` gives the dict back).
         price_per_mtok: US dollars per million input and output tokens of ``model`` (``"0.15,0.6"`` or a pair),
-            for an endpoint LiteLLM's cost map does not price; None: the cost map's price, if any.
+            optionally followed by the cached-read and cache-write rates (``"0.15,0.6,0.075"``), for an endpoint
+            LiteLLM's cost map does not price; None: the cost map's price, if any.
 
     Example:
         >>> LMSpec(model="http://127.0.0.1:8000/v1", temperature=0.0).identity()["model"]
@@ -66,7 +67,7 @@ class LMSpec:
     cache: bool = True
     cache_dir: str | None = None
     referee_models: tuple[tuple[str, str], ...] | dict[str, str] = ()
-    price_per_mtok: tuple[float, float] | str | None = None
+    price_per_mtok: tuple[float, ...] | str | None = None
 
     def __post_init__(self) -> None:
         from chateval_dspy.lm.panel import check_referee_models
@@ -79,7 +80,7 @@ class LMSpec:
             text = self.price_per_mtok if isinstance(self.price_per_mtok, str) else \
                 ",".join(map(str, self.price_per_mtok)) if isinstance(self.price_per_mtok, (tuple, list)) else "?"
             price = stated_price(text)
-            object.__setattr__(self, "price_per_mtok", (price.input_per_mtok, price.output_per_mtok))
+            object.__setattr__(self, "price_per_mtok", price.per_mtok)
         if not 0 <= self.temperature <= 2:
             raise ConfigError(f"temperature must lie in 0..2, got {self.temperature}")
         if self.max_tokens is not None and not 16 <= self.max_tokens <= 32768:
@@ -104,9 +105,9 @@ class LMSpec:
 
     def price(self) -> Price | None:
         """The price stated for ``model`` (``price_per_mtok``), or None (then LiteLLM's cost map prices it, if it can)."""
-        from chateval_dspy.lm.pricing import Price
+        from chateval_dspy.lm.pricing import stated_price
 
-        return Price(*self.price_per_mtok, "stated") if self.price_per_mtok is not None else None
+        return stated_price(self.price_per_mtok) if self.price_per_mtok is not None else None
 
     def identity(self) -> dict:
         """What decides the answers: a results file resumes only under the same identity.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dspy
 
+from chateval_dspy.concurrency import parallel_map
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.lm.engine import bounds_of, item_scope
@@ -34,6 +35,8 @@ class ChatEval(dspy.Module):
 
     Each call is one item: its LM calls together end within the LM's ``item_deadline``
     (``lm.engine.CallBounds``); turns left when it passes abstain as ``lm_error:deadline``.
+    With calibration the two answer orders are independent debates and run at once, unless
+    ``parallel_orders`` is False (not part of the config: it changes time, never a verdict).
 
     Example:
         >>> program = ChatEval(DebateConfig(roles=("critic",), turns=1))
@@ -43,9 +46,10 @@ class ChatEval(dspy.Module):
         debate.referees['critic'].judge
     """
 
-    def __init__(self, config: DebateConfig, roles: list[Role] | None = None):
+    def __init__(self, config: DebateConfig, roles: list[Role] | None = None, *, parallel_orders: bool = True):
         super().__init__()
         self.config = config
+        self.parallel_orders = parallel_orders
         self.roles = roles or resolve_roles(config.roles, config.task_spec, config.role_file)
         if [r.slug for r in self.roles] != list(config.roles):
             raise ConfigError(f"roles {[r.slug for r in self.roles]} do not match the config's {list(config.roles)}")
@@ -64,10 +68,10 @@ class ChatEval(dspy.Module):
 
     def _pairwise(self, inputs: dict) -> dspy.Prediction:
         how, task = self.config.aggregate, self.config.task_spec
-        first = self.debate(**inputs)
+        orders = [inputs, calibration.swap(inputs, task)] if self.config.calibrate else [inputs]
+        first, *swapped = self._debates(orders)
         runs = [(first, first.verdicts)]
-        if self.config.calibrate:
-            second = self.debate(**calibration.swap(inputs, task))
+        for second in swapped:
             runs.append((second, {k: calibration.unswap_scores(v, task) for k, v in second.verdicts.items()}))
         per_order = [pairwise_verdict(list(verdicts.values()), how, task)[0] for _, verdicts in runs]
         pooled = [v for _, verdicts in runs for v in verdicts.values()]
@@ -82,6 +86,29 @@ class ChatEval(dspy.Module):
             order_preferences=per_order,
             **self._common(runs, referees, abstained=pref is None),
         )
+
+    def _debates(self, orders: list[dict]) -> list[dspy.Prediction]:
+        """One debate per answer order, at once when allowed; results (and the DSPy trace) in order."""
+        # getattr: a program pickled before this attribute existed still loads and runs.
+        if not getattr(self, "parallel_orders", True) or len(orders) < 2:
+            return [self.debate(**order) for order in orders]
+        trace = dspy.settings.trace
+
+        def one(order: dict) -> tuple[dspy.Prediction, list | None]:
+            if trace is None:
+                return self.debate(**order), None
+            # Each order traces into a list of its own, joined below in order: BootstrapFewShot picks a
+            # predictor's demo by the order of its calls, which must not depend on which thread ran first.
+            with dspy.context(trace=[]):
+                return self.debate(**order), dspy.settings.trace
+
+        done = parallel_map(one, orders, len(orders))
+        if trace is not None:
+            for _, steps in done:
+                trace.extend(steps)
+            if dspy.settings.max_trace_size > 0:  # as Predict keeps it: the newest steps, at most this many
+                del trace[:max(0, len(trace) - dspy.settings.max_trace_size)]
+        return [pred for pred, _ in done]
 
     def _scoring(self, inputs: dict) -> dspy.Prediction:
         run = self.debate(**inputs)

@@ -45,6 +45,7 @@ RESERVED = frozenset({
     "config", "id", "label", "human", "expected", "format", "prediction", "consistent", "order_preferences",
     "referees", "transcripts", "abstained", "abstentions", "calls", "correct", "prompt_tokens",
     "completion_tokens", "cached_calls", "seconds", "truncated", "empty", "run_key", "error", "row", "instructions",
+    "cached_prompt_tokens", "cache_write_tokens", "cost_usd", "usage_by_model",
 })
 TASK_KEYS = ("name", "format", "inputs", "criteria", "instructions", "evidence", "responses", "preference",
              "material", "criteria_in")

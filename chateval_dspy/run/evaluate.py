@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import time
 import traceback
-from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from chateval_dspy.errors import ChatEvalError
 from chateval_dspy.run.records import ResultsStream, context_identity
 from chateval_dspy.run.records import run_key as derive_run_key
 from chateval_dspy.run.result import RunResult
-from chateval_dspy.run.usage import ModelMeter, item_cost, usage_by_model
+from chateval_dspy.run.usage import ModelMeter, item_cost, item_tokens, usage_by_model
 
 log = logging.getLogger(__name__)
 TRUNCATION_MARK = " [... truncated {n} characters]"
@@ -84,7 +83,8 @@ def judge_item(program: dspy.Module, item: dspy.Example, config: DebateConfig) -
     ``score_2``, ...); pointwise: ``prediction`` = ``{criterion: value}``. ``human`` holds the label(s);
     ``empty`` (only when some) lists the judged responses that were empty. ``usage_by_model`` holds each
     model's calls, cached calls, tokens, seconds and ``cost_usd`` (``run.usage``); ``cost_usd`` is their sum in
-    US dollars, None when any model used is unpriced.
+    US dollars, None when any model used is unpriced. ``prompt_tokens`` counts every prompt token, among them
+    ``cached_prompt_tokens`` (read from the provider's prompt cache) and ``cache_write_tokens`` (written to it).
     """
     task = config.task_spec
     inputs, cut = prepare(item, config)
@@ -101,10 +101,6 @@ def judge_item(program: dspy.Module, item: dspy.Example, config: DebateConfig) -
             log.error("item %s failed: %s\n%s", item.id, exc, traceback.format_exc())
             pred, error = None, f"error:{type(exc).__name__}: {exc}"
     seconds = time.perf_counter() - start
-    tokens = Counter()
-    for totals in usage.get_total_tokens().values():
-        tokens["prompt"] += totals.get("prompt_tokens") or 0
-        tokens["completion"] += totals.get("completion_tokens") or 0
     record = {"id": item.id, "format": config.format}
     pairwise = task.format == "pairwise"
     record["human"] = item.get("label") if pairwise else item.get("human")
@@ -123,7 +119,7 @@ def judge_item(program: dspy.Module, item: dspy.Example, config: DebateConfig) -
     # DSPy records usage only for calls that reached the LM; the rest were answered from its cache.
     lm_calls = sum(len(entries) for entries in usage.usage_data.values())
     models = usage_by_model(usage.get_total_tokens(), usage.usage_data, meter)
-    record.update(prompt_tokens=tokens["prompt"], completion_tokens=tokens["completion"],
+    record.update(item_tokens(models)._asdict(),
                   cached_calls=max(0, (record["calls"] or 0) - lm_calls), seconds=round(seconds, 3), truncated=cut,
                   cost_usd=item_cost(models), usage_by_model=models)
     if empty:  # only then, so that every other line is what it always was

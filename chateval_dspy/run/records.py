@@ -53,8 +53,35 @@ def read_records(path: str | Path) -> list[dict]:
         except ValueError as exc:
             raise DataError(f"not a results line ({exc}); move the file away or choose another --out",
                             source=str(path), row=i) from exc
+        check_cache_counts(record, path, i)
         records.append(record)
     return records
+
+
+CACHE_COUNTS = ("cached_prompt_tokens", "cache_write_tokens")
+
+
+def check_cache_counts(record: dict, path, row: int) -> None:
+    """Refuse (``DataError`` naming file and line) a cache count that is not a whole number >= 0, at the line's top
+    level or under a model of ``usage_by_model``. Lines written before these counts existed have none: that is 0.
+
+    Example:
+        >>> check_cache_counts({"id": 1, "cached_prompt_tokens": 5, "usage_by_model": {"m": {}}}, "r.jsonl", 3)
+        >>> check_cache_counts({"id": 1, "usage_by_model": {"m": {"cache_write_tokens": -1}}}, "r.jsonl", 3)
+        ... # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        chateval_dspy.errors.DataError: r.jsonl row 3: field 'usage_by_model.m.cache_write_tokens': ..., got -1; ...
+    """
+    used = record.get("usage_by_model")
+    blocks = [("", record), *((f"usage_by_model.{model}.", figures) for model, figures in used.items()
+                              if isinstance(figures, dict))] if isinstance(used, dict) else [("", record)]
+    for prefix, block in blocks:
+        for name in CACHE_COUNTS:
+            value = block.get(name)
+            if name in block and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise DataError(f"must be a whole number of tokens, 0 or more, got {value!r:.40}; move the file away "
+                                "or choose another --out", source=str(path), row=row, field=f"{prefix}{name}")
 
 
 def run_key(config, lm: dict, items: Iterable, program_state: dict | None = None) -> str:

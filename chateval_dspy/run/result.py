@@ -7,19 +7,25 @@ verdict while some of its referees abstained, so the second count is the one tha
 Cost in US dollars is summed per model (``record["usage_by_model"]``). A run's dollar figures are numbers
 only when every model it used is priced; otherwise they are the word ``unpriced``, never 0. Lines written
 before costs were recorded (no ``usage_by_model``) make the run's dollars ``unpriced`` too.
+
+Of the prompt tokens, ``cached_prompt_tokens`` were read from the provider's prompt cache and
+``cache_write_tokens`` written to it (both parts of ``prompt_tokens``, priced at their own rates); lines written
+before they were recorded count 0 of each. ``cache_rates`` per model says which cache rates its price had.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field
 
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.lm.pricing import UNPRICED, add_usd
+from chateval_dspy.lm.pricing import CACHE_RATES, UNPRICED, add_usd
 from chateval_dspy.run.metrics import pairwise_report, scoring_report
 
-MODEL_FIGURES = ("calls", "cached_calls", "prompt_tokens", "completion_tokens", "seconds")
+MODEL_FIGURES = ("calls", "cached_calls", "prompt_tokens", "cached_prompt_tokens", "cache_write_tokens",
+                 "completion_tokens", "seconds")
 
 
 @dataclass
@@ -33,6 +39,8 @@ class RunResult:
     calls: int = 0
     cached_calls: int = 0
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # read from the provider's prompt cache: part of prompt_tokens
+    cache_write_tokens: int = 0  # written to the provider's prompt cache: part of prompt_tokens
     completion_tokens: int = 0
     seconds: float = 0.0
     wall_seconds: float = 0.0
@@ -52,6 +60,8 @@ class RunResult:
         self.calls += record["calls"] or 0
         self.cached_calls += record.get("cached_calls") or 0
         self.prompt_tokens += record["prompt_tokens"]
+        self.cached_prompt_tokens += record.get("cached_prompt_tokens") or 0
+        self.cache_write_tokens += record.get("cache_write_tokens") or 0
         self.completion_tokens += record["completion_tokens"]
         self.seconds += record["seconds"]
         if record.get("consistent") is not None:
@@ -62,7 +72,11 @@ class RunResult:
             self.referee_abstentions[_cause(reason)] += 1
         if record.get("empty"):
             self.empty[str(record["id"])] = list(record["empty"])
-        used = record.get("usage_by_model")
+        self.add_usage(record.get("usage_by_model"))
+
+    def add_usage(self, used: dict | None) -> None:
+        """Add one results line's ``usage_by_model`` to the per-model sums (``add`` does; a report reading a
+        results file calls it alone). None (a line written before costs were recorded) makes the run unpriced."""
         if not isinstance(used, dict):
             self.uncosted += 1
             return
@@ -71,6 +85,7 @@ class RunResult:
             for key in MODEL_FIGURES:
                 total[key] += figures.get(key) or 0
             total["cost_usd"] = add_usd(total["cost_usd"], figures.get("cost_usd"))
+            total["cache_rates"] = common_cache_rates(total.get("cache_rates"), figures.get("cache_rates"))
 
     def cost_usd(self) -> float | None:
         """The run's cost in US dollars, or None when some model it used is unpriced (or a line has no costs)."""
@@ -82,8 +97,9 @@ class RunResult:
         return total
 
     def model_usage(self) -> dict[str, dict]:
-        """Per model, over the run: ``calls``, ``cached_calls``, ``prompt_tokens``, ``completion_tokens``, LM
-        ``seconds`` and ``cost_usd`` (a number, or ``unpriced``).
+        """Per model, over the run: ``calls``, ``cached_calls``, ``prompt_tokens`` (``cached_prompt_tokens`` and
+        ``cache_write_tokens`` among them), ``completion_tokens``, LM ``seconds``, ``cost_usd`` (a number, or
+        ``unpriced``) and ``cache_rates`` (``Price.cache_rates``; None when unknown).
 
         Example:
             >>> r = RunResult(DebateConfig())
@@ -97,8 +113,10 @@ class RunResult:
             >>> r.cost()["cost_usd_total"]
             'unpriced'
         """
-        return {model: {**{k: round(v, 3) if k == "seconds" else v for k, v in figures.items() if k != "cost_usd"},
-                        "cost_usd": UNPRICED if figures["cost_usd"] is None else figures["cost_usd"]}
+        return {model: {**{k: round(v, 3) if k == "seconds" else v for k, v in figures.items()
+                           if k not in ("cost_usd", "cache_rates")},
+                        "cost_usd": UNPRICED if figures["cost_usd"] is None else figures["cost_usd"],
+                        "cache_rates": figures.get("cache_rates")}
                 for model, figures in sorted(self.models.items())}
 
     def model_metrics(self) -> dict[str, float]:
@@ -116,7 +134,7 @@ class RunResult:
         for model, figures in sorted(self.models.items()):
             name = _METRIC_UNSAFE.sub(".", model)
             for key, value in figures.items():
-                if value is not None:
+                if isinstance(value, (int, float)) and not isinstance(value, bool):  # cache_rates is a word
                     out[f"model/{name}/{key}_per_item"] = float(value) / n
         return out
 
@@ -130,7 +148,18 @@ class RunResult:
 
     def cost(self) -> dict[str, float | str]:
         """Per-item cost figures of the run; ``cost_usd_per_item`` and ``cost_usd_total`` are US dollars, or the
-        word ``unpriced`` when some model used has no price (``model_usage`` tells which)."""
+        word ``unpriced`` when some model used has no price (``model_usage`` tells which).
+        ``cached_prompt_share`` is the share of prompt tokens read from the provider's prompt cache (NaN
+        without prompt tokens).
+
+        Example:
+            >>> r = RunResult(DebateConfig())
+            >>> r.add({"human": None, "prediction": "1", "calls": 2, "prompt_tokens": 10000, "completion_tokens": 500,
+            ...        "cached_prompt_tokens": 6000, "seconds": 1.0, "abstained": None})
+            >>> c = r.cost()
+            >>> c["cached_prompt_tokens_per_item"], c["cache_write_tokens_per_item"], c["cached_prompt_share"]
+            (6000.0, 0.0, 0.6)
+        """
         n = max(self.n, 1)
         usd = self.cost_usd()
         return {
@@ -138,6 +167,10 @@ class RunResult:
             "calls_per_item": self.calls / n,
             "cached_calls_per_item": self.cached_calls / n,  # answered by the LM cache: no tokens, no time
             "prompt_tokens_per_item": self.prompt_tokens / n,
+            # The provider's prompt cache, unlike DSPy's: those calls reached the LM and are billed, at cache rates.
+            "cached_prompt_tokens_per_item": self.cached_prompt_tokens / n,
+            "cache_write_tokens_per_item": self.cache_write_tokens / n,
+            "cached_prompt_share": self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else math.nan,
             "completion_tokens_per_item": self.completion_tokens / n,
             "seconds_per_item": self.seconds / n,
             "cost_usd_per_item": UNPRICED if usd is None else round(usd / n, 10),
@@ -186,6 +219,22 @@ class RunResult:
 
 
 _METRIC_UNSAFE = re.compile(r"[^\w.\- /]")
+
+
+def common_cache_rates(a: str | None, b: str | None) -> str | None:
+    """The cache rates two sets of figures both had (``Price.cache_rates`` words); None (unknown) yields to the other.
+
+    A model priced with different rates across lines (a resumed run under another stated price) keeps only the
+    rates every line had, so a table's note on tokens priced as input is never missing.
+
+    Example:
+        >>> common_cache_rates("read+write", "read"), common_cache_rates(None, "write"), common_cache_rates("read", "write")
+        ('read', 'write', 'none')
+    """
+    if a is None or b is None:
+        return b if a is None else a
+    kinds = {k for k in ("read", "write") if k in a and k in b}
+    return CACHE_RATES[("read" in kinds, "write" in kinds)]
 
 
 def _cause(reason: str) -> str:

@@ -6,7 +6,7 @@ import math
 
 import pandas as pd
 
-from chateval_dspy.lm.pricing import usd_text
+from chateval_dspy.lm.pricing import cache_rate_note, usd_text
 from chateval_dspy.run.metrics import Estimate
 
 
@@ -30,7 +30,8 @@ def summary_table(metrics: dict, cost: dict, header: dict, abstentions: dict | N
     ``RunResult.abstention_counts()``: whole items and single referee turns without a verdict, by cause.
     Without it the totals still show (``cost``'s ``abstained_items`` and ``abstained_referee_turns``).
     Dollar figures print as ``$0.000123`` or ``unpriced``. ``models`` is ``RunResult.model_usage()``: calls,
-    tokens, seconds and dollars per model (``model_table``).
+    tokens (those read from and written to the provider's prompt cache among them), seconds and dollars per
+    model (``model_table``).
     """
     lines = ["  ".join(f"{k}={v}" for k, v in header.items())]
     referee_turns = cost.get("abstained_referee_turns")
@@ -89,16 +90,29 @@ def abstention_table(abstentions: dict) -> str:
 def model_table(models: dict) -> str:
     """Calls, tokens, LM seconds and US dollars per model over the run (``RunResult.model_usage()``).
 
+    ``cached prompt`` and ``cache write`` are the prompt tokens read from and written to the provider's prompt
+    cache (parts of ``prompt tokens``); ``cached calls`` were answered by DSPy's own cache and reached no LM.
+    Under the table, a line for each model whose cached tokens were priced as input for want of a cache rate.
+
     Example:
         >>> print(model_table({"openai/gpt-4o-mini": {"calls": 8, "cached_calls": 0, "prompt_tokens": 4000,
-        ...                    "completion_tokens": 400, "seconds": 3.2, "cost_usd": 0.00084},
-        ...                    "embedded/gemma-3-270m-q4_k_m": {"calls": 8, "cached_calls": 2, "prompt_tokens": 3000,
-        ...                    "completion_tokens": 300, "seconds": 9.5, "cost_usd": "unpriced"}}))
-                               model  calls  cached calls  prompt tokens  completion tokens  LM seconds       USD
-                  openai/gpt-4o-mini      8             0           4000                400         3.2 $0.000840
-        embedded/gemma-3-270m-q4_k_m      8             2           3000                300         9.5  unpriced
+        ...                    "cached_prompt_tokens": 2048, "completion_tokens": 400, "seconds": 3.2,
+        ...                    "cost_usd": 0.000686, "cache_rates": "read"},
+        ...                    "embedded/gemma": {"calls": 8, "cached_calls": 2, "prompt_tokens": 3000,
+        ...                    "completion_tokens": 300, "seconds": 9.5, "cost_usd": "unpriced"},
+        ...                    "openai/gpt-4": {"calls": 1, "cached_calls": 0, "prompt_tokens": 2000,
+        ...                    "cached_prompt_tokens": 1024, "completion_tokens": 10, "seconds": 0.4,
+        ...                    "cost_usd": 0.001015, "cache_rates": "none"}}))
+                     model  calls  cached calls  prompt tokens  cached prompt  cache write  completion tokens LM seconds       USD
+        openai/gpt-4o-mini      8             0           4000           2048            0                400        3.2 $0.000686
+            embedded/gemma      8             2           3000              0            0                300        9.5  unpriced
+              openai/gpt-4      1             0           2000           1024            0                 10        0.4 $0.001015
+        openai/gpt-4: no cache rates in LiteLLM's cost map or --price-per-mtok: 1024 cached prompt tokens priced as input
     """
-    rows = [(m, f["calls"], f.get("cached_calls", 0), f["prompt_tokens"], f["completion_tokens"],
-             f"{f['seconds']:.1f}", usd_text(f["cost_usd"])) for m, f in models.items()]
-    return pd.DataFrame(rows, columns=["model", "calls", "cached calls", "prompt tokens", "completion tokens",
-                                       "LM seconds", "USD"]).to_string(index=False)
+    rows = [(m, f["calls"], f.get("cached_calls", 0), f["prompt_tokens"], f.get("cached_prompt_tokens") or 0,
+             f.get("cache_write_tokens") or 0, f["completion_tokens"], f"{f['seconds']:.1f}", usd_text(f["cost_usd"]))
+            for m, f in models.items()]
+    table = pd.DataFrame(rows, columns=["model", "calls", "cached calls", "prompt tokens", "cached prompt",
+                                        "cache write", "completion tokens", "LM seconds", "USD"]).to_string(index=False)
+    notes = [note for m, f in models.items() if (note := cache_rate_note(m, f))]
+    return "\n".join([table, *notes])

@@ -4,6 +4,10 @@ DSPy's usage tracker gives tokens per model name (only for calls that reached th
 bills nothing). A DSPy callback (``ModelMeter``) sees every LM call with the LM that made it, so it counts
 calls and seconds per model and knows each model's price (``lm.pricing.price_of``: a stated price, else
 LiteLLM's cost map). A model without a price is *unpriced*: its ``cost_usd`` is None, and so is the item's.
+
+Providers report prompt caching in their own shapes; ``token_counts`` reads them all into one
+(``prompt_tokens`` including ``cached_prompt_tokens``, the reads, and ``cache_write_tokens``, the writes), and
+``Price.usd`` prices each kind at its own rate.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
+from typing import NamedTuple
 
 from dspy.utils.callback import BaseCallback
 
@@ -55,8 +60,72 @@ class ModelMeter(BaseCallback):
                 self.seconds[started[0]] += time.perf_counter() - started[1]
 
 
+class TokenCounts(NamedTuple):
+    """A call's (or a sum of calls') tokens; ``prompt_tokens`` includes the cache reads and the cache writes."""
+
+    prompt_tokens: int
+    cached_prompt_tokens: int
+    cache_write_tokens: int
+    completion_tokens: int
+
+
+def token_counts(usage: dict | None) -> TokenCounts:
+    """One usage dict (a call's, or DSPy's usage tracker's sum per model) as ``TokenCounts``.
+
+    The shapes that reach DSPy's usage tracker, all with ``prompt_tokens`` already counting cached and written
+    tokens (so the cache counts are parts of it, never added to it):
+
+    - DSPy's native routes (``openai/``, ``anthropic/``, ``gemini/`` ..., and engines such as ours):
+      ``prompt_tokens_details`` = ``{"cached_tokens": reads, "cache_creation_tokens": writes}``; for Anthropic,
+      whose own counts are disjoint, DSPy has added reads and writes into ``prompt_tokens``.
+    - LiteLLM (``Usage``): ``prompt_tokens_details.cached_tokens`` and ``cache_creation_tokens`` (or
+      ``cache_write_tokens``), and Anthropic's top-level ``cache_read_input_tokens`` /
+      ``cache_creation_input_tokens`` beside them (the same tokens again: read once, never summed).
+
+    A count that is missing or None is 0. A prompt count smaller than its cache counts cannot have included
+    them (Anthropic's own, disjoint counts, passed on verbatim by a custom engine): they are added to it.
+
+    Example:
+        >>> token_counts({"prompt_tokens": 10000, "completion_tokens": 500,
+        ...               "prompt_tokens_details": {"cached_tokens": 6000}})  # OpenAI
+        TokenCounts(prompt_tokens=10000, cached_prompt_tokens=6000, cache_write_tokens=0, completion_tokens=500)
+        >>> token_counts({"prompt_tokens": 8100, "completion_tokens": 50, "prompt_tokens_details": {
+        ...     "cached_tokens": 6000, "cache_creation_tokens": 2000}})  # Anthropic, DSPy native
+        TokenCounts(prompt_tokens=8100, cached_prompt_tokens=6000, cache_write_tokens=2000, completion_tokens=50)
+        >>> token_counts({"prompt_tokens": 8100, "completion_tokens": 50, "cache_read_input_tokens": 6000,
+        ...               "cache_creation_input_tokens": 2000, "prompt_tokens_details": {"cached_tokens": 6000,
+        ...               "cache_write_tokens": 2000, "cache_creation_tokens": 2000, "text_tokens": 100}})  # LiteLLM
+        TokenCounts(prompt_tokens=8100, cached_prompt_tokens=6000, cache_write_tokens=2000, completion_tokens=50)
+        >>> token_counts({"prompt_tokens": 12, "completion_tokens": 3, "prompt_tokens_details": None})  # no cache
+        TokenCounts(prompt_tokens=12, cached_prompt_tokens=0, cache_write_tokens=0, completion_tokens=3)
+        >>> sum(token_counts({})), token_counts({"prompt_tokens": 100, "cache_read_input_tokens": 6000}).prompt_tokens
+        (0, 6100)
+    """
+    usage = usage or {}
+    details = usage.get("prompt_tokens_details")
+    details = details if isinstance(details, dict) else {}
+    reads = _first_count(details.get("cached_tokens"), usage.get("cache_read_input_tokens"))
+    writes = _first_count(details.get("cache_creation_tokens"), details.get("cache_write_tokens"),
+                          usage.get("cache_creation_input_tokens"))
+    prompt = _first_count(usage.get("prompt_tokens"))
+    if prompt < reads + writes:
+        prompt += reads + writes
+    return TokenCounts(prompt, reads, writes, _first_count(usage.get("completion_tokens")))
+
+
+def _first_count(*values) -> int:
+    # The first count reported: one provider's two names for the same tokens are alternatives, not parts.
+    for value in values:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return int(value)
+    return 0
+
+
 def usage_by_model(tokens: dict[str, dict], entries: dict[str, list], meter: ModelMeter) -> dict[str, dict]:
-    """``{model: {calls, cached_calls, prompt_tokens, completion_tokens, seconds, cost_usd}}`` of one item.
+    """Each model's figures over one item: ``calls``, ``cached_calls`` (answered by DSPy's cache), ``prompt_tokens``
+    (all of them), ``cached_prompt_tokens`` and ``cache_write_tokens`` (those read from and written to the
+    provider's prompt cache), ``completion_tokens``, ``seconds``, ``cost_usd`` and ``cache_rates`` (the price's
+    cache rates, ``Price.cache_rates``; None when unpriced).
 
     Args:
         tokens: ``UsageTracker.get_total_tokens()`` (summed usage per model).
@@ -66,22 +135,38 @@ def usage_by_model(tokens: dict[str, dict], entries: dict[str, list], meter: Mod
     Example:
         >>> m = ModelMeter()
         >>> m.calls["openai/gpt-4o-mini"] = 2
-        >>> usage_by_model({"openai/gpt-4o-mini": {"prompt_tokens": 1000, "completion_tokens": 100}},
-        ...                {"openai/gpt-4o-mini": [{}]}, m)["openai/gpt-4o-mini"]
-        {'calls': 2, 'cached_calls': 1, 'prompt_tokens': 1000, 'completion_tokens': 100, 'seconds': 0.0, 'cost_usd': 0.00021}
+        >>> used = usage_by_model({"openai/gpt-4o-mini": {"prompt_tokens": 1000, "completion_tokens": 100,
+        ...                        "prompt_tokens_details": {"cached_tokens": 600}}}, {"openai/gpt-4o-mini": [{}]}, m)
+        >>> used["openai/gpt-4o-mini"]  # doctest: +NORMALIZE_WHITESPACE
+        {'calls': 2, 'cached_calls': 1, 'prompt_tokens': 1000, 'cached_prompt_tokens': 600, 'cache_write_tokens': 0,
+         'completion_tokens': 100, 'seconds': 0.0, 'cost_usd': 0.000165, 'cache_rates': 'read'}
     """
     out = {}
     for model in sorted(set(tokens) | set(meter.calls)):
-        used = tokens.get(model) or {}
-        prompt, completion = used.get("prompt_tokens") or 0, used.get("completion_tokens") or 0
+        counts = token_counts(tokens.get(model))
         calls = meter.calls.get(model, len(entries.get(model) or ()))
         # A model the meter saw is priced as its LM says; one only the tracker saw, by its name.
         price = meter.prices[model] if model in meter.prices else price_for(model)
         out[model] = {"calls": calls, "cached_calls": max(0, calls - len(entries.get(model) or ())),
-                      "prompt_tokens": prompt, "completion_tokens": completion,
+                      "prompt_tokens": counts.prompt_tokens, "cached_prompt_tokens": counts.cached_prompt_tokens,
+                      "cache_write_tokens": counts.cache_write_tokens, "completion_tokens": counts.completion_tokens,
                       "seconds": round(meter.seconds.get(model, 0.0), 3),
-                      "cost_usd": price.usd(prompt, completion) if price is not None else None}
+                      "cost_usd": None if price is None else price.usd(
+                          counts.prompt_tokens, counts.completion_tokens, cached_prompt_tokens=counts.cached_prompt_tokens,
+                          cache_write_tokens=counts.cache_write_tokens),
+                      "cache_rates": None if price is None else price.cache_rates}
     return out
+
+
+def item_tokens(models: dict[str, dict]) -> TokenCounts:
+    """The item's tokens over all its models (``usage_by_model``'s figures).
+
+    Example:
+        >>> item_tokens({"a": {"prompt_tokens": 10, "cached_prompt_tokens": 4, "completion_tokens": 2},
+        ...              "b": {"prompt_tokens": 5, "cache_write_tokens": 5, "completion_tokens": 1}})
+        TokenCounts(prompt_tokens=15, cached_prompt_tokens=4, cache_write_tokens=5, completion_tokens=3)
+    """
+    return TokenCounts(*(sum(used.get(name) or 0 for used in models.values()) for name in TokenCounts._fields))
 
 
 def item_cost(models: dict[str, dict]) -> float | None:

@@ -4,7 +4,8 @@ It answers ``/v1/models`` and ``/v1/chat/completions`` with the fake LM's respon
 valid JSON for the requested schema), and can misbehave on purpose: ``faults`` is a list of HTTP
 statuses (or ``"garbage"``, ``"empty"``, ``"hang"``) consumed one per request before normal answers.
 With ``hang=True`` it is a dead endpoint that still accepts connections: every chat request is read and
-then never answered, until the server is closed.
+then never answered, until the server is closed. With ``billing=OpenAICaching()`` (``chateval_dspy.testing.billing``)
+the usage follows OpenAI's prompt-caching rule, in o200k_base tokens, with ``prompt_tokens_details.cached_tokens``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,15 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from chateval_dspy.testing.billing import chat_segments
 from chateval_dspy.testing.fake_lm import FIELD, Call, default_responder, with_stated_preference
+
+
+def _text(content) -> str:
+    """A message's text, whether its content is a string or a list of content blocks."""
+    if isinstance(content, list):
+        return "".join(b.get("text", "") for b in content if isinstance(b, dict))
+    return content or ""
 
 
 class FakeOpenAIServer:
@@ -25,11 +34,14 @@ class FakeOpenAIServer:
         faults: Misbehaviours consumed one per chat request, before normal answers.
         model: The id ``/v1/models`` lists.
         hang: Never answer a chat request (``/v1/models`` still answers, as a wedged server's often does).
+        billing: An ``OpenAICaching`` that bills each chat request (its state is the server's prompt cache);
+            None keeps the rough 4-characters-a-token usage with no cache.
     """
 
     def __init__(self, responder=default_responder, faults: list | None = None, model: str = "fake-served",
-                 hang: bool = False):
+                 hang: bool = False, billing=None):
         self.responder, self.faults, self.model, self.hang = responder, list(faults or []), model, hang
+        self.billing = billing
         self.requests: list[dict] = []
         self._lock = threading.Lock()
         self._closing = threading.Event()
@@ -74,8 +86,8 @@ class FakeOpenAIServer:
                     self._send(fault, json.dumps({"error": {"message": f"injected {fault}"}}).encode())
                     return
                 messages = body.get("messages", [])
-                system = next((m["content"] for m in messages if m["role"] == "system"), "")
-                user = messages[-1]["content"] if messages else ""
+                system = _text(next((m["content"] for m in messages if m["role"] == "system"), ""))
+                user = _text(messages[-1]["content"]) if messages else ""
                 schema = ((body.get("response_format") or {}).get("json_schema") or {}).get("schema") or {}
                 call = Call(system, user, list(schema.get("properties", {})),
                             {k: v.strip() for k, v in FIELD.findall(user)}, {}, schema, len(messages))
@@ -91,6 +103,9 @@ class FakeOpenAIServer:
                                       "message": {"role": "assistant", "content": text}}],
                          "usage": {"prompt_tokens": len(system + user) // 4, "completion_tokens": len(text) // 4,
                                    "total_tokens": (len(system + user) + len(text)) // 4}}
+                if server.billing is not None:
+                    bill = server.billing.bill(chat_segments(None, messages), model=body.get("model", server.model))
+                    reply["usage"] = bill.openai_usage(server.billing.count(text))
                 self._send(200, json.dumps(reply).encode())
 
         self._closing.clear()

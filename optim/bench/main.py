@@ -139,6 +139,19 @@ def build_parser() -> argparse.ArgumentParser:
     rv.add_argument("--aggregate", default="majority", choices=["mean", "majority"])
     rv.add_argument("--out", help="figures JSON (default benchmarks/review-faireval.json, or review-planted.json)")
 
+    la = sub.add_parser("latency", help="p50/p95 verdict latency of chateval serve at a stated request rate, "
+                                        "beside the critical path (fake LM)")
+    la.add_argument("--requests", type=int, default=30, help="requests per row (default 30)")
+    la.add_argument("--rate", type=float, default=2.0, help="requests per second, open loop (default 2)")
+    la.add_argument("--arrivals", default="poisson", choices=["poisson", "fixed"])
+    la.add_argument("--seed", type=int, default=0)
+    la.add_argument("--fake-latency", type=float, default=0.2, help="seconds per call of the fake LM (default 0.2)")
+    la.add_argument("--panels", default="panel,single", help="comma-separated: panel, single (default both)")
+    la.add_argument("--parallel-only", action="store_true", help="skip the rows with the answer orders in sequence")
+    la.add_argument("--queue", type=int, default=16, help="the server's requests in flight before 503 (default 16)")
+    la.add_argument("--out", help="figures JSON (default benchmarks/latency.json)")
+    la.add_argument("--markdown", action="store_true", help="print Markdown tables (default: plain text)")
+
     pl = sub.add_parser("plots", help="PNG plots from the suites' JSON files")
     pl.add_argument("--dir", default=str(BENCH_DIR))
     tb = sub.add_parser("tables", help="Markdown tables from the suites' JSON files (no rerun)")
@@ -183,6 +196,17 @@ def main(argv: list[str] | None = None, *, lm_factory: LMFactory | None = None) 
         from optim.bench.simulate.cli import run_simulate
 
         return run_simulate(args)
+    if args.suite == "latency":
+        from optim.bench.latency import latency_markdown, run_latency
+
+        try:
+            report = run_latency(args)
+        except ConfigError as exc:
+            print(f"bench: error: {exc}", file=sys.stderr)
+            return 2
+        print(latency_markdown(report, markdown=args.markdown))
+        print(f"figures: {report['path']}", file=sys.stderr)
+        return 0
     if getattr(args, "limit", None) is not None and args.limit < 1:
         print("bench: error: --limit must be positive", file=sys.stderr)
         return 2

@@ -186,13 +186,18 @@ def review_markdown(report: dict, markdown: bool = True) -> str:
 def render_file(path: str | Path, markdown: bool = True) -> str:
     """The table of a figures JSON written by any suite."""
     report = json.loads(Path(path).read_text(encoding="utf-8"))
-    if report["header"]["suite"] == "simulate":
+    suite = report["header"]["suite"]
+    if suite == "simulate":
         from optim.bench.simulate.report import markdown as simulate_markdown
 
         return simulate_markdown(report, markdown)
+    if suite == "latency":
+        from optim.bench.latency import latency_markdown
+
+        return latency_markdown(report, markdown)
     render = {"agreement": agreement_markdown, "cost": cost_markdown, "injection": injection_markdown,
               "review": review_markdown}
-    return render[report["header"]["suite"]](report, markdown)
+    return render[suite](report, markdown)
 
 
 MARKER = re.compile(r"(<!-- bench:(?P<file>[^ ]+?) -->\n)(?P<body>.*?)(<!-- /bench -->)", re.S)

@@ -73,8 +73,9 @@ def add_lm_flags(p: argparse.ArgumentParser, *, concurrency: int = 1) -> None:
                    help="a mixed panel: referee SLUG runs on MODEL (embedded, a base URL, a LiteLLM string), the "
                         "summarizer and other referees on --model; repeat per referee, e.g. "
                         "--referee critic=openai/gpt-4o-mini --referee scientist=http://host:8000/v1")
-    g.add_argument("--price-per-mtok", metavar="IN,OUT",
-                   help="US dollars per million input,output tokens of --model (e.g. 0.15,0.6), for an endpoint "
+    g.add_argument("--price-per-mtok", metavar="IN,OUT[,CACHED_READ[,CACHE_WRITE]]",
+                   help="US dollars per million input,output tokens of --model (e.g. 0.15,0.6), and optionally per "
+                        "million prompt tokens read from and written to the provider's prompt cache, for an endpoint "
                         "LiteLLM's cost map does not price; without it such a model's cost is 'unpriced'")
     g.add_argument("--temperature", type=float, default=default(LMSpec, "temperature"))
     g.add_argument("--max-tokens", type=int)
@@ -115,8 +116,9 @@ def add_loaded_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trust-pickle", action="store_true", help="allow a pickled program (runs code from the file)")
     p.add_argument("--referee", action="append", metavar="SLUG=MODEL",
                    help="run referee SLUG on MODEL (default: the card's referee models); repeat per referee")
-    p.add_argument("--price-per-mtok", metavar="IN,OUT",
-                   help="US dollars per million input,output tokens of --model, where LiteLLM's cost map has no price")
+    p.add_argument("--price-per-mtok", metavar="IN,OUT[,CACHED_READ[,CACHE_WRITE]]",
+                   help="US dollars per million input,output tokens of --model (and cached reads, cache writes), "
+                        "where LiteLLM's cost map has no price")
 
 
 def tracking_spec(args):

@@ -1,0 +1,190 @@
+"""Cost per verdict under the providers' prompt caches: the layout before and after, panel beside single judge.
+
+Each row judges the same FairEval items through the real LM path (``resolve_lm``: DSPy, LiteLLM for Anthropic)
+against a fake provider on 127.0.0.1 that bills input tokens by the provider's documented caching rule
+(``chateval_dspy.testing.billing``: o200k tokens; OpenAI: automatic, exact prefix of >= 1,024 tokens counted in
+steps of 128; Anthropic: only at ``cache_control`` breakpoints, the model's minimum length, reads at the cost
+map's read rate, writes at its write rate). Dollars come from the results lines, priced with LiteLLM's offline
+cost map (list input, cached-read, cache-write and output rates of the model named). "Before" renders with DSPy's
+own ``JSONAdapter`` (the bytes every call sent until the cache layout); "after" with ``JudgeAdapter``. Every row
+starts from an empty provider cache and judges its items one at a time, in order, so the cache carries across
+items as it would in one production run. The embedded model's rows count the prompt tokens llama.cpp computed
+(not reused from its prefix cache) and the parse rate.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import dspy
+
+from chateval_dspy.config import DebateConfig
+from chateval_dspy.data.loaders import load_dataset, select
+from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.lm.pricing import price_for
+from chateval_dspy.program.chateval import build_evaluator
+from chateval_dspy.run.evaluate import evaluate
+from chateval_dspy.run.metrics import bootstrap
+from chateval_dspy.run.records import read_records
+from optim.bench import common as bench
+
+PROVIDERS = {
+    "openai/gpt-4o-mini": "openai",
+    "anthropic/claude-3-5-haiku-20241022": "anthropic",
+    "anthropic/claude-haiku-4-5": "anthropic",
+}
+LAYOUTS = {"before": dspy.JSONAdapter, "after": JudgeAdapter}
+
+
+def panels() -> dict[str, DebateConfig]:
+    """The configurations compared: the default panel and the single judge (one referee, one turn, both orders)."""
+    panel = DebateConfig()
+    return {"panel": panel, "single": replace(panel, roles=panel.roles[:1], turns=1)}
+
+
+@contextlib.contextmanager
+def provider(model: str) -> Iterator[object]:
+    """A fresh fake provider for ``model`` (an empty cache), reached the way a user reaches the real one (env)."""
+    from chateval_dspy.testing.billing import AnthropicCaching, OpenAICaching
+    from chateval_dspy.testing.fake_anthropic import FakeAnthropicServer
+    from chateval_dspy.testing.fake_server import FakeOpenAIServer
+
+    if PROVIDERS[model] == "openai":
+        fake, names = FakeOpenAIServer(billing=OpenAICaching(), model=model.split("/", 1)[1]), "OPENAI"
+    else:
+        fake, names = FakeAnthropicServer(billing=AnthropicCaching()), "ANTHROPIC"
+    with fake as base, _env({f"{names}_BASE_URL": base, f"{names}_API_BASE": base, f"{names}_API_KEY": "fake-key"}):
+        yield fake
+
+
+@contextlib.contextmanager
+def _env(values: dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def item_figures(record: dict, model: str) -> dict:
+    """One results line's input tokens, cache reads and writes, and dollars with and without the cache."""
+    price = price_for(model)
+    prompt, completion = record["prompt_tokens"], record["completion_tokens"]
+    return {"prompt": prompt, "completion": completion, "read": record.get("cached_prompt_tokens") or 0,
+            "written": record.get("cache_write_tokens") or 0, "usd": record["cost_usd"],
+            "usd_list": price.usd(prompt, completion) if price else None, "calls": record["calls"],
+            "abstained": record["abstained"] is not None}
+
+
+def summarise(per_item: list[dict], *, seed: int = 0) -> dict:
+    """Per 1,000 verdicts, with 95% bootstrap CIs over items: USD with the cache and at list price, cached share."""
+    def mean_k(col):
+        return bootstrap(lambda c: 1000 * sum(c) / len(c), col, seed=seed).to_dict()
+
+    prompt = [f["prompt"] for f in per_item]
+    read = [f["read"] for f in per_item]
+    n = len(per_item)
+    return {"items": n, "calls_per_item": sum(f["calls"] for f in per_item) / n,
+            "prompt_tokens_per_item": sum(prompt) / n, "completion_tokens_per_item": sum(f["completion"] for f in per_item) / n,
+            "cache_read_per_item": sum(read) / n, "cache_write_per_item": sum(f["written"] for f in per_item) / n,
+            "cached_share": bootstrap(lambda r, p: sum(r) / sum(p), read, prompt, seed=seed).to_dict(),
+            "usd_per_1000": mean_k([f["usd"] for f in per_item]) if all(f["usd"] is not None for f in per_item) else None,
+            "usd_list_per_1000": mean_k([f["usd_list"] for f in per_item]) if per_item[0]["usd_list"] is not None else None,
+            "abstained": sum(f["abstained"] for f in per_item)}
+
+
+def measure(model: str, name: str, cfg: DebateConfig, layout: str, items, *, program=None, workdir: Path) -> dict:
+    """One row: ``items`` judged by ``program`` (default: built from ``cfg``) on a fresh fake provider."""
+    from chateval_dspy.lm.resolve import resolve_lm
+
+    program = program or build_evaluator(cfg)
+    out = workdir / f"{bench.slug(model)}-{name}-{layout}.jsonl"
+    out.unlink(missing_ok=True)
+    start = time.perf_counter()
+    with provider(model) as fake, resolve_lm(model, timeout=30, retries=0) as lm, \
+            dspy.context(lm=lm, adapter=LAYOUTS[layout]()):
+        evaluate(program, items, cfg, out=out, run_key=f"{model}-{name}-{layout}")
+        requests = len(fake.bills)
+    per_item = [item_figures(r, model) for r in read_records(out)]
+    return {"model": model, "config": name, "layout": layout, "requests": requests,
+            "wall_seconds": time.perf_counter() - start, **summarise(per_item)}
+
+
+def compiled_panel(items_train, *, demos: int = 4):
+    """The default panel compiled with ``bootstrap`` on the scripted fake (``demos`` per predictor, argue and judge)."""
+    from chateval_dspy.testing.fake_lm import fake_lm
+    from optim.compile import OptimizerSettings, compile_evaluator
+    from optim.objectives import agreement
+
+    cfg = DebateConfig()
+    with dspy.context(lm=fake_lm(), adapter=JudgeAdapter()):
+        program = compile_evaluator(build_evaluator(cfg), optimizer="bootstrap", trainset=items_train, valset=None,
+                                    metric=agreement, settings=OptimizerSettings(max_demos=demos))
+    counts = {n: len(p.demos) for n, p in program.named_predictors()}
+    return program, cfg, counts
+
+
+def provider_rows(args, workdir: Path) -> list[dict]:
+    """Every model x configuration x layout, on the same items."""
+    all_items, _ = load_dataset("faireval")
+    items = select(all_items, args.split, seed=args.seed, limit=args.limit)
+    train = select(all_items, "train", seed=args.seed)
+    program, cfg, counts = compiled_panel(train, demos=args.demos)
+    rows = []
+    for model in args.models:
+        for layout in LAYOUTS:
+            for name, config in panels().items():
+                rows.append(measure(model, name, config, layout, items, workdir=workdir))
+            row = measure(model, "compiled", cfg, layout, items, program=program, workdir=workdir)
+            rows.append({**row, "demos": counts})
+    return rows
+
+
+def embedded_rows(args, workdir: Path) -> list[dict]:
+    """The embedded model, before and after: prompt tokens llama.cpp computed per item, and the parse rate."""
+    all_items, _ = load_dataset("faireval")
+    items = select(all_items, args.split, seed=args.seed, limit=args.embedded_limit)
+    cfg = DebateConfig()
+    factory = bench.model_factory("embedded", threads=args.threads)
+    rows = []
+    for layout, adapter in LAYOUTS.items():
+        with factory(2) as lm, dspy.context(lm=lm, adapter=adapter()):
+            meter = bench.attach_meter(lm)
+            run = bench.run_config(build_evaluator(cfg), items, cfg, out=workdir / f"embedded-{layout}.jsonl",
+                                   key=f"embedded-{layout}", meter=meter)
+        r, n = run.result, max(run.result.n, 1)
+        cached = (run.meter or {}).get("cached_tokens") or 0
+        turns = r.calls  # every referee turn is one call here (no retries were needed when nothing abstained)
+        rows.append({"layout": layout, "items": r.n, "calls_per_item": r.calls / n,
+                     "prompt_tokens_per_item": r.prompt_tokens / n,
+                     "computed_tokens_per_item": (r.prompt_tokens + r.completion_tokens - cached) / n,
+                     "parse_failures": sum(v for k, v in r.referee_abstentions.items() if "parse" in k or "range" in k),
+                     "referee_turns": turns, "items_abstained": sum(r.abstentions.values()),
+                     "seconds_per_item": r.wall_seconds / n})
+    return rows
+
+
+def run_caching(args) -> dict:
+    workdir = Path(tempfile.mkdtemp(prefix="chateval-bench-caching-"))
+    report: dict = {"rows": provider_rows(args, workdir)}
+    if args.skip_embedded and Path(args.out).exists():
+        report["embedded"] = json.loads(Path(args.out).read_text(encoding="utf-8")).get("embedded", [])
+    else:
+        report["embedded"] = embedded_rows(args, workdir)
+    report["header"] = bench.header(args, suite="caching", model=", ".join(args.models), data="faireval",
+                                    split=f"{args.split} (seed {args.seed})", n=args.limit,
+                                    embedded_n=args.embedded_limit, train_for_demos="faireval train split")
+    path = bench.write_json(args.out, report)
+    return {**report, "path": str(path)}
