@@ -4,8 +4,10 @@ from __future__ import annotations
 
 
 def span_tree(trace) -> list:
-    """The stored trace's span names as ``[name, [children]]``, children in start order."""
-    spans = sorted(trace.data.spans, key=lambda s: (s.start_time_ns, s.name))
+    """The stored trace's span names as ``[name, [children]]``, children by answer order, then in start order (the
+    two orders run at once, so either may start first)."""
+    spans = sorted(trace.data.spans, key=lambda s: ((s.attributes or {}).get("chateval.order") or 0, s.start_time_ns,
+                                                    s.name))
     kids: dict = {}
     for s in spans:
         kids.setdefault(s.parent_id, []).append(s)

@@ -42,11 +42,16 @@ def _rendered(style: Style) -> dict:
         return {name: JudgeAdapter().format(sig, [], INPUTS) for name, sig in (("argue", argue), ("verdict", verdict))}
 
 
+PINNED_STYLES = {"lean": Style(lean=True), "complete": Style(), "anthropic": Style(lean=True, marks=True),
+                 "lean, persona static": Style(lean=True, persona_static=True),
+                 "anthropic, persona static, item unmarked": Style(lean=True, marks=True, persona_static=True,
+                                                                   mark_item=False)}
+
+
 def test_the_prompts_bytes_are_pinned():
     """Any change to what the built-in prompts send shows up here, byte for byte (tests/data/prompts.json)."""
     pinned = json.loads(PINNED.read_text(encoding="utf-8"))
-    assert {"lean": _rendered(Style(lean=True)), "complete": _rendered(Style()),
-            "anthropic": _rendered(Style(lean=True, marks=True))} == pinned
+    assert {name: _rendered(style) for name, style in PINNED_STYLES.items()} == pinned
 
 
 @pytest.mark.parametrize("fmt", ["pairwise", "scoring"])
@@ -217,3 +222,26 @@ def test_tuning_writes_instructions_and_demos_into_the_layout_and_they_round_tri
     if history:
         assert history[0][1].startswith("[[ ## question ## ]]")  # a demo in the same layout: the item's texts first
     assert user.startswith("[[ ## question ## ]]\n" + ITEM["question"])
+
+
+def test_a_referee_with_static_text_of_its_own_carries_its_persona_in_the_static_part():
+    """Tuned predictors share nothing with other referees: the persona joins their static part (cached across
+    items), and the item's texts are marked for Anthropic only where a later call of the item reads them."""
+    from chateval_dspy.program.demos import with_label_demos
+
+    cfg = DebateConfig(roles=("critic", "scientist"), turns=3)
+    untuned = build_evaluator(cfg)
+    plan = untuned.debate.placements()
+    assert all(p == {"persona_static": False, "mark_item": True} for p in plan.values())
+    tuned = with_label_demos(untuned, _toy(4), k=2)  # demonstrations on each referee's judge
+    plan = tuned.debate.placements()
+    assert plan[("critic", True)] == {"persona_static": True, "mark_item": False}  # one verdict per order
+    assert plan[("critic", False)] == {"persona_static": False, "mark_item": True}  # the argue predictors still match
+    lm = fake_lm(_toy_judge)
+    with dspy.context(lm=lm, adapter=JudgeAdapter()):
+        tuned(**ITEM)
+    verdicts = [c for c in lm.engine.calls if c.kind == "verdict"]
+    assert verdicts and all("[[ ## persona ## ]]" in c.system and "[[ ## persona ## ]]" not in c.user for c in verdicts)
+    assert {c.inputs["persona"][:12] for c in verdicts} == {"You are a sh", "You are a sc"}  # still shown, in the static part
+    argues = [c for c in lm.engine.calls if c.kind == "argument"]
+    assert all("[[ ## persona ## ]]" in c.user for c in argues)

@@ -69,9 +69,9 @@ def test_content_judge_agrees_across_orders_and_points_to_the_original_answer(ru
     for slug in ROLES:  # both orders' scores refer to the original answers
         assert pred.referees[slug] == [{"preference": "2", "score_1": 2, "score_2": 9},
                                        {"preference": "2", "score_1": 2, "score_2": 9}]
-    # The second order really was judged swapped (and the calls of each order are contiguous).
+    # The second order really was judged swapped (the two orders run at once, so their calls interleave).
     verdicts = [c for c in lm.engine.calls if c.kind == "verdict"]
-    assert [c.inputs["answer_1"] for c in verdicts] == [BAD, BAD, GOOD, GOOD]
+    assert sorted(c.inputs["answer_1"] for c in verdicts) == sorted([BAD, BAD, GOOD, GOOD])
     assert pred.transcripts[1][-1]["text"].endswith("Scores: score_1=9, score_2=2")  # raw, as the LM saw it
 
 

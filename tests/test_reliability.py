@@ -172,9 +172,10 @@ def test_sigkill_then_rerun_finishes_with_identical_results_and_no_repeated_call
         _, err = clean.communicate(timeout=300)
         assert clean.returncode == 0, err
     calls_clean = len(fresh.requests)
-    # Every finished call was made once (results file + LM cache); at most the one call in flight at the kill repeats.
+    # Every finished call was made once (results file + LM cache); at most the calls in flight at the kill repeat:
+    # one per answer order, since the two orders of an item run at once.
     assert calls_clean == 6 * 8
-    assert calls_clean <= calls_with_kill <= calls_clean + 1
+    assert calls_clean <= calls_with_kill <= calls_clean + 2
 
     def stable(path):
         # What was judged and said; times and tokens are measurements (the item's and each turn's) and differ.

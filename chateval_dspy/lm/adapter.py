@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import dspy
 from dspy.adapters.utils import format_field_value
 
-from chateval_dspy.lm.layout import field_order, item_fields, lean_system
+from chateval_dspy.lm.layout import REFEREE_FIELDS, field_order, item_fields, lean_system
 
 _ABSENT = object()
 EPHEMERAL = {"type": "ephemeral"}
@@ -34,10 +34,14 @@ MARKED_PREFIXES = ("anthropic/", "bedrock/anthropic.", "vertex_ai/claude")
 
 @dataclass(frozen=True)
 class Style:
-    """How one call is rendered: the lean format (the LM enforces the schema) and Anthropic cache marks."""
+    """How one call is rendered: the lean format (the LM enforces the schema), Anthropic cache marks, and where
+    the referee's persona stands (``lm.layout``: in the static part when no other referee shares this predictor's
+    static text) and whether the end of the item's texts is marked (when another call of the item reads it)."""
 
     lean: bool = False
     marks: bool = False
+    persona_static: bool = False
+    mark_item: bool = True
 
 
 # Set around each call by ``JudgeAdapter.__call__``; ``format`` outside a call renders the complete format.
@@ -46,6 +50,26 @@ _STYLE: contextvars.ContextVar[Style | None] = contextvars.ContextVar("chateval_
 
 def _current() -> Style:
     return _STYLE.get() or Style()
+
+
+# The debate's plan for the calls it makes in this context (``placement``); a call outside a debate has none.
+_PLACEMENT: contextvars.ContextVar[dict | None] = contextvars.ContextVar("chateval_placement", default=None)
+
+
+@contextlib.contextmanager
+def placement(*, persona_static: bool, mark_item: bool):
+    """Calls made inside the block put the persona in the static part, or not, and mark the item's texts, or not.
+
+    The debate knows what the adapter cannot: whether another referee's predictor has the same static text (then
+    the referees share the bytes through the item's texts, and the persona must come after them) and whether any
+    other call of the item will read the prefix through the item's texts (else an Anthropic cache write there is
+    paid for and never read).
+    """
+    token = _PLACEMENT.set({"persona_static": persona_static, "mark_item": mark_item})
+    try:
+        yield
+    finally:
+        _PLACEMENT.reset(token)
 
 
 @contextlib.contextmanager
@@ -130,7 +154,7 @@ class JudgeAdapter(dspy.JSONAdapter):
         fmt = probe.get("response_format")
         # DSPy hands a schema over as a pydantic model class (or, from some callers, the json_schema dict).
         schema = isinstance(fmt, type) or (isinstance(fmt, dict) and fmt.get("type") == "json_schema")
-        return Style(lean=schema, marks=wants_marks(lm))
+        return Style(lean=schema, marks=wants_marks(lm), **(_PLACEMENT.get() or {}))
 
     def __call__(self, lm, lm_kwargs, signature, demos, inputs):
         with rendering(self.style_for(lm, signature)):
@@ -153,9 +177,10 @@ class JudgeAdapter(dspy.JSONAdapter):
     def _user_parts(self, signature, inputs: dict) -> tuple[str, str]:
         """The user message as (the item's texts, the rest): fields in layout order, the reminder last."""
         fields, item = signature.input_fields, set(item_fields(signature.input_fields))
+        static = set(REFEREE_FIELDS) if _current().persona_static else set()
         blocks = {True: [], False: []}
         for name in field_order(fields):
-            if name in inputs:
+            if name in inputs and name not in static:
                 value = format_field_value(field_info=fields[name], value=inputs[name])
                 blocks[name in item].append(f"[[ ## {name} ## ]]\n{value}")
         return "\n\n".join(blocks[True]), "\n\n".join(blocks[False])
@@ -168,19 +193,29 @@ class JudgeAdapter(dspy.JSONAdapter):
 
     def format(self, signature, demos, inputs):
         messages = super().format(signature, demos, inputs)
-        return self._marked(signature, inputs, messages) if _current().marks else messages
+        style = _current()
+        if style.persona_static:
+            messages[0] = {**messages[0], "content": messages[0]["content"] + self._referee_block(signature, inputs)}
+        return self._marked(signature, inputs, messages, style.mark_item) if style.marks else messages
 
-    def _marked(self, signature, inputs: dict, messages: list[dict]) -> list[dict]:
+    @staticmethod
+    def _referee_block(signature, inputs: dict) -> str:
+        """The referee's own fields, at the end of the static part (its persona: the same on every call)."""
+        parts = [f"[[ ## {name} ## ]]\n{format_field_value(field_info=signature.input_fields[name], value=inputs[name])}"
+                 for name in REFEREE_FIELDS if name in signature.input_fields and name in inputs]
+        return "".join("\n\n" + p for p in parts)
+
+    def _marked(self, signature, inputs: dict, messages: list[dict], mark_item: bool) -> list[dict]:
         """Breakpoints at the end of the static part (system and demos) and at the end of the item's texts."""
         out = [dict(m) for m in messages]
         static = len(out) - 2  # the last message before the question: the system message or the last demo
         out[static]["content"] = [_text_block(out[static]["content"], marked=True)]
         item, _ = self._user_parts(signature, inputs)
         content = out[-1]["content"]
-        if item and content.startswith(item) and len(content) > len(item):
+        if mark_item and item and content.startswith(item) and len(content) > len(item):
             cut = len(item) + 2 if content[len(item):len(item) + 2] == "\n\n" else len(item)
             out[-1]["content"] = [_text_block(content[:cut], marked=True), _text_block(content[cut:])]
         return out
 
 
-__all__ = ["JudgeAdapter", "Style", "rendering", "wants_marks"]
+__all__ = ["JudgeAdapter", "Style", "placement", "rendering", "wants_marks"]

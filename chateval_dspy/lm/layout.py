@@ -3,15 +3,17 @@
 Prompt caches (OpenAI, Gemini and DeepSeek automatically; Anthropic at marked breakpoints; llama.cpp per slot)
 reuse the longest prefix a request shares with an earlier one, so what repeats comes first:
 
-    system   instructions + the output format            same for every call of a predictor, on every item
-    demos    user/assistant pairs                         same for every call of a predictor, on every item
-    user     the item's texts (question, answers)         same for every call of the item in one answer order
-             | the referee's persona                      same for every call of that referee
-             | what changed within the item (discussion)  new on every call
+    system   instructions + the output format (+ persona)  same for every call of a predictor, on every item
+    demos    user/assistant pairs                          same for every call of a predictor, on every item
+    user     the item's texts (question, answers)          same for every call of the item in one answer order
+             (| the persona)                               same for every call of that referee
+             | what changed within the item (discussion)   new on every call
 
-The persona comes after the item's texts, not in the static part: before tuning, every referee's ``argue`` (or
-``judge``) predictor has the same instructions, so the referees of one step share the bytes up to the end of the
-item's texts, and only the referee's own lines follow. After tuning each predictor is static on its own anyway.
+Where the referee's persona stands depends on the panel (the debate decides, ``adapter.placement``): a referee whose
+predictor has static text of its own (tuned instructions or demonstrations) carries its persona at the end of the
+static part, where every item's calls reuse it; while several referees' predictors share the same static text (an
+untuned panel), the persona comes right after the item's texts instead, so that those referees share the bytes
+through the item's texts and only their own lines follow.
 
 The lean format says once what the signature's fields are and which output to give; the JSON schema sent with
 the request (``response_format``) enforces the rest. An LM that enforces no schema gets the complete format
@@ -81,7 +83,7 @@ def inputs_text(signature) -> str:
         ...     persona: str = dspy.InputField(desc="who you are")
         ...     out: str = dspy.OutputField()
         >>> print(inputs_text(S))
-        The user message gives each input under a [[ ## name ## ]] header:
+        Each input comes under a [[ ## name ## ]] header:
         - a (First), b: Data only.
         - persona: who you are
     """
@@ -91,7 +93,7 @@ def inputs_text(signature) -> str:
     shared = _shared_sentences(descs)
     note = " ".join(shared)
     grouped = [n for n in order if shared and descs[n].endswith(note)]
-    lines, done = ["The user message gives each input under a [[ ## name ## ]] header:"], False
+    lines, done = ["Each input comes under a [[ ## name ## ]] header:"], False
     for name in order:
         if name in grouped:
             if not done:

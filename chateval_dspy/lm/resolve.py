@@ -44,6 +44,9 @@ EMBEDDED_CTX_PER_SLOT = 8192
 # Gemma 3 270M's KV state is about 18 KB per token: 1 GiB holds ~58k prompt tokens, a few dozen debates.
 EMBEDDED_PROMPT_CACHE_MIB = 1024
 KEY_VARIABLES = ("CHATEVAL_API_KEY", "OPENAI_API_KEY")
+EMBEDDED_MAX_TOKENS = 320
+# Tokens a verdict's JSON needs besides its one free-text field: keys, quotes, a preference and the scores.
+JSON_ROOM = 48
 
 
 def default_cache_dir() -> Path:
@@ -226,10 +229,13 @@ def resolve_lm(spec: str = EMBEDDED, *, slots: int = 2, temperature: float = 0.0
               "item_deadline": bounds.item_deadline}
     if spec == EMBEDDED:
         server = EmbeddedServer(slots=slots, threads=threads)
+        cap = max_tokens or EMBEDDED_MAX_TOKENS
         with server as base_url:
-            engine = RestartingEngine(base_url, "gemma-3-270m", restart=server.restart, compact_json=True, **limits)
-            yield dspy.LM(EMBEDDED_MODEL_ID, engine=engine, temperature=temperature, max_tokens=max_tokens or 320,
-                          num_retries=0)
+            # A character can be a token: a string field of cap - JSON_ROOM characters and the JSON around it fit
+            # the token cap, so the model can never be cut off mid-verdict (an unparseable, retried output).
+            engine = RestartingEngine(base_url, "gemma-3-270m", restart=server.restart, compact_json=True,
+                                      max_string_chars=max(32, cap - JSON_ROOM), **limits)
+            yield dspy.LM(EMBEDDED_MODEL_ID, engine=engine, temperature=temperature, max_tokens=cap, num_retries=0)
         return
     if spec.startswith(("http://", "https://")):
         key = _api_key()

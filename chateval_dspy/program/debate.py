@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import time
 
@@ -25,6 +26,7 @@ from dspy.utils.exceptions import AdapterParseError, LMAuthError, LMConfiguratio
 from chateval_dspy.concurrency import parallel_map
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import LMError, cause_of
+from chateval_dspy.lm.adapter import placement
 from chateval_dspy.lm.engine import DEADLINE_CAUSE, DeadlineExceeded, bounds_of, deadline_in, within_deadline
 from chateval_dspy.program.aggregate import vote
 from chateval_dspy.program.debater import Debater
@@ -84,6 +86,20 @@ def measured():
                         completion_tokens=sum(t.get("completion_tokens") or 0 for t in totals) if totals else None)
 
 
+def static_key(predictor: dspy.Predict) -> tuple:
+    """What a predictor's static part holds: its instructions and demonstrations (equal keys, equal leading bytes).
+
+    Example:
+        >>> from chateval_dspy.program.signatures import signatures_for
+        >>> a, b = dspy.Predict(signatures_for("pairwise")[0]), dspy.Predict(signatures_for("pairwise")[0])
+        >>> static_key(a) == static_key(b), static_key(a) == static_key(dspy.Predict(a.signature.with_instructions("x")))
+        (True, False)
+    """
+    demos = tuple(json.dumps(dict(d.items()) if hasattr(d, "items") else d, sort_keys=True, default=str)
+                  for d in predictor.demos)
+    return predictor.signature.instructions, demos
+
+
 def guard(text: str) -> str:
     """A judged text cannot open a prompt field of its own: DSPy's field markers inside it are defused.
 
@@ -139,6 +155,7 @@ class Debate(dspy.Module):
         abstentions: dict[str, str] = {}
         calls = 0
         rounds = 0
+        plan = self.placements()
         for rnd in range(1, cfg.turns + 1):
             rounds, final = rnd, rnd == cfg.turns
             # With consensus_stop every round ends in scores, so agreement can be checked after each one.
@@ -147,14 +164,14 @@ class Debate(dspy.Module):
             if self.strategy.concurrent_rounds:
                 # Nobody in such a round sees another's turn, so the turns are independent.
                 seen = render(self.strategy.visible(transcript, rnd))
-                turn = functools.partial(self._turn, item=item, seen=seen, final=judging)
+                turn = functools.partial(self._turn, item=item, seen=seen, final=judging, plan=plan)
                 outcomes = parallel_map(turn, speakers, len(speakers))
                 transcript.extend(self._utterance(rnd, d, o, judging) for d, o in zip(speakers, outcomes))
             else:
                 outcomes = []
                 for debater in speakers:
                     seen = render(self.strategy.visible(transcript, rnd))
-                    outcome = self._turn(debater, item, seen, judging)
+                    outcome = self._turn(debater, item, seen, judging, plan)
                     outcomes.append(outcome)
                     transcript.append(self._utterance(rnd, debater, outcome, judging))
             for debater, outcome in zip(speakers, outcomes):
@@ -173,9 +190,35 @@ class Debate(dspy.Module):
         return dspy.Prediction(transcript=transcript, verdicts=verdicts, abstentions=abstentions, calls=calls,
                                rounds=rounds)
 
-    def _turn(self, debater: Debater, item: dict, seen: str, final: bool) -> dict:
+    def placements(self) -> dict[tuple[str, bool], dict]:
+        """Where each referee's calls put its persona and whether they mark the item's texts (``lm.layout``), by
+        ``(slug, final)``.
+
+        A referee whose predictor for a step shares its static text with another referee's (an untuned panel)
+        keeps its persona after the item's texts, so the two share the bytes through them; otherwise the persona
+        joins the static part. The end of the item's texts is marked for Anthropic's cache only where another call
+        of the item reads it: a shared predictor's, or the same predictor's in a later round.
+
+        Example:
+            >>> from chateval_dspy.program.roles import resolve_roles
+            >>> cfg = DebateConfig(roles=("critic", "scientist"), turns=2)
+            >>> Debate(cfg, resolve_roles(cfg.roles, cfg.format)).placements()[("critic", True)]
+            {'persona_static': False, 'mark_item': True}
+        """
+        cfg = self.config
+        judging = [rnd == cfg.turns or cfg.consensus_stop for rnd in range(1, cfg.turns + 1)]
+        out = {}
+        for final in {*judging}:
+            keys = {slug: static_key(d.judge if final else d.argue) for slug, d in self.referees.items()}
+            for slug, key in keys.items():
+                shared = sum(k == key for k in keys.values()) > 1
+                out[(slug, final)] = {"persona_static": not shared, "mark_item": shared or judging.count(final) > 1}
+        return out
+
+    def _turn(self, debater: Debater, item: dict, seen: str, final: bool, plan: dict | None = None) -> dict:
         """One referee's turn, with retries: text, scores (verdicts), any abstention reason, and its time and tokens."""
-        with measured() as took:
+        where = (plan or {}).get((debater.slug, final))
+        with measured() as took, placement(**where) if where else contextlib.nullcontext():
             outcome = self._attempts(debater, item, seen, final)
         return {**outcome, **took}
 
@@ -239,7 +282,9 @@ class Debate(dspy.Module):
     def _summarize(self, item: dict, shown: list[Utterance]) -> str:
         call = functools.partial(self.summarizer, material=material(self.task, item), discussion=render(shown))
         try:
-            return within_deadline(call, bounds_of(dspy.settings.lm)).summary.strip()
+            # The material is read again by the next summary only when there is one.
+            with placement(persona_static=False, mark_item=self.config.turns > 2):
+                return within_deadline(call, bounds_of(dspy.settings.lm)).summary.strip()
         except (AdapterParseError, dspy.utils.exceptions.LMError, DeadlineExceeded) as exc:
             fatal = _fatal_cause(exc)
             if fatal is not None:

@@ -16,7 +16,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from chateval_dspy.testing.billing import AnthropicCaching, CacheControlError, chat_segments
-from chateval_dspy.testing.fake_lm import FIELD, Call, default_responder, with_stated_preference
+from chateval_dspy.testing.fake_lm import Call, default_responder, prompt_fields, with_stated_preference
 
 # The outputs as the system prompt lists them, the fallback when no schema is sent: DSPy's own adapters
 # ("1. `name` ...") or the judge adapter's layout ("- name ...").
@@ -51,7 +51,7 @@ def anthropic_call(body: dict) -> tuple[Call, str | None]:
     messages = body.get("messages") or []
     user = _text(messages[-1].get("content")) if messages else ""
     schema, tool = _schema(body, system)
-    call = Call(system, user, list(schema.get("properties", {})), {k: v.strip() for k, v in FIELD.findall(user)},
+    call = Call(system, user, list(schema.get("properties", {})), prompt_fields(system, user),
                 {"temperature": body.get("temperature"), "max_tokens": body.get("max_tokens")}, schema,
                 len(messages), tuple((m.get("role", ""), _text(m.get("content"))) for m in messages[:-1]))
     return call, tool

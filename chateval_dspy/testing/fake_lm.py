@@ -22,6 +22,21 @@ from dspy.lm15 import Message, Response, TextPart, Usage, response_to_events
 FIELD = re.compile(r"\[\[ ## (\w+) ## \]\]\n(.*?)(?=\n\n\[\[ ## \w+ ## \]\]|\n\nRespond with|\Z)", re.S)
 
 
+# Fields a prompt may state in its static part (the system message) rather than beside the item's texts.
+STATIC_FIELDS = ("persona",)
+
+
+def prompt_fields(system: str, user: str) -> dict[str, str]:
+    """The input fields a call was shown: the last user message's, plus the referee's persona wherever it stands.
+
+    Example:
+        >>> prompt_fields("Rules.\\n\\n[[ ## persona ## ]]\\nYou are strict.", "[[ ## question ## ]]\\nq?")
+        {'persona': 'You are strict.', 'question': 'q?'}
+    """
+    static = {k: v.strip() for k, v in FIELD.findall(system or "") if k in STATIC_FIELDS}
+    return {**static, **{k: v.strip() for k, v in FIELD.findall(user or "")}}
+
+
 @dataclass
 class Call:
     """One request as the fake LM saw it."""
@@ -148,7 +163,7 @@ class ScriptedEngine:
         fmt = request.config.response_format or {}
         schema = fmt.get("schema") or {}
         config = {"temperature": request.config.temperature, "max_tokens": request.config.max_tokens}
-        call = Call(system, user, list(schema.get("properties", {})), {k: v.strip() for k, v in FIELD.findall(user)},
+        call = Call(system, user, list(schema.get("properties", {})), prompt_fields(system, user),
                     config, schema, len(request.messages),
                     tuple((m.role, m.text or "") for m in request.messages[:-1]))
         with self._lock:

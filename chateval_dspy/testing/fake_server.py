@@ -16,7 +16,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from chateval_dspy.testing.billing import chat_segments
-from chateval_dspy.testing.fake_lm import FIELD, Call, default_responder, with_stated_preference
+from chateval_dspy.testing.fake_lm import Call, default_responder, prompt_fields, with_stated_preference
 
 
 def _text(content) -> str:
@@ -90,7 +90,7 @@ class FakeOpenAIServer:
                 user = _text(messages[-1]["content"]) if messages else ""
                 schema = ((body.get("response_format") or {}).get("json_schema") or {}).get("schema") or {}
                 call = Call(system, user, list(schema.get("properties", {})),
-                            {k: v.strip() for k, v in FIELD.findall(user)}, {}, schema, len(messages))
+                            prompt_fields(system, user), {}, schema, len(messages))
                 if fault == "garbage":
                     text = "this is not json {"
                 elif fault == "empty":

@@ -98,8 +98,9 @@ def summarise(per_item: list[dict], *, seed: int = 0) -> dict:
     n = len(per_item)
     return {"items": n, "calls_per_item": sum(f["calls"] for f in per_item) / n,
             "prompt_tokens_per_item": sum(prompt) / n, "completion_tokens_per_item": sum(f["completion"] for f in per_item) / n,
-            "cache_read_per_item": sum(read) / n, "cache_write_per_item": sum(f["written"] for f in per_item) / n,
-            "cached_share": bootstrap(lambda r, p: sum(r) / sum(p), read, prompt, seed=seed).to_dict(),
+            "cached_prompt_tokens_per_item": sum(read) / n,
+            "cache_write_tokens_per_item": sum(f["written"] for f in per_item) / n,
+            "cached_prompt_share": bootstrap(lambda r, p: sum(r) / sum(p), read, prompt, seed=seed).to_dict(),
             "usd_per_1000": mean_k([f["usd"] for f in per_item]) if all(f["usd"] is not None for f in per_item) else None,
             "usd_list_per_1000": mean_k([f["usd_list"] for f in per_item]) if per_item[0]["usd_list"] is not None else None,
             "abstained": sum(f["abstained"] for f in per_item)}
@@ -116,7 +117,7 @@ def measure(model: str, name: str, cfg: DebateConfig, layout: str, items, *, pro
     with provider(model) as fake, resolve_lm(model, timeout=30, retries=0) as lm, \
             dspy.context(lm=lm, adapter=LAYOUTS[layout]()):
         evaluate(program, items, cfg, out=out, run_key=f"{model}-{name}-{layout}")
-        requests = len(fake.bills)
+        requests = len(fake.requests)
     per_item = [item_figures(r, model) for r in read_records(out)]
     return {"model": model, "config": name, "layout": layout, "requests": requests,
             "wall_seconds": time.perf_counter() - start, **summarise(per_item)}
@@ -166,21 +167,23 @@ def embedded_rows(args, workdir: Path) -> list[dict]:
                                    key=f"embedded-{layout}", meter=meter)
         r, n = run.result, max(run.result.n, 1)
         cached = (run.meter or {}).get("cached_tokens") or 0
-        turns = r.calls  # every referee turn is one call here (no retries were needed when nothing abstained)
         rows.append({"layout": layout, "items": r.n, "calls_per_item": r.calls / n,
                      "prompt_tokens_per_item": r.prompt_tokens / n,
+                     "prompt_tokens_computed_per_item": (r.prompt_tokens - cached) / n,
+                     "completion_tokens_per_item": r.completion_tokens / n,
                      "computed_tokens_per_item": (r.prompt_tokens + r.completion_tokens - cached) / n,
-                     "parse_failures": sum(v for k, v in r.referee_abstentions.items() if "parse" in k or "range" in k),
-                     "referee_turns": turns, "items_abstained": sum(r.abstentions.values()),
+                     "referee_turns_abstained": dict(r.referee_abstentions), "items_abstained": sum(r.abstentions.values()),
                      "seconds_per_item": r.wall_seconds / n})
     return rows
 
 
 def run_caching(args) -> dict:
+    bench.isolate_cache()  # an answer from DSPy's LM cache would bill nothing
     workdir = Path(tempfile.mkdtemp(prefix="chateval-bench-caching-"))
     report: dict = {"rows": provider_rows(args, workdir)}
-    if args.skip_embedded and Path(args.out).exists():
-        report["embedded"] = json.loads(Path(args.out).read_text(encoding="utf-8")).get("embedded", [])
+    if args.skip_embedded:  # the embedded rows of the last full run, if any
+        kept = json.loads(Path(args.out).read_text(encoding="utf-8")) if Path(args.out).exists() else {}
+        report["embedded"] = kept.get("embedded", [])
     else:
         report["embedded"] = embedded_rows(args, workdir)
     report["header"] = bench.header(args, suite="caching", model=", ".join(args.models), data="faireval",
@@ -188,3 +191,69 @@ def run_caching(args) -> dict:
                                     embedded_n=args.embedded_limit, train_for_demos="faireval train split")
     path = bench.write_json(args.out, report)
     return {**report, "path": str(path)}
+
+
+def _est(d: dict | None, scale: float = 1.0, digits: int = 2) -> str:
+    from optim.bench.stats import fmt_est
+
+    return fmt_est(d, scale, digits) if d else "unpriced"
+
+
+def _row(model: str, rows: list[dict], config: str, layout: str) -> dict | None:
+    return next((r for r in rows if r["model"] == model and r["config"] == config and r["layout"] == layout), None)
+
+
+def targets(report: dict) -> list[dict]:
+    """The issue's targets, per model: the panel's dollars against before and against the single judge; cached shares."""
+    out, rows = [], report["rows"]
+    for model in dict.fromkeys(r["model"] for r in rows):
+        before, after = _row(model, rows, "panel", "before"), _row(model, rows, "panel", "after")
+        single, compiled = _row(model, rows, "single", "after"), _row(model, rows, "compiled", "after")
+        if not (before and after and single and after["usd_per_1000"] and before["usd_per_1000"]):
+            continue
+        a, b, s = (after["usd_per_1000"]["value"], before["usd_per_1000"]["value"], single["usd_per_1000"]["value"])
+        out += [{"model": model, "target": "panel USD per 1,000 verdicts <= 0.45x before", "measured": f"{a / b:.2f}x "
+                 f"(${a:.2f} vs ${b:.2f})", "met": a <= 0.45 * b},
+                {"model": model, "target": "panel <= 1.5x the single judge", "measured": f"{a / s:.2f}x (${a:.2f} vs "
+                 f"${s:.2f})", "met": a <= 1.5 * s},
+                {"model": model, "target": "panel cached share of input tokens >= 50%",
+                 "measured": _est(after["cached_prompt_share"], 100, 1) + "%",
+                 "met": after["cached_prompt_share"]["value"] >= 0.5}]
+        if compiled:
+            out.append({"model": model, "target": "compiled panel (4 demos per predictor) cached share >= 70%",
+                        "measured": _est(compiled["cached_prompt_share"], 100, 1) + "%",
+                        "met": compiled["cached_prompt_share"]["value"] >= 0.7})
+    return out
+
+
+def caching_markdown(report: dict, markdown: bool = True) -> str:
+    from optim.bench.markdown import stated, table
+    from optim.bench.stats import fmt_num
+
+    h = report["header"]
+    body = [[r["model"], r["config"], r["layout"], fmt_num(r["calls_per_item"]), fmt_num(r["prompt_tokens_per_item"], 0),
+             fmt_num(r["cached_prompt_tokens_per_item"], 0), fmt_num(r["cache_write_tokens_per_item"], 0),
+             _est(r["cached_prompt_share"], 100, 1), _est(r["usd_list_per_1000"]), _est(r["usd_per_1000"]),
+             r["abstained"]] for r in report["rows"]]
+    out = [stated(h, markdown), "", table(["model", "configuration", "layout", "calls/item", "input tokens/item",
+                                           "cached prompt tokens/item", "cache write tokens/item",
+                                           "cached share % [95% CI]", "USD/1,000 verdicts, list [95% CI]",
+                                           "USD/1,000 verdicts, with the cache [95% CI]", "items abstained"],
+                                          body, markdown)]
+    emb = report.get("embedded") or []
+    if emb:
+        out += ["", f"Embedded model (llama.cpp prefix cache; {emb[0]['items']} items):", ""]
+        rows = [[e["layout"], fmt_num(e["calls_per_item"]), fmt_num(e["prompt_tokens_per_item"], 0),
+                 fmt_num(e["prompt_tokens_computed_per_item"], 0), fmt_num(e["completion_tokens_per_item"], 0),
+                 fmt_num(e["computed_tokens_per_item"], 0), e["items_abstained"],
+                 ", ".join(f"{k} {v}" for k, v in e["referee_turns_abstained"].items()) or "none",
+                 fmt_num(e["seconds_per_item"], 1)] for e in emb]
+        out.append(table(["layout", "calls/item", "prompt tokens/item", "prompt tokens computed/item",
+                          "generated tokens/item", "tokens computed/item", "items abstained", "turns abstained",
+                          "s/item"], rows, markdown))
+    t = targets(report)
+    if t:
+        out += ["", "Targets:", ""]
+        out.append(table(["model", "target", "measured", "verdict"],
+                         [[x["model"], x["target"], x["measured"], "met" if x["met"] else "NOT met"] for x in t], markdown))
+    return "\n".join(out)

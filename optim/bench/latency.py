@@ -203,8 +203,8 @@ def run_latency(args) -> dict:
 
 def latency_markdown(report: dict, markdown: bool = True) -> str:
     """The suite's table: p50/p95/max verdict latency beside the critical path's floor."""
+    from optim.bench.markdown import stated, table
     from optim.bench.stats import fmt_est
-    from optim.bench.tables import stated, table
 
     h = report["header"]
     out = [stated(h, markdown), "",

@@ -12,6 +12,8 @@ file of figures, and prints (``--markdown``) a table that states model, data, sp
     python -m optim.bench simulate --smoke
     python -m optim.bench review --roles 1 --pool-limit 24 --test-limit 8 --counts 2,4 --threads 1
     python -m optim.bench review --planted --seeds 20 --tie-draws 20
+    python -m optim.bench latency --requests 30 --rate 2
+    python -m optim.bench caching --limit 20 --embedded-limit 8 --threads 1
     python -m optim.bench plots
 
 This module holds the command line and what the suites share: the LM (``LMFactory``), the meter
@@ -152,6 +154,21 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--out", help="figures JSON (default benchmarks/latency.json)")
     la.add_argument("--markdown", action="store_true", help="print Markdown tables (default: plain text)")
 
+    ca = sub.add_parser("caching", help="USD per 1,000 verdicts under the providers' prompt caches, layout before "
+                                        "and after (fake providers billing by their rules) and the embedded model")
+    ca.add_argument("--models", type=lambda v: v.split(","), default=["openai/gpt-4o-mini", "anthropic/claude-haiku-4-5",
+                                                                      "anthropic/claude-sonnet-4-5"],
+                    help="comma-separated provider models, priced by LiteLLM's cost map")
+    ca.add_argument("--split", default="test", choices=["all", "train", "dev", "test"])
+    ca.add_argument("--seed", type=int, default=0)
+    ca.add_argument("--limit", type=int, default=20, help="FairEval items per row (default 20)")
+    ca.add_argument("--demos", type=int, default=4, help="demonstrations per predictor of the compiled panel")
+    ca.add_argument("--embedded-limit", type=int, default=8, help="items the embedded model judges (default 8)")
+    ca.add_argument("--threads", type=int, help="embedded model: CPU threads (default: all cores)")
+    ca.add_argument("--skip-embedded", action="store_true", help="keep the embedded rows already in --out")
+    ca.add_argument("--out", default=str(BENCH_DIR / "caching.json"))
+    ca.add_argument("--markdown", action="store_true", help="print Markdown tables (default: plain text)")
+
     pl = sub.add_parser("plots", help="PNG plots from the suites' JSON files")
     pl.add_argument("--dir", default=str(BENCH_DIR))
     tb = sub.add_parser("tables", help="Markdown tables from the suites' JSON files (no rerun)")
@@ -165,13 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None, *, lm_factory: LMFactory | None = None) -> int:
-    """Run one suite. ``lm_factory`` replaces ``--model`` (tests pass the fake LM this way, never by a flag)."""
-    args = build_parser().parse_args(argv)
-    args.command_line = "python -m optim.bench " + shlex.join(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    for noisy in ("dspy", "httpx", "openai", "LiteLLM", "chateval_dspy.program.debate"):
-        logging.getLogger(noisy).setLevel(logging.ERROR)
+def _utility(args) -> int | None:
+    """The commands that judge nothing: one peak-memory child, plots, tables. None for the suites."""
     if args.suite == "_rss":
         from optim.bench.cost import rss_child
 
@@ -192,56 +204,83 @@ def main(argv: list[str] | None = None, *, lm_factory: LMFactory | None = None) 
         for path in args.files or suite_files(BENCH_DIR):
             print(f"<!-- {path} -->\n{render_file(path)}\n")
         return 0
+    return None
+
+
+def _own_lm(args) -> int | None:
+    """The suites that bring their own LMs (fakes, simulated referees, the fake providers). None for the others."""
     if args.suite == "simulate":
         from optim.bench.simulate.cli import run_simulate
 
         return run_simulate(args)
+    if args.suite not in ("latency", "caching"):
+        return None
     if args.suite == "latency":
-        from optim.bench.latency import latency_markdown, run_latency
+        from optim.bench.latency import latency_markdown as render
+        from optim.bench.latency import run_latency as run
+    else:
+        from optim.bench.caching import caching_markdown as render
+        from optim.bench.caching import run_caching as run
+    try:
+        report = run(args)
+    except (ChatEvalError, ConfigError) as exc:
+        print(f"bench: error: {exc}", file=sys.stderr)
+        return 2
+    print(render(report, markdown=args.markdown))
+    print(f"figures: {report['path']}", file=sys.stderr)
+    return 0
 
-        try:
-            report = run_latency(args)
-        except ConfigError as exc:
-            print(f"bench: error: {exc}", file=sys.stderr)
-            return 2
-        print(latency_markdown(report, markdown=args.markdown))
-        print(f"figures: {report['path']}", file=sys.stderr)
-        return 0
+
+def _on_model(args, factory: LMFactory) -> dict:
+    """The suites judged by ``--model``."""
+    if args.suite == "agreement":
+        from optim.bench.agreement import run_agreement
+
+        return run_agreement(args, factory)
+    if args.suite == "review":
+        from optim.bench.review import run_review
+
+        return run_review(args, factory)
+    if args.suite == "cost":
+        from optim.bench.cost import run_cost
+
+        return run_cost(args, factory)
+    from optim.bench.injection import run_injection
+
+    return run_injection(args, factory)
+
+
+def main(argv: list[str] | None = None, *, lm_factory: LMFactory | None = None) -> int:
+    """Run one suite. ``lm_factory`` replaces ``--model`` (tests pass the fake LM this way, never by a flag)."""
+    args = build_parser().parse_args(argv)
+    args.command_line = "python -m optim.bench " + shlex.join(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    for noisy in ("dspy", "httpx", "openai", "LiteLLM", "chateval_dspy.program.debate"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    done = _utility(args)
+    if done is None:
+        done = _own_lm(args)
+    if done is not None:
+        return done
     if getattr(args, "limit", None) is not None and args.limit < 1:
         print("bench: error: --limit must be positive", file=sys.stderr)
         return 2
+    if args.suite == "agreement" and args.list_configs:
+        from optim.bench.catalogue import list_configs
+
+        print(list_configs(args.dataset))
+        return 0
     factory = lm_factory or model_factory(args.model, timeout=args.timeout, served_model=args.served_model,
                                           threads=args.threads)
     isolate_cache()
     try:
-        if args.suite == "agreement":
-            from optim.bench.agreement import run_agreement
-            from optim.bench.catalogue import list_configs
-
-            if args.list_configs:
-                print(list_configs(args.dataset))
-                return 0
-            report = run_agreement(args, factory)
-        elif args.suite == "review":
-            from optim.bench.review import run_review
-
-            report = run_review(args, factory)
-        elif args.suite == "cost":
-            from optim.bench.cost import run_cost
-
-            report = run_cost(args, factory)
-        else:
-            from optim.bench.injection import run_injection
-
-            report = run_injection(args, factory)
+        report = _on_model(args, factory)
     except (ChatEvalError, ConfigError) as exc:
         print(f"bench: error: {exc}", file=sys.stderr)
         return 2
-    from optim.bench import tables as bench_report
+    from optim.bench.tables import render_file
 
-    render = {"agreement": bench_report.agreement_markdown, "cost": bench_report.cost_markdown,
-              "injection": bench_report.injection_markdown, "review": bench_report.review_markdown}[args.suite]
-    print(render(report, markdown=args.markdown))
+    print(render_file(report["path"], markdown=args.markdown))
     print(f"figures: {report['path']}", file=sys.stderr)
     return 0
 

@@ -7,24 +7,8 @@ import re
 from pathlib import Path
 
 from chateval_dspy.program.signatures import ASPECTS
+from optim.bench.markdown import stated, table  # noqa: F401 - re-exported: the suites' renderers' names
 from optim.bench.stats import fmt_est, fmt_num, fmt_p
-
-
-def table(columns: list[str], rows: list[list[str]], markdown: bool = True) -> str:
-    """A Markdown table, or the same cells as aligned plain text."""
-    if markdown:
-        lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-        return "\n".join(lines + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows])
-    widths = [max(len(str(x)) for x in col) for col in zip(columns, *rows)]
-    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in [columns, *rows])
-
-
-def stated(header: dict, markdown: bool = True) -> str:
-    """The line every table starts with: model, data, split, n, date, machine; then the command."""
-    keep = ("model", "data", "split", "n", "date", "machine", "lm_threads")
-    line = "; ".join(f"{k}: {header[k]}" for k in keep if k in header)
-    cmd = header.get("command", "")
-    return (f"*{line}*\n\n`{cmd}`" if markdown else f"{line}\n{cmd}")
 
 
 def usd_cell(cost: dict | None, model: str | None) -> str:
@@ -195,6 +179,10 @@ def render_file(path: str | Path, markdown: bool = True) -> str:
         from optim.bench.latency import latency_markdown
 
         return latency_markdown(report, markdown)
+    if suite == "caching":
+        from optim.bench.caching import caching_markdown
+
+        return caching_markdown(report, markdown)
     render = {"agreement": agreement_markdown, "cost": cost_markdown, "injection": injection_markdown,
               "review": review_markdown}
     return render[suite](report, markdown)

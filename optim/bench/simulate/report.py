@@ -4,17 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from optim.bench.markdown import table
 from optim.bench.stats import fmt_est
-
-
-def table(columns: list[str], rows: list[list], markdown: bool = True) -> str:
-    """A Markdown table, or aligned plain text (as ``optim.bench.tables.table``, which renders this suite's file
-    through this module and so cannot be imported from here)."""
-    if markdown:
-        lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-        return "\n".join(lines + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows])
-    widths = [max(len(str(x)) for x in col) for col in zip(columns, *rows)]
-    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in [columns, *rows])
 
 
 def _est(d, digits: int = 3) -> str:
