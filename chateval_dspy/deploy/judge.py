@@ -409,21 +409,7 @@ def load(path_or_uri: str | Path, *, model: str | None = None, trust_pickle: boo
     """
     stack = contextlib.ExitStack()
     try:
-        source = str(path_or_uri)
-        if source.startswith(("runs:/", "models:/")):
-            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="chateval-load-")))
-            found = _from_mlflow(source, workdir, trust_pickle)
-        else:
-            found = Path(source)
-            if found.is_file() and found.suffix in (".pkl", ".pickle"):
-                found = _unpickle_file(found, trust_pickle)
-            elif found.is_dir() and not (found / CARD_FILE).exists() and (found / "program.pkl").exists():
-                found = _unpickle_file(found, trust_pickle)
-        if isinstance(found, ChatEval):
-            program, card = _trusted(found), {"model": None, "config": found.config.to_dict()}
-        else:
-            _check_version(read_card(found), str(found / CARD_FILE))
-            program, card = load_program(found)
+        program, card = _saved(str(path_or_uri), trust_pickle, stack)
         roles = tuple(program.config.roles)
         spec = model or _default_model(card)
         referees = referee_specs(card, roles, model=model, referee_models=referee_models)
@@ -437,6 +423,24 @@ def load(path_or_uri: str | Path, *, model: str | None = None, trust_pickle: boo
     except BaseException:
         stack.close()
         raise
+
+
+def _saved(source: str, trust_pickle: bool, stack: contextlib.ExitStack) -> tuple[ChatEval, dict]:
+    """The program and card at ``source``: a directory, a pickle (if trusted) or an MLflow URI (fetched into a
+    temporary directory that ``stack`` removes)."""
+    if source.startswith(("runs:/", "models:/")):
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="chateval-load-")))
+        found = _from_mlflow(source, workdir, trust_pickle)
+    else:
+        found = Path(source)
+        if found.is_file() and found.suffix in (".pkl", ".pickle"):
+            found = _unpickle_file(found, trust_pickle)
+        elif found.is_dir() and not (found / CARD_FILE).exists() and (found / "program.pkl").exists():
+            found = _unpickle_file(found, trust_pickle)
+    if isinstance(found, ChatEval):
+        return _trusted(found), {"model": None, "config": found.config.to_dict()}
+    _check_version(read_card(found), str(found / CARD_FILE))
+    return load_program(found)
 
 
 def _warn_if_moved(card: dict, lm: dspy.LM, referee_lms: dict[str, dspy.LM], roles) -> None:

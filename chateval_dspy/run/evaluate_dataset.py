@@ -73,8 +73,15 @@ def run_header(data: DataSpec, config: DebateConfig, model: str, n: int, split: 
 
 
 def lm_slots(config: DebateConfig, concurrency: int = 1) -> int:
-    """Requests in flight: the items judged at once, times the referees who talk at once."""
-    return concurrency * (len(config.roles) if config.strategy != "one_by_one" else 1)
+    """Requests in flight: the items judged at once, times the answer orders debated at once, times the referees
+    who talk at once.
+
+    Example:
+        >>> lm_slots(DebateConfig()), lm_slots(DebateConfig(calibrate=False), 3)
+        (2, 3)
+    """
+    orders = 2 if config.format == "pairwise" and config.calibrate else 1
+    return concurrency * orders * (len(config.roles) if config.strategy != "one_by_one" else 1)
 
 
 def results_path(data: DataSpec, key: str, out: str | Path | None = None, *, overwrite: bool = False) -> Path:

@@ -51,6 +51,30 @@ class FakeOpenAIServer:
         with self._lock:
             return self.faults.pop(0) if self.faults else None
 
+    def reply(self, body: dict, fault=None) -> dict:
+        """The chat completion the fake returns for ``body`` (``fault``: ``"garbage"`` or ``"empty"`` text)."""
+        messages = body.get("messages", [])
+        system = _text(next((m["content"] for m in messages if m["role"] == "system"), ""))
+        user = _text(messages[-1]["content"]) if messages else ""
+        schema = ((body.get("response_format") or {}).get("json_schema") or {}).get("schema") or {}
+        call = Call(system, user, list(schema.get("properties", {})), prompt_fields(system, user), {}, schema,
+                    len(messages))
+        if fault == "garbage":
+            text = "this is not json {"
+        elif fault == "empty":
+            text = ""
+        else:
+            out = with_stated_preference(call, self.responder(call))
+            text = out if isinstance(out, str) else json.dumps(out)
+        reply = {"id": "fake", "object": "chat.completion", "model": self.model, "created": 0,
+                 "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
+                 "usage": {"prompt_tokens": len(system + user) // 4, "completion_tokens": len(text) // 4,
+                           "total_tokens": (len(system + user) + len(text)) // 4}}
+        if self.billing is not None:
+            bill = self.billing.bill(chat_segments(None, messages), model=body.get("model", self.model))
+            reply["usage"] = bill.openai_usage(self.billing.count(text))
+        return reply
+
     def __enter__(self) -> str:
         server = self
 
@@ -85,28 +109,7 @@ class FakeOpenAIServer:
                 if isinstance(fault, int):
                     self._send(fault, json.dumps({"error": {"message": f"injected {fault}"}}).encode())
                     return
-                messages = body.get("messages", [])
-                system = _text(next((m["content"] for m in messages if m["role"] == "system"), ""))
-                user = _text(messages[-1]["content"]) if messages else ""
-                schema = ((body.get("response_format") or {}).get("json_schema") or {}).get("schema") or {}
-                call = Call(system, user, list(schema.get("properties", {})),
-                            prompt_fields(system, user), {}, schema, len(messages))
-                if fault == "garbage":
-                    text = "this is not json {"
-                elif fault == "empty":
-                    text = ""
-                else:
-                    out = with_stated_preference(call, server.responder(call))
-                    text = out if isinstance(out, str) else json.dumps(out)
-                reply = {"id": "fake", "object": "chat.completion", "model": server.model, "created": 0,
-                         "choices": [{"index": 0, "finish_reason": "stop",
-                                      "message": {"role": "assistant", "content": text}}],
-                         "usage": {"prompt_tokens": len(system + user) // 4, "completion_tokens": len(text) // 4,
-                                   "total_tokens": (len(system + user) + len(text)) // 4}}
-                if server.billing is not None:
-                    bill = server.billing.bill(chat_segments(None, messages), model=body.get("model", server.model))
-                    reply["usage"] = bill.openai_usage(server.billing.count(text))
-                self._send(200, json.dumps(reply).encode())
+                self._send(200, json.dumps(server.reply(body, fault)).encode())
 
         self._closing.clear()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

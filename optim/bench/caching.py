@@ -35,11 +35,8 @@ from chateval_dspy.run.metrics import bootstrap
 from chateval_dspy.run.records import read_records
 from optim.bench import common as bench
 
-PROVIDERS = {
-    "openai/gpt-4o-mini": "openai",
-    "anthropic/claude-3-5-haiku-20241022": "anthropic",
-    "anthropic/claude-haiku-4-5": "anthropic",
-}
+# The fake provider that bills a model, by the model string's provider prefix.
+PROVIDERS = ("openai", "anthropic")
 LAYOUTS = {"before": dspy.JSONAdapter, "after": JudgeAdapter}
 
 
@@ -56,7 +53,7 @@ def provider(model: str) -> Iterator[object]:
     from chateval_dspy.testing.fake_anthropic import FakeAnthropicServer
     from chateval_dspy.testing.fake_server import FakeOpenAIServer
 
-    if PROVIDERS[model] == "openai":
+    if model.startswith("openai/"):
         fake, names = FakeOpenAIServer(billing=OpenAICaching(), model=model.split("/", 1)[1]), "OPENAI"
     else:
         fake, names = FakeAnthropicServer(billing=AnthropicCaching()), "ANTHROPIC"
@@ -137,8 +134,20 @@ def compiled_panel(items_train, *, demos: int = 4):
     return program, cfg, counts
 
 
+def check_models(models: list[str]) -> None:
+    """Each model is billed by a fake of its provider and priced by the cost map, or the run stops before it starts."""
+    from chateval_dspy.errors import ConfigError
+
+    for model in models:
+        if model.split("/", 1)[0] not in PROVIDERS:
+            raise ConfigError(f"--models: {model!r} is not an {' or '.join(PROVIDERS)} model string")
+        if price_for(model) is None:
+            raise ConfigError(f"--models: LiteLLM's cost map does not price {model!r}")
+
+
 def provider_rows(args, workdir: Path) -> list[dict]:
     """Every model x configuration x layout, on the same items."""
+    check_models(args.models)
     all_items, _ = load_dataset("faireval")
     items = select(all_items, args.split, seed=args.seed, limit=args.limit)
     train = select(all_items, "train", seed=args.seed)
@@ -234,11 +243,12 @@ def caching_markdown(report: dict, markdown: bool = True) -> str:
     body = [[r["model"], r["config"], r["layout"], fmt_num(r["calls_per_item"]), fmt_num(r["prompt_tokens_per_item"], 0),
              fmt_num(r["cached_prompt_tokens_per_item"], 0), fmt_num(r["cache_write_tokens_per_item"], 0),
              _est(r["cached_prompt_share"], 100, 1), _est(r["usd_list_per_1000"]), _est(r["usd_per_1000"]),
-             r["abstained"]] for r in report["rows"]]
+             fmt_num(r["wall_seconds"] / max(r["items"], 1), 3), r["abstained"]] for r in report["rows"]]
     out = [stated(h, markdown), "", table(["model", "configuration", "layout", "calls/item", "input tokens/item",
                                            "cached prompt tokens/item", "cache write tokens/item",
                                            "cached share % [95% CI]", "USD/1,000 verdicts, list [95% CI]",
-                                           "USD/1,000 verdicts, with the cache [95% CI]", "items abstained"],
+                                           "USD/1,000 verdicts, with the cache [95% CI]", "s/item",
+                                           "items abstained"],
                                           body, markdown)]
     emb = report.get("embedded") or []
     if emb:

@@ -68,8 +68,9 @@ def served(judge, **app_options) -> Iterator[str]:
     from chateval_dspy.deploy.serve import create_app
 
     port = _free_port()
+    # log_config=None: uvicorn's own logging setup would replace (and close) the handlers already installed.
     server = uvicorn.Server(uvicorn.Config(create_app(judge, **app_options), host="127.0.0.1", port=port,
-                                           log_level="error"))
+                                           log_level="error", log_config=None))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
