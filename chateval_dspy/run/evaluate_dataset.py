@@ -18,6 +18,7 @@ from chateval_dspy.errors import ConfigError, DataError
 from chateval_dspy.lm.panel import referee_names
 from chateval_dspy.lm.spec import LMSpec
 from chateval_dspy.program.chateval import build_evaluator
+from chateval_dspy.program.critical_path import critical_path
 from chateval_dspy.run import records
 from chateval_dspy.run.evaluate import evaluate
 from chateval_dspy.run.result import RunResult
@@ -65,11 +66,14 @@ def run_header(data: DataSpec, config: DebateConfig, model: str, n: int, split: 
     """What every printed or logged figure states: model (and a mixed panel's referee models), data, split,
     items, panel."""
     referees = {"referee_models": ",".join(f"{k}={v}" for k, v in referee_models.items())} if referee_models else {}
+    path = critical_path(config)
     return {"model": model, **referees, "data": data.dataset,
             **({"task": config.task.name} if config.task is not None else {}),
             "split": f"{split or data.split} (seed {data.seed})", "items": n,
             "strategy": config.strategy, "roles": ",".join(config.roles), "turns": config.turns,
-            "calibrate": config.calibrate, "aggregate": config.aggregate}
+            "calibrate": config.calibrate, "aggregate": config.aggregate,
+            # A verdict's latency floor: its longest chain of dependent LM calls, of all its calls.
+            "critical_path": f"{path['chain']} of {path['calls']} calls" + (" (at most)" if path["upper_bound"] else "")}
 
 
 def lm_slots(config: DebateConfig, concurrency: int = 1) -> int:
