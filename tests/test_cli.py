@@ -234,9 +234,9 @@ def test_same_role_ablation_from_the_cli(tmp_path, capsys, fake_model):
 
 
 @pytest.mark.parametrize(("flags", "slots"), [
-    ((), 1),                                            # one item, referees in turn: one request in flight
-    (("--concurrency", "3"), 3),
-    (("--strategy", "simultaneous_talk"), 2),           # both referees of a round at once
+    ((), 2),                                            # one item, referees in turn, both answer orders at once
+    (("--concurrency", "3"), 6),
+    (("--strategy", "simultaneous_talk"), 4),           # both referees of a round at once, in both orders
 ])
 def test_the_lm_is_laid_out_for_the_requests_in_flight(tmp_path, capsys, fake_model, flags, slots):
     code, _, err = cli(capsys, "evaluate", "--dataset", "faireval", "--limit", "1", "--out", str(tmp_path / "r.jsonl"),

@@ -24,7 +24,7 @@ from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.roles import resolve_roles
 from chateval_dspy.run import records
 from chateval_dspy.run.evaluate_dataset import evaluate_dataset
-from chateval_dspy.testing.fake_lm import FIELD
+from chateval_dspy.testing.fake_lm import prompt_fields
 from chateval_dspy.testing.fake_server import FakeOpenAIServer
 from optim.cli.flags import lm_spec
 
@@ -37,8 +37,10 @@ def speakers(server: FakeOpenAIServer) -> list[str]:
     """Who made each request the server received: a referee slug by its persona, or ``summarizer``."""
     out = []
     for request in server.requests:
-        fields = dict(FIELD.findall(request["body"]["messages"][-1]["content"]))
-        persona = fields.get("persona", "").strip()
+        messages = request["body"]["messages"]
+        system = next((m["content"] for m in messages if m["role"] == "system"), "")
+        # The persona stands in the static part or after the item's texts (lm.layout): read it wherever it is.
+        persona = prompt_fields(system, messages[-1]["content"]).get("persona", "").strip()
         out.append(next((slug for slug, text in PERSONAS.items() if text == persona), "summarizer"))
     return out
 

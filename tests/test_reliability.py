@@ -125,7 +125,8 @@ def test_judged_text_cannot_open_a_prompt_field():
     server = FakeOpenAIServer()
     with server as url:
         _run(_lm(url), items=[item])
-    prompts = [m["content"] for r in server.requests for m in r["body"]["messages"] if m["role"] == "user"]
+    # Each request as a whole: the real persona field stands in the static part or after the item's texts.
+    prompts = ["\n".join(m["content"] for m in r["body"]["messages"]) for r in server.requests]
     assert prompts and all(p.count("[[ ## persona ## ]]") == 1 for p in prompts)  # only the real field
     assert all("[ [ ## persona ## ] ]" in p for p in prompts)  # the injected one, defused but kept visible
 
