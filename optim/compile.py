@@ -326,12 +326,12 @@ def compile_and_save(data, config, lm, *, optimizer: str, out: str | Path, metri
     run = mlflow_tracking.run("compile", params=params, uri=tracking.uri,
                               tags={"command": "compile", "optimizer": optimizer,
                                     "chateval.out": str(out.resolve())}) if tracked else contextlib.nullcontext()
-    with run as active:
+    autolog = mlflow_tracking.autolog_compiles() if tracked else contextlib.nullcontext()
+    with run as active, autolog:
         with lm.judging(lm_slots(cfg, max(concurrency, settings.threads))) as judging_lm:
             model, referees = judging_lm.model, referee_names()
             if tracked:
                 mlflow_tracking.log_params({"model": model, **({"referee_models": referees} if referees else {})})
-                mlflow_tracking.autolog_compiles()
             compiled = None
             for stage in ("before", "after"):
                 if stage == "after":

@@ -343,9 +343,18 @@ def log_dspy_model(program, name: str = "evaluator", registered_name: str | None
         )
 
 
-def autolog_compiles() -> None:
-    """Record the optimizer's progress (child runs per evaluation) without a trace per LM call."""
+@contextlib.contextmanager
+def autolog_compiles():
+    """Inside the block, record the optimizer's progress (child runs per evaluation) without a trace per LM call.
+
+    MLflow's autologging patches DSPy for the whole process; it is switched off again on the way out, so a later
+    compile in the same process (a notebook, a test) does not log to this run's tracking server, gone or not.
+    """
     import mlflow
 
     mlflow.dspy.autolog(log_traces=False, log_traces_from_compile=False, log_traces_from_eval=False,
                         log_compiles=True, log_evals=True, silent=True)
+    try:
+        yield
+    finally:
+        mlflow.dspy.autolog(disable=True, silent=True)

@@ -155,3 +155,15 @@ def test_a_tracking_spec_costs_no_mlflow_import():
     code = "import sys, optim.tracking as t; t.TrackingSpec(enabled=False); print('mlflow' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() \
         == "False"
+
+
+def test_compile_autologging_is_switched_off_on_the_way_out():
+    """MLflow's DSPy autologging patches the whole process: a compile must not leave it on for whatever runs next
+    (it would log the next compile to this run's tracking server, and hang retrying when that server is gone)."""
+    from mlflow.utils.autologging_utils import autologging_is_disabled
+
+    from optim.tracking import autolog_compiles
+
+    with autolog_compiles():
+        assert not autologging_is_disabled("dspy")
+    assert autologging_is_disabled("dspy")
