@@ -89,7 +89,8 @@ def test_compile_killed_mid_optimization_reruns_to_the_identical_program(tmp_pat
         assert cli([*common, "--model", url, "--out", str(tmp_path / "clean"),
                     "--cache-dir", str(tmp_path / "cache-clean")]) == 0
     assert (tmp_path / "killed" / "program.json").read_bytes() == (tmp_path / "clean" / "program.json").read_bytes()
-    assert len(clean.requests) <= len(killed.requests) <= len(clean.requests) + 1
+    # At most the calls in flight at the kill repeat: one per answer order (the two run at once).
+    assert len(clean.requests) <= len(killed.requests) <= len(clean.requests) + 2
     for stage in ("before", "after"):
         assert lines(tmp_path / "killed" / "results" / f"test_{stage}.jsonl") == 3  # nothing judged twice
 

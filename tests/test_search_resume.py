@@ -80,7 +80,8 @@ def test_search_killed_in_a_trial_finishes_and_saves_on_the_first_rerun(tmp_path
     clean = _clean_run(tmp_path, monkeypatch, argv)
     assert (tmp_path / "programs/s/program.json").read_bytes() == \
         (tmp_path / "clean/programs/s/program.json").read_bytes()
-    assert len(clean.requests) <= len(killed.requests) <= len(clean.requests) + 1
+    # At most the calls in flight at the kill repeat: one per answer order (the two run at once).
+    assert len(clean.requests) <= len(killed.requests) <= len(clean.requests) + 2
 
 
 def test_search_killed_in_its_final_test_resumes_the_test_and_saves(tmp_path, monkeypatch):
@@ -99,7 +100,8 @@ def test_search_killed_in_its_final_test_resumes_the_test_and_saves(tmp_path, mo
     clean = _clean_run(tmp_path, monkeypatch, argv)
     assert (tmp_path / "programs/s/program.json").read_bytes() == \
         (tmp_path / "clean/programs/s/program.json").read_bytes()
-    assert len(clean.requests) <= len(killed.requests) <= len(clean.requests) + 1
+    # At most the calls in flight at the kill repeat: one per answer order (the two run at once).
+    assert len(clean.requests) <= len(killed.requests) <= len(clean.requests) + 2
 
 
 WORKER = textwrap.dedent("""
