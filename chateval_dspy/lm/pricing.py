@@ -26,6 +26,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from chateval_dspy.errors import ConfigError
 
@@ -175,6 +176,29 @@ def litellm_price(model: str) -> Price | None:
     return None
 
 
+def batch_price(model: str) -> Price | None:
+    """The price LiteLLM's cost map gives ``model``'s batched requests (``input_cost_per_token_batches`` and
+    ``output_cost_per_token_batches``; cached reads and cache writes at their ``_batches`` rates where the map has
+    them, else at the batch input rate), or None when the map states no batch price.
+
+    Example:
+        >>> batch_price("openai/gpt-4o-mini")
+        Price(input_per_mtok=0.075, output_per_mtok=0.3, source='litellm-batch')
+        >>> batch_price("anthropic/claude-haiku-4-5").cache_rates, batch_price("openai-compatible/m") is None
+        ('read+write', True)
+    """
+    table = _cost_map()
+    for key in (model, model.split("/", 1)[-1]):
+        entry = table.get(key)
+        if isinstance(entry, dict) and entry.get("mode") in (None, "chat", "completion"):
+            rates = [_per_mtok(entry.get(f"{name}_batches")) for name in (
+                "input_cost_per_token", "output_cost_per_token", "cache_read_input_token_cost",
+                "cache_creation_input_token_cost")]
+            if rates[0] is not None and rates[1] is not None:
+                return Price(rates[0], rates[1], "litellm-batch", rates[2], rates[3])
+    return None
+
+
 def _per_mtok(per_token) -> float | None:
     # Rounded: 1e-07 * 1e6 is 0.09999999999999999 in floating point, and the tables print the rate.
     if not isinstance(per_token, (int, float)) or isinstance(per_token, bool) or not math.isfinite(per_token):
@@ -262,3 +286,64 @@ def add_usd(a: float | None, b: float | None) -> float | None:
         (0.75, None)
     """
     return None if a is None or b is None else round(a + b, 10)
+
+
+class TokenCounts(NamedTuple):
+    """A call's (or a sum of calls') tokens; ``prompt_tokens`` includes the cache reads and the cache writes."""
+
+    prompt_tokens: int
+    cached_prompt_tokens: int
+    cache_write_tokens: int
+    completion_tokens: int
+
+
+def token_counts(usage: dict | None) -> TokenCounts:
+    """One usage dict (a call's, or DSPy's usage tracker's sum per model) as ``TokenCounts``.
+
+    The shapes that reach DSPy's usage tracker, all with ``prompt_tokens`` already counting cached and written
+    tokens (so the cache counts are parts of it, never added to it):
+
+    - DSPy's native routes (``openai/``, ``anthropic/``, ``gemini/`` ..., and engines such as ours):
+      ``prompt_tokens_details`` = ``{"cached_tokens": reads, "cache_creation_tokens": writes}``; for Anthropic,
+      whose own counts are disjoint, DSPy has added reads and writes into ``prompt_tokens``.
+    - LiteLLM (``Usage``): ``prompt_tokens_details.cached_tokens`` and ``cache_creation_tokens`` (or
+      ``cache_write_tokens``), and Anthropic's top-level ``cache_read_input_tokens`` /
+      ``cache_creation_input_tokens`` beside them (the same tokens again: read once, never summed).
+
+    A count that is missing or None is 0. A prompt count smaller than its cache counts cannot have included
+    them (Anthropic's own, disjoint counts, passed on verbatim by a custom engine): they are added to it.
+
+    Example:
+        >>> token_counts({"prompt_tokens": 10000, "completion_tokens": 500,
+        ...               "prompt_tokens_details": {"cached_tokens": 6000}})  # OpenAI
+        TokenCounts(prompt_tokens=10000, cached_prompt_tokens=6000, cache_write_tokens=0, completion_tokens=500)
+        >>> token_counts({"prompt_tokens": 8100, "completion_tokens": 50, "prompt_tokens_details": {
+        ...     "cached_tokens": 6000, "cache_creation_tokens": 2000}})  # Anthropic, DSPy native
+        TokenCounts(prompt_tokens=8100, cached_prompt_tokens=6000, cache_write_tokens=2000, completion_tokens=50)
+        >>> token_counts({"prompt_tokens": 8100, "completion_tokens": 50, "cache_read_input_tokens": 6000,
+        ...               "cache_creation_input_tokens": 2000, "prompt_tokens_details": {"cached_tokens": 6000,
+        ...               "cache_write_tokens": 2000, "cache_creation_tokens": 2000, "text_tokens": 100}})  # LiteLLM
+        TokenCounts(prompt_tokens=8100, cached_prompt_tokens=6000, cache_write_tokens=2000, completion_tokens=50)
+        >>> token_counts({"prompt_tokens": 12, "completion_tokens": 3, "prompt_tokens_details": None})  # no cache
+        TokenCounts(prompt_tokens=12, cached_prompt_tokens=0, cache_write_tokens=0, completion_tokens=3)
+        >>> sum(token_counts({})), token_counts({"prompt_tokens": 100, "cache_read_input_tokens": 6000}).prompt_tokens
+        (0, 6100)
+    """
+    usage = usage or {}
+    details = usage.get("prompt_tokens_details")
+    details = details if isinstance(details, dict) else {}
+    reads = _first_count(details.get("cached_tokens"), usage.get("cache_read_input_tokens"))
+    writes = _first_count(details.get("cache_creation_tokens"), details.get("cache_write_tokens"),
+                          usage.get("cache_creation_input_tokens"))
+    prompt = _first_count(usage.get("prompt_tokens"))
+    if prompt < reads + writes:
+        prompt += reads + writes
+    return TokenCounts(prompt, reads, writes, _first_count(usage.get("completion_tokens")))
+
+
+def _first_count(*values) -> int:
+    # The first count reported: one provider's two names for the same tokens are alternatives, not parts.
+    for value in values:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return int(value)
+    return 0

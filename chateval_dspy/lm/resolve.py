@@ -147,7 +147,7 @@ class EmbeddedServer:
         return self.__enter__()
 
 
-def _api_key() -> str:
+def base_url_key() -> str:
     """The key for a base URL: ``CHATEVAL_API_KEY``, ``OPENAI_API_KEY``, or the file named by ``CHATEVAL_API_KEY_FILE``."""
     for name in KEY_VARIABLES:
         if os.environ.get(name):
@@ -164,7 +164,7 @@ def _api_key() -> str:
     return "none"
 
 
-def _served_model(base_url: str, key: str) -> str:
+def served_model_id(base_url: str, key: str) -> str:
     req = urllib.request.Request(base_url.rstrip("/") + "/models", headers={"Authorization": f"Bearer {key}"})
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:  # noqa: S310 - a URL the user chose
@@ -238,8 +238,8 @@ def resolve_lm(spec: str = EMBEDDED, *, slots: int = 2, temperature: float = 0.0
             yield dspy.LM(EMBEDDED_MODEL_ID, engine=engine, temperature=temperature, max_tokens=cap, num_retries=0)
         return
     if spec.startswith(("http://", "https://")):
-        key = _api_key()
-        model = served_model or _served_model(spec, key)
+        key = base_url_key()
+        model = served_model or served_model_id(spec, key)
         engine = OpenAICompatEngine(spec.rstrip("/"), model, api_key=key, **limits)
         yield dspy.LM(f"openai-compatible/{model}", engine=engine, temperature=temperature, max_tokens=max_tokens or 1024,
                       num_retries=0)

@@ -7,8 +7,9 @@ arguments; ``identity()`` is what changes the answers (and so what a run key hol
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import dspy
@@ -41,7 +42,12 @@ class LMSpec:
             is the first it lists. Stored as sorted pairs (``referee_map`` gives the dict back).
         price_per_mtok: US dollars per million input and output tokens of ``model`` (``"0.15,0.6"`` or a pair),
             optionally followed by the cached-read and cache-write rates (``"0.15,0.6,0.075"``), for an endpoint
-            LiteLLM's cost map does not price; None: the cost map's price, if any.
+            LiteLLM's cost map does not price; None: the cost map's price, if any. In batch mode it is the price
+            of batched requests.
+        batch: Judge through the provider's Batch API, in waves (``lm.batch``): half price, answers within hours.
+        batch_dir: Batch mode for a self-hosted engine: each wave's requests are written to this folder in the
+            OpenAI batch format ``vllm run-batch`` reads, and its output file is read back (implies ``batch``).
+        batch_poll: Seconds between looks at a submitted batch.
 
     Example:
         >>> LMSpec(model="http://127.0.0.1:8000/v1", temperature=0.0).identity()["model"]
@@ -68,6 +74,9 @@ class LMSpec:
     cache_dir: str | None = None
     referee_models: tuple[tuple[str, str], ...] | dict[str, str] = ()
     price_per_mtok: tuple[float, ...] | str | None = None
+    batch: bool = False
+    batch_dir: str | None = None
+    batch_poll: float = 30.0
 
     def __post_init__(self) -> None:
         from chateval_dspy.lm.panel import check_referee_models
@@ -88,6 +97,24 @@ class LMSpec:
         if not 0 < self.timeout <= 3600:
             raise ConfigError(f"timeout must be positive seconds, at most 3600, got {self.timeout}")
         self.bounds()  # a bad retry count or deadline fails here, not when the LM starts
+        if self.batch_dir is not None:
+            object.__setattr__(self, "batch", True)
+        if not 0 < self.batch_poll <= 3600:
+            raise ConfigError(f"batch_poll must be positive seconds, at most 3600, got {self.batch_poll}")
+        if self.batch:
+            self.batch_route()  # a model without a batch API or a batch price fails before anything is submitted
+
+    def batch_route(self):
+        """Where this spec's batches go (``lm.batch.setup.BatchRoute``); a ConfigError when it has none.
+
+        Example:
+            >>> LMSpec(model="openai/gpt-4o-mini", batch=True).batch_route().provider
+            'openai'
+        """
+        from chateval_dspy.lm.batch.setup import batch_route
+
+        return batch_route(self.model, served_model=self.served_model, batch_dir=self.batch_dir,
+                           stated=self.price(), referee_models=self.referee_models)
 
     def bounds(self) -> CallBounds:
         """The time bounds of one attempt, one call and one item, with the unset deadlines derived from ``timeout``.
@@ -133,21 +160,37 @@ class LMSpec:
         return out
 
     @contextlib.contextmanager
-    def judging(self, slots: int = 1, *, threads: int | None = None) -> Iterator[dspy.LM]:
+    def judging(self, slots: int = 1, *, threads: int | None = None, journal: str | Path | None = None,
+                on_wave: Callable[[dict], None] | None = None) -> Iterator[dspy.LM]:
         """Start (embedded) or reach the LM, set the cache, and enter it with the JSON adapter.
 
         ``slots`` is how many requests the caller keeps in flight (the embedded server is laid out for them).
         A mixed panel's referee LMs are started too and bound to their referees for the context's duration
         (``lm.panel``); the main LM is what it yields. A stated price goes with the main LM.
+        In batch mode the LM batches its calls in waves; ``journal`` is the folder that keeps its batches and
+        answers (beside the results file), ``on_wave`` sees its progress (``lm.batch.waves.Waves``).
         """
         from chateval_dspy.lm import panel, resolve
         from chateval_dspy.lm.adapter import JudgeAdapter
         from chateval_dspy.lm.pricing import attach_price
 
         resolve.configure_cache(self.cache, self.cache_dir)
+        if self.batch:
+            with self._batching(journal, on_wave) as lm, dspy.context(lm=lm, adapter=JudgeAdapter()):
+                yield lm
+            return
         with panel.open_panel(self.model, self.referee_map, slots=slots, temperature=self.temperature,
                               max_tokens=self.max_tokens, served_model=self.served_model, timeout=self.timeout,
                               retries=self.retries, call_deadline=self.call_deadline,
                               item_deadline=self.item_deadline, threads=threads) as (lm, referees), \
                 dspy.context(lm=attach_price(lm, self.price()), adapter=JudgeAdapter()), panel.binding(referees):
             yield lm
+
+    def _batching(self, journal: str | Path | None, on_wave: Callable[[dict], None] | None):
+        from chateval_dspy.lm.batch.setup import batch_lm
+
+        if journal is None:
+            raise ConfigError("batch mode keeps its batches beside a results file: give one (--out)")
+        return batch_lm(self.batch_route(), self.model, journal, batch_dir=self.batch_dir,
+                        temperature=self.temperature, max_tokens=self.max_tokens, retries=self.retries,
+                        poll_seconds=self.batch_poll, on_progress=on_wave)

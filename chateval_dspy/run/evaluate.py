@@ -14,7 +14,7 @@ from pathlib import Path
 
 import dspy
 
-from chateval_dspy.concurrency import bounded_unordered
+from chateval_dspy.concurrency import bounded_unordered, run_gated
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import ChatEvalError
 from chateval_dspy.run.records import ResultsStream, context_identity
@@ -128,7 +128,8 @@ def judge_item(program: dspy.Module, item: dspy.Example, config: DebateConfig) -
 
 
 def evaluate(program: dspy.Module, items: Iterable[dspy.Example], config: DebateConfig, *, out: str | Path | None = None,
-             concurrency: int = 1, on_item: Callable[[dict], None] | None = None, run_key: str | None = None) -> RunResult:
+             concurrency: int = 1, on_item: Callable[[dict], None] | None = None, run_key: str | None = None,
+             waves: bool = False) -> RunResult:
     """Judge ``items`` with ``program`` under the LM of the current DSPy context.
 
     Args:
@@ -145,6 +146,8 @@ def evaluate(program: dspy.Module, items: Iterable[dspy.Example], config: Debate
             settings of the LM in the DSPy context (and of a mixed panel's referee LMs), the items and
             ``program.dump_state()`` (so a compiled program never resumes the uncompiled one's file). Only
             needed with ``out``.
+        waves: Batch mode: the ``concurrency`` items judged at once make their calls in waves, each wave every
+            call that can be made (``concurrency.run_gated``; the LM must be a batching one, ``lm.batch``).
 
     Example:
         >>> with dspy.context(lm=lm, adapter=JudgeAdapter()):  # doctest: +SKIP
@@ -165,7 +168,8 @@ def evaluate(program: dspy.Module, items: Iterable[dspy.Example], config: Debate
         # DSPy keeps every call in lm.history; a long batch must not grow with it (results stream to disk instead).
         with dspy.context(disable_history=True):
             try:
-                for _, record in bounded_unordered(lambda x: judge_item(program, x, config), todo, concurrency):
+                runner = run_gated if waves else bounded_unordered
+                for _, record in runner(lambda x: judge_item(program, x, config), todo, max(1, concurrency)):
                     record = stream.append(record)  # one whole line, flushed and fsynced, before it counts
                     result.add(record)
                     if on_item:

@@ -6,6 +6,7 @@ printed table. The results file is found again by its run key, so the same call 
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,9 +38,45 @@ class DatasetRun:
     result: RunResult
     skipped: list[DataError] = field(default_factory=list)  # malformed rows left out (``skip_bad_rows``)
     referee_models: dict[str, str] = field(default_factory=dict)  # a mixed panel: role slug -> model name
+    batch: dict | None = None  # batch mode: ``batch_summary`` of its waves
 
     def header(self) -> dict:
         return run_header(self.data, self.config, self.model, self.result.n, referee_models=self.referee_models)
+
+
+# Items whose debates share the waves of batch mode: a wave carries every call they can make at once. Each item
+# holds a thread per answer order (and per referee when they talk at once), so this bounds a run's threads.
+BATCH_ITEMS = 256
+
+
+def batch_items(concurrency: int, todo: int) -> int:
+    """Items judged at once in batch mode: all that are left, at most ``BATCH_ITEMS`` (or ``concurrency`` if more).
+
+    Example:
+        >>> batch_items(1, 20), batch_items(1, 1000), batch_items(500, 1000)
+        (20, 256, 500)
+    """
+    return max(1, concurrency, min(todo, BATCH_ITEMS))
+
+
+def expected_waves(config: DebateConfig, todo: int, items_at_once: int) -> int:
+    """Waves a batch run takes: its longest chain of dependent calls (``critical_path``), once per group of items
+    judged at once (fewer when a finished item's next one joins the waves still going).
+
+    Example:
+        >>> expected_waves(DebateConfig(), 20, 20), expected_waves(DebateConfig(strategy="simultaneous_talk"), 20, 20)
+        (4, 2)
+    """
+    groups = -(-todo // items_at_once) if todo else 0
+    return critical_path(config)["chain"] * groups
+
+
+def batch_summary(lm, expected: int) -> dict:
+    """What batch mode did: ``provider``, ``waves`` (run) and ``expected_waves``, ``batch_ids``, ``submitted``
+    requests, and ``usd`` (the batches' cost as answered; None when unpriced)."""
+    waves = lm.engine.waves
+    return {"provider": waves.provider.name, "waves": waves.wave, "expected_waves": expected,
+            "batch_ids": list(dict.fromkeys(waves.batch_ids)), "submitted": waves.submitted, "usd": waves.usd}
 
 
 def skipped_rows(skipped: list[DataError]) -> list[dict]:
@@ -88,22 +125,30 @@ def lm_slots(config: DebateConfig, concurrency: int = 1) -> int:
     return concurrency * orders * (len(config.roles) if config.strategy != "one_by_one" else 1)
 
 
+def journal_folder(path: Path) -> Path:
+    """Where batch mode keeps a results file's batches and answers: ``<results file>.batches/``."""
+    return path.with_name(path.name + ".batches")
+
+
 def results_path(data: DataSpec, key: str, out: str | Path | None = None, *, overwrite: bool = False) -> Path:
     """``out`` or ``results/<dataset>-<run key>.jsonl``, checked before any model starts.
 
-    A file of another run is refused (``ConfigError``); ``overwrite`` empties it first.
+    A file of another run is refused (``ConfigError``); ``overwrite`` empties it (and its batch journal) first.
     """
     path = Path(out) if out else Path("results") / f"{data.name}-{key}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     if overwrite and path.exists():
         path.write_text("", encoding="utf-8")
+    if overwrite and journal_folder(path).is_dir():
+        shutil.rmtree(journal_folder(path))
     records.finished_records(path, key)
     return path
 
 
 def evaluate_dataset(data: DataSpec, config: DebateConfig | Callable[[str], DebateConfig], lm: LMSpec, *,
                      out: str | Path | None = None, overwrite: bool = False, concurrency: int = 1,
-                     on_item: Callable[[dict], None] | None = None) -> DatasetRun:
+                     on_item: Callable[[dict], None] | None = None,
+                     on_wave: Callable[[dict], None] | None = None) -> DatasetRun:
     """Judge ``data``'s items with a panel built from ``config`` on ``lm``, resuming ``out`` if it holds part of this run.
 
     Args:
@@ -115,6 +160,7 @@ def evaluate_dataset(data: DataSpec, config: DebateConfig | Callable[[str], Deba
         overwrite: Start ``out`` afresh instead of resuming it.
         concurrency: Items judged at once.
         on_item: Called with each record (a progress bar).
+        on_wave: Batch mode (``lm.batch``): called with the waves' progress (``lm.batch.waves.Waves``).
 
     Example:
         >>> run = evaluate_dataset(DataSpec("faireval", limit=2), DebateConfig(roles=("critic",), turns=1),
@@ -129,7 +175,12 @@ def evaluate_dataset(data: DataSpec, config: DebateConfig | Callable[[str], Deba
     program = build_evaluator(cfg)
     key = records.run_key(cfg, lm.identity(), items)
     path = results_path(data, key, out, overwrite=overwrite)
-    with lm.judging(lm_slots(cfg, concurrency)) as judging_lm:
-        result = evaluate(program, items, cfg, out=path, concurrency=concurrency, on_item=on_item, run_key=key)
+    todo = len(items) - len(records.finished_records(path, key))
+    at_once = batch_items(concurrency, todo) if lm.batch else concurrency
+    with lm.judging(lm_slots(cfg, concurrency), journal=journal_folder(path), on_wave=on_wave) as judging_lm:
+        result = evaluate(program, items, cfg, out=path, concurrency=at_once, on_item=on_item, run_key=key,
+                          waves=lm.batch)
         model, referees = judging_lm.model, referee_names()
-    return DatasetRun(data, cfg, items, path, key, model, result, list(getattr(items, "skipped", [])), referees)
+        batch = batch_summary(judging_lm, expected_waves(cfg, todo, at_once)) if lm.batch else None
+    return DatasetRun(data, cfg, items, path, key, model, result, list(getattr(items, "skipped", [])), referees,
+                      batch)

@@ -15,11 +15,10 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
-from typing import NamedTuple
 
 from dspy.utils.callback import BaseCallback
 
-from chateval_dspy.lm.pricing import Price, add_usd, price_for, price_of
+from chateval_dspy.lm.pricing import Price, TokenCounts, add_usd, price_for, price_of, token_counts
 
 
 class ModelMeter(BaseCallback):
@@ -58,67 +57,6 @@ class ModelMeter(BaseCallback):
             started = self._started.pop(call_id, None)
             if started is not None:
                 self.seconds[started[0]] += time.perf_counter() - started[1]
-
-
-class TokenCounts(NamedTuple):
-    """A call's (or a sum of calls') tokens; ``prompt_tokens`` includes the cache reads and the cache writes."""
-
-    prompt_tokens: int
-    cached_prompt_tokens: int
-    cache_write_tokens: int
-    completion_tokens: int
-
-
-def token_counts(usage: dict | None) -> TokenCounts:
-    """One usage dict (a call's, or DSPy's usage tracker's sum per model) as ``TokenCounts``.
-
-    The shapes that reach DSPy's usage tracker, all with ``prompt_tokens`` already counting cached and written
-    tokens (so the cache counts are parts of it, never added to it):
-
-    - DSPy's native routes (``openai/``, ``anthropic/``, ``gemini/`` ..., and engines such as ours):
-      ``prompt_tokens_details`` = ``{"cached_tokens": reads, "cache_creation_tokens": writes}``; for Anthropic,
-      whose own counts are disjoint, DSPy has added reads and writes into ``prompt_tokens``.
-    - LiteLLM (``Usage``): ``prompt_tokens_details.cached_tokens`` and ``cache_creation_tokens`` (or
-      ``cache_write_tokens``), and Anthropic's top-level ``cache_read_input_tokens`` /
-      ``cache_creation_input_tokens`` beside them (the same tokens again: read once, never summed).
-
-    A count that is missing or None is 0. A prompt count smaller than its cache counts cannot have included
-    them (Anthropic's own, disjoint counts, passed on verbatim by a custom engine): they are added to it.
-
-    Example:
-        >>> token_counts({"prompt_tokens": 10000, "completion_tokens": 500,
-        ...               "prompt_tokens_details": {"cached_tokens": 6000}})  # OpenAI
-        TokenCounts(prompt_tokens=10000, cached_prompt_tokens=6000, cache_write_tokens=0, completion_tokens=500)
-        >>> token_counts({"prompt_tokens": 8100, "completion_tokens": 50, "prompt_tokens_details": {
-        ...     "cached_tokens": 6000, "cache_creation_tokens": 2000}})  # Anthropic, DSPy native
-        TokenCounts(prompt_tokens=8100, cached_prompt_tokens=6000, cache_write_tokens=2000, completion_tokens=50)
-        >>> token_counts({"prompt_tokens": 8100, "completion_tokens": 50, "cache_read_input_tokens": 6000,
-        ...               "cache_creation_input_tokens": 2000, "prompt_tokens_details": {"cached_tokens": 6000,
-        ...               "cache_write_tokens": 2000, "cache_creation_tokens": 2000, "text_tokens": 100}})  # LiteLLM
-        TokenCounts(prompt_tokens=8100, cached_prompt_tokens=6000, cache_write_tokens=2000, completion_tokens=50)
-        >>> token_counts({"prompt_tokens": 12, "completion_tokens": 3, "prompt_tokens_details": None})  # no cache
-        TokenCounts(prompt_tokens=12, cached_prompt_tokens=0, cache_write_tokens=0, completion_tokens=3)
-        >>> sum(token_counts({})), token_counts({"prompt_tokens": 100, "cache_read_input_tokens": 6000}).prompt_tokens
-        (0, 6100)
-    """
-    usage = usage or {}
-    details = usage.get("prompt_tokens_details")
-    details = details if isinstance(details, dict) else {}
-    reads = _first_count(details.get("cached_tokens"), usage.get("cache_read_input_tokens"))
-    writes = _first_count(details.get("cache_creation_tokens"), details.get("cache_write_tokens"),
-                          usage.get("cache_creation_input_tokens"))
-    prompt = _first_count(usage.get("prompt_tokens"))
-    if prompt < reads + writes:
-        prompt += reads + writes
-    return TokenCounts(prompt, reads, writes, _first_count(usage.get("completion_tokens")))
-
-
-def _first_count(*values) -> int:
-    # The first count reported: one provider's two names for the same tokens are alternatives, not parts.
-    for value in values:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return int(value)
-    return 0
 
 
 def usage_by_model(tokens: dict[str, dict], entries: dict[str, list], meter: ModelMeter) -> dict[str, dict]:

@@ -6,6 +6,8 @@ statuses (or ``"garbage"``, ``"empty"``, ``"hang"``) consumed one per request be
 With ``hang=True`` it is a dead endpoint that still accepts connections: every chat request is read and
 then never answered, until the server is closed. With ``billing=OpenAICaching()`` (``chateval_dspy.testing.billing``)
 the usage follows OpenAI's prompt-caching rule, in o200k_base tokens, with ``prompt_tokens_details.cached_tokens``.
+It also serves OpenAI's Batch API (``/v1/files``, ``/v1/batches``) through a ``FakeBatches``
+(``chateval_dspy.testing.fake_batches``), whose batched requests get the same answers as chat requests.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from chateval_dspy.testing.billing import chat_segments
+from chateval_dspy.testing.fake_batches import FakeBatches
 from chateval_dspy.testing.fake_lm import Call, default_responder, prompt_fields, with_stated_preference
 
 
@@ -36,12 +39,16 @@ class FakeOpenAIServer:
         hang: Never answer a chat request (``/v1/models`` still answers, as a wedged server's often does).
         billing: An ``OpenAICaching`` that bills each chat request (its state is the server's prompt cache);
             None keeps the rough 4-characters-a-token usage with no cache.
+        batches: The Batch API's state and knobs (a default ``FakeBatches()`` when None); faults and ``hang``
+            never touch it.
     """
 
     def __init__(self, responder=default_responder, faults: list | None = None, model: str = "fake-served",
-                 hang: bool = False, billing=None):
+                 hang: bool = False, billing=None, batches: FakeBatches | None = None):
         self.responder, self.faults, self.model, self.hang = responder, list(faults or []), model, hang
         self.billing = billing
+        self.batches = batches if batches is not None else FakeBatches()
+        self.batches.reply = self.reply
         self.requests: list[dict] = []
         self._lock = threading.Lock()
         self._closing = threading.Event()
@@ -82,20 +89,37 @@ class FakeOpenAIServer:
             def log_message(self, *args):  # keep test output quiet
                 pass
 
-            def _send(self, status: int, body: bytes, ctype: str = "application/json"):
+            def _send(self, status: int, body: bytes, ctype: str = "application/json", close: bool = False):
                 self.send_response(status)
                 self.send_header("Content-Type", ctype)
+                if close:
+                    self.send_header("Connection", "close")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
 
+            def _batches(self, method: str) -> bool:
+                """Answer a files/batches request; False when the path is none of theirs."""
+                answer = server.batches.route(method, self.path, self.headers, self.rfile)
+                if answer is not None:
+                    self._send(*answer, close=answer[0] == 413)  # a refused upload may be left partly unread
+                return answer is not None
+
+            def do_DELETE(self):
+                if not self._batches("DELETE"):
+                    self._send(404, b'{"error": "not found"}')
+
             def do_GET(self):
+                if self._batches("GET"):
+                    return
                 if self.path.rstrip("/") == "/v1/models":
                     self._send(200, json.dumps({"object": "list", "data": [{"id": server.model}]}).encode())
                 else:
                     self._send(404, b'{"error": "not found"}')
 
             def do_POST(self):
+                if self._batches("POST"):
+                    return
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
                 with server._lock:
                     server.requests.append({"body": body, "auth": self.headers.get("Authorization")})

@@ -1,0 +1,240 @@
+"""Batches as files in a folder, for a self-hosted engine: a wave's requests go to ``<label>.input.jsonl`` and its
+answers are read from ``<label>.output.jsonl``, which vLLM's offline runner writes (``FolderBatches.command``).
+
+Both files are OpenAI's batch JSONL, as vLLM's ``run_batch`` reads and writes it: an input line is
+``{"custom_id", "method": "POST", "url": "/v1/chat/completions", "body"}``; an output line is
+``{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}``, where a failed request has a
+``status_code`` other than 200, no body, and ``error`` set (a string, or vLLM's ``ErrorResponse``, flat before
+vLLM 0.10 and nested under ``"error"`` since). Nothing is sent anywhere: the wave is done when the output holds an
+answer for every request of the input.
+
+Example:
+    >>> from chateval_dspy.lm.batch.provider import BatchRequest
+    >>> folder = FolderBatches(tmp / "waves", model="Qwen/Qwen2.5-7B")
+    >>> folder.submit([BatchRequest("r1", {"messages": [{"role": "user", "content": "Hi"}]})], "wave-1")
+    'wave-1'
+    >>> folder.state("wave-1").detail
+    'waiting for .../waves/wave-1.output.jsonl'
+    >>> print(folder.command("wave-1"))
+    python -m vllm.entrypoints.openai.run_batch -i .../wave-1.input.jsonl -o .../wave-1.output.jsonl --model Qwen/Qwen2.5-7B
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import secrets
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+
+from chateval_dspy.errors import ConfigError, LMError
+from chateval_dspy.lm.batch.provider import BatchRequest, BatchState, Outcome, outcome_of
+
+log = logging.getLogger(__name__)
+
+# The engine's output is untrusted and may be huge: past these sizes we refuse it rather than fill memory.
+MAX_FILE_BYTES = 512 * 1024 * 1024
+MAX_LINE_BYTES = 16 * 1024 * 1024
+
+_URL = "/v1/chat/completions"
+_LABEL = re.compile(r"[A-Za-z0-9_.-]{1,200}")
+# A failure that states no status: this engine's batches never run out, so it is the engine's own fault.
+NO_STATUS = 502
+
+
+class FolderBatches:
+    """A ``BatchProvider`` whose batches are files in ``directory``, run by hand (or by a job) with vLLM.
+
+    Args:
+        directory: Where the input and output files live (created on the first submit).
+        model: The model name the engine serves; it replaces each body's ``model`` (vLLM answers 404 to a
+            request naming any other) and goes into ``command``. None keeps the bodies' own.
+    """
+
+    name = "folder"
+
+    def __init__(self, directory: str | Path, model: str | None = None):
+        self.directory = Path(directory)
+        self.model = model
+        self._ids: dict[str, list[str]] = {}  # an input never changes once written, so it is read once
+
+    def input_path(self, batch_id: str) -> Path:
+        return self.directory / f"{_checked(batch_id)}.input.jsonl"
+
+    def output_path(self, batch_id: str) -> Path:
+        return self.directory / f"{_checked(batch_id)}.output.jsonl"
+
+    def submit(self, requests: list[BatchRequest], label: str) -> str:
+        """Write the wave's input file (whole or not at all); its batch id is ``label``.
+
+        Submitting the same requests again under the same label is a no-op; different ones are refused.
+        """
+        path, data = self.input_path(label), self._input_bytes(requests)
+        if path.exists():
+            if path.stat().st_size != len(data) or path.read_bytes() != data:
+                raise ConfigError(f"{path} already holds a different wave: remove it, or use another batch folder")
+            return label
+        if self.output_path(label).exists():
+            # It cannot answer an input that did not exist yet: reading it would hand back another run's answers.
+            raise ConfigError(f"{self.output_path(label)} is left from an earlier run: remove it, or use another batch folder")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        _write_atomic(path, data)
+        self._ids.pop(label, None)  # a label reused after its old files were removed
+        return label
+
+    def find(self, label: str) -> str | None:
+        """``label`` if its wave's input file is there (a rerun after a kill attaches to it), else None."""
+        return label if self.input_path(label).exists() else None
+
+    def command(self, batch_id: str) -> str:
+        """The shell command that runs the wave with vLLM's offline batch runner."""
+        model = self.model or self._input_model(batch_id)
+        paths = [os.path.abspath(self.input_path(batch_id)), os.path.abspath(self.output_path(batch_id))]
+        return shlex.join(["python", "-m", "vllm.entrypoints.openai.run_batch", "-i", paths[0], "-o", paths[1],
+                           "--model", model])
+
+    def state(self, batch_id: str) -> BatchState:
+        """``completed`` once the output answers every request of the input; ``in_progress`` until then."""
+        ids, out = self._input_ids(batch_id), self.output_path(batch_id)
+        counts = {"total": len(ids), "completed": 0, "failed": 0}
+        if not out.exists():
+            return BatchState(batch_id, "in_progress", counts, f"waiting for {out}")
+        wanted, seen = set(ids), set()
+        for number, record in _records(out):
+            custom_id = _custom_id(out, number, record)
+            if custom_id in wanted and custom_id not in seen:
+                seen.add(custom_id)
+                counts["failed" if outcome_of(custom_id, record, NO_STATUS).error else "completed"] += 1
+        if len(seen) == len(ids):
+            return BatchState(batch_id, "completed", counts, f"{out} answers all {len(ids)} requests")
+        return BatchState(batch_id, "in_progress", counts, f"{len(seen)} of {len(ids)} answers in {out} so far")
+
+    def outcomes(self, batch_id: str) -> list[Outcome]:
+        """One outcome per output line that answers a request of the input (the first, if it is answered twice)."""
+        wanted, out = set(self._input_ids(batch_id)), self.output_path(batch_id)
+        found: dict[str, Outcome] = {}
+        if not out.exists():
+            return []
+        for number, record in _records(out):
+            custom_id = _custom_id(out, number, record)
+            if custom_id not in wanted:
+                log.warning("%s line %d: custom_id %r is no request of this wave; ignored", out, number, custom_id[:200])
+            elif custom_id in found:
+                log.warning("%s line %d: a second answer to %r; the first is kept", out, number, custom_id[:200])
+            else:
+                found[custom_id] = outcome_of(custom_id, record, NO_STATUS)
+        return list(found.values())
+
+    def _input_bytes(self, requests: list[BatchRequest]) -> bytes:
+        lines, seen = [], set()
+        for request in requests:
+            if not isinstance(request.custom_id, str) or not request.custom_id or request.custom_id in seen:
+                raise ValueError(f"custom_id {request.custom_id!r} is empty, not a string, or not unique in the wave")
+            seen.add(request.custom_id)
+            body = {**request.body, "model": self.model} if self.model else request.body
+            line = json.dumps({"custom_id": request.custom_id, "method": "POST", "url": _URL, "body": body}) + "\n"
+            if len(line) > MAX_LINE_BYTES:  # ASCII (json.dumps escapes the rest), so characters are bytes
+                raise ConfigError(f"request {request.custom_id!r} is {len(line)} bytes, over the {MAX_LINE_BYTES}-byte limit")
+            lines.append(line)
+        data = "".join(lines).encode("ascii")
+        if len(data) > MAX_FILE_BYTES:  # state() could not read it back
+            raise ConfigError(f"the wave is {len(data)} bytes, over the {MAX_FILE_BYTES}-byte limit: submit smaller waves")
+        return data
+
+    def _input_ids(self, batch_id: str) -> list[str]:
+        if batch_id not in self._ids:
+            path = self._existing_input(batch_id)
+            self._ids[batch_id] = [_custom_id(path, number, record) for number, record in _records(path)]
+        return self._ids[batch_id]
+
+    def _input_model(self, batch_id: str) -> str:
+        path = self._existing_input(batch_id)
+        models = {(record.get("body") or {}).get("model") for _, record in _records(path)}
+        model = models.pop() if len(models) == 1 else None
+        if not isinstance(model, str) or not model:
+            raise ConfigError(f"the requests in {path} do not name one model: give FolderBatches the model the engine serves")
+        return model
+
+    def _existing_input(self, batch_id: str) -> Path:
+        path = self.input_path(batch_id)
+        if not path.exists():
+            raise ConfigError(f"no batch {batch_id!r} in {self.directory}: {path} is missing")
+        return path
+
+
+def _checked(label: str) -> str:
+    # The label becomes a file name: nothing that could climb out of the folder or hide from a listing.
+    if not isinstance(label, str) or not _LABEL.fullmatch(label) or label.startswith("."):
+        raise ConfigError(f"batch label {label!r} is no safe file name: use up to 200 of A-Z a-z 0-9 _ . - "
+                          "and do not start it with '.'")
+    return label
+
+
+def _records(path: Path) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for each line of ``path``; a last line the engine is still writing is left out."""
+    size = path.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise LMError(f"{path} is {size} bytes, over the {MAX_FILE_BYTES}-byte limit on a batch file")
+    total = 0
+    with open(path, "rb") as f:
+        number = 0
+        while line := f.readline(MAX_LINE_BYTES + 1):
+            number, total = number + 1, total + len(line)
+            whole = line.endswith(b"\n")
+            if total > MAX_FILE_BYTES:  # it grew while we read it
+                raise LMError(f"{path} grew past the {MAX_FILE_BYTES}-byte limit on a batch file (line {number})")
+            if not whole and len(line) > MAX_LINE_BYTES:
+                raise LMError(f"{path} line {number} is over the {MAX_LINE_BYTES}-byte limit on one line")
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except (ValueError, RecursionError) as exc:
+                if not whole:
+                    return  # torn: the engine has written only part of it so far
+                raise LMError(f"{path} line {number} is not JSON: {exc}") from None
+            if not isinstance(record, dict):
+                raise LMError(f"{path} line {number} is not a JSON object")
+            yield number, record
+
+
+def _custom_id(path: Path, number: int, record: dict) -> str:
+    custom_id = record.get("custom_id")
+    if not isinstance(custom_id, str):
+        # Without it the line answers no request, and the wave would wait for it forever.
+        raise LMError(f"{path} line {number} has no string custom_id")
+    return custom_id
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    # Temp file in the same folder + os.replace: the engine sees no input file or a whole one, never half of it.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    # 0o666 less the umask, not mkstemp's owner-only mode: the engine may run as another user.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(folder: Path) -> None:
+    # The rename itself is durable only once the folder is synced (POSIX); elsewhere this is a no-op.
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

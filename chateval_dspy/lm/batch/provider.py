@@ -1,0 +1,136 @@
+"""What every batch provider offers the wave driver: submit a batch, read its state, read its outcomes.
+
+All providers speak one request shape and one answer shape, OpenAI's batch format: a request is an
+OpenAI chat-completions body under a ``custom_id``; an answer is an OpenAI ``chat.completion`` object (or an
+error). A provider whose API differs (Anthropic's Message Batches) translates inside itself, so the driver,
+the journal and the engine never see a provider's own format.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+# A batch in one of these states will change no more: its outcomes can be read (some may be missing).
+TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    """One call: ``body`` is an OpenAI chat-completions body; ``custom_id`` names it in the batch files."""
+
+    custom_id: str
+    body: dict
+
+
+@dataclass(frozen=True)
+class BatchState:
+    """Where a submitted batch stands.
+
+    Args:
+        id: The provider's batch id.
+        status: ``validating``, ``in_progress``, ``finalizing`` or one of ``TERMINAL`` (OpenAI's words; a provider
+            with other words maps them onto these).
+        counts: ``{"total", "completed", "failed"}`` requests, as far as the provider says.
+        detail: The provider's own status word, or why the batch failed (shown in progress lines).
+    """
+
+    id: str
+    status: str
+    counts: dict = field(default_factory=dict)
+    detail: str = ""
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What came back for one request of a finished batch: ``body`` (a ``chat.completion`` dict) or ``error``
+    (``{"status": HTTP status or None, "code": str, "message": str}``)."""
+
+    custom_id: str
+    body: dict | None = None
+    error: dict | None = None
+
+
+class BatchProvider(Protocol):
+    """A Batch API (or a folder a self-hosted engine reads).
+
+    ``label`` is a token the driver journals *before* it submits: a provider that can tag a batch with it
+    (OpenAI's batch ``metadata``) can find that batch again after a kill between its submission and the journal's
+    record of it (``find``), so that a rerun attaches instead of submitting twice.
+    """
+
+    name: str
+
+    def submit(self, requests: list[BatchRequest], label: str) -> str:
+        """Submit ``requests`` as one batch; its id."""
+
+    def find(self, label: str) -> str | None:
+        """The id of a batch submitted with ``label``, if the provider can tell; else None."""
+
+    def state(self, batch_id: str) -> BatchState:
+        """The batch's state now."""
+
+    def outcomes(self, batch_id: str) -> list[Outcome]:
+        """The outcomes of a terminal batch: one per request that finished (answered or failed on its own);
+        requests without one (an expired or failed batch's unfinished requests) are to be submitted again."""
+
+
+# A failed request's message, as kept and shown: enough to say what went wrong, not a whole echoed prompt.
+MAX_MESSAGE = 2000
+
+
+def outcome_of(custom_id: str, record: dict, missing_status: int | None = None) -> Outcome:
+    """The answer or the error that one line of an OpenAI-format batch output or error file holds (OpenAI's own
+    files, vLLM's ``run_batch``). Lines are untrusted: a 200 without a JSON object for a body is an error too.
+
+    Args:
+        missing_status: The status of a failure that states none: None (OpenAI: the batch ran out before the
+            request, ``batch_expired``) or, for an engine whose batches never run out, a server error (502).
+
+    Example:
+        >>> outcome_of("r1", {"response": {"status_code": 200, "body": {"choices": []}}, "error": None}).body
+        {'choices': []}
+        >>> outcome_of("r2", {"response": {"status_code": 400, "body": None}, "error": "Request must not be streamed"}).error
+        {'status': 400, 'code': 'request_failed', 'message': 'Request must not be streamed'}
+        >>> outcome_of("r3", {"response": None, "error": {"code": "batch_expired", "message": "late"}}).error
+        {'status': None, 'code': 'batch_expired', 'message': 'late'}
+    """
+    response = record.get("response") if isinstance(record.get("response"), dict) else {}
+    status = response.get("status_code")
+    status = status if isinstance(status, int) and not isinstance(status, bool) else None
+    body, error = response.get("body"), record.get("error")
+    if error is None and status == 200:
+        if isinstance(body, dict):
+            return Outcome(custom_id, body=body)
+        return Outcome(custom_id, error={"status": status, "code": "invalid_response",
+                                         "message": "the answer has no JSON object for a body"})
+    if error is None and isinstance(body, dict):
+        error = body.get("error")  # OpenAI's own files put a failed request's error in its body
+    return Outcome(custom_id, error=error_of(status, error, missing_status))
+
+
+def error_of(status: int | None, error: object, missing_status: int | None = None) -> dict:
+    """``{"status", "code", "message"}`` from a provider's or an engine's error: a string, or an error object,
+    flat or nested.
+
+    Example:
+        >>> error_of(None, {"error": {"message": "no such model", "type": "NotFoundError", "param": None, "code": 404}})
+        {'status': 404, 'code': 'NotFoundError', 'message': 'no such model'}
+    """
+    if isinstance(error, dict) and isinstance(error.get("error"), dict):
+        error = error["error"]
+    code, message = None, error if isinstance(error, str) else None
+    if isinstance(error, dict):
+        number = error.get("code")
+        code = number if isinstance(number, str) else error.get("type")
+        if status is None and isinstance(number, int) and not isinstance(number, bool):
+            status = number
+        message = error.get("message")
+    if not isinstance(message, str) or not message:
+        message = "the request failed" + (f" (HTTP {status})" if status is not None else "") + " and no more was said"
+    return {"status": missing_status if status is None else status,
+            "code": code[:80] if isinstance(code, str) and code else "request_failed", "message": message[:MAX_MESSAGE]}
