@@ -152,6 +152,9 @@ class AblationHooks:
     def judged(self, row: VariantResult) -> None:
         """``row``'s items are all judged (or were, by an earlier run)."""
 
+    def wave(self, progress: dict) -> None:
+        """Batch mode: a look at the current wave's batches (``lm.batch.waves.Waves``)."""
+
 
 def _correct(records: list[dict]) -> dict[str, bool]:
     return {str(r["id"]): r["prediction"] == r["human"] for r in records if r.get("human") is not None}
@@ -227,7 +230,7 @@ def ablate(data: DataSpec, config: DebateConfig | Callable[[str], DebateConfig],
     from chateval_dspy.program.chateval import build_evaluator
     from chateval_dspy.run import records
     from chateval_dspy.run.evaluate import evaluate
-    from chateval_dspy.run.evaluate_dataset import check_task, lm_slots, results_path
+    from chateval_dspy.run.evaluate_dataset import batch_items, check_task, lm_slots, results_path
     from optim.ablation_report import ablation_plot
 
     hooks = hooks or AblationHooks()
@@ -245,14 +248,17 @@ def ablate(data: DataSpec, config: DebateConfig | Callable[[str], DebateConfig],
     paths = {v.slug: results_path(data, keys[v.slug], out / f"{v.slug}.jsonl", overwrite=overwrite) for v in panels}
     metric = primary_metric(cfg.task_spec)
     rows, judged = [], {}
-    with lm.judging(lm_slots(cfg, concurrency)) as judging_lm, _cache_per_variant(lm) as use_cache:
+    # Batch mode: the variants run one after another, each in waves of all its items (journal beside the results).
+    at_once = batch_items(concurrency, len(items)) if lm.batch else concurrency
+    with lm.judging(lm_slots(cfg, concurrency), journal=out / "batches", on_wave=hooks.wave) as judging_lm, \
+            _cache_per_variant(lm) as use_cache:
         model, referees = judging_lm.model, referee_names()
         for v in panels:
             use_cache(keys[v.slug])
             program = build_evaluator(configs[v.slug])
             with hooks.progress(v, len(items)) as on_item:
-                result = evaluate(program, items, configs[v.slug], out=paths[v.slug], concurrency=concurrency,
-                                  on_item=on_item, run_key=keys[v.slug])
+                result = evaluate(program, items, configs[v.slug], out=paths[v.slug], concurrency=at_once,
+                                  on_item=on_item, run_key=keys[v.slug], waves=lm.batch)
             judged[v.slug] = [r for r in records.finished_records(paths[v.slug], keys[v.slug])
                               if not records.is_error(r)]
             figures = result.metrics(seed=data.seed)

@@ -41,6 +41,21 @@ def unpriced_marks(cost: dict, prefix: str = "") -> dict[str, str]:
     return {f"{prefix}cost_usd": UNPRICED} if cost.get("cost_usd_total") == UNPRICED else {}
 
 
+def batch_tags(batch: dict | None) -> dict:
+    """A batch run's provider, waves and batch ids as MLflow tags ({} for a live run).
+
+    Example:
+        >>> batch_tags({"provider": "openai", "waves": 4, "expected_waves": 4, "batch_ids": ["b1", "b2"]})
+        {'chateval.batch.provider': 'openai', 'chateval.batch.waves': '4 (expected 4)', 'chateval.batch.ids': 'b1,b2'}
+    """
+    if not batch:
+        return {}
+    # MLflow tags hold at most 8,000 characters; a very long run keeps its first ids (all are in the journal).
+    return {"chateval.batch.provider": batch["provider"],
+            "chateval.batch.waves": f"{batch['waves']} (expected {batch['expected_waves']})",
+            "chateval.batch.ids": ",".join(batch["batch_ids"])[:7900]}
+
+
 def log_evaluation(done, metrics: dict, *, uri: str | None = None) -> str:
     """Log a ``DatasetRun`` (from ``evaluate_dataset``) as one MLflow run; returns its id.
 
@@ -56,10 +71,12 @@ def log_evaluation(done, metrics: dict, *, uri: str | None = None) -> str:
     cost = done.result.cost()
     params = run_params(done.data, done.config, done.model, done.items,
                         referee_models=getattr(done, "referee_models", None))
+    batch = getattr(done, "batch", None)
     with tracking.run("evaluate", params=params, uri=uri,
-                      tags={"command": "evaluate", **unpriced_marks(cost)}) as active:
+                      tags={"command": "evaluate", **unpriced_marks(cost), **batch_tags(batch)}) as active:
         tracking.log_metrics(metrics, {**cost, **done.result.abstention_metrics(), **done.result.model_metrics(),
-                                       **extra})
+                                       **extra, **({"batch_waves": batch["waves"], "batch_submitted": batch["submitted"]}
+                                                   if batch else {})})
         tracking.log_file(done.out, "results")
         with tempfile.TemporaryDirectory() as tmp:
             if done.config.task is not None:

@@ -37,6 +37,7 @@ from chateval_dspy.data.loaders import item_from_record
 from chateval_dspy.deploy.store import CARD_FILE, load_program, read_card, save_program
 from chateval_dspy.errors import ChatEvalError, ConfigError, DataError
 from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.lm.batch.setup import BatchRun
 from chateval_dspy.lm.panel import open_panel
 from chateval_dspy.lm.pricing import attach_price
 from chateval_dspy.lm.resolve import EMBEDDED, EMBEDDED_MODEL_ID, configure_cache
@@ -375,7 +376,8 @@ def bind_referees(program: ChatEval, lms: dict[str, dspy.LM]) -> None:
 
 def load(path_or_uri: str | Path, *, model: str | None = None, trust_pickle: bool = False, slots: int = 4,
          timeout: float = 120.0, served_model: str | None = None, cache: bool = True,
-         referee_models: dict[str, str] | None = None, price_per_mtok: str | tuple[float, ...] | None = None) -> Judge:
+         referee_models: dict[str, str] | None = None, price_per_mtok: str | tuple[float, ...] | None = None,
+         batch: BatchRun | None = None) -> Judge:
     """Load a saved evaluator and bind it to an LM (a mixed panel: each referee to its own).
 
     Args:
@@ -395,6 +397,8 @@ def load(path_or_uri: str | Path, *, model: str | None = None, trust_pickle: boo
         price_per_mtok: US dollars per million input and output tokens of the main model (``"0.15,0.6"``, optionally
             with the cached-read and cache-write rates: ``"0.15,0.6,0.075"``), for an endpoint LiteLLM's cost map
             does not price; verdicts then carry ``cost_usd``.
+        batch: Batch mode (``lm.batch``): the model's calls go out in waves through its Batch API (or a folder);
+            judge items with ``score_file(..., waves=True)``. A mixed panel is not batched.
 
     Example:
         >>> from chateval_dspy.deploy.store import make_card, save_program
@@ -415,9 +419,14 @@ def load(path_or_uri: str | Path, *, model: str | None = None, trust_pickle: boo
         referees = referee_specs(card, roles, model=model, referee_models=referee_models)
         price = LMSpec(spec, price_per_mtok=price_per_mtok).price()  # a bad price fails before any model starts
         configure_cache(cache)
-        lm, referee_lms = stack.enter_context(open_panel(spec, referees, slots=slots, timeout=timeout,
-                                                         served_model=served_model))
-        attach_price(lm, price)
+        if batch is not None:
+            lm, referee_lms = stack.enter_context(LMSpec(
+                spec, served_model=served_model, price_per_mtok=price_per_mtok, referee_models=referees, batch=True,
+                batch_dir=batch.batch_dir, batch_poll=batch.poll).batching(batch.journal, batch.on_wave)), {}
+        else:
+            lm, referee_lms = stack.enter_context(open_panel(spec, referees, slots=slots, timeout=timeout,
+                                                             served_model=served_model))
+            attach_price(lm, price)  # a batching LM carries its batch price already
         _warn_if_moved(card, lm, referee_lms, roles)
         return Judge(program, card, lm, stack, referee_lms)
     except BaseException:

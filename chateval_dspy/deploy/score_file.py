@@ -15,9 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chateval_dspy.concurrency import bounded_unordered
+from chateval_dspy.concurrency import bounded_unordered, run_gated
 from chateval_dspy.data.loaders import column_map, item_from_record, read_rows
 from chateval_dspy.errors import DataError
+from chateval_dspy.run.evaluate_dataset import batch_items
 from chateval_dspy.run.records import ResultsStream, is_error
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ class ScoreReport:
 
 
 def score_file(evaluator, src: str | Path, out: str | Path, *, columns: dict[str, str] | None = None,
-               concurrency: int = 1, on_item: Callable[[dict], None] | None = None) -> ScoreReport:
+               concurrency: int = 1, on_item: Callable[[dict], None] | None = None, waves: bool = False) -> ScoreReport:
     """Judge every row of ``src`` (JSONL/CSV) into ``out`` (JSONL), resuming where an earlier run stopped.
 
     Args:
@@ -42,6 +43,8 @@ def score_file(evaluator, src: str | Path, out: str | Path, *, columns: dict[str
         columns: Our field name -> the user's column name, for any field (``id`` and the inputs alike).
         concurrency: Rows judged at once.
         on_item: Called with each line written (verdicts and errors).
+        waves: Batch mode (the evaluator loaded with ``batch``): ``concurrency`` rows judged at once make their LM
+            calls in waves (``concurrency.run_gated``).
     """
     src, out = Path(src), Path(out)
     fmt = getattr(evaluator, "task", evaluator.format)  # a loaded Judge knows its task; else the format's built-in
@@ -80,7 +83,8 @@ def score_file(evaluator, src: str | Path, out: str | Path, *, columns: dict[str
             except DataError as exc:
                 return {"id": item_id, "row": row, "error": str(exc)}
 
-        for _, result in bounded_unordered(judge, todo, concurrency):
+        runner = run_gated if waves else bounded_unordered
+        for _, result in runner(judge, todo, batch_items(concurrency, len(todo)) if waves else max(1, concurrency)):
             stream.append(result)
             if is_error(result):
                 report.rejected.append((result["row"], result["error"]))

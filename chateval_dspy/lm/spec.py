@@ -176,7 +176,7 @@ class LMSpec:
 
         resolve.configure_cache(self.cache, self.cache_dir)
         if self.batch:
-            with self._batching(journal, on_wave) as lm, dspy.context(lm=lm, adapter=JudgeAdapter()):
+            with self.batching(journal, on_wave) as lm, dspy.context(lm=lm, adapter=JudgeAdapter()):
                 yield lm
             return
         with panel.open_panel(self.model, self.referee_map, slots=slots, temperature=self.temperature,
@@ -186,7 +186,8 @@ class LMSpec:
                 dspy.context(lm=attach_price(lm, self.price()), adapter=JudgeAdapter()), panel.binding(referees):
             yield lm
 
-    def _batching(self, journal: str | Path | None, on_wave: Callable[[dict], None] | None):
+    def batching(self, journal: str | Path | None, on_wave: Callable[[dict], None] | None = None):
+        """The batching LM of this spec (``lm.batch.setup.batch_lm``), its batches and answers kept in ``journal``."""
         from chateval_dspy.lm.batch.setup import batch_lm
 
         if journal is None:

@@ -71,11 +71,11 @@ def expected_waves(config: DebateConfig, todo: int, items_at_once: int) -> int:
     return critical_path(config)["chain"] * groups
 
 
-def batch_summary(lm, expected: int) -> dict:
+def batch_summary(lm) -> dict:
     """What batch mode did: ``provider``, ``waves`` (run) and ``expected_waves``, ``batch_ids``, ``submitted``
     requests, and ``usd`` (the batches' cost as answered; None when unpriced)."""
     waves = lm.engine.waves
-    return {"provider": waves.provider.name, "waves": waves.wave, "expected_waves": expected,
+    return {"provider": waves.provider.name, "waves": waves.wave, "expected_waves": waves.expected,
             "batch_ids": list(dict.fromkeys(waves.batch_ids)), "submitted": waves.submitted, "usd": waves.usd}
 
 
@@ -178,9 +178,11 @@ def evaluate_dataset(data: DataSpec, config: DebateConfig | Callable[[str], Deba
     todo = len(items) - len(records.finished_records(path, key))
     at_once = batch_items(concurrency, todo) if lm.batch else concurrency
     with lm.judging(lm_slots(cfg, concurrency), journal=journal_folder(path), on_wave=on_wave) as judging_lm:
+        if lm.batch:
+            judging_lm.engine.waves.expected = expected_waves(cfg, todo, at_once)
         result = evaluate(program, items, cfg, out=path, concurrency=at_once, on_item=on_item, run_key=key,
                           waves=lm.batch)
         model, referees = judging_lm.model, referee_names()
-        batch = batch_summary(judging_lm, expected_waves(cfg, todo, at_once)) if lm.batch else None
+        batch = batch_summary(judging_lm) if lm.batch else None
     return DatasetRun(data, cfg, items, path, key, model, result, list(getattr(items, "skipped", [])), referees,
                       batch)

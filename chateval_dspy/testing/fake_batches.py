@@ -44,6 +44,7 @@ class _Batch:
     started: float
     requests: list[tuple[str, dict]] = field(default_factory=list)
     problems: list[dict] = field(default_factory=list)  # set at create: the batch will end "failed"
+    ids: list[str] = field(default_factory=list)  # every custom_id read, valid line or not
     expire: bool = False
 
 
@@ -131,9 +132,9 @@ class FakeBatches:
         self._lock = threading.RLock()
 
     def requests_in(self, batch_id: str) -> list[str]:
-        """The custom_ids read from a batch's input file, in file order."""
+        """The custom_ids read from a batch's input file, in file order ([] for an unknown batch)."""
         with self._lock:
-            return [cid for cid, _ in self.batches[batch_id].requests] if batch_id in self.batches else []
+            return list(self.batches[batch_id].ids) if batch_id in self.batches else []
 
     # ---- files
 
@@ -186,7 +187,7 @@ class FakeBatches:
                "finalizing_at": None, "completed_at": None, "failed_at": None, "expired_at": None,
                "cancelling_at": None, "cancelled_at": None, "request_counts": {"total": 0, "completed": 0, "failed": 0},
                "metadata": metadata, "errors": None, "model": next((b.get("model") for _, b in requests), None)}
-        batch = _Batch(obj, now, requests, problems)
+        batch = _Batch(obj, now, requests, problems, ids)
         with self._lock:
             if not problems and self.fail_batches > 0:
                 self.fail_batches -= 1

@@ -14,6 +14,7 @@ def add_command(sub) -> None:
                                    "referee alone, and compares each with the full panel item by item. Rerunning the "
                                    "same command resumes it: nothing already judged is judged again.")
     flags.add_common_flags(p)
+    flags.add_batch_flags(p)
     p.add_argument("--out", help="folder for each variant's results file, ablation.json and ablation.png "
                                  "(default: results/ablate-<dataset>-<run key>)")
     p.add_argument("--overwrite", action="store_true", help="start every variant's results afresh instead of resuming")
@@ -25,10 +26,15 @@ def run(args) -> int:
     from optim.ablate import AblationHooks, ablate
     from optim.tracking import TrackingSpec
 
+    waves = show.wave_progress(not args.no_progress)
+
     class Printed(AblationHooks):
         def progress(self, variant, total):
             print(f"{variant.name}: {', '.join(variant.roles)}", file=sys.stderr)
             return show.progress(total, not args.no_progress)
+
+        def wave(self, progress):
+            waves(progress)
 
         def judged(self, row):
             if row.result.resumed:

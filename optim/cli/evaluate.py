@@ -11,6 +11,7 @@ from optim.cli import flags, show
 def add_command(sub) -> None:
     p = sub.add_parser("evaluate", help="judge a dataset and report agreement with the human labels")
     flags.add_common_flags(p)
+    flags.add_batch_flags(p)
     p.add_argument("--out", help="results JSONL, one line per item (default: results/<dataset>-<run key>.jsonl); "
                                  "rerunning the same command resumes it")
     p.add_argument("--overwrite", action="store_true", help="start --out afresh instead of resuming it")
@@ -33,7 +34,8 @@ def run(args) -> int:
     with show.progress(None, not args.no_progress) as on_item:
         done = evaluate_dataset(data, panel, flags.lm_spec(args), out=args.out, overwrite=args.overwrite,
                                 concurrency=flags.concurrency(args),
-                                on_item=tracer.on_item(on_item) if tracer else on_item)
+                                on_item=tracer.on_item(on_item) if tracer else on_item,
+                                on_wave=show.wave_progress(not args.no_progress))
     if done.result.resumed:
         print(f"resumed: {done.result.resumed} item(s) were already judged in {done.out}", file=sys.stderr)
     metrics = show.summary(done.result, done.header(), data.seed)

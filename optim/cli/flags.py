@@ -92,6 +92,19 @@ def add_lm_flags(p: argparse.ArgumentParser, *, concurrency: int = 1) -> None:
     g.add_argument("--cache-dir", help="DSPy cache directory (default: $CHATEVAL_CACHE_DIR or ~/.cache/chateval-dspy)")
 
 
+def add_batch_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("batch mode")
+    g.add_argument("--batch", action="store_true",
+                   help="judge through the provider's Batch API (openai/..., anthropic/..., a base URL with "
+                        "/v1/batches), in waves: half price, answers within hours; a rerun attaches to the batches "
+                        "already submitted (kept beside --out in <out>.batches/)")
+    g.add_argument("--batch-dir", metavar="DIR",
+                   help="batch mode for a self-hosted engine: write each wave's requests to DIR in the OpenAI batch "
+                        "format vllm run-batch reads, and read its output file back (implies --batch)")
+    g.add_argument("--batch-poll", type=float, default=default(LMSpec, "batch_poll"),
+                   help="seconds between looks at a submitted batch (default %(default)s)")
+
+
 def add_common_flags(p: argparse.ArgumentParser, *, dataset_required: bool = True) -> None:
     """Data, panel and model flags, shared by every command that judges a dataset."""
     add_data_flags(p, dataset_required=dataset_required)
@@ -150,7 +163,14 @@ def lm_spec(args) -> LMSpec:
                   max_tokens=args.max_tokens, timeout=args.timeout, retries=args.retries,
                   call_deadline=args.call_deadline, item_deadline=args.item_deadline, cache=not args.no_cache,
                   cache_dir=args.cache_dir, referee_models=parse_referees(getattr(args, "referee", None)),
-                  price_per_mtok=getattr(args, "price_per_mtok", None))
+                  price_per_mtok=getattr(args, "price_per_mtok", None), **batch_settings(args))
+
+
+def batch_settings(args) -> dict:
+    """``--batch``, ``--batch-dir``, ``--batch-poll`` as ``LMSpec`` fields (none for a command without them)."""
+    if not hasattr(args, "batch"):
+        return {}
+    return {"batch": args.batch, "batch_dir": args.batch_dir, "batch_poll": args.batch_poll}
 
 
 def panel_roles(args) -> tuple[str, ...]:

@@ -24,6 +24,7 @@ def add_trace_flags(p: argparse.ArgumentParser, default_rule: str) -> None:
 def add_command(sub) -> None:
     p = sub.add_parser("score", help="judge a JSONL/CSV file with a saved evaluator (resumable)")
     flags.add_loaded_flags(p)
+    flags.add_batch_flags(p)
     p.add_argument("--in", dest="src", required=True, help="items, .jsonl or .csv")
     p.add_argument("--out", required=True, help="verdicts .jsonl; rerunning skips ids already in it")
     p.add_argument("--columns", help="map fields to your columns, e.g. question=prompt,answer_1=a")
@@ -32,14 +33,25 @@ def add_command(sub) -> None:
                        "file has at most {n} rows")
 
 
-def load_judge(args):
-    """The saved evaluator named by the flags, bound to its LM (score, serve)."""
+def load_judge(args, batch=None):
+    """The saved evaluator named by the flags, bound to its LM (score, serve); ``batch``: in batch mode."""
     from chateval_dspy.deploy.judge import load
     from chateval_dspy.lm.panel import parse_referees
 
     return load(args.evaluator, model=args.model, trust_pickle=args.trust_pickle, slots=flags.concurrency(args),
                 timeout=args.timeout, served_model=args.served_model, referee_models=parse_referees(args.referee) or None,
-                price_per_mtok=args.price_per_mtok)
+                price_per_mtok=args.price_per_mtok, batch=batch)
+
+
+def batch_run(args):
+    """``--batch``/``--batch-dir`` as a ``BatchRun`` (its journal beside ``--out``), or None for a live run."""
+    if not (args.batch or args.batch_dir):
+        return None
+    from chateval_dspy.lm.batch.setup import BatchRun
+    from chateval_dspy.run.evaluate_dataset import journal_folder
+
+    return BatchRun(journal_folder(Path(args.out)), args.batch_dir, args.batch_poll,
+                    show.wave_progress(not args.no_progress))
 
 
 def traced(judge, args, *, items: int | None, command: str, tags: dict | None = None):
@@ -66,11 +78,12 @@ def run(args) -> int:
     columns = parse_columns(args.columns)
     # The default rule counts rows only when it could turn tracing on (an upper bound: non-blank lines).
     small = args.trace is None and Path(args.src).is_file() and at_most_lines(args.src, DEFAULT_MAX_ITEMS)
-    with load_judge(args) as judge, show.progress(None, not args.no_progress) as on_item:
+    batch = batch_run(args)
+    with load_judge(args, batch) as judge, show.progress(None, not args.no_progress) as on_item:
         evaluator = traced(judge, args, items=DEFAULT_MAX_ITEMS if small else None, command="score",
                            tags={"chateval.source": Path(args.src).name})
         report = score_file(evaluator, args.src, args.out, columns=columns, concurrency=args.concurrency,
-                            on_item=on_item)
+                            on_item=on_item, waves=batch is not None)
         if evaluator is not judge:
             evaluator.tracer.flush()
     print(f"rows: {report.total}  scored now: {report.scored}  already done: {report.skipped}  "

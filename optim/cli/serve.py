@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
+from chateval_dspy.errors import ConfigError
 from optim.cli import flags
 from optim.cli.score import add_trace_flags, load_judge, traced
 
@@ -19,6 +21,9 @@ def add_command(sub) -> None:
     p.add_argument("--queue", type=int, default=4, help="requests in flight before 503")
     p.add_argument("--max-items", type=int, default=32, help="items per request")
     p.add_argument("--max-body-bytes", type=int, default=1_000_000)
+    # Refused with a reason rather than left unknown: a batch takes hours, a request cannot wait for it.
+    p.add_argument("--batch", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--batch-dir", help=argparse.SUPPRESS)
     # A server judges an unbounded number of items, so the default rule never turns tracing on here.
     add_trace_flags(p, "off (a server's traffic has no size a person would read; --trace turns it on)")
 
@@ -29,6 +34,9 @@ def run(args) -> int:
     from chateval_dspy.deploy.serve import create_app
     from chateval_dspy.run.tracing import register_secret
 
+    if args.batch or args.batch_dir:
+        raise ConfigError("serve answers each request live: batch mode (--batch, --batch-dir) is for evaluate, "
+                          "score and ablate, whose items can wait hours for their waves")
     token = os.environ.get(args.token_env) or None
     register_secret(token)  # whatever the variable's name, the token never reaches MLflow
     with load_judge(args) as judge:

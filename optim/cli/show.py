@@ -23,3 +23,23 @@ def progress(total: int | None, enabled: bool = True):
 
     with tqdm(total=total, unit="item", disable=not enabled, file=sys.stderr) as bar:
         yield lambda record: bar.update(1)
+
+
+def wave_progress(enabled: bool = True):
+    """A callback that prints batch mode's progress to stderr, one line per look at the wave's batches."""
+    told = []
+
+    def show(p: dict) -> None:
+        if not enabled:
+            return
+        if not told and p.get("expected"):
+            told.append(True)
+            print(f"batch mode through {p['provider']}: {p['expected']} wave(s) expected (the debate's longest chain "
+                  "of dependent calls, per group of items judged at once)", file=sys.stderr)
+        expected = f"/{p['expected']}" if p.get("expected") else ""
+        batches = "; ".join(f"{b['id']} {b['status']} {b.get('completed', 0)}/{b.get('total', '?')}"
+                            for b in p["batches"])
+        usd = "unpriced" if p["usd"] is None else f"${p['usd']:.6f}"
+        print(f"wave {p['wave']}{expected}: {p['requests']} request(s), {p['answered']} answered; {batches}; "
+              f"submitted {p['submitted']}; cost so far {usd}", file=sys.stderr, flush=True)
+    return show

@@ -76,7 +76,8 @@ class Waves:
             that expired or failed before answering it), as many as a live call's retries.
         poll_seconds: Seconds between looks at a submitted batch.
         price: What the provider bills per token in batches (None: unpriced), for the cost so far.
-        on_progress: Called with a dict after each look: ``wave``, ``requests`` (in the wave), ``answered``,
+        on_progress: Called with a dict after each look: ``provider``, ``wave`` and ``expected`` (the waves the run
+            should take, when its caller set ``expected``), ``requests`` (in the wave), ``answered``,
             ``batches`` (each ``id``, ``status``, ``completed``, ``failed``, ``total``), ``submitted`` (requests
             this process submitted), ``usd`` (the cost so far of the answers received, None when unpriced).
     """
@@ -86,6 +87,7 @@ class Waves:
         self.provider, self.journal, self.retries, self.poll_seconds = provider, journal, retries, poll_seconds
         self.price, self.on_progress = price, on_progress
         self.wave, self.submitted, self.batch_ids = 0, 0, []
+        self.expected: int | None = None  # the waves the run should take (set by its caller, shown in progress)
         self.usd: float | None = 0.0 if price is not None else None
         self._lock, self._wave_lock = threading.Lock(), threading.Lock()
         self._pending: dict[str, _Call] = {}
@@ -223,7 +225,8 @@ class Waves:
         if self.on_progress is None:
             return
         self.on_progress({
-            "wave": self.wave, "requests": len(calls), "submitted": self.submitted, "usd": self.usd,
+            "provider": self.provider.name, "wave": self.wave, "expected": self.expected, "requests": len(calls),
+            "submitted": self.submitted, "usd": self.usd,
             "answered": sum(1 for c in calls.values() if c.body is not None),
             "batches": [{"id": s.id, "status": s.status, "detail": s.detail, **s.counts} for s in states.values()]})
 
