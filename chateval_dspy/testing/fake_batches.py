@@ -114,15 +114,18 @@ class FakeBatches:
         fail_times: How many times each custom_id fails, counted over all batches (so a resubmission succeeds).
         fail_batches: The next this many valid batches end ``failed`` as a whole, with no output.
         max_upload_bytes: Larger uploads are refused with 413.
+        create_delay: Seconds a batch creation takes to answer, the batch already created (a client killed
+            meanwhile never learns its id: the case a submitter must find again by its metadata).
         clock: Seconds now (``time.time``); tests may pass their own to skip waiting.
     """
 
     def __init__(self, *, delay: float = 0.0, expire: int = 0, expire_keep: float = 0.5,
                  fail: Callable[[str, dict], int | None] | dict | None = None, fail_times: int = 1,
-                 fail_batches: int = 0, max_upload_bytes: int = 200 << 20, clock: Callable[[], float] = time.time):
+                 fail_batches: int = 0, max_upload_bytes: int = 200 << 20, clock: Callable[[], float] = time.time,
+                 create_delay: float = 0.0):
         self.delay, self.expire, self.expire_keep = delay, expire, expire_keep
         self.fail, self.fail_times, self.fail_batches = fail, fail_times, fail_batches
-        self.max_upload_bytes, self.clock = max_upload_bytes, clock
+        self.max_upload_bytes, self.clock, self.create_delay = max_upload_bytes, clock, create_delay
         self.reply: Callable[[dict], dict] | None = None  # set by the server that owns this
         self.submitted: Counter[str] = Counter()  # custom_id -> lines carrying it, over all batches
         self.created: list[str] = []  # batch ids, oldest first
@@ -199,7 +202,9 @@ class FakeBatches:
             self.submitted.update(ids)
             self.created.append(obj["id"])
             self.batches[obj["id"]] = batch
-            return dict(obj)
+            answer = dict(obj)
+        time.sleep(self.create_delay)
+        return answer
 
     def _batch(self, batch_id: str) -> _Batch:
         if batch_id not in self.batches:

@@ -1,0 +1,258 @@
+"""Batch mode (issue 20): debates through a Batch API in waves, on the fake batch server (``testing.fake_batches``).
+
+A wave holds every call the pending debates can make; a run takes as many waves as its longest chain of dependent
+calls. The verdicts are a live run's; nothing is submitted twice, also across a kill; expired batches and failed
+requests go out again; the folder mode round-trips vLLM's run-batch files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from chateval_dspy.config import DebateConfig
+from chateval_dspy.data.spec import DataSpec
+from chateval_dspy.errors import ConfigError
+from chateval_dspy.lm.spec import LMSpec
+from chateval_dspy.program.critical_path import critical_path
+from chateval_dspy.run.evaluate_dataset import evaluate_dataset
+from chateval_dspy.testing.fake_batches import FakeBatches
+from chateval_dspy.testing.fake_lm import default_responder
+from chateval_dspy.testing.fake_server import FakeOpenAIServer
+
+DATA = DataSpec("faireval", limit=6)
+RECORDED = Path(__file__).parent / "data" / "vllm_run_batch_output.jsonl"
+
+
+def responder(call):
+    """Verdicts that differ per item (scores by length, modulo 10), so that equal verdicts mean something."""
+    out = default_responder(call)
+    if call.kind == "verdict" and "score_1" in out:
+        a1, a2 = call.inputs.get("answer_1", ""), call.inputs.get("answer_2", "")
+        out = {**out, "score_1": 1 + len(a1) % 10, "score_2": 1 + len(a2) % 10}
+    return out
+
+
+def stable(path: Path) -> list[str]:
+    """What was judged and said, per item (times and tokens are measurements, and differ)."""
+    from chateval_dspy.program.debate import MEASURED
+
+    keep = ("id", "prediction", "score_1", "score_2", "referees", "transcripts", "consistent", "abstained", "calls")
+    records = [{k: r.get(k) for k in keep} for r in map(json.loads, path.read_text().splitlines())]
+    for r in records:
+        r["transcripts"] = [[{k: v for k, v in u.items() if k not in MEASURED} for u in t]
+                            for t in r["transcripts"] or []]
+    return sorted(json.dumps(r, sort_keys=True) for r in records)
+
+
+def batch_spec(url: str, **kwargs) -> LMSpec:
+    return LMSpec(model=url, cache=False, batch=True, batch_poll=0.02, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    out = tmp_path_factory.mktemp("live") / "live.jsonl"
+    with FakeOpenAIServer(responder=responder) as url:
+        evaluate_dataset(DATA, DebateConfig(), LMSpec(model=url, cache=False), out=out)
+    return stable(out)
+
+
+def test_a_batch_run_gives_the_live_verdicts_in_as_many_waves_as_the_critical_path(tmp_path, live):
+    fake = FakeBatches(delay=0.05)
+    seen = []
+    with FakeOpenAIServer(responder=responder, batches=fake) as url:
+        run = evaluate_dataset(DATA, DebateConfig(), batch_spec(url), out=tmp_path / "b.jsonl", on_wave=seen.append)
+    assert stable(tmp_path / "b.jsonl") == live
+    chain = critical_path(DebateConfig())["chain"]
+    assert run.batch["waves"] == run.batch["expected_waves"] == chain == len(fake.created) == 4
+    # Every request went out once, one batch per wave, each wave all 6 items' ready calls (2 answer orders each).
+    assert run.batch["submitted"] == sum(fake.submitted.values()) == len(fake.submitted) == 6 * 8
+    assert [len(fake.requests_in(b)) for b in fake.created] == [12] * 4
+    assert run.batch["batch_ids"] == fake.created
+    assert {p["wave"] for p in seen} == {1, 2, 3, 4} and all(p["expected"] == 4 for p in seen)
+    assert any(b["status"] == "in_progress" for p in seen for b in p["batches"])  # the delay was seen
+    assert run.result.calls == 48 and run.model == "batch/openai-compatible/fake-served"
+
+
+@pytest.mark.parametrize("strategy", ["one_by_one", "simultaneous_talk", "simultaneous_talk_with_summarizer"])
+def test_waves_equal_each_strategys_critical_path(tmp_path, strategy):
+    cfg = DebateConfig(strategy=strategy, roles=("general_public", "critic", "scientist"), turns=2)
+    fake = FakeBatches()
+    with FakeOpenAIServer(responder=responder, batches=fake) as url:
+        run = evaluate_dataset(DataSpec("faireval", limit=3), cfg, batch_spec(url), out=tmp_path / "b.jsonl")
+    path = critical_path(cfg)
+    assert run.batch["waves"] == path["chain"] == len(fake.created), (strategy, path)
+    assert sum(fake.submitted.values()) == len(fake.submitted) == 3 * path["calls"]
+
+
+def test_identical_calls_are_submitted_once(tmp_path):
+    rows = [{"id": str(i), "question": "Same?", "answer_1": "yes", "answer_2": "no", "label": "1"} for i in range(4)]
+    src = tmp_path / "same.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    fake = FakeBatches()
+    with FakeOpenAIServer(responder=responder, batches=fake) as url:
+        run = evaluate_dataset(DataSpec(str(src), format="pairwise"), DebateConfig(), batch_spec(url),
+                               out=tmp_path / "b.jsonl")
+    assert run.result.n == 4
+    assert sum(fake.submitted.values()) == 8  # the 4 items ask the same 8 questions: each went out once
+
+
+def test_an_expired_batch_resubmits_only_its_unanswered_requests(tmp_path, live):
+    fake = FakeBatches(expire=1, expire_keep=0.5)
+    with FakeOpenAIServer(responder=responder, batches=fake) as url:
+        run = evaluate_dataset(DATA, DebateConfig(), batch_spec(url), out=tmp_path / "b.jsonl")
+    assert stable(tmp_path / "b.jsonl") == live
+    assert len(fake.submitted) == 48
+    again = [cid for cid, n in fake.submitted.items() if n > 1]
+    assert len(again) == 6 and all(fake.submitted[c] == 2 for c in again)  # half of wave 1's 12, once more
+    assert run.batch["waves"] == 5  # the expired requests' chain took one wave more
+
+
+def test_failed_requests_are_retried_then_abstain_like_live_calls(tmp_path, live):
+    # A 500 is transient: the request goes out in the next wave and the verdicts are unchanged.
+    fake = FakeBatches(fail=lambda cid, body: 500, fail_times=1)
+    with FakeOpenAIServer(responder=responder, batches=fake) as url:
+        evaluate_dataset(DATA, DebateConfig(), batch_spec(url), out=tmp_path / "retried.jsonl")
+    assert stable(tmp_path / "retried.jsonl") == live
+    assert set(fake.submitted.values()) == {2}
+    # A 400 is not: the referee abstains with the live call's cause, and the run goes on.
+    fake = FakeBatches(fail=lambda cid, body: 400, fail_times=100)
+    with FakeOpenAIServer(responder=responder, batches=fake) as url:
+        run = evaluate_dataset(DataSpec("faireval", limit=2), DebateConfig(), batch_spec(url),
+                               out=tmp_path / "refused.jsonl")
+    lines = [json.loads(line) for line in (tmp_path / "refused.jsonl").read_text().splitlines()]
+    assert run.result.n == 2 and all(r["abstained"] for r in lines)
+    assert all("InvalidRequest" in json.dumps(r["abstentions"]) for r in lines), lines[0]["abstentions"]
+    assert set(fake.submitted.values()) == {1}
+
+
+def test_a_failed_batch_goes_out_again(tmp_path, live):
+    fake = FakeBatches(fail_batches=1)
+    with FakeOpenAIServer(responder=responder, batches=fake) as url:
+        run = evaluate_dataset(DATA, DebateConfig(), batch_spec(url), out=tmp_path / "b.jsonl")
+    assert stable(tmp_path / "b.jsonl") == live and run.batch["waves"] == 5
+
+
+def test_a_rerun_answers_from_the_journal_without_submitting(tmp_path, live):
+    fake = FakeBatches()
+    with FakeOpenAIServer(responder=responder, batches=fake) as url:
+        evaluate_dataset(DATA, DebateConfig(), batch_spec(url), out=tmp_path / "b.jsonl")
+        # The results file lost, the journal kept: every call is answered from the journal, none submitted.
+        (tmp_path / "b.jsonl").unlink()
+        again = evaluate_dataset(DATA, DebateConfig(), batch_spec(url), out=tmp_path / "b.jsonl")
+    assert again.batch["submitted"] == 0 and again.batch["waves"] == 0
+    assert stable(tmp_path / "b.jsonl") == live and sum(fake.submitted.values()) == 48
+
+
+# ---------------------------------------------------------------- kill and rerun (the fake counts submissions)
+
+
+def _cli(args, env):
+    return subprocess.Popen([sys.executable, "-m", "optim.cli.main", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=env["HOME"])
+
+
+def _events(journal: Path, kind: str) -> int:
+    path = journal / "journal.jsonl"
+    return path.read_text().count(f'"event": "{kind}"') if path.exists() else 0
+
+
+@pytest.mark.parametrize("where", ["during a wave", "during a submission"])
+def test_sigkill_then_rerun_submits_nothing_twice(tmp_path, live, where):
+    # "during a wave": killed while wave 2's batch runs; "during a submission": killed after wave 2 was journaled
+    # as about to go out and while the server creates it (found again by its label, not submitted twice).
+    fake = FakeBatches(delay=1.0) if where == "during a wave" else FakeBatches(create_delay=1.5)
+    env = dict(os.environ, HOME=str(tmp_path), CHATEVAL_CACHE_DIR=str(tmp_path / "cache"))
+    out = tmp_path / "b.jsonl"
+    journal = tmp_path / "b.jsonl.batches"
+    with FakeOpenAIServer(responder=responder, batches=fake) as url:
+        args = ["evaluate", "--dataset", "faireval", "--limit", "6", "--model", url, "--batch", "--batch-poll", "0.05",
+                "--out", str(out), "--no-progress", "--no-mlflow"]
+        proc = _cli(args, env)
+        deadline = time.time() + 120
+        while time.time() < deadline and _events(journal, "intent") < 2 and proc.poll() is None:
+            time.sleep(0.02)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert _events(journal, "intent") == 2 and (not out.exists() or out.read_text() == "")
+        # Killed with wave 2 submitted and running, or before its submission was known to have reached the server.
+        assert _events(journal, "submitted") == (2 if where == "during a wave" else 1)
+        rerun = _cli(args, env)
+        _, err = rerun.communicate(timeout=300)
+        assert rerun.returncode == 0, err
+    assert stable(out) == live
+    assert len(fake.submitted) == 48 and set(fake.submitted.values()) == {1}, fake.submitted.most_common(3)
+    assert len(fake.created) == 4
+
+
+def test_batch_mode_refuses_what_it_cannot_do_before_submitting(tmp_path):
+    with pytest.raises(ConfigError, match="embedded model has no batch API"):
+        LMSpec(batch=True)
+    with pytest.raises(ConfigError, match="no batch API for 'gemini/gemini-2.0-flash'"):
+        LMSpec(model="gemini/gemini-2.0-flash", batch=True)
+    with pytest.raises(ConfigError, match="no batch price"):
+        LMSpec(model="openai/my-finetune-x", batch=True)
+    with pytest.raises(ConfigError, match="mixed panel"):
+        LMSpec(model="openai/gpt-4o-mini", batch=True, referee_models={"critic": "openai/gpt-4o"})
+    assert LMSpec(model="openai/my-finetune-x", batch=True, price_per_mtok="1,2").batch_route().price.per_mtok == (1, 2)
+    env = dict(os.environ, HOME=str(tmp_path))
+    for args in (["evaluate", "--dataset", "faireval", "--limit", "1", "--batch", "--no-mlflow"],
+                 ["serve", str(tmp_path), "--batch"]):
+        proc = _cli(args, env)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode != 0 and ("no batch API" in err or "serve answers each request live" in err), err
+    assert not (tmp_path / "results").exists() or not list((tmp_path / "results").rglob("*.batches"))
+
+
+# ---------------------------------------------------------------- folder mode (vllm run-batch files)
+
+
+def _vllm(folder: Path, stop: threading.Event, server: FakeOpenAIServer) -> None:
+    """A stand-in for ``vllm run-batch``: answers each wave's input file in the recorded output format."""
+    template = json.loads(RECORDED.read_text().splitlines()[0])
+    while not stop.is_set():
+        for path in folder.glob("*.input.jsonl"):
+            out = path.with_name(path.name.replace(".input.jsonl", ".output.jsonl"))
+            if out.exists():
+                continue
+            lines = []
+            for request in map(json.loads, path.read_text().splitlines()):
+                body = {**template["response"]["body"], **server.reply(request["body"])}
+                body["model"] = request["body"]["model"]
+                lines.append(json.dumps({**template, "custom_id": request["custom_id"],
+                                         "response": {**template["response"], "body": body}}))
+            tmp = out.with_name(out.name + ".part")
+            tmp.write_text("\n".join(lines) + "\n")
+            os.replace(tmp, out)
+        time.sleep(0.02)
+
+
+def test_folder_mode_round_trips_vllm_run_batch_files(tmp_path, live):
+    server = FakeOpenAIServer(responder=responder)
+    stop = threading.Event()
+    folder = tmp_path / "waves"
+    folder.mkdir()
+    engine = threading.Thread(target=_vllm, args=(folder, stop, server), daemon=True)
+    engine.start()
+    try:
+        spec = LMSpec(model="openai/meta-llama/Llama-3.1-8B-Instruct", served_model="meta-llama/Llama-3.1-8B-Instruct",
+                      cache=False, batch_dir=str(folder), batch_poll=0.02)
+        run = evaluate_dataset(DATA, DebateConfig(), spec, out=tmp_path / "b.jsonl")
+    finally:
+        stop.set()
+    assert stable(tmp_path / "b.jsonl") == live
+    inputs = sorted(folder.glob("*.input.jsonl"))
+    assert len(inputs) == run.batch["waves"] == 4
+    first = json.loads(inputs[0].read_text().splitlines()[0])
+    assert first["method"] == "POST" and first["url"] == "/v1/chat/completions"
+    assert first["body"]["model"] == "meta-llama/Llama-3.1-8B-Instruct"
+    assert run.result.cost()["cost_usd_total"] is None or run.batch["usd"] is None  # a private engine: unpriced
