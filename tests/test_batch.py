@@ -256,3 +256,49 @@ def test_folder_mode_round_trips_vllm_run_batch_files(tmp_path, live):
     assert first["method"] == "POST" and first["url"] == "/v1/chat/completions"
     assert first["body"]["model"] == "meta-llama/Llama-3.1-8B-Instruct"
     assert run.result.cost()["cost_usd_total"] is None or run.batch["usd"] is None  # a private engine: unpriced
+
+
+# ---------------------------------------------------------------- Anthropic, score and ablate
+
+
+def test_anthropic_message_batches_give_the_live_verdicts_at_batch_prices(tmp_path, monkeypatch, live):
+    from chateval_dspy.testing.fake_anthropic import FakeAnthropicServer
+
+    server = FakeAnthropicServer(responder)
+    with server as base:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", base)
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test-not-a-key")
+        run = evaluate_dataset(DATA, DebateConfig(), LMSpec(model="anthropic/claude-haiku-4-5", cache=False, batch=True,
+                                                             batch_poll=0.02), out=tmp_path / "b.jsonl")
+    assert stable(tmp_path / "b.jsonl") == live
+    assert run.batch["provider"] == "anthropic" and run.batch["waves"] == 4 and len(server.batch_ids) == 4
+    assert sum(server.submitted.values()) == len(server.submitted) == 48
+    cost = run.result.cost()
+    assert cost["cost_usd_total"] == pytest.approx(run.batch["usd"]) and cost["cost_usd_total"] > 0
+    text = (tmp_path / "b.jsonl").read_text() + "".join(p.read_text() for p in (tmp_path / "b.jsonl.batches").iterdir())
+    assert "sk-ant-test-not-a-key" not in text
+
+
+def test_score_and_ablate_run_in_batch_mode(tmp_path):
+    from chateval_dspy.deploy.judge import load
+    from chateval_dspy.deploy.score_file import score_file
+    from chateval_dspy.deploy.store import make_card, save_program
+    from chateval_dspy.lm.batch.setup import BatchRun
+    from chateval_dspy.program.chateval import build_evaluator
+    from optim.ablate import ablate
+
+    cfg = DebateConfig(roles=("critic", "scientist"), turns=1)
+    program = build_evaluator(cfg)
+    save_program(program, tmp_path / "judge", make_card(program, model="openai-compatible/fake-served"))
+    rows = [{"id": f"r{i}", "question": f"q{i}?", "answer_1": "a" * i, "answer_2": "b" * (9 - i)} for i in range(5)]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    fake = FakeBatches()
+    with FakeOpenAIServer(responder=responder, batches=fake) as url:
+        batch = BatchRun(tmp_path / "out.jsonl.batches", poll=0.02)
+        with load(tmp_path / "judge", model=url, cache=False, batch=batch) as judge:
+            report = score_file(judge, tmp_path / "in.jsonl", tmp_path / "out.jsonl", waves=True)
+        assert report.scored == 5 and len(fake.created) == critical_path(cfg)["chain"] == 2
+        done = ablate(DataSpec("faireval", limit=2), cfg, batch_spec(url), out=tmp_path / "ablation")
+    assert [r.result.n for r in done.rows] == [2] * len(done.rows)
+    assert (tmp_path / "ablation" / "batches" / "journal.jsonl").exists()
+    assert set(fake.submitted.values()) == {1}

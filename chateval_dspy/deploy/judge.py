@@ -37,7 +37,7 @@ from chateval_dspy.data.loaders import item_from_record
 from chateval_dspy.deploy.store import CARD_FILE, load_program, read_card, save_program
 from chateval_dspy.errors import ChatEvalError, ConfigError, DataError
 from chateval_dspy.lm.adapter import JudgeAdapter
-from chateval_dspy.lm.batch.setup import BatchRun
+from chateval_dspy.lm.batch.setup import BATCH_PREFIX, BatchRun
 from chateval_dspy.lm.panel import open_panel
 from chateval_dspy.lm.pricing import attach_price
 from chateval_dspy.lm.resolve import EMBEDDED, EMBEDDED_MODEL_ID, configure_cache
@@ -455,7 +455,7 @@ def _saved(source: str, trust_pickle: bool, stack: contextlib.ExitStack) -> tupl
 def _warn_if_moved(card: dict, lm: dspy.LM, referee_lms: dict[str, dspy.LM], roles) -> None:
     """Warn about every referee (and the main LM) that now runs on another model than the card's."""
     compiled = card.get("model")
-    if compiled and lm.model != compiled:
+    if compiled and lm.model.removeprefix(BATCH_PREFIX) != compiled:  # batched, it is still the same model
         warnings.warn(f"this evaluator was compiled for {compiled} and now runs on {lm.model}: its instructions "
                       "and demonstrations were tuned for another model, so its agreement figures may not hold",
                       UserWarning, stacklevel=3)

@@ -32,8 +32,9 @@ from chateval_dspy.errors import ConfigError
 
 COST_MAP = "model_prices_and_context_window_backup.json"
 UNPRICED = "unpriced"
-# Names of models this program serves or reaches by URL: never looked up in the cost map.
-PRIVATE_PREFIXES = ("embedded/", "openai-compatible/")
+# Names of models this program serves or reaches by URL: never looked up in the cost map. A batching LM
+# (``batch/...``) carries the batch price it was given, or has none.
+PRIVATE_PREFIXES = ("embedded/", "openai-compatible/", "batch/")
 _PRICE_ATTR = "_chateval_price"
 
 

@@ -24,6 +24,7 @@ from chateval_dspy.lm.pricing import Price, attach_price, batch_price
 
 PROVIDERS = {"openai/": "openai", "anthropic/": "anthropic"}
 DEFAULT_POLL_SECONDS = 30.0
+BATCH_PREFIX = "batch/"  # of a batching LM's name: the live LM's name follows it
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,8 @@ def batch_lm(route: BatchRoute, model: str, journal_folder: str | Path, *, batch
              on_progress: Callable[[dict], None] | None = None) -> Iterator[dspy.LM]:
     """A ``dspy.LM`` whose calls go out in waves through ``route``'s Batch API; its driver is ``lm.engine.waves``.
 
-    Its name is ``batch/<model>`` (so its figures read as batched), priced at ``route.price``.
+    Its name is ``batch/`` and the name a live run's LM has (``batch/openai/gpt-4o-mini``; a base URL's or a
+    folder's engine ``batch/openai-compatible/<model>``), so its figures read as batched; priced at ``route.price``.
     """
     from chateval_dspy.lm.batch.engine import BatchEngine
     from chateval_dspy.lm.batch.journal import Journal
@@ -123,6 +125,7 @@ def batch_lm(route: BatchRoute, model: str, journal_folder: str | Path, *, batch
     waves = Waves(provider, Journal(Path(journal_folder)), retries=retries, poll_seconds=poll_seconds,
                   price=route.price, on_progress=on_progress)
     engine = BatchEngine(waves, route.model)
-    lm = dspy.LM(f"batch/{route.provider}/{route.model}", engine=engine, temperature=temperature,
+    live = {"openai": "openai", "anthropic": "anthropic"}.get(route.provider, "openai-compatible")
+    lm = dspy.LM(f"{BATCH_PREFIX}{live}/{route.model}", engine=engine, temperature=temperature,
                  max_tokens=max_tokens or 1024, num_retries=0)
     yield attach_price(lm, route.price)
