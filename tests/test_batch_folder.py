@@ -140,7 +140,7 @@ def test_waiting_for_the_output_is_in_progress(wave):
     state = wave.state("w1")
     assert (state.status, state.terminal) == ("in_progress", False)
     assert state.counts == {"total": 3, "completed": 0, "failed": 0}
-    assert state.detail == f"waiting for {wave.output_path('w1')}"
+    assert state.detail.startswith(f"waiting for {wave.output_path('w1')}; run: python -m vllm")
     assert wave.outcomes("w1") == []
 
 
@@ -258,4 +258,4 @@ def test_a_line_without_a_response_status_is_the_engines_fault(wave):
     write(wave.output_path("w1"), [{"id": "vllm-1", "custom_id": "request-1", "response": None, "error": None}])
     (outcome,) = wave.outcomes("w1")
     assert outcome.error == {"status": 502, "code": "request_failed",
-                             "message": "the request failed and the engine said no more"}
+                             "message": "the request failed and no more was said"}

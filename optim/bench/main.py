@@ -14,6 +14,7 @@ file of figures, and prints (``--markdown``) a table that states model, data, sp
     python -m optim.bench review --planted --seeds 20 --tie-draws 20
     python -m optim.bench latency --requests 30 --rate 2
     python -m optim.bench caching --limit 20 --embedded-limit 8 --threads 1
+    python -m optim.bench batch --limit 20
     python -m optim.bench plots
 
 This module holds the command line and what the suites share: the LM (``LMFactory``), the meter
@@ -169,6 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("--out", default=str(BENCH_DIR / "caching.json"))
     ca.add_argument("--markdown", action="store_true", help="print Markdown tables (default: plain text)")
 
+    from optim.bench.batch import add_parser as add_batch
+
+    add_batch(sub, BENCH_DIR)
+
     pl = sub.add_parser("plots", help="PNG plots from the suites' JSON files")
     pl.add_argument("--dir", default=str(BENCH_DIR))
     tb = sub.add_parser("tables", help="Markdown tables from the suites' JSON files (no rerun)")
@@ -213,11 +218,14 @@ def _own_lm(args) -> int | None:
         from optim.bench.simulate.cli import run_simulate
 
         return run_simulate(args)
-    if args.suite not in ("latency", "caching"):
+    if args.suite not in ("latency", "caching", "batch"):
         return None
     if args.suite == "latency":
         from optim.bench.latency import latency_markdown as render
         from optim.bench.latency import run_latency as run
+    elif args.suite == "batch":
+        from optim.bench.batch import batch_markdown as render
+        from optim.bench.batch import run_batch as run
     else:
         from optim.bench.caching import caching_markdown as render
         from optim.bench.caching import run_caching as run

@@ -38,6 +38,7 @@ def wave_progress(enabled: bool = True):
                   "of dependent calls, per group of items judged at once)", file=sys.stderr)
         expected = f"/{p['expected']}" if p.get("expected") else ""
         batches = "; ".join(f"{b['id']} {b['status']} {b.get('completed', 0)}/{b.get('total', '?')}"
+                            + (f" ({b['detail']})" if b.get("detail") and b["detail"] != b["status"] else "")
                             for b in p["batches"])
         usd = "unpriced" if p["usd"] is None else f"${p['usd']:.6f}"
         print(f"wave {p['wave']}{expected}: {p['requests']} request(s), {p['answered']} answered; {batches}; "

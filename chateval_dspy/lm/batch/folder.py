@@ -13,7 +13,7 @@ Example:
     >>> folder = FolderBatches(tmp / "waves", model="Qwen/Qwen2.5-7B")
     >>> folder.submit([BatchRequest("r1", {"messages": [{"role": "user", "content": "Hi"}]})], "wave-1")
     'wave-1'
-    >>> folder.state("wave-1").detail
+    >>> folder.state("wave-1").detail.split(";")[0]
     'waiting for .../waves/wave-1.output.jsonl'
     >>> print(folder.command("wave-1"))
     python -m vllm.entrypoints.openai.run_batch -i .../wave-1.input.jsonl -o .../wave-1.output.jsonl --model Qwen/Qwen2.5-7B
@@ -101,7 +101,8 @@ class FolderBatches:
         ids, out = self._input_ids(batch_id), self.output_path(batch_id)
         counts = {"total": len(ids), "completed": 0, "failed": 0}
         if not out.exists():
-            return BatchState(batch_id, "in_progress", counts, f"waiting for {out}")
+            # Said at every look, so that whoever runs the engine sees which command answers the wave.
+            return BatchState(batch_id, "in_progress", counts, f"waiting for {out}; run: {self.command(batch_id)}")
         wanted, seen = set(ids), set()
         for number, record in _records(out):
             custom_id = _custom_id(out, number, record)
