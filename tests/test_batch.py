@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -216,40 +215,19 @@ def test_batch_mode_refuses_what_it_cannot_do_before_submitting(tmp_path):
 # ---------------------------------------------------------------- folder mode (vllm run-batch files)
 
 
-def _vllm(folder: Path, stop: threading.Event, server: FakeOpenAIServer) -> None:
-    """A stand-in for ``vllm run-batch``: answers each wave's input file in the recorded output format."""
-    template = json.loads(RECORDED.read_text().splitlines()[0])
-    while not stop.is_set():
-        for path in folder.glob("*.input.jsonl"):
-            out = path.with_name(path.name.replace(".input.jsonl", ".output.jsonl"))
-            if out.exists():
-                continue
-            lines = []
-            for request in map(json.loads, path.read_text().splitlines()):
-                body = {**template["response"]["body"], **server.reply(request["body"])}
-                body["model"] = request["body"]["model"]
-                lines.append(json.dumps({**template, "custom_id": request["custom_id"],
-                                         "response": {**template["response"], "body": body}}))
-            tmp = out.with_name(out.name + ".part")
-            tmp.write_text("\n".join(lines) + "\n")
-            os.replace(tmp, out)
-        time.sleep(0.02)
-
-
 def test_folder_mode_round_trips_vllm_run_batch_files(tmp_path, live):
-    server = FakeOpenAIServer(responder=responder)
-    stop = threading.Event()
+    from chateval_dspy.testing.fake_vllm import FakeRunBatch
+
     folder = tmp_path / "waves"
-    folder.mkdir()
-    engine = threading.Thread(target=_vllm, args=(folder, stop, server), daemon=True)
-    engine.start()
-    try:
-        spec = LMSpec(model="openai/meta-llama/Llama-3.1-8B-Instruct", served_model="meta-llama/Llama-3.1-8B-Instruct",
-                      cache=False, batch_dir=str(folder), batch_poll=0.02)
+    spec = LMSpec(model="openai/meta-llama/Llama-3.1-8B-Instruct", served_model="meta-llama/Llama-3.1-8B-Instruct",
+                  cache=False, batch_dir=str(folder), batch_poll=0.02)
+    with FakeRunBatch(folder, FakeOpenAIServer(responder=responder)) as engine:
         run = evaluate_dataset(DATA, DebateConfig(), spec, out=tmp_path / "b.jsonl")
-    finally:
-        stop.set()
-    assert stable(tmp_path / "b.jsonl") == live
+    assert stable(tmp_path / "b.jsonl") == live and len(engine.waves) == 4
+    # The stand-in writes the recorded file's layout: the same keys, at every level that names them.
+    recorded, written = (json.loads(p.read_text().splitlines()[0]) for p in (RECORDED, sorted(folder.glob("*.output.jsonl"))[0]))
+    assert written.keys() == recorded.keys() and written["response"].keys() == recorded["response"].keys()
+    assert set(recorded["response"]["body"]) <= set(written["response"]["body"])
     inputs = sorted(folder.glob("*.input.jsonl"))
     assert len(inputs) == run.batch["waves"] == 4
     first = json.loads(inputs[0].read_text().splitlines()[0])

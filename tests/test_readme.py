@@ -75,8 +75,17 @@ def sandbox(tmp_path, monkeypatch):
         yield fake_lm()
 
     monkeypatch.setattr(chateval_dspy.lm.resolve, "resolve_lm", resolve)
+    # Batch mode builds its own LM: OpenAI's Batch API is the scripted server's, vllm run-batch a stand-in on waves/.
+    from chateval_dspy.testing.fake_server import FakeOpenAIServer
+    from chateval_dspy.testing.fake_vllm import FakeRunBatch
+
+    batch_api = FakeOpenAIServer(model="gpt-4o-mini")
+    monkeypatch.setenv("OPENAI_BASE_URL", batch_api.__enter__())
+    run_batch = FakeRunBatch(tmp_path / "waves").__enter__()
     levels = {n: logging.getLogger(n).level for n in ("dspy", "httpx", "openai", "LiteLLM", "mlflow", "alembic")}
     yield asked
+    run_batch.__exit__()
+    batch_api.__exit__()
     for name, level in levels.items():
         logging.getLogger(name).setLevel(level)
 
