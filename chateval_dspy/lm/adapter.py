@@ -52,6 +52,11 @@ def _current() -> Style:
     return _STYLE.get() or Style()
 
 
+def current_style() -> Style:
+    """The style of the call being made in this context (an engine under the adapter reads its cache marks here)."""
+    return _current()
+
+
 # The debate's plan for the calls it makes in this context (``placement``); a call outside a debate has none.
 _PLACEMENT: contextvars.ContextVar[dict | None] = contextvars.ContextVar("chateval_placement", default=None)
 
@@ -218,4 +223,4 @@ class JudgeAdapter(dspy.JSONAdapter):
         return out
 
 
-__all__ = ["JudgeAdapter", "Style", "placement", "rendering", "wants_marks"]
+__all__ = ["JudgeAdapter", "Style", "current_style", "placement", "rendering", "wants_marks"]

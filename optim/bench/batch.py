@@ -136,16 +136,19 @@ def _row(rows: list[dict], model: str, config: str, mode: str) -> dict | None:
 
 
 def targets(report: dict) -> list[dict]:
-    """The issue's targets: batched USD per 1,000 verdicts <= 0.25x the same panel run live; waves = critical
+    """The issue's targets: batched USD per 1,000 verdicts <= 0.25x the same panel's live run before the cost work
+    (list prices: no batch discount, no prompt cache), where the provider applies both discounts; waves = critical
     path; requests submitted = requests needed, also across a stop."""
     out, rows = [], report["rows"]
     for model in dict.fromkeys(r["model"] for r in rows):
         for config in ("panel", "compiled"):
             live, batched = _row(rows, model, config, "live"), _row(rows, model, config, "batch")
-            if live and batched and live["usd_per_1000"] and batched["usd_per_1000"]:
-                a, b = batched["usd_per_1000"]["value"], live["usd_per_1000"]["value"]
-                out.append({"model": model, "target": f"{config}: batched USD/1,000 verdicts <= 0.25x live",
-                            "measured": f"{a / b:.2f}x (${a:.3f} vs ${b:.3f})", "met": a <= 0.25 * b})
+            if live and batched and live["usd_list_per_1000"] and batched["usd_per_1000"]:
+                a, b = batched["usd_per_1000"]["value"], live["usd_list_per_1000"]["value"]
+                c = live["usd_per_1000"]["value"]
+                out.append({"model": model, "target": f"{config}: batched USD/1,000 verdicts <= 0.25x live at list price",
+                            "measured": f"{a / b:.2f}x (${a:.3f} vs ${b:.3f}; {a / c:.2f}x live with the prompt cache)",
+                            "met": a <= 0.25 * b})
             if batched:
                 out.append({"model": model, "target": f"{config}: waves = critical path, requests = needed",
                             "measured": f"{batched['waves']} waves of {batched['expected_waves']}; "
@@ -165,11 +168,13 @@ def batch_markdown(report: dict, markdown: bool = True) -> str:
     from optim.bench.stats import fmt_num
 
     body = [[r["model"], r["config"], r["mode"], fmt_num(r["calls_per_item"]), fmt_num(r["prompt_tokens_per_item"], 0),
-             _est(r["cached_prompt_share"], 100, 1), _est(r["usd_per_1000"], 1, 3), r.get("waves", "-"),
+             _est(r["cached_prompt_share"], 100, 1), _est(r["usd_list_per_1000"], 1, 3) if r["mode"] == "live" else "-",
+             _est(r["usd_per_1000"], 1, 3), r.get("waves", "-"),
              r.get("expected_waves", "-"), f"{r['requests']} / {r['calls_needed']}"] for r in report["rows"]]
     out = [stated(report["header"], markdown), "",
            table(["model", "configuration", "mode", "calls/item", "input tokens/item", "cached share % [95% CI]",
-                  "USD/1,000 verdicts [95% CI]", "waves", "critical path", "requests sent / needed"], body, markdown),
+                  "USD/1,000 verdicts at list price [95% CI]", "USD/1,000 verdicts [95% CI]", "waves", "critical path",
+                  "requests sent / needed"], body, markdown),
            "", "Waves per strategy (three referees, two turns):", "",
            table(["strategy", "waves", "critical path", "calls/item", "requests sent / needed"],
                  [[s["strategy"], s["waves"], s["critical_path"], s["calls_per_item"],

@@ -18,6 +18,7 @@ import httpx
 
 from chateval_dspy.errors import ConfigError, LMError
 from chateval_dspy.lm.batch.provider import BatchRequest, BatchState, Outcome
+from chateval_dspy.lm.layout import REFEREE_FIELDS, TURN_FIELDS
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 API_VERSION = "2023-06-01"
@@ -42,6 +43,34 @@ def _text(content) -> str:
     if isinstance(content, str):
         return content
     return "".join(b.get("text") or "" for b in content or () if isinstance(b, dict))
+
+
+def _block(text: str, marked: bool = False) -> dict:
+    return {"type": "text", "text": text, **({"cache_control": {"type": "ephemeral"}} if marked else {})}
+
+
+def with_marks(body: dict, mark_item: bool) -> dict:
+    r"""``body`` with Anthropic's cache breakpoints where a live call's adapter puts them (``JudgeAdapter``): at the
+    end of the static part (the message before the question: the system text, or the last demonstration) and, when
+    ``mark_item``, at the end of the item's texts (before the first referee or turn field of the question; judged
+    texts cannot hold a field header, so the first one is the layout's).
+
+    Example:
+        >>> b = with_marks({"messages": [{"role": "system", "content": "Rules."}, {"role": "user", "content":
+        ...                 "[[ ## question ## ]]\nq\n\n[[ ## persona ## ]]\nA critic."}]}, mark_item=True)
+        >>> [(x["text"], "cache_control" in x) for x in b["messages"][1]["content"]]
+        [('[[ ## question ## ]]\nq\n\n', True), ('[[ ## persona ## ]]\nA critic.', False)]
+    """
+    messages = [dict(m) for m in body.get("messages") or ()]
+    if len(messages) >= 2:
+        messages[-2]["content"] = [_block(_text(messages[-2]["content"]), marked=True)]
+    if mark_item and messages:
+        text = _text(messages[-1]["content"])
+        heads = [text.find(f"\n\n[[ ## {name} ## ]]\n") for name in REFEREE_FIELDS + TURN_FIELDS]
+        cut = min((h for h in heads if h > 0), default=-1)
+        if cut > 0:
+            messages[-1]["content"] = [_block(text[:cut + 2], marked=True), _block(text[cut + 2:])]
+    return {**body, "messages": messages}
 
 
 def _short(text, limit: int = 300) -> str:
@@ -73,7 +102,7 @@ def messages_params(body: dict) -> dict:
     for message in body.get("messages") or ():
         role = message.get("role")
         if role in ("system", "developer"):
-            system.append(_text(message.get("content")))
+            system.append(message.get("content"))
         elif role in ("user", "assistant"):
             messages.append({"role": role, "content": message.get("content")})
         else:
@@ -81,9 +110,12 @@ def messages_params(body: dict) -> dict:
     params = {"model": model.removeprefix("anthropic/"),
               "max_tokens": body.get("max_tokens") or body.get("max_completion_tokens") or DEFAULT_MAX_TOKENS,
               "messages": messages}
-    text = "\n\n".join(t for t in system if t)
-    if text:  # Anthropic refuses an empty text block
-        params["system"] = [{"type": "text", "text": text, "cache_control": {"type": "ephemeral"}}]
+    if any(isinstance(c, list) for c in system + [m["content"] for m in messages]):
+        params["system"] = [b for c in system for b in (c if isinstance(c, list) else [_block(c)]) if b.get("text")]
+    else:  # no breakpoints given (``with_marks``): the end of the system text is the static prefix's
+        text = "\n\n".join(_text(t) for t in system if t)
+        if text:  # Anthropic refuses an empty text block
+            params["system"] = [_block(text, marked=True)]
     if body.get("temperature") is not None:
         params["temperature"] = body["temperature"]
     stop = body.get("stop")

@@ -13,6 +13,8 @@ import pydantic
 from dspy import lm15
 from dspy.lm15 import Response
 
+from chateval_dspy.lm.adapter import current_style
+from chateval_dspy.lm.batch.anthropic import with_marks
 from chateval_dspy.lm.batch.provider import BatchRequest
 from chateval_dspy.lm.batch.waves import BatchCallError, Waves, request_id
 from chateval_dspy.lm.engine import OpenAICompatEngine
@@ -42,6 +44,8 @@ class BatchEngine(OpenAICompatEngine):
 
     def complete(self, request) -> Response:
         body = self.request_body(request)
+        if self.waves.provider.name == "anthropic":  # it caches only at breakpoints, which DSPy's request cannot carry
+            body = with_marks(body, current_style().mark_item)
         try:
             answer = self.waves.call(BatchRequest(request_id(body), body))
         except BatchCallError as exc:
