@@ -214,10 +214,9 @@ def ablate(data: DataSpec, config: DebateConfig | Callable[[str], DebateConfig],
         out: The folder for each variant's results file, ``ablation.json`` and ``ablation.png`` (default
             ``results/ablate-<dataset>-<the full panel's run key>``); the same call resumes it.
         tracking: An ``optim.tracking.TrackingSpec``; None or disabled: nothing goes to MLflow.
-        concurrency: Items judged at once.
+        concurrency: Items judged at once (batch mode, ``lm.batch``: a variant's items in one set of waves).
         overwrite: Start every variant's file afresh instead of resuming it.
         hooks: Told about progress (the CLI draws it).
-
     Example:
         >>> done = ablate(DataSpec("faireval", limit=2), DebateConfig(roles=("critic", "scientist"), turns=1,
         ...               calibrate=False), LMSpec(model=fake_url, cache=False), out=tmp / "ablation")
@@ -231,8 +230,6 @@ def ablate(data: DataSpec, config: DebateConfig | Callable[[str], DebateConfig],
     from chateval_dspy.run import records
     from chateval_dspy.run.evaluate import evaluate
     from chateval_dspy.run.evaluate_dataset import batch_items, check_task, lm_slots, results_path
-    from optim.ablation_report import ablation_plot
-
     hooks = hooks or AblationHooks()
     if concurrency < 1:
         raise ConfigError(f"concurrency must be positive, got {concurrency}")
@@ -248,7 +245,6 @@ def ablate(data: DataSpec, config: DebateConfig | Callable[[str], DebateConfig],
     paths = {v.slug: results_path(data, keys[v.slug], out / f"{v.slug}.jsonl", overwrite=overwrite) for v in panels}
     metric = primary_metric(cfg.task_spec)
     rows, judged = [], {}
-    # Batch mode: the variants run one after another, each in waves of all its items (journal beside the results).
     at_once = batch_items(concurrency, len(items)) if lm.batch else concurrency
     with lm.judging(lm_slots(cfg, concurrency), journal=out / "batches", on_wave=hooks.wave) as judging_lm, \
             _cache_per_variant(lm) as use_cache:
@@ -261,17 +257,30 @@ def ablate(data: DataSpec, config: DebateConfig | Callable[[str], DebateConfig],
                                   on_item=on_item, run_key=keys[v.slug], waves=lm.batch)
             judged[v.slug] = [r for r in records.finished_records(paths[v.slug], keys[v.slug])
                               if not records.is_error(r)]
-            figures = result.metrics(seed=data.seed)
-            agreement = figures.get(metric) or Estimate(math.nan, math.nan, math.nan, 0)
-            vs_full = None if v.slug == "full" else compare(judged["full"], judged[v.slug], cfg, seed=data.seed)
-            rows.append(VariantResult(v, configs[v.slug], paths[v.slug], keys[v.slug], result, figures, agreement,
-                                      vs_full))
+            rows.append(_variant_result(v, configs[v.slug], paths[v.slug], keys[v.slug], result, judged, cfg, metric,
+                                        data.seed))
             hooks.judged(rows[-1])
     test = "exact McNemar" if cfg.format == "pairwise" else "paired bootstrap"
-    done = AblationResult(data, cfg, model, metric, test, out, rows, referees)
+    return _finish(AblationResult(data, cfg, model, metric, test, out, rows, referees), items, tracking)
+
+
+def _variant_result(v: Variant, config: DebateConfig, path: Path, key: str, result: RunResult, judged: dict,
+                    full: DebateConfig, metric: str, seed: int) -> VariantResult:
+    """A variant's figures, and (but for the full panel's) its paired comparison with the full panel."""
+    figures = result.metrics(seed=seed)
+    agreement = figures.get(metric) or Estimate(math.nan, math.nan, math.nan, 0)
+    vs_full = None if v.slug == "full" else compare(judged["full"], judged[v.slug], full, seed=seed)
+    return VariantResult(v, config, path, key, result, figures, agreement, vs_full)
+
+
+def _finish(done: AblationResult, items, tracking) -> AblationResult:
+    """Write the summary and its plot beside the results, and log the ablation to MLflow when tracking is on."""
+    from optim.ablation_report import ablation_plot
+
     summary = done.to_dict()
-    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, ensure_ascii=False, default=str), encoding="utf-8")
-    done.plot = ablation_plot(summary, out / PLOT_FILE)
+    (done.out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, ensure_ascii=False, default=str),
+                                         encoding="utf-8")
+    done.plot = ablation_plot(summary, done.out / PLOT_FILE)
     if tracking is not None and tracking.enabled:
         done.mlflow_run_id = log_ablation(done, items, uri=tracking.uri)
     return done

@@ -32,6 +32,29 @@ class ScoreReport:
     rejected: list[tuple[int, str]] = field(default_factory=list)  # (row, reason), in row order
 
 
+def _todo(rows, id_column: str, done, src: Path, report: ScoreReport) -> list[tuple]:
+    """``(row, item id, record or DataError)`` of every row still to judge; rows done before are counted skipped."""
+    seen: set[str] = set()
+    todo = []
+    for row, record in rows:
+        if isinstance(record, DataError):
+            todo.append((row, f"#row{row}", record))
+            continue
+        raw = record.get(id_column)
+        item_id = str(raw if raw not in (None, "") else row)
+        if item_id in seen:
+            todo.append((row, f"{item_id}#row{row}", DataError(
+                f"duplicate id {item_id!r}: ids must be unique so verdicts can be matched to rows",
+                source=str(src), row=row, field=id_column)))
+            continue
+        seen.add(item_id)
+        if item_id in done:
+            report.skipped += 1
+        else:
+            todo.append((row, item_id, record))
+    return todo
+
+
 def score_file(evaluator, src: str | Path, out: str | Path, *, columns: dict[str, str] | None = None,
                concurrency: int = 1, on_item: Callable[[dict], None] | None = None, waves: bool = False) -> ScoreReport:
     """Judge every row of ``src`` (JSONL/CSV) into ``out`` (JSONL), resuming where an earlier run stopped.
@@ -52,24 +75,7 @@ def score_file(evaluator, src: str | Path, out: str | Path, *, columns: dict[str
     rows = read_rows(src, bad_rows="keep")
     report = ScoreReport(total=len(rows))
     with ResultsStream(out) as stream:
-        seen: set[str] = set()
-        todo = []
-        for row, record in rows:
-            if isinstance(record, DataError):
-                todo.append((row, f"#row{row}", record))
-                continue
-            raw = record.get(col["id"])
-            item_id = str(raw if raw not in (None, "") else row)
-            if item_id in seen:
-                todo.append((row, f"{item_id}#row{row}", DataError(
-                    f"duplicate id {item_id!r}: ids must be unique so verdicts can be matched to rows",
-                    source=str(src), row=row, field=col["id"])))
-                continue
-            seen.add(item_id)
-            if item_id in stream.done:
-                report.skipped += 1
-            else:
-                todo.append((row, item_id, record))
+        todo = _todo(rows, col["id"], stream.done, src, report)
 
         def judge(task):
             row, item_id, record = task

@@ -163,13 +163,13 @@ def targets(report: dict) -> list[dict]:
 
 
 def batch_markdown(report: dict, markdown: bool = True) -> str:
-    from optim.bench.caching import _est
+    from optim.bench.caching import est_text
     from optim.bench.markdown import stated, table
     from optim.bench.stats import fmt_num
 
     body = [[r["model"], r["config"], r["mode"], fmt_num(r["calls_per_item"]), fmt_num(r["prompt_tokens_per_item"], 0),
-             _est(r["cached_prompt_share"], 100, 1), _est(r["usd_list_per_1000"], 1, 3) if r["mode"] == "live" else "-",
-             _est(r["usd_per_1000"], 1, 3), r.get("waves", "-"),
+             est_text(r["cached_prompt_share"], 100, 1), est_text(r["usd_list_per_1000"], 1, 3) if r["mode"] == "live" else "-",
+             est_text(r["usd_per_1000"], 1, 3), r.get("waves", "-"),
              r.get("expected_waves", "-"), f"{r['requests']} / {r['calls_needed']}"] for r in report["rows"]]
     out = [stated(report["header"], markdown), "",
            table(["model", "configuration", "mode", "calls/item", "input tokens/item", "cached share % [95% CI]",

@@ -202,7 +202,7 @@ def run_caching(args) -> dict:
     return {**report, "path": str(path)}
 
 
-def _est(d: dict | None, scale: float = 1.0, digits: int = 2) -> str:
+def est_text(d: dict | None, scale: float = 1.0, digits: int = 2) -> str:
     from optim.bench.stats import fmt_est
 
     return fmt_est(d, scale, digits) if d else "unpriced"
@@ -226,11 +226,11 @@ def targets(report: dict) -> list[dict]:
                 {"model": model, "target": "panel <= 1.5x the single judge", "measured": f"{a / s:.2f}x (${a:.2f} vs "
                  f"${s:.2f})", "met": a <= 1.5 * s},
                 {"model": model, "target": "panel cached share of input tokens >= 50%",
-                 "measured": _est(after["cached_prompt_share"], 100, 1) + "%",
+                 "measured": est_text(after["cached_prompt_share"], 100, 1) + "%",
                  "met": after["cached_prompt_share"]["value"] >= 0.5}]
         if compiled:
             out.append({"model": model, "target": "compiled panel (4 demos per predictor) cached share >= 70%",
-                        "measured": _est(compiled["cached_prompt_share"], 100, 1) + "%",
+                        "measured": est_text(compiled["cached_prompt_share"], 100, 1) + "%",
                         "met": compiled["cached_prompt_share"]["value"] >= 0.7})
     return out
 
@@ -242,7 +242,7 @@ def caching_markdown(report: dict, markdown: bool = True) -> str:
     h = report["header"]
     body = [[r["model"], r["config"], r["layout"], fmt_num(r["calls_per_item"]), fmt_num(r["prompt_tokens_per_item"], 0),
              fmt_num(r["cached_prompt_tokens_per_item"], 0), fmt_num(r["cache_write_tokens_per_item"], 0),
-             _est(r["cached_prompt_share"], 100, 1), _est(r["usd_list_per_1000"]), _est(r["usd_per_1000"]),
+             est_text(r["cached_prompt_share"], 100, 1), est_text(r["usd_list_per_1000"]), est_text(r["usd_per_1000"]),
              fmt_num(r["wall_seconds"] / max(r["items"], 1), 3), r["abstained"]] for r in report["rows"]]
     out = [stated(h, markdown), "", table(["model", "configuration", "layout", "calls/item", "input tokens/item",
                                            "cached prompt tokens/item", "cache write tokens/item",

@@ -69,10 +69,19 @@ def suite_files(directory: Path) -> list[Path]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from optim.bench.catalogue import CONFIG_SETS
-
     parser = argparse.ArgumentParser(prog="python -m optim.bench", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="suite", required=True)
+    _judged_suites(sub)
+    _own_lm_suites(sub)
+    _provider_suites(sub)
+    _utility_parsers(sub)
+    return parser
+
+
+def _judged_suites(sub) -> None:
+    """The suites judged by --model: agreement, cost, injection."""
+    from optim.bench.catalogue import CONFIG_SETS
+
     ag = sub.add_parser("agreement", help="agreement with people per configuration, with CIs and paired tests")
     _common(ag)
     ag.add_argument("--dataset", required=True, choices=["faireval", "topical_chat"])
@@ -109,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     inj.add_argument("--placements", default="append,prepend")
     inj.add_argument("--out", default=str(BENCH_DIR / "injection.json"))
 
+
+def _own_lm_suites(sub) -> None:
+    """The suites that bring their own LMs: simulate, review."""
     sim = sub.add_parser("simulate", help="simulated referees: do tuning and search recover planted signal?")
     sim.add_argument("--smoke", action="store_true", help="every section on a small budget (seconds)")
     sim.add_argument("--sections", default="all", help="comma-separated: aggregation, calibration, compile, search, "
@@ -142,6 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
     rv.add_argument("--aggregate", default="majority", choices=["mean", "majority"])
     rv.add_argument("--out", help="figures JSON (default benchmarks/review-faireval.json, or review-planted.json)")
 
+
+def _provider_suites(sub) -> None:
+    """The suites on fake providers: latency, caching, batch."""
     la = sub.add_parser("latency", help="p50/p95 verdict latency of chateval serve at a stated request rate, "
                                         "beside the critical path (fake LM)")
     la.add_argument("--requests", type=int, default=30, help="requests per row (default 30)")
@@ -174,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_batch(sub, BENCH_DIR)
 
+
+def _utility_parsers(sub) -> None:
+    """The commands that judge nothing: plots, tables and one peak-memory child."""
     pl = sub.add_parser("plots", help="PNG plots from the suites' JSON files")
     pl.add_argument("--dir", default=str(BENCH_DIR))
     tb = sub.add_parser("tables", help="Markdown tables from the suites' JSON files (no rerun)")
@@ -184,7 +202,6 @@ def build_parser() -> argparse.ArgumentParser:
     rss = sub.add_parser("_rss")  # internal: one peak-memory measurement, in its own process
     rss.add_argument("items", type=int)
     rss.add_argument("out")
-    return parser
 
 
 def _utility(args) -> int | None:
