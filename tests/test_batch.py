@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from said import said
 
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.data.spec import DataSpec
@@ -40,18 +41,6 @@ def responder(call):
     return out
 
 
-def stable(path: Path) -> list[str]:
-    """What was judged and said, per item (times and tokens are measurements, and differ)."""
-    from chateval_dspy.program.debate import MEASURED
-
-    keep = ("id", "prediction", "score_1", "score_2", "referees", "transcripts", "consistent", "abstained", "calls")
-    records = [{k: r.get(k) for k in keep} for r in map(json.loads, path.read_text().splitlines())]
-    for r in records:
-        r["transcripts"] = [[{k: v for k, v in u.items() if k not in MEASURED} for u in t]
-                            for t in r["transcripts"] or []]
-    return sorted(json.dumps(r, sort_keys=True) for r in records)
-
-
 def batch_spec(url: str, **kwargs) -> LMSpec:
     return LMSpec(model=url, cache=False, batch=True, batch_poll=0.02, **kwargs)
 
@@ -61,7 +50,7 @@ def live(tmp_path_factory):
     out = tmp_path_factory.mktemp("live") / "live.jsonl"
     with FakeOpenAIServer(responder=responder) as url:
         evaluate_dataset(DATA, DebateConfig(), LMSpec(model=url, cache=False), out=out)
-    return stable(out)
+    return said(out)
 
 
 def test_a_batch_run_gives_the_live_verdicts_in_as_many_waves_as_the_critical_path(tmp_path, live):
@@ -69,7 +58,7 @@ def test_a_batch_run_gives_the_live_verdicts_in_as_many_waves_as_the_critical_pa
     seen = []
     with FakeOpenAIServer(responder=responder, batches=fake) as url:
         run = evaluate_dataset(DATA, DebateConfig(), batch_spec(url), out=tmp_path / "b.jsonl", on_wave=seen.append)
-    assert stable(tmp_path / "b.jsonl") == live
+    assert said(tmp_path / "b.jsonl") == live
     chain = critical_path(DebateConfig())["chain"]
     assert run.batch["waves"] == run.batch["expected_waves"] == chain == len(fake.created) == 4
     # Every request went out once, one batch per wave, each wave all 6 items' ready calls (2 answer orders each).
@@ -108,7 +97,7 @@ def test_an_expired_batch_resubmits_only_its_unanswered_requests(tmp_path, live)
     fake = FakeBatches(expire=1, expire_keep=0.5)
     with FakeOpenAIServer(responder=responder, batches=fake) as url:
         run = evaluate_dataset(DATA, DebateConfig(), batch_spec(url), out=tmp_path / "b.jsonl")
-    assert stable(tmp_path / "b.jsonl") == live
+    assert said(tmp_path / "b.jsonl") == live
     assert len(fake.submitted) == 48
     again = [cid for cid, n in fake.submitted.items() if n > 1]
     assert len(again) == 6 and all(fake.submitted[c] == 2 for c in again)  # half of wave 1's 12, once more
@@ -120,7 +109,7 @@ def test_failed_requests_are_retried_then_abstain_like_live_calls(tmp_path, live
     fake = FakeBatches(fail=lambda cid, body: 500, fail_times=1)
     with FakeOpenAIServer(responder=responder, batches=fake) as url:
         evaluate_dataset(DATA, DebateConfig(), batch_spec(url), out=tmp_path / "retried.jsonl")
-    assert stable(tmp_path / "retried.jsonl") == live
+    assert said(tmp_path / "retried.jsonl") == live
     assert set(fake.submitted.values()) == {2}
     # A 400 is not: the referee abstains with the live call's cause, and the run goes on.
     fake = FakeBatches(fail=lambda cid, body: 400, fail_times=100)
@@ -137,7 +126,7 @@ def test_a_failed_batch_goes_out_again(tmp_path, live):
     fake = FakeBatches(fail_batches=1)
     with FakeOpenAIServer(responder=responder, batches=fake) as url:
         run = evaluate_dataset(DATA, DebateConfig(), batch_spec(url), out=tmp_path / "b.jsonl")
-    assert stable(tmp_path / "b.jsonl") == live and run.batch["waves"] == 5
+    assert said(tmp_path / "b.jsonl") == live and run.batch["waves"] == 5
 
 
 def test_a_rerun_answers_from_the_journal_without_submitting(tmp_path, live):
@@ -148,7 +137,7 @@ def test_a_rerun_answers_from_the_journal_without_submitting(tmp_path, live):
         (tmp_path / "b.jsonl").unlink()
         again = evaluate_dataset(DATA, DebateConfig(), batch_spec(url), out=tmp_path / "b.jsonl")
     assert again.batch["submitted"] == 0 and again.batch["waves"] == 0
-    assert stable(tmp_path / "b.jsonl") == live and sum(fake.submitted.values()) == 48
+    assert said(tmp_path / "b.jsonl") == live and sum(fake.submitted.values()) == 48
 
 
 # ---------------------------------------------------------------- kill and rerun (the fake counts submissions)
@@ -188,7 +177,7 @@ def test_sigkill_then_rerun_submits_nothing_twice(tmp_path, live, where):
         rerun = _cli(args, env)
         _, err = rerun.communicate(timeout=300)
         assert rerun.returncode == 0, err
-    assert stable(out) == live
+    assert said(out) == live
     assert len(fake.submitted) == 48 and set(fake.submitted.values()) == {1}, fake.submitted.most_common(3)
     assert len(fake.created) == 4
 
@@ -223,7 +212,7 @@ def test_folder_mode_round_trips_vllm_run_batch_files(tmp_path, live):
                   cache=False, batch_dir=str(folder), batch_poll=0.02)
     with FakeRunBatch(folder, FakeOpenAIServer(responder=responder)) as engine:
         run = evaluate_dataset(DATA, DebateConfig(), spec, out=tmp_path / "b.jsonl")
-    assert stable(tmp_path / "b.jsonl") == live and len(engine.waves) == 4
+    assert said(tmp_path / "b.jsonl") == live and len(engine.waves) == 4
     # The stand-in writes the recorded file's layout: the same keys, at every level that names them.
     recorded, written = (json.loads(p.read_text().splitlines()[0]) for p in (RECORDED, sorted(folder.glob("*.output.jsonl"))[0]))
     assert written.keys() == recorded.keys() and written["response"].keys() == recorded["response"].keys()
@@ -248,7 +237,7 @@ def test_anthropic_message_batches_give_the_live_verdicts_at_batch_prices(tmp_pa
         monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test-not-a-key")
         run = evaluate_dataset(DATA, DebateConfig(), LMSpec(model="anthropic/claude-haiku-4-5", cache=False, batch=True,
                                                              batch_poll=0.02), out=tmp_path / "b.jsonl")
-    assert stable(tmp_path / "b.jsonl") == live
+    assert said(tmp_path / "b.jsonl") == live
     assert run.batch["provider"] == "anthropic" and run.batch["waves"] == 4 and len(server.batch_ids) == 4
     assert sum(server.submitted.values()) == len(server.submitted) == 48
     cost = run.result.cost()

@@ -14,7 +14,7 @@ PACKAGES = ("chateval_dspy", "optim")
 
 # Lower layers first; a module may import its own layer or lower ones, never a higher one.
 LAYERS = [
-    ("chateval_dspy.errors", "chateval_dspy.limits", "chateval_dspy.concurrency"),
+    ("chateval_dspy.errors", "chateval_dspy.limits", "chateval_dspy.concurrency", "chateval_dspy.files"),
     ("chateval_dspy.lm",),
     ("chateval_dspy.program", "chateval_dspy.config"),
     ("chateval_dspy.data",),

@@ -3,7 +3,6 @@ a killed run resumes without repeating finished calls, and parsers reject any in
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -14,6 +13,7 @@ import dspy
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from said import said
 
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.data.loaders import item_from_record, parse_columns, read_rows
@@ -178,18 +178,7 @@ def test_sigkill_then_rerun_finishes_with_identical_results_and_no_repeated_call
     assert calls_clean == 6 * 8
     assert calls_clean <= calls_with_kill <= calls_clean + 2
 
-    def stable(path):
-        # What was judged and said; times and tokens are measurements (the item's and each turn's) and differ.
-        from chateval_dspy.program.debate import MEASURED
-
-        keep = ("id", "prediction", "score_1", "score_2", "referees", "transcripts", "consistent", "abstained", "calls")
-        records = [{k: r.get(k) for k in keep} for r in map(json.loads, path.read_text().splitlines())]
-        for r in records:
-            r["transcripts"] = [[{k: v for k, v in u.items() if k not in MEASURED} for u in t]
-                                for t in r["transcripts"] or []]
-        return sorted(json.dumps(r, sort_keys=True) for r in records)
-
-    assert stable(out) == stable(tmp_path / "clean.jsonl")
+    assert said(out) == said(tmp_path / "clean.jsonl")
 
 
 # ---------------------------------------------------------------- fuzzing the input parsers

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import IO
 
 from chateval_dspy.errors import ConfigError, DataError
+from chateval_dspy.files import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -233,7 +234,7 @@ class ResultsStream:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        _fsync_dir(self.path.parent)
+        fsync_dir(self.path.parent)
 
     def open(self) -> ResultsStream:
         if self.path is not None and self._sink is None:
@@ -269,17 +270,3 @@ class ResultsStream:
 
 def _line(record: dict) -> str:
     return json.dumps(record, ensure_ascii=False, default=str) + "\n"
-
-
-def _fsync_dir(folder: Path) -> None:
-    # The rename itself is durable only once the folder is synced (POSIX); elsewhere this is a no-op.
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -25,12 +25,12 @@ import json
 import logging
 import os
 import re
-import secrets
 import shlex
 from collections.abc import Iterator
 from pathlib import Path
 
 from chateval_dspy.errors import ConfigError, LMError
+from chateval_dspy.files import write_atomic
 from chateval_dspy.lm.batch.provider import BatchRequest, BatchState, Outcome, outcome_of
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ class FolderBatches:
             # It cannot answer an input that did not exist yet: reading it would hand back another run's answers.
             raise ConfigError(f"{self.output_path(label)} is left from an earlier run: remove it, or use another batch folder")
         self.directory.mkdir(parents=True, exist_ok=True)
-        _write_atomic(path, data)
+        write_atomic(path, data)
         self._ids.pop(label, None)  # a label reused after its old files were removed
         return label
 
@@ -208,34 +208,3 @@ def _custom_id(path: Path, number: int, record: dict) -> str:
         # Without it the line answers no request, and the wave would wait for it forever.
         raise LMError(f"{path} line {number} has no string custom_id")
     return custom_id
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    # Temp file in the same folder + os.replace: the engine sees no input file or a whole one, never half of it.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    # 0o666 less the umask, not mkstemp's owner-only mode: the engine may run as another user.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(folder: Path) -> None:
-    # The rename itself is durable only once the folder is synced (POSIX); elsewhere this is a no-op.
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

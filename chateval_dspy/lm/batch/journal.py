@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chateval_dspy.errors import ConfigError
+from chateval_dspy.files import write_atomic
 from chateval_dspy.lm.batch.provider import BatchRequest
 
 JOURNAL, ANSWERS = "journal.jsonl", "answers.jsonl"
@@ -96,7 +97,7 @@ class Journal:
         lines = "".join(json.dumps({"custom_id": r.custom_id, "method": "POST", "url": "/v1/chat/completions",
                                     "body": r.body}, ensure_ascii=False) + "\n" for r in requests)
         self.folder.mkdir(parents=True, exist_ok=True)
-        _write_whole(self.folder / f"{label}.input.jsonl", lines)
+        write_atomic(self.folder / f"{label}.input.jsonl", lines.encode("utf-8"))
         self._event({"event": "intent", "label": label, "wave": wave, "custom_ids": ids})
         self.batches[label] = Submitted(label, wave, ids)
 
@@ -130,15 +131,6 @@ class Journal:
                 f.write(json.dumps(line, ensure_ascii=False) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
-
-
-def _write_whole(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _lines(path: Path) -> list[dict]:
