@@ -269,3 +269,23 @@ def test_score_and_ablate_run_in_batch_mode(tmp_path):
     assert [r.result.n for r in done.rows] == [2] * len(done.rows)
     assert (tmp_path / "ablation" / "batches" / "journal.jsonl").exists()
     assert set(fake.submitted.values()) == {1}
+
+
+def test_the_batch_suite_prices_live_and_batched_rows_and_counts_waves(tmp_path, capsys):
+    """``python -m optim.bench batch`` on two items: live and batched rows, waves per strategy, a stop and a rerun."""
+    from optim.bench.main import main
+
+    out = tmp_path / "batch.json"
+    assert main(["batch", "--limit", "2", "--strategy-limit", "1", "--demos", "1", "--models", "openai/gpt-4o-mini",
+                 "--out", str(out), "--markdown"]) == 0
+    report = json.loads(out.read_text(encoding="utf-8"))
+    rows = {(r["config"], r["mode"]): r for r in report["rows"]}
+    assert set(rows) == {(c, m) for c in ("panel", "compiled") for m in ("live", "batch")}
+    live, batched = rows[("panel", "live")], rows[("panel", "batch")]
+    # gpt-4o-mini's batch rates are half its list rates, and FairEval's zero-shot calls are never cached.
+    assert batched["usd_per_1000"]["value"] == pytest.approx(live["usd_per_1000"]["value"] / 2, rel=1e-6)
+    assert batched["waves"] == batched["expected_waves"] == 4 and batched["requests"] == batched["calls_needed"] == 16
+    assert [s["waves"] for s in report["strategies"]] == [s["critical_path"] for s in report["strategies"]] == [6, 2, 3]
+    assert report["stop"]["submitted_in_all"] == report["stop"]["calls_needed"] == 16
+    assert report["stop"]["submitted_before_stop"] == 8  # waves 1 and 2 of two items: 2 orders x 2 calls each
+    assert "batched USD/1,000 verdicts <= 0.25x live at list price" in capsys.readouterr().out
