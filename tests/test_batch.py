@@ -289,3 +289,44 @@ def test_the_batch_suite_prices_live_and_batched_rows_and_counts_waves(tmp_path,
     assert report["stop"]["submitted_in_all"] == report["stop"]["calls_needed"] == 16
     assert report["stop"]["submitted_before_stop"] == 8  # waves 1 and 2 of two items: 2 orders x 2 calls each
     assert "batched USD/1,000 verdicts <= 0.25x live at list price" in capsys.readouterr().out
+
+
+def test_answers_enter_the_lm_cache_so_a_new_file_pays_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHATEVAL_CACHE_DIR", str(tmp_path / "cache"))
+    fake = FakeBatches()
+    with FakeOpenAIServer(responder=responder, batches=fake) as url:
+        spec = LMSpec(model=url, batch=True, batch_poll=0.02)  # DSPy's cache on
+        evaluate_dataset(DATA, DebateConfig(), spec, out=tmp_path / "first.jsonl")
+        again = evaluate_dataset(DATA, DebateConfig(), spec, out=tmp_path / "second.jsonl")  # no journal of its own
+    assert sum(fake.submitted.values()) == 48 and again.batch["submitted"] == 0
+    assert again.result.cached_calls == 48 and said(tmp_path / "first.jsonl") == said(tmp_path / "second.jsonl")
+
+
+def test_the_cli_batches_evaluate_and_score_and_tags_the_mlflow_run(tmp_path, monkeypatch, capsys):
+    import mlflow
+
+    from chateval_dspy.deploy.store import make_card, save_program
+    from chateval_dspy.program.chateval import build_evaluator
+    from optim.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CHATEVAL_CACHE_DIR", str(tmp_path / "cache"))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    fake = FakeBatches()
+    with FakeOpenAIServer(responder=responder, batches=fake) as url:
+        assert main(["evaluate", "--dataset", "faireval", "--limit", "3", "--model", url, "--batch", "--batch-poll",
+                     "0.02", "--out", "r.jsonl", "--no-cache", "--tracking-uri", uri]) == 0
+        printed = capsys.readouterr()
+        program = build_evaluator(DebateConfig(roles=("critic",), turns=1))
+        save_program(program, tmp_path / "judge", make_card(program, model="openai-compatible/fake-served"))
+        (tmp_path / "in.jsonl").write_text(json.dumps({"id": "a", "question": "q", "answer_1": "x", "answer_2": "yy"})
+                                           + "\n")
+        assert main(["score", str(tmp_path / "judge"), "--model", url, "--in", "in.jsonl", "--out", "s.jsonl",
+                     "--batch", "--batch-poll", "0.02", "--no-progress"]) == 0
+    assert "4 wave(s) expected" in printed.err and "wave 4/4" in printed.err and "cost so far" in printed.err
+    run_id = next(line.split()[-1] for line in printed.out.splitlines() if line.startswith("mlflow run:"))
+    mlflow.set_tracking_uri(uri)
+    tags = mlflow.get_run(run_id).data.tags
+    assert tags["chateval.batch.ids"].split(",") == fake.created[:4] and tags["chateval.batch.waves"] == "4 (expected 4)"
+    assert json.loads((tmp_path / "s.jsonl").read_text())["id"] == "a" and len(fake.created) == 4 + 1
+    assert (tmp_path / "s.jsonl.batches" / "journal.jsonl").exists()
