@@ -30,12 +30,12 @@ def wave_progress(enabled: bool = True):
     told = []
 
     def show(p: dict) -> None:
-        if not enabled:
-            return
-        if not told and p.get("expected"):
+        if not told and p.get("expected"):  # said up front even without progress lines: what the run will take
             told.append(True)
             print(f"batch mode through {p['provider']}: {p['expected']} wave(s) expected (the debate's longest chain "
                   "of dependent calls, per group of items judged at once)", file=sys.stderr)
+        if not enabled:
+            return
         expected = f"/{p['expected']}" if p.get("expected") else ""
         batches = "; ".join(f"{b['id']} {b['status']} {b.get('completed', 0)}/{b.get('total', '?')}"
                             + (f" ({b['detail']})" if b.get("detail") and b["detail"] != b["status"] else "")
