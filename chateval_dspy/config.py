@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Literal
 
 import chateval_dspy.limits as limits
-from chateval_dspy.errors import ConfigError
+from chateval_dspy.errors import ConfigError, shown
 
 if TYPE_CHECKING:
     from chateval_dspy.program.task import TaskSpec
@@ -69,42 +69,42 @@ class DebateConfig:
         # Types first: a config can come from a judge card or MLflow params, where any JSON value may stand.
         self._resolve_task()
         if self.format not in ("pairwise", "scoring"):
-            raise ConfigError(f"unknown format {self.format!r:.40}; choose one of: pairwise, scoring (pointwise)")
+            raise ConfigError(f"unknown format {shown(self.format, 40)}; choose one of: pairwise, scoring (pointwise)")
         if isinstance(self.roles, str) or not isinstance(self.roles, (tuple, list)):
-            raise ConfigError(f"roles must be a list of role slugs, got {self.roles!r:.80}")
+            raise ConfigError(f"roles must be a list of role slugs, got {shown(self.roles, 80)}")
         if not self.roles:
             raise ConfigError("a debate needs at least one role")
         if len(self.roles) > limits.MAX_ROLES:
             raise ConfigError(f"a debate takes at most {limits.MAX_ROLES} roles (limits.MAX_ROLES), got {len(self.roles)}")
         if not all(isinstance(r, str) for r in self.roles):
-            raise ConfigError(f"roles must be role slugs (text), got {list(self.roles)!r:.200}")
+            raise ConfigError(f"roles must be role slugs (text), got {shown(list(self.roles), 200)}")
         if len(set(self.roles)) != len(self.roles):
             raise ConfigError(f"roles must be distinct, got {list(self.roles)}")
         if not isinstance(self.strategy, str) or self.strategy not in STRATEGIES:
-            raise ConfigError(f"unknown strategy {self.strategy!r:.80}; choose one of: {', '.join(STRATEGIES)}")
+            raise ConfigError(f"unknown strategy {shown(self.strategy, 80)}; choose one of: {', '.join(STRATEGIES)}")
         if not _is_int(self.turns) or self.turns < 1:
-            raise ConfigError(f"turns must be a positive integer, got {self.turns!r:.80}")
+            raise ConfigError(f"turns must be a positive integer, got {shown(self.turns, 80)}")
         if self.turns > limits.MAX_TURNS:
             raise ConfigError(f"turns must be at most {limits.MAX_TURNS} (limits.MAX_TURNS), got {self.turns}")
         if not isinstance(self.aggregate, str) or self.aggregate not in AGGREGATES:
-            raise ConfigError(f"unknown aggregate {self.aggregate!r:.80}; choose one of: {', '.join(AGGREGATES)}")
+            raise ConfigError(f"unknown aggregate {shown(self.aggregate, 80)}; choose one of: {', '.join(AGGREGATES)}")
         if not _is_int(self.parse_retries) or self.parse_retries < 0:
-            raise ConfigError(f"parse_retries must be >= 0, got {self.parse_retries!r:.80}")
+            raise ConfigError(f"parse_retries must be >= 0, got {shown(self.parse_retries, 80)}")
         if self.parse_retries > limits.MAX_PARSE_RETRIES:
             raise ConfigError(f"parse_retries must be at most {limits.MAX_PARSE_RETRIES} (limits.MAX_PARSE_RETRIES), "
                               f"got {self.parse_retries}")
         if not _is_int(self.max_text_chars) or self.max_text_chars < limits.MIN_TEXT_CHARS:
-            raise ConfigError(f"max_text_chars must be at least {limits.MIN_TEXT_CHARS}, got {self.max_text_chars!r:.80}")
+            raise ConfigError(f"max_text_chars must be at least {limits.MIN_TEXT_CHARS}, got {shown(self.max_text_chars, 80)}")
         if self.max_text_chars > limits.MAX_TEXT_CHARS:
             raise ConfigError(f"max_text_chars must be at most {limits.MAX_TEXT_CHARS} (limits.MAX_TEXT_CHARS), "
                               f"got {self.max_text_chars}")
         for name in ("calibrate", "consensus_stop", "weighted_scores"):
             if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r:.80}")
+                raise ConfigError(f"{name} must be true or false, got {shown(getattr(self, name), 80)}")
         if self.role_file is not None and (not isinstance(self.role_file, str)
                                            or len(self.role_file) > limits.MAX_PATH_CHARS):
             raise ConfigError(f"role_file must be a path of at most {limits.MAX_PATH_CHARS} characters "
-                              f"(limits.MAX_PATH_CHARS), got {self.role_file!r:.80}")
+                              f"(limits.MAX_PATH_CHARS), got {shown(self.role_file, 80)}")
         object.__setattr__(self, "roles", tuple(self.roles))
         spec = self.task_spec
         if self.format == "pairwise" and self.aggregate == "mean" and not spec.preference.combine:
@@ -127,7 +127,7 @@ class DebateConfig:
             fmt = task.config_format if task is not None else "pairwise"
         if task is not None:
             if fmt != task.config_format:
-                raise ConfigError(f"format {fmt!r:.40} does not match task {task.name!r}, which is {task.format} "
+                raise ConfigError(f"format {shown(fmt, 40)} does not match task {task.name!r}, which is {task.format} "
                                   f"(format {task.config_format!r})")
             if task == builtin_task(fmt):
                 task = None  # the built-in itself: configs, run keys and cards stay as they were before tasks

@@ -8,6 +8,8 @@ caller: they become recorded abstentions (see ``debate.py``).
 
 from __future__ import annotations
 
+import reprlib
+
 
 class ChatEvalError(Exception):
     """Base class for every error chateval-dspy raises on purpose."""
@@ -66,3 +68,25 @@ def cause_of(exc: BaseException | None, kind: type[BaseException]) -> BaseExcept
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__
     return None
+
+
+def shown(value, limit: int = 60) -> str:
+    """``value`` as an error message shows it: its repr, at most ``limit`` characters, built without ever rendering
+    more (``f"{value!r:.60}"`` renders the whole value first: a YAML alias bomb's gigabytes).
+
+    Example:
+        >>> shown("x" * 10_000, 12)
+        "'xxx...xxxx'"
+        >>> bomb = ["lol"] * 9
+        >>> for _ in range(9):
+        ...     bomb = [bomb] * 9  # 9**10 strings if rendered whole
+        >>> len(shown(bomb, 60)) <= 60
+        True
+        >>> shown(3.0), shown(None)
+        ('3.0', 'None')
+    """
+    cut = reprlib.Repr()  # keyword arguments only from Python 3.12
+    cut.maxlevel = 3
+    cut.maxtuple = cut.maxlist = cut.maxarray = cut.maxdict = cut.maxset = cut.maxfrozenset = cut.maxdeque = 6
+    cut.maxstring = cut.maxlong = cut.maxother = limit
+    return cut.repr(value)[:limit]

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import dspy
 
 from chateval_dspy.deploy.judge import Judge, Verdict
-from chateval_dspy.errors import ConfigError, DataError
+from chateval_dspy.errors import ConfigError, DataError, shown
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class MetricScale:
             spec = (spec.low, spec.high)
         points = tuple(spec) if isinstance(spec, Iterable) and not isinstance(spec, (str, bytes)) else ()
         if len(points) < 2:
-            raise ConfigError(f"scale of {name!r} must be (low, high) numbers or at least two labels, got {spec!r:.80}")
+            raise ConfigError(f"scale of {name!r} must be (low, high) numbers or at least two labels, got {shown(spec, 80)}")
         if all(_is_number(p) for p in points):
             low, high = float(min(points)), float(max(points))
             if low == high:
@@ -101,7 +101,7 @@ class MetricScale:
                 try:
                     value = float(value)
                 except ValueError:
-                    raise ConfigError(f"a numeric scale {self.low:g}..{self.high:g} got the label {value!r:.40}; "
+                    raise ConfigError(f"a numeric scale {self.low:g}..{self.high:g} got the label {shown(value, 40)}; "
                                       "declare the criterion's labels with scales=") from None
             return min(1.0, max(0.0, (float(value) - self.low) / (self.high - self.low)))
         return 1.0 if any(_same_label(value, label) for label in self.good) else 0.0
@@ -326,9 +326,9 @@ def as_metric(judge: Judge, *, inputs: Inputs, reference: str | Callable | None 
     """
     fields = _fields(inputs)
     if not _is_number(threshold) or not 0 <= threshold <= 1:
-        raise ConfigError(f"threshold must be a number in 0..1, got {threshold!r:.40}")
+        raise ConfigError(f"threshold must be a number in 0..1, got {shown(threshold, 40)}")
     if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 0:
-        raise ConfigError(f"cache_size must be a count >= 0, got {cache_size!r:.40}")
+        raise ConfigError(f"cache_size must be a count >= 0, got {shown(cache_size, 40)}")
     from_program = {name for name, path in inputs.items() if isinstance(path, str) and path.startswith("prediction.")} \
         if isinstance(inputs, Mapping) else set()
     if judge.format == "pairwise":
@@ -399,7 +399,7 @@ def _getter(path, where: str) -> Callable:
         return path
     root, _, rest = path.partition(".") if isinstance(path, str) else ("", "", "")
     if root not in ROOTS or not rest:
-        raise ConfigError(f"{where} must be 'example.<field>' or 'prediction.<field>' (or a callable), got {path!r:.80}")
+        raise ConfigError(f"{where} must be 'example.<field>' or 'prediction.<field>' (or a callable), got {shown(path, 80)}")
     parts = rest.split(".")
 
     def get(example, prediction):

@@ -31,7 +31,7 @@ from dspy.utils.saving import get_dependency_versions
 
 import chateval_dspy.limits as limits
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.errors import ConfigError
+from chateval_dspy.errors import ConfigError, shown
 from chateval_dspy.lm.pricing import CACHE_RATES, UNPRICED, cache_rate_note, usd_text
 from chateval_dspy.program.chateval import ChatEval, build_evaluator
 from chateval_dspy.program.roles import Role, make_role
@@ -230,7 +230,7 @@ def read_card(directory: str | Path) -> dict:
     if isinstance(fmt, bool) or fmt != CARD_FORMAT:
         versions = card.get("versions")
         wrote = versions.get("chateval-dspy", "?") if isinstance(versions, dict) else "?"
-        raise ConfigError(f"{path} has card format {fmt!r:.40}; this chateval-dspy reads format "
+        raise ConfigError(f"{path} has card format {shown(fmt, 40)}; this chateval-dspy reads format "
                           f"{CARD_FORMAT}. Use the chateval-dspy version that wrote it ({wrote!s:.40})")
     return card
 
@@ -241,7 +241,7 @@ def check_model_name(model, where, *, key: str = "model") -> None:
         return
     if not isinstance(model, str) or len(model) > limits.MAX_MODEL_NAME_CHARS:
         raise ConfigError(f"{where}: key {key!r} must be a model name of at most {limits.MAX_MODEL_NAME_CHARS} "
-                          f"characters (limits.MAX_MODEL_NAME_CHARS), got {model!r:.80}")
+                          f"characters (limits.MAX_MODEL_NAME_CHARS), got {shown(model, 80)}")
     if "://" in model or not MODEL_NAME.match(model):
         raise ConfigError(f"{where}: key {key!r} must be a model name such as 'openai/gpt-4o-mini', not an endpoint "
                           f"URL, credentials or settings (got {model[:80]!r}); pass the LM to load(model=...)")
@@ -277,12 +277,12 @@ def check_cost(cost, where) -> None:
             if not nested and key == CACHE_RATES_KEY:
                 if value is not None and value not in CACHE_RATES.values():
                     raise ConfigError(f"{where}: key '{at}.{key}' must be one of {', '.join(CACHE_RATES.values())} "
-                                      f"or null, got {value!r:.80}")
+                                      f"or null, got {shown(value, 80)}")
                 continue
             if not isinstance(key, str) or len(key) > 80 or not (
                     number or value is None or (value == UNPRICED and "usd" in key)):
                 raise ConfigError(f"{where}: key '{at}.{str(key)[:80]}' must be a number (dollars: a number or "
-                                  f"{UNPRICED!r}), got {value!r:.80}")
+                                  f"{UNPRICED!r}), got {shown(value, 80)}")
 
     figures(cost, "cost", True)
 
@@ -394,7 +394,7 @@ def _check_demos(raw, signature, at: str) -> list[dict]:
             else:
                 accepts, scale = checks[key]
                 if not accepts(value):
-                    raise ConfigError(f"{at}: demo #{i} key {key!r} must be {scale}, got {value!r:.80}")
+                    raise ConfigError(f"{at}: demo #{i} key {key!r} must be {scale}, got {shown(value, 80)}")
                 total += len(value) if isinstance(value, str) else 0
             clean[key] = value
         out.append(clean)

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping
 import dspy
 
 import chateval_dspy.limits as limits
-from chateval_dspy.errors import ConfigError, LMError
+from chateval_dspy.errors import ConfigError, LMError, shown
 
 # The key in DSPy's settings that holds ``{role slug: dspy.LM}``; DSPy carries it into its worker threads.
 CONTEXT_KEY = "chateval_referee_lms"
@@ -39,7 +39,7 @@ def check_referee_models(referees, *, where: str = "referee_models") -> tuple[tu
     out: dict[str, str] = {}
     for pair in pairs:
         if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not isinstance(pair[0], str) or not pair[0]:
-            raise ConfigError(f"{where}: expected role slug -> model, got {pair!r:.80}")
+            raise ConfigError(f"{where}: expected role slug -> model, got {shown(pair, 80)}")
         slug, model = pair
         if slug in out:
             raise ConfigError(f"{where}: referee {slug!r} is given a model twice")
@@ -58,7 +58,7 @@ def parse_referees(values: list[str] | None) -> dict[str, str]:
     for value in values or []:
         slug, sep, model = value.partition("=")
         if not sep or not slug.strip() or not model.strip():
-            raise ConfigError(f"--referee takes SLUG=MODEL (e.g. critic=openai/gpt-4o-mini), got {value!r:.200}")
+            raise ConfigError(f"--referee takes SLUG=MODEL (e.g. critic=openai/gpt-4o-mini), got {shown(value, 200)}")
         if slug.strip() in out:
             raise ConfigError(f"--referee {slug.strip()!r} is given twice")
         out[slug.strip()] = model.strip()

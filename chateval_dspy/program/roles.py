@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 import chateval_dspy.limits as limits
-from chateval_dspy.errors import ConfigError
+from chateval_dspy.errors import ConfigError, shown
 from chateval_dspy.program.task import TaskSpec, as_task
 
 SLUG = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
@@ -81,7 +81,7 @@ def make_role(slug, name, personas, where: str, *, same_role_slugs: bool = False
         'You edit.'
     """
     if not isinstance(slug, str) or not SLUG.match(slug):
-        raise ConfigError(f"{where}: 'slug' must match {SLUG.pattern} (got {slug!r:.80})")
+        raise ConfigError(f"{where}: 'slug' must match {SLUG.pattern} (got {shown(slug, 80)})")
     if SAME_ROLE.match(slug) and not same_role_slugs:
         raise ConfigError(f"{where}: slug {slug!r} is reserved for the same-role ablation")
     if not isinstance(name, str) or not name.strip():
@@ -94,7 +94,7 @@ def make_role(slug, name, personas, where: str, *, same_role_slugs: bool = False
     texts = {}
     for fmt, text in personas.items():
         if fmt not in FORMATS or not isinstance(text, str) or not text.strip():
-            raise ConfigError(f"{where}: persona for {fmt!r:.40} must be a non-empty text (keys: * for any task, "
+            raise ConfigError(f"{where}: persona for {shown(fmt, 40)} must be a non-empty text (keys: * for any task, "
                               "pairwise, scoring)")
         text = " ".join(text.split()) if normalise else text
         if len(text) > limits.MAX_PERSONA_CHARS:

@@ -28,7 +28,7 @@ from pathlib import Path
 import yaml
 
 import chateval_dspy.limits as limits
-from chateval_dspy.errors import ConfigError
+from chateval_dspy.errors import ConfigError, shown
 
 FORMATS = ("pointwise", "pairwise")
 # A spec's format as DebateConfig names it: one response scored per criterion is "scoring".
@@ -75,7 +75,7 @@ class Scale:
             for label in labels:
                 if not isinstance(label, str) or not label.strip() or label != label.strip() \
                         or len(label) > limits.MAX_LABEL_CHARS or PLACEHOLDER.search(label):
-                    raise ConfigError(f"label {label!r:.60} must be a non-empty text of at most "
+                    raise ConfigError(f"label {shown(label, 60)} must be a non-empty text of at most "
                                       f"{limits.MAX_LABEL_CHARS} characters (limits.MAX_LABEL_CHARS), no outer spaces")
             if len({lab.casefold() for lab in labels}) != len(labels):
                 raise ConfigError(f"labels must be distinct (ignoring case), got {list(labels)}")
@@ -84,7 +84,7 @@ class Scale:
         for name in ("low", "high"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
-                raise ConfigError(f"an integer scale needs integer bounds, got {name}={value!r:.40}")
+                raise ConfigError(f"an integer scale needs integer bounds, got {name}={shown(value, 40)}")
         if self.low >= self.high:
             raise ConfigError(f"scale {self.low}-{self.high}: the low end must be below the high end")
         if self.high - self.low + 1 > limits.MAX_SCALE_POINTS:
@@ -125,8 +125,8 @@ class Scale:
             for label in self.labels:
                 if label.casefold() == text:
                     return label
-            raise ValueError(f"expected one of {', '.join(self.labels)}, got {raw!r:.60}")
-        wanted = f"expected a number in {self.low}..{self.high}, got {raw!r:.60}"
+            raise ValueError(f"expected one of {', '.join(self.labels)}, got {shown(raw, 60)}")
+        wanted = f"expected a number in {self.low}..{self.high}, got {shown(raw, 60)}"
         if isinstance(raw, bool):
             raise ValueError(wanted)
         try:
@@ -147,17 +147,17 @@ class Scale:
         if isinstance(raw, str):
             match = RANGE.match(raw)
             if not match:
-                raise ConfigError(f"a scale is an integer range such as '1-5' or a list of labels, got {raw!r:.60}")
+                raise ConfigError(f"a scale is an integer range such as '1-5' or a list of labels, got {shown(raw, 60)}")
             return cls(int(match.group(1)), int(match.group(2)))
         if isinstance(raw, list):
             if not all(isinstance(x, str) for x in raw):
-                raise ConfigError(f"a list scale holds labels (texts); write an integer range as '1-5', got {raw!r:.80}")
+                raise ConfigError(f"a list scale holds labels (texts); write an integer range as '1-5', got {shown(raw, 80)}")
             return cls(labels=tuple(raw))
         if isinstance(raw, dict) and set(raw) == {"labels"} and isinstance(raw["labels"], list):
             return cls.from_value(raw["labels"])
         if isinstance(raw, dict) and set(raw) == {"low", "high"}:
             return cls(raw["low"], raw["high"])
-        raise ConfigError(f"a scale is an integer range such as '1-5' or a list of labels, got {raw!r:.80}")
+        raise ConfigError(f"a scale is an integer range such as '1-5' or a list of labels, got {shown(raw, 80)}")
 
 
 @dataclass(frozen=True)
@@ -461,9 +461,9 @@ def _default_verdict(spec: TaskSpec) -> str:
 def _check_spec(spec: TaskSpec) -> None:
     """Everything that does not depend on the defaults (names, scales, descriptions, shape)."""
     if not isinstance(spec.name, str) or not NAME.match(spec.name):
-        raise ConfigError(f"key 'name': a task name must match {NAME.pattern}, got {spec.name!r:.60}")
+        raise ConfigError(f"key 'name': a task name must match {NAME.pattern}, got {shown(spec.name, 60)}")
     if spec.format not in FORMATS:
-        raise ConfigError(f"key 'format': unknown format {spec.format!r:.40}; choose one of: pointwise, pairwise")
+        raise ConfigError(f"key 'format': unknown format {shown(spec.format, 40)}; choose one of: pointwise, pairwise")
     if not isinstance(spec.inputs, tuple) or not spec.inputs:
         raise ConfigError("key 'inputs': a task needs at least one input field")
     if len(spec.inputs) > limits.MAX_TASK_INPUTS:
@@ -480,7 +480,7 @@ def _check_spec(spec: TaskSpec) -> None:
                     empty_ok=True)
         _check_template(inp.description, (), f"{at}.description")
         if not isinstance(inp.judged, bool):
-            raise ConfigError(f"key '{at}.judged': must be true or false, got {inp.judged!r:.40}")
+            raise ConfigError(f"key '{at}.judged': must be true or false, got {shown(inp.judged, 40)}")
         if inp.default is not None:
             _check_text(inp.default, f"{at}.default", limits.MAX_TASK_DESCRIPTION_CHARS, "MAX_TASK_DESCRIPTION_CHARS")
     if not isinstance(spec.criteria, tuple) or not spec.criteria:
@@ -511,7 +511,7 @@ def _check_spec(spec: TaskSpec) -> None:
         if not isinstance(c.scale, Scale):
             raise ConfigError(f"key '{at}.scale': expected a Scale, got {type(c.scale).__name__}")
     if spec.criteria_in not in ("fields", "instructions"):
-        raise ConfigError(f"key 'criteria_in': choose fields or instructions, got {spec.criteria_in!r:.40}")
+        raise ConfigError(f"key 'criteria_in': choose fields or instructions, got {shown(spec.criteria_in, 40)}")
     _check_text(spec.evidence, "evidence", limits.MAX_TASK_DESCRIPTION_CHARS, "MAX_TASK_DESCRIPTION_CHARS")
     _check_template(spec.evidence, (), "evidence")
     for key in ("argue", "verdict", "material"):
@@ -527,7 +527,7 @@ def _check_spec(spec: TaskSpec) -> None:
     if spec.responses:
         if not isinstance(spec.responses, tuple) or len(spec.responses) != 2 or len(set(spec.responses)) != 2 \
                 or not all(r in names for r in spec.responses):
-            raise ConfigError(f"key 'responses': name two different inputs, got {list(spec.responses)!r:.120} "
+            raise ConfigError(f"key 'responses': name two different inputs, got {shown(list(spec.responses), 120)} "
                               f"(inputs: {', '.join(spec.input_names)})")
     pref = spec.preference
     if pref is not None:
@@ -536,7 +536,7 @@ def _check_spec(spec: TaskSpec) -> None:
         for name in pref.combine:
             c = spec.criterion.get(name) if isinstance(name, str) else None
             if c is None or not c.scale.ordinal:
-                raise ConfigError(f"key 'preference.combine': {name!r:.40} is not an integer-scale criterion of this "
+                raise ConfigError(f"key 'preference.combine': {shown(name, 40)} is not an integer-scale criterion of this "
                                   f"task ({', '.join(x.name for x in spec.criteria if x.scale.ordinal) or 'none'})")
         if pref.stated is not None:
             _check_text(pref.stated, "preference.stated", limits.MAX_TASK_DESCRIPTION_CHARS,
@@ -564,14 +564,15 @@ def _check_resolved(spec: TaskSpec) -> None:
 
 def _check_name(name, at: str) -> None:
     if not isinstance(name, str) or not NAME.match(name):
-        raise ConfigError(f"key '{at}.name': a name must match {NAME.pattern} (a field name of the prompts), got {name!r:.60}")
+        raise ConfigError(f"key '{at}.name': a name must match {NAME.pattern} (a field name of the prompts), "
+                          f"got {shown(name, 60)}")
     if name in RESERVED:
         raise ConfigError(f"key '{at}.name': {name!r} is a name the program uses itself; choose another")
 
 
 def _check_text(value, at: str, limit: int, limit_name: str, *, empty_ok: bool = False) -> None:
     if not isinstance(value, str) or (not empty_ok and not value.strip()):
-        raise ConfigError(f"key '{at}': expected {'a' if empty_ok else 'a non-empty'} text, got {value!r:.60}")
+        raise ConfigError(f"key '{at}': expected {'a' if empty_ok else 'a non-empty'} text, got {shown(value, 60)}")
     if len(value) > limit:
         raise ConfigError(f"key '{at}': {len(value)} characters; the limit is {limit} (limits.{limit_name})")
 
@@ -679,7 +680,7 @@ def builtin_task(fmt: str) -> TaskSpec:
     for name, key in BUILTIN.items():
         if key == fmt:
             return _builtin(name)
-    raise ConfigError(f"unknown format {fmt!r:.40}; choose one of: pairwise, scoring (pointwise)")
+    raise ConfigError(f"unknown format {shown(fmt, 40)}; choose one of: pairwise, scoring (pointwise)")
 
 
 def load_task(name_or_path: str | Path | TaskSpec) -> TaskSpec:

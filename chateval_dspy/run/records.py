@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO
 
-from chateval_dspy.errors import ConfigError, DataError
+from chateval_dspy.errors import ConfigError, DataError, shown
 from chateval_dspy.files import fsync_dir
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ def check_cache_counts(record: dict, path, row: int) -> None:
         for name in CACHE_COUNTS:
             value = block.get(name)
             if name in block and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-                raise DataError(f"must be a whole number of tokens, 0 or more, got {value!r:.40}; move the file away "
+                raise DataError(f"must be a whole number of tokens, 0 or more, got {shown(value, 40)}; move the file away "
                                 "or choose another --out", source=str(path), row=row, field=f"{prefix}{name}")
 
 
