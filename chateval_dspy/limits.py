@@ -58,6 +58,13 @@ MAX_LABEL_CHARS = 40  # one label of a scale; it is an enum value of the JSON sc
 MAX_TASK_DESCRIPTION_CHARS = 800
 MAX_TASK_NAME_CHARS = 40  # task, input and criterion names are identifiers (field names of the prompts)
 
+# ---- any YAML or JSON document read from a file (task, role, card, program files) ----
+# An alias is a reference, so a 500-byte "billion laughs" file parses into a few objects that a repr, a join or a
+# walk expands to gigabytes: the size a document loads to is bounded, not only the bytes it is read from.
+MAX_DOC_NODES = 20_000  # scalars, lists and mappings; a full role file (100 roles x 3 personas) has ~1,500
+MAX_DOC_DEPTH = 32  # nesting; the built-in tasks are 4 deep, a saved program.json under 10
+MAX_DOC_CHARS = 4 * MIB  # scalar text, an aliased scalar counted at every use; above the largest YAML file limit
+
 
 def read_bounded(path: str | Path, limit: int, limit_name: str, what: str = "file") -> bytes:
     """At most ``limit`` bytes of the regular file ``path``, whatever the file claims to be (a FIFO, a device or
@@ -75,17 +82,148 @@ def read_bounded(path: str | Path, limit: int, limit_name: str, what: str = "fil
     return data
 
 
+class BoundedLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses what only a bomb needs: an alias of a list or mapping (merge keys
+    included), more than ``MAX_DOC_NODES`` nodes, nesting deeper than ``MAX_DOC_DEPTH``, or more than
+    ``MAX_DOC_CHARS`` characters of scalars once aliases are counted at each use: a ``ConfigError`` naming the
+    stream's ``name`` (``parse_yaml`` sets it to the file) and the line.
+
+    Example:
+        >>> yaml.load("a: &x [1, 2]\\nb: *x", BoundedLoader)
+        Traceback (most recent call last):
+        ...
+        chateval_dspy.errors.ConfigError: <unicode string> line 2, column 4: an alias of a list or mapping is refused ...
+        >>> yaml.load("a: &x one\\nb: *x", BoundedLoader)
+        {'a': 'one', 'b': 'one'}
+    """
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self.nodes = self.depth = self.chars = 0
+        self.scalar_chars: dict[str, int] = {}  # anchor -> its scalar's length; collections are never aliased
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            size = self.scalar_chars.get(event.anchor)
+            if size is None and event.anchor in self.anchors:
+                self._refuse("an alias of a list or mapping is refused (that is how YAML bombs grow)", event)
+            self._count(size or 0, event)
+            return super().compose_node(parent, index)
+        self._count(len(event.value) if isinstance(event, yaml.ScalarEvent) else 0, event)
+        self.depth += 1
+        if self.depth > MAX_DOC_DEPTH:
+            self._refuse(f"nested more than {MAX_DOC_DEPTH} levels deep (limits.MAX_DOC_DEPTH)", event)
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+        if isinstance(node, yaml.ScalarNode) and getattr(event, "anchor", None):
+            self.scalar_chars[event.anchor] = len(node.value)
+        return node
+
+    def _count(self, chars: int, event) -> None:
+        self.nodes += 1
+        self.chars += chars
+        if self.nodes > MAX_DOC_NODES:
+            self._refuse(f"more than {MAX_DOC_NODES} values (limits.MAX_DOC_NODES)", event)
+        if self.chars > MAX_DOC_CHARS:
+            self._refuse(f"more than {MAX_DOC_CHARS} characters once aliases are expanded (limits.MAX_DOC_CHARS)",
+                         event)
+
+    def _refuse(self, problem: str, event) -> None:
+        mark = event.start_mark
+        raise ConfigError(f"{self.name} line {mark.line + 1}, column {mark.column + 1}: {problem}")
+
+
+def check_depth(value, source: str, limit: int = MAX_DOC_DEPTH) -> None:
+    """A ``ConfigError`` naming ``source`` if parsed JSON nests deeper than ``limit`` (walked without recursion).
+
+    Example:
+        >>> check_depth([[[1]]], "a.json", 2)
+        Traceback (most recent call last):
+        ...
+        chateval_dspy.errors.ConfigError: a.json is nested more than 2 levels deep (limits.MAX_DOC_DEPTH)
+    """
+    level = [value] if isinstance(value, (dict, list)) else []
+    for _ in range(limit):  # one breadth-first level per pass: memory is one level, never a call stack
+        level = [v for x in level for v in (x.values() if isinstance(x, dict) else x) if isinstance(v, (dict, list))]
+    if level:
+        raise ConfigError(f"{source} is nested more than {limit} levels deep (limits.MAX_DOC_DEPTH)")
+
+
+def parse_json(text: str | bytes, source: str):
+    """The parsed JSON ``text`` of ``source``, at most ``MAX_DOC_DEPTH`` deep; a ``ConfigError`` naming ``source``
+    otherwise (bad JSON, bad UTF-8, over-long numbers, nesting).
+
+    Example:
+        >>> parse_json("[" * 100_000, "deep.json")
+        Traceback (most recent call last):
+        ...
+        chateval_dspy.errors.ConfigError: deep.json is not valid JSON: nested too deeply to parse
+    """
+    try:
+        data = json.loads(text)
+    except RecursionError as exc:
+        raise ConfigError(f"{source} is not valid JSON: nested too deeply to parse") from exc
+    except ValueError as exc:  # JSON syntax, UTF-8 and numbers too long to convert
+        raise ConfigError(f"{source} is not valid JSON: {str(exc)[:300]}") from exc
+    check_depth(data, source)
+    return data
+
+
+def parse_yaml(text: str, source: str):
+    """The parsed YAML ``text`` of ``source`` through ``BoundedLoader``; a ``ConfigError`` naming ``source`` and
+    the line otherwise.
+
+    Example:
+        >>> parse_yaml("a: &x {b: 1}\\nc: *x", "t.yaml")
+        Traceback (most recent call last):
+        ...
+        chateval_dspy.errors.ConfigError: t.yaml line 2, column 4: an alias of a list or mapping is refused ...
+        >>> parse_yaml("a: [1", "t.yaml")
+        Traceback (most recent call last):
+        ...
+        chateval_dspy.errors.ConfigError: t.yaml is not valid YAML (line 1, column 6): expected ',' or ']', but got '<stream end>'
+    """
+    loader = None
+    try:
+        loader = BoundedLoader(text)  # its reader refuses some characters as it is built
+        loader.name = source  # what the refusals name
+        return loader.get_single_data()
+    except ConfigError:  # a refusal, already naming the file and line; a ValueError, hence caught here first
+        raise
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise ConfigError(f"{source} is not valid YAML{where}: {str(exc.problem or exc.context)[:300]}") from exc
+    except (ValueError, RecursionError, yaml.YAMLError) as exc:  # ValueError: integers too long to convert
+        raise ConfigError(f"{source} is not valid YAML: {str(exc)[:300]}") from exc
+    finally:
+        if loader is not None:
+            loader.dispose()
+
+
 def read_config_file(path: str | Path, limit: int, limit_name: str, what: str):
-    """The parsed content of a YAML or JSON file (JSON by its ``.json`` suffix), read with ``read_bounded``;
-    a ``ConfigError`` naming ``what`` and the path for bad UTF-8, bad syntax or nesting too deep to parse."""
+    """The parsed content of a YAML or JSON file (JSON by its ``.json`` suffix), read with ``read_bounded`` and
+    parsed with ``parse_json`` or ``parse_yaml``; a ``ConfigError`` naming ``what`` and the path otherwise.
+
+    Example:
+        >>> _ = (tmp / "t.yaml").write_text("a: &x [1]\\nb: *x")
+        >>> read_config_file(tmp / "t.yaml", 100, "LIMIT", "task file")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        chateval_dspy.errors.ConfigError: task file .../t.yaml line 2, column 4: an alias of a list or mapping ...
+    """
     path = Path(path)
     raw = read_bounded(path, limit, limit_name, what)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"cannot read {what} {path}: {exc}") from exc
-    as_json = path.suffix.lower() == ".json"
-    try:
-        return json.loads(text) if as_json else yaml.safe_load(text)
-    except (ValueError, RecursionError, yaml.YAMLError) as exc:  # ValueError: JSON errors and over-long numbers
-        raise ConfigError(f"{what} {path} is not valid {'JSON' if as_json else 'YAML'}: {str(exc)[:300]}") from exc
+    parse = parse_json if path.suffix.lower() == ".json" else parse_yaml
+    return parse(text, f"{what} {path}")
+
+
+# ---- people's labels (label files, MLflow feedback) ----
+MAX_LABEL_NAME_CHARS = 200  # a reviewer's name (an e-mail or user id) or a labelled item's id; shown on judge cards

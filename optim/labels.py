@@ -21,6 +21,7 @@ the dataset splits as always. Without a dataset, the labelled items themselves s
 
 from __future__ import annotations
 
+import csv
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,10 +29,12 @@ from urllib.parse import parse_qs, urlsplit
 
 import dspy
 
+from chateval_dspy import limits
 from chateval_dspy.data.loaders import Items, grouping, read_rows, split
 from chateval_dspy.data.spec import DataSpec
-from chateval_dspy.deploy.feedback import PAIRWISE_NAMES, LabelSet, add_traces, labelled
-from chateval_dspy.errors import ConfigError, DataError
+from chateval_dspy.deploy.feedback import PAIRWISE_NAMES, LabelSet, add_traces, human_answers, labelled
+from chateval_dspy.deploy.store import UNPRINTABLE
+from chateval_dspy.errors import ConfigError, DataError, shown
 from chateval_dspy.program.task import TaskSpec, as_task, load_task
 
 log = logging.getLogger(__name__)
@@ -39,6 +42,55 @@ log = logging.getLogger(__name__)
 PREFIX = "mlflow:"
 MAX_TRACES = 10_000
 REVIEWER_COLUMN = "reviewer"
+
+
+def unprintable(text: str) -> str | None:
+    """The first character of ``text`` that would act rather than show (``store.UNPRINTABLE``: a control, a line
+    break, a bidi override).
+
+    Example:
+        >>> unprintable("Zoë <ann@example.org>") is None, unprintable("ann\\n- model: evil")
+        (True, '\\n')
+    """
+    found = UNPRINTABLE.search(text)
+    return found.group() if found else None
+
+
+def check_name(value, *, source: str, row: int | None, field: str) -> str:
+    """A reviewer's name or an item's id as text, at most ``limits.MAX_LABEL_NAME_CHARS`` characters that all show.
+
+    Judge cards print reviewers' names: a newline would forge a line of the card, an ESC drive a terminal.
+
+    Example:
+        >>> check_name("ann@example.org", source="l.csv", row=2, field="reviewer")
+        'ann@example.org'
+        >>> check_name("ann\\x1b[2J", source="l.csv", row=2, field="reviewer")
+        Traceback (most recent call last):
+        chateval_dspy.errors.DataError: l.csv row 2: field 'reviewer': ... holds the control character '\\x1b'...
+    """
+    if isinstance(value, int) and not isinstance(value, bool):  # a JSONL file's numeric ids and reviewer ids
+        value = str(value)
+    if not isinstance(value, str):
+        raise DataError(f"must be a text, got {type(value).__name__}", source=source, row=row, field=field)
+    if len(value) > limits.MAX_LABEL_NAME_CHARS:
+        raise DataError(f"{shown(value, 60)} is {len(value)} characters long; the limit is "
+                        f"{limits.MAX_LABEL_NAME_CHARS} (limits.MAX_LABEL_NAME_CHARS)", source=source, row=row,
+                        field=field)
+    bad = unprintable(value)
+    if bad is not None:
+        raise DataError(f"{shown(value, 60)} holds the control character {bad!r}; names and ids are one line of "
+                        "printable text", source=source, row=row, field=field)
+    return value
+
+
+def check_label(value, *, source: str, row: int | None, field: str) -> None:
+    """A label cell: a number, or a short one-line text (a scale's label is at most ``limits.MAX_LABEL_CHARS``)."""
+    if isinstance(value, (int, float)):
+        return
+    if not isinstance(value, str) or len(value.strip()) > limits.MAX_LABEL_CHARS or unprintable(value.strip()):
+        raise DataError(f"{shown(value, 60)} is no label: a number or a one-line text of at most "
+                        f"{limits.MAX_LABEL_CHARS} characters (limits.MAX_LABEL_CHARS)", source=source, row=row,
+                        field=field)
 
 
 def parse_source(source: str) -> tuple[str, str | None]:
@@ -88,39 +140,69 @@ def traces_of(source: str, *, tracking_uri: str | None = None) -> list:
         raise ConfigError(f"{source}: cannot search its traces ({exc})") from exc
 
 
+def label_rows(path: str) -> list[tuple[int, dict]]:
+    """A label file's ``(row, record)`` pairs; whatever Python's CSV reader still refuses (``read_rows`` bounds
+    cells itself) is a ``DataError`` naming the file, never a bare ``csv.Error``."""
+    try:
+        rows = read_rows(path)
+    except csv.Error as exc:
+        raise DataError(f"cannot read it as CSV ({shown(str(exc), 80)})", source=path) from exc
+    for _, record in rows:
+        if isinstance(record, DataError):
+            raise record
+    return rows
+
+
+def _answers_of(record: dict, row: int, path: str, questions: tuple[str, ...]) -> tuple[str, str, dict]:
+    """One label row checked: (item id, reviewer, {question: value})."""
+    raw = record.get("id")
+    if raw in (None, ""):
+        raise DataError("a label row needs an id (the item it labels)", source=path, row=row, field="id")
+    item_id = check_name(raw, source=path, row=row, field="id")
+    given = record.get(REVIEWER_COLUMN)
+    who = "file" if given in (None, "") else check_name(given, source=path, row=row, field=REVIEWER_COLUMN)
+    named = {q: record[q] for q in questions if record.get(q) not in (None, "")}
+    if not named:
+        raise DataError(f"no label: name one of {', '.join(questions)}", source=path, row=row)
+    for q, value in named.items():
+        check_label(value, source=path, row=row, field=q)
+    return item_id, who, named
+
+
 def add_file(out: LabelSet, path: str, task: TaskSpec, *, base: dict | None = None) -> None:
     """A label file's rows into ``out``; an id neither the file's row inputs nor the dataset explain is an error."""
     answers: dict[str, dict[str, dict[str, object]]] = {}
     inputs: dict[str, dict] = {}
     first_row: dict[str, int] = {}
     questions = PAIRWISE_NAMES if task.format == "pairwise" else tuple(c.name for c in task.criteria)
-    for row, record in read_rows(path):
-        if isinstance(record, DataError):
-            raise record
-        raw = record.get("id")
-        if raw in (None, ""):
-            raise DataError("a label row needs an id (the item it labels)", source=path, row=row, field="id")
-        item_id = str(raw)
-        who = str(record.get(REVIEWER_COLUMN) or "file")
+    for row, record in label_rows(path):
+        item_id, who, named = _answers_of(record, row, path, questions)
         first_row.setdefault(item_id, row)
         inputs.setdefault(item_id, {k: v for k, v in record.items() if k in task.input_names})
-        named = [q for q in questions if record.get(q) not in (None, "")]
-        if not named:
-            raise DataError(f"no label: name one of {', '.join(questions)}", source=path, row=row)
-        for q in named:
-            answers.setdefault(item_id, {}).setdefault(q, {})[who] = record[q]  # a reviewer's later row wins
+        for q, value in named.items():
+            answers.setdefault(item_id, {}).setdefault(q, {})[who] = value  # a reviewer's later row wins
     given = len(out.items), out.labels
     for item_id, by in answers.items():
         known = (base or {}).get(item_id)
         if known is None and set(task.input_names) - set(inputs[item_id]):
-            raise DataError(f"id {item_id!r} is no item of the dataset, and the row does not carry the task's inputs "
-                            f"({', '.join(task.input_names)})", source=path, row=first_row[item_id], field="id")
+            raise DataError(f"id {shown(item_id, 60)} is no item of the dataset, and the row does not carry the "
+                            f"task's inputs ({', '.join(task.input_names)})", source=path, row=first_row[item_id],
+                            field="id")
         got = labelled(item_id, by, task, inputs=inputs[item_id], base=known, source=path, row=first_row[item_id])
         if got.problem:
             raise DataError(got.problem, source=path, row=first_row[item_id])
         out.add(got, review=False)
     out.sources.append({"source": path, "rows": sum(len(v) for by in answers.values() for v in by.values()),
                         "items": len(out.items) - given[0], "labels": out.labels - given[1]})
+
+
+def check_traces(traces, source: str) -> None:
+    """The names of the people whose feedback ``traces`` hold, checked as a label file's reviewers are."""
+    for row, trace in enumerate(traces, 1):
+        where = f"{source} trace {shown(trace.info.trace_id, 80)}"
+        for by in human_answers(trace).values():
+            for who in by:
+                check_name(who, source=where, row=row, field=REVIEWER_COLUMN)
 
 
 def read_labels(sources, task=None, *, base: list[dspy.Example] | None = None,
@@ -147,7 +229,9 @@ def read_labels(sources, task=None, *, base: list[dspy.Example] | None = None,
             raise ConfigError(f"labels source {source!r}: no such file (and not mlflow:<experiment>)")
         add_file(out, source, task, base=known)
     for source in [s for s in sources if s.startswith(PREFIX)]:
-        add_traces(out, traces_of(source, tracking_uri=tracking_uri), task, source=source, base=known)
+        traces = traces_of(source, tracking_uri=tracking_uri)
+        check_traces(traces, source)
+        add_traces(out, traces, task, source=source, base=known)
     return out
 
 

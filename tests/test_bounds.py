@@ -109,7 +109,8 @@ def test_an_item_against_a_hanging_endpoint_ends_at_its_item_deadline():
     so an 8-call item ends by the item deadline rather than after 8 call deadlines."""
     cfg = DebateConfig(roles=("critic", "scientist"), turns=2)  # 8 calls, one after another
     server = FakeOpenAIServer(hang=True)
-    with server as url, resolve_lm(url, timeout=1.0, call_deadline=2.0, item_deadline=4.0) as lm:
+    # The breaker is set past this item's attempts: what is checked here is the item deadline, not the run's stop.
+    with server as url, resolve_lm(url, timeout=1.0, call_deadline=2.0, item_deadline=4.0, breaker=100) as lm:
         pred, seconds = judge(lm, cfg)
         attempts = len(server.requests)
     print(f"\nan 8-call item against a hanging server: {seconds:.2f} s, {attempts} attempt(s), "

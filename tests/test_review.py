@@ -206,8 +206,8 @@ def scripted(items):
     by_question = {x.question[:60]: (BEHAVIOURS[i], x) for i, x in enumerate(items)}
 
     def respond(call):
-        if call.kind != "verdict":
-            return default_responder(call)
+        if call.kind != "verdict" or call.inputs.get("question", "")[:60] not in by_question:
+            return default_responder(call)  # an argument, or an item of another dataset
         behaviour, item = by_question[call.inputs.get("question", "")[:60]]
         swapped = call.inputs.get("answer_1", "")[:60] != item.answer_1[:60]
         critic = "critic" in call.inputs.get("persona", "").lower()

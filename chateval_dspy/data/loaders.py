@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import io
 import json
 import logging
 import random
+import re
+import threading
 from collections import defaultdict
 from pathlib import Path
 
 import dspy
 
 from chateval_dspy.errors import ConfigError, DataError
+from chateval_dspy.limits import MAX_TEXT_CHARS
 from chateval_dspy.program.task import TaskSpec, as_task
 
 log = logging.getLogger(__name__)
@@ -60,18 +62,7 @@ def read_rows(path: str | Path, *, bad_rows: str = "raise") -> list[tuple[int, d
         raw = raw[3:]
     suffix = path.suffix.lower()
     if suffix == ".csv":
-        if keep:
-            rows = _csv_rows(raw, source)
-        else:
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                line = raw[: exc.start].count(b"\n") + 1
-                raise DataError(f"not UTF-8 (byte {exc.start}); re-save the file as UTF-8", source=source,
-                                row=line) from exc
-            reader = csv.DictReader(io.StringIO(text, newline=""))
-            # Row numbers count the header as line 1, as a spreadsheet shows them.
-            rows = [(i, dict(r)) for i, r in enumerate(reader, start=2)]
+        rows = _csv_rows(raw, source, keep)
         if not rows:
             raise DataError("file has no items (only a header, or empty)", source=source)
         return rows
@@ -99,26 +90,133 @@ def _json_row(line: bytes, source: str, row: int) -> dict:
         raise DataError(f"not UTF-8 (column {exc.start + 1}); re-save the file as UTF-8", source=source, row=row) from exc
     except json.JSONDecodeError as exc:
         raise DataError(f"not valid JSON: {exc.msg} (column {exc.colno})", source=source, row=row) from exc
+    except RecursionError as exc:  # a line of nested brackets: the parser's stack, not the line's size, runs out
+        raise DataError("not valid JSON: nested too deeply", source=source, row=row) from exc
     if not isinstance(record, dict):
         raise DataError(f"expected a JSON object, got {type(record).__name__}", source=source, row=row)
     return record
 
 
-def _csv_rows(raw: bytes, source: str) -> list[tuple[int, dict | DataError]]:
-    """CSV rows where a row holding non-UTF-8 bytes becomes its own ``DataError`` (``bad_rows="keep"``)."""
-    # surrogateescape keeps every byte, so one bad byte spoils only the row (or quoted field) it sits in.
-    text = raw.decode("utf-8", errors="surrogateescape")
-    reader = csv.DictReader(io.StringIO(text, newline=""))
-    if any(_undecodable(name) for name in reader.fieldnames or ()):
+def _csv_rows(raw: bytes, source: str, keep: bool) -> list[tuple[int, dict | DataError]]:
+    """CSV rows as ``read_rows`` gives them: a row holding non-UTF-8 bytes or a cell longer than ``MAX_TEXT_CHARS``
+    is its own ``DataError`` with ``keep``, and raises without it."""
+    if keep:
+        # surrogateescape keeps every byte, so one bad byte spoils only the row (or quoted field) it sits in.
+        text = raw.decode("utf-8", errors="surrogateescape")
+    else:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = raw[: exc.start].count(b"\n") + 1
+            raise DataError(f"not UTF-8 (byte {exc.start}); re-save the file as UTF-8", source=source, row=line) from exc
+    records = iter(csv_records(text))
+    header = next(records, [])
+    if isinstance(header, csv.Error):
+        raise DataError(f"a column name is longer than {MAX_TEXT_CHARS} characters", source=source, row=1)
+    if any(_undecodable(name) for name in header):
         raise DataError("not UTF-8 in the header; re-save the file as UTF-8", source=source, row=1)
     rows: list[tuple[int, dict | DataError]] = []
-    for i, r in enumerate(reader, start=2):
-        bad = [k for k, v in r.items() if _undecodable(v)]
-        if bad:
-            rows.append((i, DataError("not UTF-8; re-save the file as UTF-8", source=source, row=i, field=bad[0])))
+    row = 1  # the header is row 1, as a spreadsheet shows it; blank lines are no rows (as csv.DictReader has it)
+    for cells in records:
+        if cells == []:
+            continue
+        row += 1
+        if isinstance(cells, csv.Error):
+            error = DataError(f"a cell is longer than {MAX_TEXT_CHARS} characters (limits.MAX_TEXT_CHARS), more than a "
+                              "judged text may hold; shorten it or leave the row out", source=source, row=row)
         else:
-            rows.append((i, dict(r)))
+            record = _as_dict(header, cells)
+            bad = [k for k, v in record.items() if _undecodable(v)]
+            error = DataError("not UTF-8; re-save the file as UTF-8", source=source, row=row, field=bad[0]) if bad else None
+        if error is not None and not keep:
+            raise error
+        rows.append((row, error or record))
     return rows
+
+
+def _as_dict(header: list[str], cells: list[str]) -> dict:
+    """A record as ``csv.DictReader`` makes it: surplus cells in a list under None, missing cells None."""
+    record = dict(zip(header, cells))
+    if len(cells) > len(header):
+        record[None] = cells[len(header):]
+    for name in header[len(cells):]:
+        record[name] = None
+    return record
+
+
+# A line as open(newline="") splits them (only \r, \n and \r\n end one), and a run of characters that mean nothing
+# to the CSV reader (neither quote, comma nor line end) under the default dialect.
+_LINE = re.compile(r"[^\r\n]*(?:\r\n?|\n)|[^\r\n]+")
+_PLAIN = re.compile(r'[^",\r\n]+')
+_FIELD_LIMIT = threading.Lock()  # csv.field_size_limit is one setting for the whole process
+
+
+class _Lines:
+    """The lines of ``text`` from ``pos`` on, one at a time; ``pos`` is always where the next one starts.
+
+    Example:
+        >>> lines = _Lines("a,b\\r\\nc\\n\\nd")
+        >>> list(lines), lines.pos
+        (['a,b\\r\\n', 'c\\n', '\\n', 'd'], 9)
+    """
+
+    def __init__(self, text: str, pos: int = 0):
+        self.text, self.pos = text, pos
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        match = _LINE.match(self.text, self.pos)
+        if match is None:
+            raise StopIteration
+        self.pos = match.end()
+        return match.group()
+
+
+def csv_records(text: str) -> list[list[str] | csv.Error]:
+    """Every record of CSV ``text`` (the header first) as its cells, or as the ``csv.Error`` of a record with a cell
+    longer than ``MAX_TEXT_CHARS``: that record is skipped whole and the reading goes on after it, so no cell is
+    ever held past the limit.
+
+    Example:
+        >>> csv_records('a,b\\n1,"' + "x" * 100_001 + '\\n2,3"\\n4,5\\n')
+        [['a', 'b'], Error('field larger than field limit (100000)'), ['4', '5']]
+    """
+    with _FIELD_LIMIT:
+        before = csv.field_size_limit(MAX_TEXT_CHARS)
+        try:
+            out: list[list[str] | csv.Error] = []
+            lines = _Lines(text)
+            reader = csv.reader(lines)
+            while True:
+                start = lines.pos
+                try:
+                    out.append(next(reader))
+                except StopIteration:
+                    return out
+                except csv.Error as exc:
+                    # The reader gave up inside the record: its rest (more lines, if a quoted cell goes on) must not
+                    # be read as records of their own.
+                    lines.pos = _record_end(text, start)
+                    reader = csv.reader(lines)
+                    out.append(exc)
+        finally:
+            csv.field_size_limit(before)
+
+
+def _record_end(text: str, start: int) -> int:
+    """Where the CSV record that starts at ``start`` ends. It is read again with every run of plain characters cut
+    to one: the reader goes through the same states (in quotes or not, cell and record ends), and no cell is long."""
+    lines = _Lines(text, start)
+    limit = csv.field_size_limit(len(text) + 1)  # only quotes are left to make a cell long
+    try:
+        next(csv.reader(_PLAIN.sub("x", line) for line in lines), None)
+    except csv.Error:
+        pass  # not expected: the record then ends where the reader stopped
+    finally:
+        csv.field_size_limit(limit)
+    return lines.pos
 
 
 def _undecodable(value) -> bool:

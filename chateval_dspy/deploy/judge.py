@@ -28,7 +28,6 @@ from statistics import fmean
 
 import dspy
 import pandas as pd
-import yaml
 
 import chateval_dspy.limits as limits
 from chateval_dspy.concurrency import bounded_unordered
@@ -240,10 +239,11 @@ def _evaluator_in(local: Path, uri: str, trust_pickle: bool) -> Path | ChatEval:
     if not mlmodel.is_file():
         raise ConfigError(f"{uri} holds neither a saved evaluator ({CARD_FILE}) nor an MLflow model")
     text = limits.read_bounded(mlmodel, limits.MAX_MLMODEL_FILE_BYTES, "limits.MAX_MLMODEL_FILE_BYTES", "MLmodel file")
-    try:
-        flavors = (yaml.safe_load(text) or {}).get("flavors") or {}
+    try:  # the bounded loader: the MLmodel file comes from an artifact store, as untrusted as any file
+        flavors = (limits.parse_yaml(text if isinstance(text, str) else text.decode("utf-8", "replace"),
+                                     f"{uri} MLmodel") or {}).get("flavors") or {}
         relative = flavors["python_function"]["artifacts"]["evaluator"]["path"]
-    except (yaml.YAMLError, AttributeError, KeyError, TypeError):
+    except (ConfigError, AttributeError, KeyError, TypeError):
         relative = None
     if isinstance(relative, str):
         inside = (local / relative).resolve()

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from chateval_dspy.concurrency import bounded_unordered, run_gated
 from chateval_dspy.data.loaders import column_map, item_from_record, read_rows
-from chateval_dspy.errors import DataError
-from chateval_dspy.run.evaluate_dataset import batch_items
-from chateval_dspy.run.records import ResultsStream, is_error
+from chateval_dspy.errors import DataError, shown
+from chateval_dspy.run.evaluate_dataset import batch_items, journal_folder
+from chateval_dspy.run.records import ResultsStream, is_error, refuse_link
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,8 @@ class ScoreReport:
 
 
 def _todo(rows, id_column: str, done, src: Path, report: ScoreReport) -> list[tuple]:
-    """``(row, item id, record or DataError)`` of every row still to judge; rows done before are counted skipped."""
+    """``(row, item id, record or DataError)`` of every row still to judge; rows done before are counted skipped.
+    Verdicts of ids that no row has are said in a warning: never counted, and kept (an earlier input's, perhaps)."""
     seen: set[str] = set()
     todo = []
     for row, record in rows:
@@ -52,6 +53,10 @@ def _todo(rows, id_column: str, done, src: Path, report: ScoreReport) -> list[tu
             report.skipped += 1
         else:
             todo.append((row, item_id, record))
+    strangers = sorted(set(done) - seen)
+    if strangers:
+        log.warning("%d verdict(s) in the output name ids that no row of %s has (first: %s): not counted", len(strangers),
+                    src, shown(strangers[0]))
     return todo
 
 
@@ -62,7 +67,9 @@ def score_file(evaluator, src: str | Path, out: str | Path, *, columns: dict[str
     Args:
         evaluator: A loaded ``Judge`` (anything with ``format`` or ``task``, and ``__call__(item, row=, source=)``).
         src: The user's rows.
-        out: The verdicts, one line per input row (see the module docstring for reruns).
+        out: The verdicts, one line per input row (see the module docstring for reruns); one run writes it at a
+            time (``records.exclusive``: another is a ``ConfigError`` naming its pid), and a symbolic link (or one
+            as its batch journal, ``<out>.batches``) is refused.
         columns: Our field name -> the user's column name, for any field (``id`` and the inputs alike).
         concurrency: Rows judged at once.
         on_item: Called with each line written (verdicts and errors).
@@ -70,6 +77,8 @@ def score_file(evaluator, src: str | Path, out: str | Path, *, columns: dict[str
             calls in waves (``concurrency.run_gated``).
     """
     src, out = Path(src), Path(out)
+    if waves:
+        refuse_link(journal_folder(out), "batch journal")
     fmt = getattr(evaluator, "task", evaluator.format)  # a loaded Judge knows its task; else the format's built-in
     col = column_map(fmt, columns)
     rows = read_rows(src, bad_rows="keep")

@@ -58,6 +58,17 @@ MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+/-]*$")
 COST_BY_MODEL = "by_model"
 # Per model, the one word among its figures: which cache rates its price had (``Price.cache_rates``).
 CACHE_RATES_KEY = "cache_rates"
+# Characters that act rather than show: controls (a newline forges a line of card.md, an ESC drives a terminal),
+# line and paragraph separators, and bidi overrides and isolates, which reorder what is shown ("Trojan Source").
+UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+# What lets a value of card.md open a code span, a link, a table cell, emphasis or HTML; values never start a line
+# (their newlines are escaped), so block syntax (``-``, ``#``) cannot start there.
+MD_SPECIALS = re.compile(r"[\\`*\[\]|<>&]")
+MD_ENTITIES = {"<": "&lt;", ">": "&gt;", "&": "&amp;"}
+# A value shown in a code span (model names, trace ids): nothing in it can end the span.
+TOKEN = re.compile(r"[A-Za-z0-9._:@+/-]{1,200}")
+# Reviewers a card names, most answers first; the others are counted (60,000 names would not fit a card).
+CARD_REVIEWERS = 50
 
 
 def versions() -> dict[str, str]:
@@ -77,7 +88,7 @@ def make_card(program: ChatEval, *, model: str, referee_models: dict[str, str] |
     ``referee_models`` records a mixed panel: ``{role slug: model name}`` for the referees that ran on a model
     other than ``model`` (``lm.panel.referee_names()``); names only, as for ``model``. A base URL's LM is named
     ``openai-compatible/<served id>``, which ``load()`` cannot reach from the name alone: its caller gives the
-    endpoint again (``referee_models=`` or ``model=``).
+    endpoint again (``referee_models=`` or ``model=``). The card is as ``save_program`` will save it (``fit_card``).
     """
     unknown = sorted(set(fields) - set(CARD_DESCRIPTIVE))
     if unknown:  # a loader refuses keys it does not know, so a card must not be written with them
@@ -88,7 +99,7 @@ def make_card(program: ChatEval, *, model: str, referee_models: dict[str, str] |
                 if slug in program.config.roles and name != model}
     if referees:
         check_referee_models(referees, program.config, "make_card")
-    return {
+    return fit_card({
         "card_format": CARD_FORMAT,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "model": model,
@@ -97,19 +108,39 @@ def make_card(program: ChatEval, *, model: str, referee_models: dict[str, str] |
         "roles": [{"slug": r.slug, "name": r.name, "personas": dict(r.personas)} for r in program.roles],
         "versions": versions(),
         **fields,
-    }
+    }, "make_card")
+
+
+def md_text(value, limit: int = 500) -> str:
+    r"""``value`` as one line of card.md text that shows as typed: characters that act (``UNPRINTABLE``) as their
+    escapes, Markdown's and HTML's specials escaped, at most ``limit`` characters of the value.
+
+    Example:
+        >>> print(md_text("ann\n- model: `openai/evil` <script>\x1b[2J"))
+        ann\n- model: \`openai/evil\` &lt;script&gt;\x1b\[2J
+    """
+    text = str(value)
+    cut = len(text) > limit
+    text = MD_SPECIALS.sub(lambda m: MD_ENTITIES.get(m.group(), "\\" + m.group()), text[:limit])
+    return UNPRINTABLE.sub(lambda m: ascii(m.group())[1:-1], text) + ("..." if cut else "")
+
+
+def _code(value) -> str:
+    """A trace id or similar token in a code span when it is one, else as escaped text (a backtick would end it)."""
+    text = str(value)
+    return f"`{text}`" if TOKEN.fullmatch(text) else md_text(text)
 
 
 def _criterion_text(criterion: dict) -> str:
     scale = criterion["scale"]
-    return f"{criterion['name']} {scale if isinstance(scale, str) else '/'.join(scale)}"
+    return md_text(f"{criterion['name']} {scale if isinstance(scale, str) else '/'.join(map(str, scale))}")
 
 
 def _cost_lines(cost: dict) -> list[str]:
     """The card's cost block in words: the figures per item, then calls, tokens and dollars per model."""
     line = "- cost per item: " + ", ".join(
-        f"{k} {usd_text(v)}" if k.startswith("cost_usd") else f"{k} {v:.3f}" if k.endswith("_share")
-        else f"{k} {v:.1f}" for k, v in cost.items()
+        f"{md_text(k)} {usd_text(v)}" if k.startswith("cost_usd") else f"{md_text(k)} {v:.3f}" if k.endswith("_share")
+        else f"{md_text(k)} {v:.1f}" for k, v in cost.items()
         if k.startswith("cost_usd") or (isinstance(v, (int, float)) and not isinstance(v, bool)))
     if cost.get("cached_calls_per_item"):
         # A compile that keeps the original prompts meets its test calls again in the LM cache.
@@ -117,66 +148,155 @@ def _cost_lines(cost: dict) -> list[str]:
                  "answered from the LM cache, which bills no tokens: tokens and seconds count only the others)")
     lines = [line]
     for name, figures in (cost.get(COST_BY_MODEL) or {}).items():
-        lines.append(f"  - `{name}`: {figures.get('calls', 0)} calls, {figures.get('prompt_tokens', 0)} prompt "
+        lines.append(f"  - {_code(name)}: {figures.get('calls', 0)} calls, {figures.get('prompt_tokens', 0)} prompt "
                      f"({figures.get('cached_prompt_tokens') or 0} cached prompt, "
                      f"{figures.get('cache_write_tokens') or 0} cache write) + "
                      f"{figures.get('completion_tokens', 0)} completion tokens, "
                      f"{usd_text(figures.get('cost_usd'))} over the test split")
         note = cache_rate_note(name, figures)
         if note:
-            lines.append(f"    - {note}")
+            lines.append(f"    - {md_text(note)}")
     return lines
 
 
-def _markdown(card: dict) -> str:
+def _panel_lines(card: dict) -> list[str]:
+    """The model, the task and the panel."""
     cfg = card["config"]
     task = cfg.get("task")
-    lines = [
-        f"# Judge card: {cfg['format']} ChatEval evaluator", "",
-        f"- model: `{card['model']}`",
-        *([f"- referee models: {', '.join(f'{k} `{v}`' for k, v in card['referee_models'].items())}"]
-          if card.get("referee_models") else []),
-        *([f"- task: {task['name']} ({task['format']}); inputs {', '.join(i['name'] for i in task['inputs'])}; "
-           f"criteria {', '.join(_criterion_text(c) for c in task['criteria'])}"] if task else []),
-        f"- panel: {', '.join(cfg['roles'])}; strategy {cfg['strategy']}; {cfg['turns']} turn(s); "
-        f"aggregate {cfg['aggregate']}; position calibration {'on' if cfg['calibrate'] else 'off'}",
-    ]
-    for key in ("dataset", "dataset_hash", "split", "optimizer", "optimizer_settings", "metric"):
-        if key in card:
-            lines.append(f"- {key.replace('_', ' ')}: {card[key]}")
+    referees = card.get("referee_models") or {}
+    lines = [f"- model: {_code(card['model'])}"]
+    if referees:
+        lines.append(f"- referee models: {', '.join(f'{md_text(k)} {_code(v)}' for k, v in referees.items())}")
+    if task:
+        lines.append(f"- task: {md_text(task['name'])} ({md_text(task['format'])}); inputs "
+                     f"{', '.join(md_text(i['name']) for i in task['inputs'])}; criteria "
+                     f"{', '.join(_criterion_text(c) for c in task['criteria'])}")
+    lines.append(f"- panel: {', '.join(md_text(r) for r in cfg['roles'])}; strategy {md_text(cfg['strategy'])}; "
+                 f"{md_text(cfg['turns'])} turn(s); aggregate {md_text(cfg['aggregate'])}; position calibration "
+                 f"{'on' if cfg['calibrate'] else 'off'}")
+    return lines
+
+
+def _metric_lines(card: dict) -> list[str]:
+    """What the card says about the data, the optimizer and the figures on the dev and test splits."""
     def figures(metrics: dict) -> str:
-        return ", ".join(f"{k} {v['value']:.3f} [{v['ci_low']:.3f}, {v['ci_high']:.3f}]"
+        return ", ".join(f"{md_text(k)} {v['value']:.3f} [{v['ci_low']:.3f}, {v['ci_high']:.3f}]"
                          for k, v in metrics.items() if isinstance(v, dict) and "value" in v)
 
+    lines = [f"- {key.replace('_', ' ')}: {md_text(card[key])}"
+             for key in ("dataset", "dataset_hash", "split", "optimizer", "optimizer_settings", "metric") if key in card]
     for key in ("dev_metrics", "test_metrics"):
         block = card.get(key) or {}
         stages = {s: m for s, m in block.items() if isinstance(m, dict) and "value" not in m}
         if stages:  # {"before": {...}, "after": {...}}
             for stage, metrics in stages.items():
-                lines.append(f"- {key.split('_')[0]} split, {stage} compiling: {figures(metrics)}")
+                lines.append(f"- {key.split('_')[0]} split, {md_text(stage)} compiling: {figures(metrics)}")
         elif block:
             lines.append(f"- {key.split('_')[0]} split: {figures(block)}")
-    if card.get("skipped_rows"):
-        rows = card["skipped_rows"]
+    rows = card.get("skipped_rows")
+    if rows:
         lines.append(f"- malformed rows skipped: {len(rows)} (" + "; ".join(
-            f"row {r.get('row')}: {r.get('reason')}" for r in rows[:10]) + ("; ..." if len(rows) > 10 else "") + ")")
+            f"row {md_text(r.get('row'))}: {md_text(r.get('reason'), 200)}" for r in rows[:10])
+            + ("; ..." if len(rows) > 10 else "") + ")")
+    return lines
+
+
+def _label_lines(got: dict) -> list[str]:
+    """The card's ``labels``: where people's labels came from, by whom (named ones, then the others counted)."""
+    who = ", ".join(f"{md_text(k, limits.MAX_LABEL_NAME_CHARS)} ({md_text(v)})"
+                    for k, v in (got.get("reviewers") or {}).items())
+    rest = got.get("reviewers_left_out") or {}
+    if rest:
+        who += (f" and {md_text(rest.get('reviewers'))} more reviewers ({md_text(rest.get('answers'))} answers; "
+                "card.json names the most active)")
+    traces = got.get("traces") or []
+    left = got.get("traces_left_out") or 0
+    sources = ", ".join(md_text(s.get("source", "?")) for s in got.get("sources", []))
+    lines = [f"- people's labels: {md_text(got.get('items'))} items from {sources}; {md_text(got.get('labels'))} "
+             f"answers ({md_text(got.get('from_review'))} from review, {md_text(got.get('from_files'))} from files)"
+             f"{' by ' + who if who else ''}; {md_text(got.get('disagreements'))} even splits left unlabelled; "
+             f"{md_text(got.get('overridden'))} labels overridden"]
+    if traces:
+        lines.append(f"  - traces learned from ({len(traces) + left}): " + ", ".join(_code(t) for t in traces[:20])
+                     + (", ..." if len(traces) + left > 20 else "")
+                     + (f" ({md_text(left)} left out of card.json by its size limit)" if left else " (all in card.json)"))
+    return lines
+
+
+def _markdown(card: dict) -> str:
+    """card.md: the card in words, every value escaped (names and paths come from label files, datasets, flags)."""
+    lines = [f"# Judge card: {md_text(card['config']['format'])} ChatEval evaluator", "",
+             *_panel_lines(card), *_metric_lines(card)]
     if card.get("labels"):
-        got = card["labels"]
-        who = ", ".join(f"{k} ({v})" for k, v in (got.get("reviewers") or {}).items())
-        traces = got.get("traces") or []
-        sources = ", ".join(s.get("source", "?") for s in got.get("sources", []))
-        lines.append(f"- people's labels: {got.get('items')} items from {sources}; "
-                     f"{got.get('labels')} answers ({got.get('from_review')} from review, {got.get('from_files')} from files)"
-                     f"{' by ' + who if who else ''}; {got.get('disagreements')} even splits left unlabelled; "
-                     f"{got.get('overridden')} labels overridden")
-        if traces:
-            lines.append(f"  - traces learned from ({len(traces)}): " + ", ".join(f"`{t}`" for t in traces[:20])
-                         + (", ..." if len(traces) > 20 else "") + " (all in card.json)")
+        lines += _label_lines(card["labels"])
     if "cost" in card:
         lines += _cost_lines(card["cost"])
-    lines.append(f"- versions: {', '.join(f'{k} {v}' for k, v in card['versions'].items())}")
-    lines.append(f"- created: {card['created']}")
+    lines.append(f"- versions: {', '.join(f'{md_text(k)} {md_text(v)}' for k, v in card['versions'].items())}")
+    lines.append(f"- created: {md_text(card['created'])}")
     return "\n".join(lines) + "\n"
+
+
+def card_labels(labels: dict, top: int = CARD_REVIEWERS) -> dict:
+    """The card's ``labels`` naming at most ``top`` reviewers (most answers first); ``reviewers_left_out`` counts
+    the others and their answers, so that any number of reviewers fits a card.
+
+    Example:
+        >>> got = card_labels({"labels": 6, "reviewers": {"ann": 3, "bo": 2, "cy": 1}}, top=2)
+        >>> got["reviewers"], got["reviewers_left_out"]
+        ({'ann': 3, 'bo': 2}, {'reviewers': 1, 'answers': 1})
+    """
+    reviewers = labels.get("reviewers")
+    if not isinstance(reviewers, dict) or len(reviewers) <= top:
+        return labels
+
+    def answers(n) -> int | float:
+        return n if isinstance(n, (int, float)) and not isinstance(n, bool) else 0
+
+    ranked = sorted(reviewers.items(), key=lambda kv: (-answers(kv[1]), str(kv[0])))
+    before = labels.get("reviewers_left_out") or {}  # a card summarised already keeps its counts
+    rest = ranked[top:]
+    return {**labels, "reviewers": dict(ranked[:top]),
+            "reviewers_left_out": {"reviewers": answers(before.get("reviewers")) + len(rest),
+                                   "answers": answers(before.get("answers")) + sum(answers(n) for _, n in rest)}}
+
+
+def _card_json(card: dict) -> str:
+    return json.dumps(card, indent=2, default=str)
+
+
+def _fewer_traces(labels: dict, over: int) -> dict:
+    """``labels`` with traces taken off the end until about ``over`` bytes of card.json are freed (counted)."""
+    traces = list(labels.get("traces") or [])
+    freed = -64  # the count's own key and figure take room too
+    while traces and freed < over:
+        freed += len(json.dumps(traces.pop(), default=str)) + 8  # six spaces of indent, a comma, a newline
+    left = len(labels.get("traces") or []) - len(traces) + (labels.get("traces_left_out") or 0)
+    return {**labels, "traces": traces, "traces_left_out": left}
+
+
+def fit_card(card: dict, where="card") -> dict:
+    """``card`` as ``save_program`` writes it, which ``load()`` reads back: JSON values, at most ``CARD_REVIEWERS``
+    reviewers named, traces cut (and counted) if card.json would pass ``limits.MAX_CARD_FILE_BYTES``.
+
+    Raises:
+        ConfigError: naming ``where``: the card breaks a rule of ``check_card``, or is still too large; the message
+            counts the largest parts.
+    """
+    card = json.loads(_card_json(card))  # what the file holds, as a loader sees it
+    if isinstance(card.get("labels"), dict):
+        card["labels"] = card_labels(card["labels"])
+    size = len(_card_json(card).encode("utf-8"))
+    if size > limits.MAX_CARD_FILE_BYTES and isinstance(card.get("labels"), dict) and card["labels"].get("traces"):
+        card["labels"] = _fewer_traces(card["labels"], size - limits.MAX_CARD_FILE_BYTES)
+        size = len(_card_json(card).encode("utf-8"))
+    if size > limits.MAX_CARD_FILE_BYTES:
+        parts = sorted(((len(_card_json(v)), k, len(v) if isinstance(v, (list, dict)) else 1) for k, v in card.items()),
+                       reverse=True)[:3]
+        raise ConfigError(f"{where} would be {size} bytes; load() reads at most {limits.MAX_CARD_FILE_BYTES} "
+                          "(limits.MAX_CARD_FILE_BYTES). Largest parts: "
+                          + ", ".join(f"{k} {n} bytes ({count} entries)" for n, k, count in parts))
+    check_card(limits.parse_json(_card_json(card), str(where)), where)
+    return card
 
 
 def save_program(program: ChatEval, directory: str | Path, card: dict) -> Path:
@@ -184,10 +304,10 @@ def save_program(program: ChatEval, directory: str | Path, card: dict) -> Path:
 
     ``program.json`` is written from the same checks a loader applies, so nothing is saved that
     ``load_program`` would refuse (too many demos, an instruction over its limit); an LM set on a
-    predictor is left out, as the loader's caller chooses the LM.
+    predictor is left out, as the loader's caller chooses the LM. The card is saved as ``fit_card`` makes it.
     """
     directory = Path(directory)
-    check_card(json.loads(json.dumps(card, default=str)), directory / CARD_FILE)
+    card = fit_card(card, directory / CARD_FILE)
     dumped = json.loads(json.dumps(program.dump_state(), default=str))
     for name, entry in dumped.items():
         if entry.get("lm") is not None:
@@ -199,7 +319,7 @@ def save_program(program: ChatEval, directory: str | Path, card: dict) -> Path:
     written["metadata"] = {"dependency_versions": get_dependency_versions()}
     directory.mkdir(parents=True, exist_ok=True)
     (directory / PROGRAM_FILE).write_text(json.dumps(written, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    (directory / CARD_FILE).write_text(json.dumps(card, indent=2, default=str), encoding="utf-8")
+    (directory / CARD_FILE).write_text(_card_json(card), encoding="utf-8")
     (directory / CARD_MD).write_text(_markdown(card), encoding="utf-8")
     return directory
 
@@ -210,12 +330,7 @@ def read_json_file(path: Path, limit: int, limit_name: str):
     Raises:
         ConfigError: naming the file: unreadable, not a regular file, over ``limit``, or not JSON.
     """
-    data = limits.read_bounded(path, limit, limit_name)
-    try:
-        return json.loads(data)
-    # ValueError covers bad JSON, bad UTF-8 and numbers too long to convert; RecursionError, deep nesting.
-    except (ValueError, RecursionError) as exc:
-        raise ConfigError(f"{path} is not valid JSON: {str(exc)[:200]}") from exc
+    return limits.parse_json(limits.read_bounded(path, limit, limit_name), str(path))
 
 
 def read_card(directory: str | Path) -> dict:

@@ -16,6 +16,10 @@ debate also stops waiting at the deadline plus ``WATCHDOG_GRACE_S`` (``within_de
 LMs that cannot stop themselves: DSPy's engines for model strings, a Retry-After sleep, a server that
 drips bytes slower than the HTTP timeout (which bounds each wait for data, not a whole attempt). What still fails otherwise is
 translated into DSPy's lm15 errors so that the debate can record it as an abstention too.
+
+Every endpoint also has a circuit breaker (``lm.breaker``): these engines report each attempt's outcome to it,
+``within_deadline`` watches the calls of LMs that cannot, and after ``breaker`` failed attempts in a row (timeouts,
+refused or lost connections) every call fails with one ``LMError``, which stops the run.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import copy
+import itertools
 import math
 import threading
 import time
@@ -36,6 +41,7 @@ from dspy import lm15
 from dspy.lm15 import Message, Response, TextPart, TokenLogprob, TopLogprob, Usage, response_to_events
 
 from chateval_dspy.errors import ConfigError, LMError, cause_of
+from chateval_dspy.lm.breaker import DEFAULT_BREAKER, Breaker, Watch, check_threshold, context_breakers, failure_kind
 
 R = TypeVar("R")
 
@@ -170,8 +176,13 @@ def within_deadline(fn: Callable[[], R], bounds: CallBounds | None) -> R:
     ``fn`` runs on a daemon thread so that the caller regains control at the deadline even when the
     LM underneath cannot be interrupted (a LiteLLM route sleeping out a Retry-After, a server dripping
     bytes slower than the read timeout). An engine from this module also stops itself at the same
-    deadline, so its thread does not outlive the call by more than the grace.
+    deadline, so its thread does not outlive the call by more than the grace. Once the breaker of an
+    LM in the context is open (``lm.breaker``), the call fails with its ``LMError``, before it starts
+    or while it is in flight.
     """
+    breakers = context_breakers()
+    for breaker in breakers:  # an endpoint already given up on: fail before sending anything
+        breaker.check()
     end = call_end(bounds)
     if end == math.inf or dspy.settings.send_stream is not None:  # a streaming caller needs its own thread
         return fn()
@@ -180,23 +191,14 @@ def within_deadline(fn: Callable[[], R], bounds: CallBounds | None) -> R:
         raise DeadlineExceeded("deadline: the item's time was spent before this call", started=False)
     context = contextvars.copy_context()
     context.run(_CALL_END.set, end)
-    box: dict = {}
-    done = threading.Event()
-
-    def target():
-        try:
-            box["value"] = context.run(fn)
-        except BaseException as exc:  # handed to the waiting thread as it is
-            box["error"] = exc
-        finally:
-            done.set()
-
-    threading.Thread(target=target, name="chateval-lm-call", daemon=True).start()
-    if not done.wait(left + WATCHDOG_GRACE_S):
+    with Watch(breakers, tick=bounds.timeout if bounds is not None else None) as watch:
+        threading.Thread(target=context.run, args=(watch.call, fn), name="chateval-lm-call", daemon=True).start()
+        answered = watch.wait(left + WATCHDOG_GRACE_S)
+    if not answered:
         raise DeadlineExceeded(f"deadline: no answer within {left:.1f} s")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    if watch.error is not None:
+        raise watch.error
+    return watch.value
 
 
 def _text(system) -> str:
@@ -257,6 +259,8 @@ class OpenAICompatEngine:
         compact_json: llama.cpp only: forbid free whitespace in constrained JSON and cap
             string lengths, so that a tiny model cannot pad its output until ``max_tokens``.
         max_string_chars: With ``compact_json``, the longest string a JSON field may hold.
+        breaker: Failed attempts in a row (timeouts, refused or lost connections) after which every call fails with
+            one ``LMError`` (``lm.breaker``); the engine's ``breaker`` attribute is that ``Breaker``.
     """
 
     supports_response_schema = True
@@ -265,10 +269,12 @@ class OpenAICompatEngine:
 
     def __init__(self, base_url: str, model: str, api_key: str = "none", *, timeout: float = DEFAULT_TIMEOUT,
                  max_retries: int = DEFAULT_RETRIES, call_deadline: float | None = None,
-                 item_deadline: float | None = None, compact_json: bool = False, max_string_chars: int = 600):
+                 item_deadline: float | None = None, compact_json: bool = False, max_string_chars: int = 600,
+                 breaker: int = DEFAULT_BREAKER):
         self.base_url, self.model = base_url, model
         self.compact_json, self.max_string_chars = compact_json, max_string_chars
         self.bounds = CallBounds.derive(timeout, max_retries, call_deadline, item_deadline)
+        self.breaker = Breaker(base_url, breaker)
         self.client = self._client(base_url, api_key)
 
     def _client(self, base_url: str, api_key: str) -> openai.OpenAI:
@@ -314,22 +320,30 @@ class OpenAICompatEngine:
         return self._complete(request, call_end(self.bounds))
 
     def _complete(self, request, end: float) -> Response:
-        """Attempts until one answers, the retries are spent, or the deadline ``end`` (monotonic) comes."""
+        """Attempts until one answers, the retries are spent, the deadline ``end`` (monotonic) comes, or the
+        breaker opens (its ``LMError``)."""
         body = self.request_body(request)
         attempt = 0
         while True:
+            self.breaker.check()
             left = end - time.monotonic()
             if left <= 0:
                 raise DeadlineExceeded(f"{self.base_url}: deadline reached after {attempt} attempt(s)",
                                        provider="openai-compatible", started=attempt > 0)
             limit = min(self.bounds.timeout, left)
             try:
-                return self._response(self.client.chat.completions.create(**body, timeout=limit))
+                answer = self.client.chat.completions.create(**body, timeout=limit)
             except openai.APIError as exc:
                 error = _translate(exc, self.base_url)
                 if error is exc:
                     raise
-                if isinstance(error, lm15.TimeoutError) and limit < self.bounds.timeout:
+                cut = isinstance(error, lm15.TimeoutError) and limit < self.bounds.timeout
+                # A cut attempt proves nothing about the endpoint, unless its call had no full attempt to prove it.
+                if self._counts(error) and (not cut or attempt == 0):
+                    stop = self.breaker.failed(failure_kind(error))
+                    if stop is not None:
+                        raise stop from exc
+                if cut:
                     raise DeadlineExceeded(f"{self.base_url}: deadline reached during attempt {attempt + 1}",
                                            provider="openai-compatible") from exc
                 if attempt >= self.bounds.retries or not _transient(error):
@@ -341,6 +355,13 @@ class OpenAICompatEngine:
                                            f"({type(error).__name__})", provider="openai-compatible") from exc
                 time.sleep(pause)
                 attempt += 1
+            else:
+                self.breaker.succeeded()
+                return self._response(answer)
+
+    def _counts(self, error: Exception) -> bool:
+        """Whether ``error`` is the endpoint's failure, for the breaker."""
+        return failure_kind(error) is not None
 
     def _response(self, r) -> Response:
         if not r.choices:
@@ -380,6 +401,10 @@ class RestartingEngine(OpenAICompatEngine):
     debate re-raises instead of recording abstentions for every remaining item.
     """
 
+    def _counts(self, error: Exception) -> bool:
+        # A lost server is restarted, and lost again it stops the run: only its silences are the breaker's.
+        return not isinstance(error, lm15.TransportError) and super()._counts(error)
+
     def __init__(self, base_url: str, model: str, *, restart, **kwargs):
         super().__init__(base_url, model, **kwargs)
         self._restart, self.restarts = restart, 0
@@ -397,6 +422,40 @@ class RestartingEngine(OpenAICompatEngine):
                         raise LMError(f"the model server at {failed_url} died again after a restart; giving up "
                                       "(check memory, or run with --concurrency 1)") from exc
                     self.restarts += 1
-                    self.base_url = self._restart()
-                    self.client = self._client(self.base_url, self.client.api_key)
+                    new_url = self._restart()
+                    # The client first: a thread that reads the new URL must not send through the old client.
+                    self.client = self._client(new_url, self.client.api_key)
+                    self.base_url = new_url
             return self._complete(request, end)
+
+
+def _dead_failures(bounds) -> Iterator[float]:
+    """When a dead endpoint's attempts fail, for one call after another as ``OpenAICompatEngine`` makes them."""
+    t = 0.0
+    while True:
+        end, attempt = t + bounds.call_deadline, 0
+        while True:
+            if end - t < bounds.timeout:  # the deadline cuts this attempt: it counts only as the call's first
+                t = end
+                if attempt == 0:
+                    yield t
+                break
+            t += bounds.timeout
+            yield t
+            pause = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** attempt)
+            if attempt >= bounds.retries or t + pause >= end:
+                break
+            t, attempt = t + pause, attempt + 1
+
+
+def dead_endpoint_stop(bounds, threshold: int = DEFAULT_BREAKER, streams: int = 2) -> float:
+    """Seconds until a dead endpoint (it takes each request and never answers) opens the breaker, with ``streams``
+    calls in flight at once (2: the default panel's two answer orders), each stream's calls one after another.
+
+    Example:
+        >>> bounds = CallBounds.derive()  # the defaults: timeout 120 s, 2 retries, call deadline 250 s
+        >>> dead_endpoint_stop(bounds), 2 * bounds.call_deadline, dead_endpoint_stop(bounds, streams=1)
+        (240.5, 500.0, 490.5)
+    """
+    nth = math.ceil(check_threshold(threshold) / streams)  # the streams fail in step
+    return next(itertools.islice(_dead_failures(bounds), nth - 1, None))

@@ -19,9 +19,7 @@ import dspy
 
 import chateval_dspy.limits as limits
 from chateval_dspy.errors import ConfigError, LMError, shown
-
-# The key in DSPy's settings that holds ``{role slug: dspy.LM}``; DSPy carries it into its worker threads.
-CONTEXT_KEY = "chateval_referee_lms"
+from chateval_dspy.lm.bound import binding, referee_lm, referee_lms  # noqa: F401 - the panel's public names
 
 
 def check_referee_models(referees, *, where: str = "referee_models") -> tuple[tuple[str, str], ...]:
@@ -80,17 +78,6 @@ def check_panel(referees: Mapping[str, str], roles) -> None:
                           "name a referee of the panel (--role SLUG)")
 
 
-def referee_lm(slug: str) -> dspy.LM | None:
-    """The LM bound to referee ``slug`` in the current context, or None (it runs on the main LM)."""
-    bound = dspy.settings.get(CONTEXT_KEY)
-    return bound.get(slug) if bound else None
-
-
-def referee_lms() -> dict[str, dspy.LM]:
-    """Every referee LM bound in the current context, by role slug."""
-    return dict(dspy.settings.get(CONTEXT_KEY) or {})
-
-
 def referee_names(lms: Mapping[str, dspy.LM] | None = None) -> dict[str, str]:
     """``{slug: model name}`` of the bound referees (what a card records; a URL's LM is ``openai-compatible/<id>``).
 
@@ -100,11 +87,6 @@ def referee_names(lms: Mapping[str, dspy.LM] | None = None) -> dict[str, str]:
         {'critic': 'openai/gpt-4o-mini'}
     """
     return {slug: lm.model for slug, lm in sorted((referee_lms() if lms is None else lms).items())}
-
-
-def binding(lms: Mapping[str, dspy.LM]) -> contextlib.AbstractContextManager:
-    """A context in which each referee of ``lms`` runs on its LM (nothing changes when ``lms`` is empty)."""
-    return dspy.context(**{CONTEXT_KEY: dict(lms)}) if lms else contextlib.nullcontext()
 
 
 @contextlib.contextmanager

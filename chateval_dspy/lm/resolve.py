@@ -26,6 +26,7 @@ import dspy
 
 from chateval_dspy.errors import ConfigError, LMError
 from chateval_dspy.lm.adapter import MARKED_PREFIXES
+from chateval_dspy.lm.breaker import DEFAULT_BREAKER, Breaker, with_breaker
 from chateval_dspy.lm.engine import (
     DEFAULT_RETRIES,
     DEFAULT_TIMEOUT,
@@ -202,7 +203,7 @@ def check_model_spec(spec, where: str = "--model") -> str:
 def resolve_lm(spec: str = EMBEDDED, *, slots: int = 2, temperature: float = 0.0, max_tokens: int | None = None,
                served_model: str | None = None, timeout: float = DEFAULT_TIMEOUT, retries: int = DEFAULT_RETRIES,
                call_deadline: float | None = None, item_deadline: float | None = None,
-               threads: int | None = None) -> Iterator[dspy.LM]:
+               threads: int | None = None, breaker: int = DEFAULT_BREAKER) -> Iterator[dspy.LM]:
     """Build (and for ``embedded``, start and later stop) the LM named by ``spec``.
 
     Args:
@@ -218,6 +219,9 @@ def resolve_lm(spec: str = EMBEDDED, *, slots: int = 2, temperature: float = 0.0
         item_deadline: Seconds all calls of one judged item may take (default ``4 * call_deadline``).
             A call cut by either deadline is the referee's abstention ``lm_error:deadline``.
         threads: CPU threads of the embedded server (default: all cores).
+        breaker: Failed attempts in a row (timeouts, refused or lost connections) after which every call fails with one
+            ``LMError`` and the run stops (``lm.breaker``); the embedded server is restarted on a lost connection
+            instead, so only its timeouts count.
 
     Example:
         >>> with resolve_lm("embedded") as lm, dspy.context(lm=lm):  # doctest: +SKIP
@@ -226,7 +230,7 @@ def resolve_lm(spec: str = EMBEDDED, *, slots: int = 2, temperature: float = 0.0
     check_model_spec(spec)
     bounds = CallBounds.derive(timeout, retries, call_deadline, item_deadline)
     limits = {"timeout": bounds.timeout, "max_retries": bounds.retries, "call_deadline": bounds.call_deadline,
-              "item_deadline": bounds.item_deadline}
+              "item_deadline": bounds.item_deadline, "breaker": breaker}
     if spec == EMBEDDED:
         server = EmbeddedServer(slots=slots, threads=threads)
         cap = max_tokens or EMBEDDED_MAX_TOKENS
@@ -248,5 +252,6 @@ def resolve_lm(spec: str = EMBEDDED, *, slots: int = 2, temperature: float = 0.0
     # The deadlines ride on the LM for the debate to enforce around each call. Models that cache only at marked
     # breakpoints go through LiteLLM, which carries the adapter's cache_control blocks to the provider as they are.
     route = {"engine": "litellm"} if spec.startswith(MARKED_PREFIXES) else {}
-    yield with_bounds(dspy.LM(spec, temperature=temperature, max_tokens=max_tokens or 1024, timeout=bounds.timeout,
-                              num_retries=bounds.retries, **route), bounds)
+    lm = dspy.LM(spec, temperature=temperature, max_tokens=max_tokens or 1024, timeout=bounds.timeout,
+                 num_retries=bounds.retries, **route)
+    yield with_breaker(with_bounds(lm, bounds), Breaker(spec, breaker))

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import dspy
 
 from chateval_dspy.errors import ConfigError
+from chateval_dspy.lm.breaker import DEFAULT_BREAKER, check_threshold
 from chateval_dspy.lm.engine import DEFAULT_RETRIES, DEFAULT_TIMEOUT, CallBounds
 
 if TYPE_CHECKING:
@@ -34,6 +35,8 @@ class LMSpec:
         retries: Further attempts after a transient failure, in exactly one layer (see ``lm.engine``).
         call_deadline: Seconds one call may take, all attempts and backoff together (None: ``2 * timeout + 10``).
         item_deadline: Seconds all calls of one judged item may take (None: ``4 * call_deadline``).
+        breaker: Failed attempts in a row against one endpoint (timeouts, refused or lost connections) after which the
+            run stops with one ``LMError``, its finished results kept (``lm.breaker``; not in batch mode).
         cache: DSPy's memory and disk cache of LM answers.
         cache_dir: The cache's directory (default ``$CHATEVAL_CACHE_DIR`` or ``~/.cache/chateval-dspy``).
         referee_models: A mixed panel: ``{role slug: model}`` (each ``embedded``, a base URL or a LiteLLM string);
@@ -70,6 +73,7 @@ class LMSpec:
     retries: int = DEFAULT_RETRIES
     call_deadline: float | None = None
     item_deadline: float | None = None
+    breaker: int = DEFAULT_BREAKER
     cache: bool = True
     cache_dir: str | None = None
     referee_models: tuple[tuple[str, str], ...] | dict[str, str] = ()
@@ -97,6 +101,7 @@ class LMSpec:
         if not 0 < self.timeout <= 3600:
             raise ConfigError(f"timeout must be positive seconds, at most 3600, got {self.timeout}")
         self.bounds()  # a bad retry count or deadline fails here, not when the LM starts
+        check_threshold(self.breaker)
         if self.batch_dir is not None:
             object.__setattr__(self, "batch", True)
         if not 0 < self.batch_poll <= 3600:
@@ -182,7 +187,7 @@ class LMSpec:
         with panel.open_panel(self.model, self.referee_map, slots=slots, temperature=self.temperature,
                               max_tokens=self.max_tokens, served_model=self.served_model, timeout=self.timeout,
                               retries=self.retries, call_deadline=self.call_deadline,
-                              item_deadline=self.item_deadline, threads=threads) as (lm, referees), \
+                              item_deadline=self.item_deadline, threads=threads, breaker=self.breaker) as (lm, referees), \
                 dspy.context(lm=attach_price(lm, self.price()), adapter=JudgeAdapter()), panel.binding(referees):
             yield lm
 

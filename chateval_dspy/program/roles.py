@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-import yaml
-
 import chateval_dspy.limits as limits
 from chateval_dspy.errors import ConfigError, shown
 from chateval_dspy.program.task import TaskSpec, as_task
@@ -133,7 +131,7 @@ def load_role_file(path: str | Path) -> dict[str, Role]:
 def role_library(role_file: str | Path | None = None) -> dict[str, Role]:
     """The built-in personas, plus (and overridden by) those in ``role_file``."""
     text = resources.files("chateval_dspy.program").joinpath("roles/default.yaml").read_text(encoding="utf-8")
-    library = _parse_roles(yaml.safe_load(text), "built-in roles")
+    library = _parse_roles(limits.parse_yaml(text, "built-in roles"), "built-in roles")
     if role_file:
         library.update(load_role_file(role_file))
     return library
@@ -150,7 +148,8 @@ def resolve_roles(slugs, fmt: TaskSpec | str, role_file: str | Path | None = Non
             roles.append(library[slug])
         else:
             raise ConfigError(
-                f"unknown role {slug!r}; choose from: {', '.join(library)} (or referee_1..referee_N for the same-role ablation)"
+                f"unknown role {shown(slug, 60)}; choose from: {', '.join(library)} "
+                "(or referee_1..referee_N for the same-role ablation)"
             )
     for role in roles:
         role.persona(fmt)  # a custom role without a persona for this format fails here, before any LM call

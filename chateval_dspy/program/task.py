@@ -25,8 +25,6 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 
-import yaml
-
 import chateval_dspy.limits as limits
 from chateval_dspy.errors import ConfigError, shown
 
@@ -666,7 +664,7 @@ def read_task_file(path: str | Path) -> TaskSpec:
 @cache
 def _builtin(name: str) -> TaskSpec:
     text = resources.files("chateval_dspy.program").joinpath(f"tasks/{name}.yaml").read_text(encoding="utf-8")
-    return TaskSpec.from_dict(yaml.safe_load(text), f"built-in task {name}")
+    return TaskSpec.from_dict(limits.parse_yaml(text, f"built-in task {name}"), f"built-in task {name}")
 
 
 def builtin_task(fmt: str) -> TaskSpec:

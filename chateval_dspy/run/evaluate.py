@@ -7,17 +7,19 @@ bar and the printed table.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import dspy
+from dspy.utils.callback import BaseCallback
 
 from chateval_dspy.concurrency import bounded_unordered, run_gated
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import ChatEvalError
-from chateval_dspy.run.records import ResultsStream, context_identity
+from chateval_dspy.run.records import ResultsStream, check_result, context_identity
 from chateval_dspy.run.records import run_key as derive_run_key
 from chateval_dspy.run.result import RunResult
 from chateval_dspy.run.usage import ModelMeter, item_cost, item_tokens, usage_by_model
@@ -89,9 +91,10 @@ def judge_item(program: dspy.Module, item: dspy.Example, config: DebateConfig) -
     task = config.task_spec
     inputs, cut = prepare(item, config)
     empty = empty_fields(item, config)
-    meter = ModelMeter()
+    meter, failures = ModelMeter(), FailedCalls()
     start = time.perf_counter()
-    with dspy.track_usage() as usage, dspy.context(callbacks=[*(dspy.settings.get("callbacks") or []), meter]):
+    callbacks = [*(dspy.settings.get("callbacks") or []), meter, failures]
+    with dspy.track_usage() as usage, dspy.context(callbacks=callbacks):
         try:
             pred = program(**inputs)
             error = None
@@ -116,15 +119,70 @@ def judge_item(program: dspy.Module, item: dspy.Example, config: DebateConfig) -
         )
     if pairwise and record["human"] is not None:
         record["correct"] = record["prediction"] == record["human"]
-    # DSPy records usage only for calls that reached the LM; the rest were answered from its cache.
-    lm_calls = sum(len(entries) for entries in usage.usage_data.values())
-    models = usage_by_model(usage.get_total_tokens(), usage.usage_data, meter)
-    record.update(item_tokens(models)._asdict(),
-                  cached_calls=max(0, (record["calls"] or 0) - lm_calls), seconds=round(seconds, 3), truncated=cut,
-                  cost_usd=item_cost(models), usage_by_model=models)
+    models, cached_calls, failed_calls = call_counts(usage, meter, failures.by_model(), record["calls"])
+    record.update(item_tokens(models)._asdict(), cached_calls=cached_calls,
+                  **({"failed_calls": failed_calls} if failed_calls else {}), seconds=round(seconds, 3),
+                  truncated=cut, cost_usd=item_cost(models), usage_by_model=models)
     if empty:  # only then, so that every other line is what it always was
         record["empty"] = empty
     return record
+
+
+class FailedCalls(BaseCallback):
+    """Counts, per model, the LM calls of one item that raised or never ended (abandoned at a deadline).
+
+    Example:
+        >>> from chateval_dspy.testing.fake_lm import fake_lm
+        >>> failures, lm = FailedCalls(), fake_lm(lambda call: 1 / 0)
+        >>> with dspy.context(callbacks=[failures]):
+        ...     try:
+        ...         lm("hello")
+        ...     except Exception:  # DSPy wraps it in its own
+        ...         pass
+        >>> failures.by_model()
+        {'fake/scripted': 1}
+    """
+
+    def __init__(self):
+        self._open: dict[str, str] = {}
+        self._failed: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def on_lm_start(self, call_id, instance, inputs) -> None:
+        with self._lock:
+            self._open[call_id] = str(getattr(instance, "model", "?"))
+
+    def on_lm_end(self, call_id, outputs, exception=None) -> None:
+        with self._lock:
+            model = self._open.pop(call_id, None)
+            if model is not None and exception is not None:
+                self._failed[model] = self._failed.get(model, 0) + 1
+
+    def by_model(self) -> dict[str, int]:
+        """Failed calls per model so far; a call still open once its item is judged was given up on."""
+        with self._lock:
+            out = dict(self._failed)
+            for model in self._open.values():
+                out[model] = out.get(model, 0) + 1
+        return out
+
+
+def call_counts(usage, meter: ModelMeter, failed: dict[str, int], calls: int | None) -> tuple[dict, int, int]:
+    """An item's ``usage_by_model``, its cached calls and its failed calls, of its ``calls`` in all.
+
+    DSPy records usage only for calls that reached the LM and answered. Of the others, those that raised (or were
+    given up on) failed; only the rest were answered from DSPy's cache. A model's ``failed_calls`` is there only
+    when some failed (and so is the record's), so that every other line is what it always was.
+    """
+    models = usage_by_model(usage.get_total_tokens(), usage.usage_data, meter)
+    for model, n in failed.items():
+        if model in models:
+            figures = models[model]
+            figures["cached_calls"] = max(0, figures["cached_calls"] - n)
+            figures["failed_calls"] = n
+    lm_calls = sum(len(entries) for entries in usage.usage_data.values())
+    n_failed = sum(failed.values())
+    return models, max(0, (calls or 0) - lm_calls - n_failed), n_failed
 
 
 def evaluate(program: dspy.Module, items: Iterable[dspy.Example], config: DebateConfig, *, out: str | Path | None = None,
@@ -139,13 +197,16 @@ def evaluate(program: dspy.Module, items: Iterable[dspy.Example], config: Debate
         out: A JSONL file; one complete line per item is appended as soon as it is judged. If it already
             holds records of the same run (same ``run_key``), those items are not judged again: their
             records count in the result and the run goes on with the rest (resume after a crash or kill).
+            One run writes it at a time (``records.exclusive``); a symbolic link is refused.
         concurrency: Items judged at once (bounded; results may finish out of order).
-        on_item: Called with each record (the CLI advances its progress bar here).
+        on_item: Called with each record (the CLI advances its progress bar here). If it has a ``resumed`` method
+            (a ``Tracer``'s has), that is called first with the records resumed from ``out``.
         run_key: What identifies the run; stored in each record and checked on resume, so a file written by
             another run is refused (``ConfigError``). None: derived from ``config``, the model and sampling
             settings of the LM in the DSPy context (and of a mixed panel's referee LMs), the items and
-            ``program.dump_state()`` (so a compiled program never resumes the uncompiled one's file). Only
-            needed with ``out``.
+            ``program.dump_state()`` (so a compiled program never resumes the uncompiled one's file); then
+            lines of other items in ``out`` are dropped (``ResultsStream``). Only needed with ``out``; lines of
+            items not in ``items`` never count.
         waves: Batch mode: the ``concurrency`` items judged at once make their calls in waves, each wave every
             call that can be made (``concurrency.run_gated``; the LM must be a batching one, ``lm.batch``).
 
@@ -154,26 +215,39 @@ def evaluate(program: dspy.Module, items: Iterable[dspy.Example], config: Debate
         ...     result = evaluate(build_evaluator(cfg), items, cfg, out="results.jsonl")
         >>> result.metrics()["accuracy"]  # doctest: +SKIP
     """
-    if out is not None and run_key is None:
-        items = list(items)  # hashed for the key, then judged: an iterator could be read only once
-        run_key = derive_run_key(config, context_identity(), items, program.dump_state())
+    ids = None
+    if out is not None:
+        items = list(items)  # hashed for the key and read for their ids, then judged: an iterator is read only once
+        if run_key is None:
+            run_key = derive_run_key(config, context_identity(), items, program.dump_state())
+            ids = [x.id for x in items]  # the key holds these items: a line of another item is no part of the run
     result = RunResult(config)
-    with ResultsStream(out, run_key) as stream:
-        for record in stream.records:
+    with ResultsStream(out, run_key, ids=ids, check=check_result) as stream:
+        # Only this call's items count: a caller may judge a run in parts (a search, its dev split in chunks).
+        wanted = {str(x.id) for x in items} if out is not None else set()
+        resumed = [r for r in stream.records if str(r["id"]) in wanted]
+        for record in resumed:
             result.add(record)
-        result.resumed = len(stream.records)
+        result.resumed = len(resumed)
+        if resumed and callable(getattr(on_item, "resumed", None)):
+            on_item.resumed(resumed)
         done = set(stream.done)  # finished before this run; grows no further while the items are drawn
-        todo = (x for x in items if str(x.id) not in done)
-        start = time.perf_counter()
-        # DSPy keeps every call in lm.history; a long batch must not grow with it (results stream to disk instead).
-        with dspy.context(disable_history=True):
-            try:
-                runner = run_gated if waves else bounded_unordered
-                for _, record in runner(lambda x: judge_item(program, x, config), todo, max(1, concurrency)):
-                    record = stream.append(record)  # one whole line, flushed and fsynced, before it counts
-                    result.add(record)
-                    if on_item:
-                        on_item(record)
-            finally:
-                result.wall_seconds = time.perf_counter() - start
+        _judge_rest(program, (x for x in items if str(x.id) not in done), config, stream, result, on_item,
+                    concurrency, waves)
     return result
+
+
+def _judge_rest(program, todo, config, stream: ResultsStream, result: RunResult, on_item, concurrency: int,
+                waves: bool) -> None:
+    start = time.perf_counter()
+    # DSPy keeps every call in lm.history; a long batch must not grow with it (results stream to disk instead).
+    with dspy.context(disable_history=True):
+        try:
+            runner = run_gated if waves else bounded_unordered
+            for _, record in runner(lambda x: judge_item(program, x, config), todo, max(1, concurrency)):
+                record = stream.append(record)  # one whole line, flushed and fsynced, before it counts
+                result.add(record)
+                if on_item:
+                    on_item(record)
+        finally:
+            result.wall_seconds = time.perf_counter() - start

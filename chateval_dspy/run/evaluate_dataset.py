@@ -130,18 +130,36 @@ def journal_folder(path: Path) -> Path:
     return path.with_name(path.name + ".batches")
 
 
-def results_path(data: DataSpec, key: str, out: str | Path | None = None, *, overwrite: bool = False) -> Path:
-    """``out`` or ``results/<dataset>-<run key>.jsonl``, checked before any model starts.
+def results_file(data: DataSpec, key: str, out: str | Path | None = None) -> Path:
+    """``out`` or ``results/<dataset>-<run key>.jsonl``, its folder made.
 
-    A file of another run is refused (``ConfigError``); ``overwrite`` empties it (and its batch journal) first.
+    Example:
+        >>> results_file(DataSpec("faireval"), "abc123", tmp / "runs" / "r.jsonl").parent.is_dir()
+        True
     """
     path = Path(out) if out else Path("results") / f"{data.name}-{key}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
-    if overwrite and path.exists():
-        path.write_text("", encoding="utf-8")
-    if overwrite and journal_folder(path).is_dir():
-        shutil.rmtree(journal_folder(path))
-    records.finished_records(path, key)
+    return path
+
+
+def results_path(data: DataSpec, key: str, out: str | Path | None = None, *, overwrite: bool = False,
+                 ids=None) -> Path:
+    """``results_file(data, key, out)``, checked before any model starts (as its one writer, ``records.exclusive``).
+
+    A file of another run is refused (``ConfigError``), and so is a symbolic link as the file or as its batch
+    journal (``journal_folder``): neither is written through. ``overwrite`` empties the file (and its journal)
+    first. ``ids``: the run's item ids; lines of other items, and every line of an item after its first, are
+    dropped (``records.ResultsStream``).
+    """
+    path = results_file(data, key, out)
+    records.refuse_link(path)
+    records.refuse_link(journal_folder(path), "batch journal")
+    with records.exclusive(path):
+        if overwrite and path.exists():
+            path.write_text("", encoding="utf-8")
+        if overwrite and journal_folder(path).is_dir():
+            shutil.rmtree(journal_folder(path))
+        records.ResultsStream(path, key, ids=ids, check=records.check_result)
     return path
 
 
@@ -156,7 +174,8 @@ def evaluate_dataset(data: DataSpec, config: DebateConfig | Callable[[str], Deba
         config: The panel, or a function of the dataset's format that returns it (the CLI's flags); it must
             judge the data's task (``DataSpec.task``).
         lm: Which LM, and how it is called; a mixed panel's ``referee_models`` must name referees of the panel.
-        out: The results file (default ``results/<dataset>-<run key>.jsonl``).
+        out: The results file (default ``results/<dataset>-<run key>.jsonl``); a second run on it while this one
+            writes it is refused (``ConfigError`` naming this one's pid), and so is a symbolic link.
         overwrite: Start ``out`` afresh instead of resuming it.
         concurrency: Items judged at once.
         on_item: Called with each record (a progress bar).
@@ -174,15 +193,18 @@ def evaluate_dataset(data: DataSpec, config: DebateConfig | Callable[[str], Deba
     lm.check_panel(cfg.roles)  # before any model starts
     program = build_evaluator(cfg)
     key = records.run_key(cfg, lm.identity(), items)
-    path = results_path(data, key, out, overwrite=overwrite)
-    todo = len(items) - len(records.finished_records(path, key))
-    at_once = batch_items(concurrency, todo) if lm.batch else concurrency
-    with lm.judging(lm_slots(cfg, concurrency), journal=journal_folder(path), on_wave=on_wave) as judging_lm:
-        if lm.batch:
-            judging_lm.engine.waves.expected = expected_waves(cfg, todo, at_once)
-        result = evaluate(program, items, cfg, out=path, concurrency=at_once, on_item=on_item, run_key=key,
-                          waves=lm.batch)
-        model, referees = judging_lm.model, referee_names()
-        batch = batch_summary(judging_lm) if lm.batch else None
+    path = results_file(data, key, out)
+    with records.exclusive(path):  # one writer, from emptying or resuming the file to its last line
+        results_path(data, key, path, overwrite=overwrite, ids=[x.id for x in items])
+        done = {str(r["id"]) for r in records.finished_records(path, key) if not records.is_error(r)}
+        todo = sum(str(x.id) not in done for x in items)
+        at_once = batch_items(concurrency, todo) if lm.batch else concurrency
+        with lm.judging(lm_slots(cfg, concurrency), journal=journal_folder(path), on_wave=on_wave) as judging_lm:
+            if lm.batch:
+                judging_lm.engine.waves.expected = expected_waves(cfg, todo, at_once)
+            result = evaluate(program, items, cfg, out=path, concurrency=at_once, on_item=on_item, run_key=key,
+                              waves=lm.batch)
+            model, referees = judging_lm.model, referee_names()
+            batch = batch_summary(judging_lm) if lm.batch else None
     return DatasetRun(data, cfg, items, path, key, model, result, list(getattr(items, "skipped", [])), referees,
                       batch)

@@ -4,23 +4,34 @@ and the run key that says which run a file belongs to.
 A line is written with one ``write`` then flushed and fsynced, so a crash leaves at most one
 incomplete last line; ``read_records`` cuts such a line off before a run appends again.
 ``ResultsStream`` is the one resumable results file that ``evaluate()`` and ``score_file`` share.
+
+One writer per results file: ``exclusive`` holds ``flock`` on ``<file>.lock`` (which names the holder's pid) for
+as long as a run writes it, so a second run on the same file is refused instead of judging every item again.
+``flock`` is POSIX; where ``fcntl`` is missing (Windows) results files are not locked.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
 from chateval_dspy.errors import ConfigError, DataError, shown
 from chateval_dspy.files import fsync_dir
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no lock (see the module docstring)
+    fcntl = None
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +44,12 @@ def append_record(sink: IO[str], record: dict) -> None:
 
 def read_records(path: str | Path) -> list[dict]:
     """The complete records in ``path`` ([] if it does not exist); a torn last line is removed from the file."""
+    return [record for _, record in numbered_records(path)]
+
+
+def numbered_records(path: str | Path) -> list[tuple[int, dict]]:
+    """``(line number, record)`` of every complete record in ``path`` (``read_records``), each checked by
+    ``check_figures``."""
     path = Path(path)
     if not path.exists():
         return []
@@ -51,38 +68,97 @@ def read_records(path: str | Path) -> list[dict]:
             record = json.loads(line)
             if not isinstance(record, dict) or "id" not in record:
                 raise ValueError("no 'id'")
-        except ValueError as exc:
-            raise DataError(f"not a results line ({exc}); move the file away or choose another --out",
+        except (ValueError, RecursionError) as exc:
+            raise DataError(f"not a results line ({str(exc)[:200]}); move the file away or choose another --out",
                             source=str(path), row=i) from exc
-        check_cache_counts(record, path, i)
-        records.append(record)
+        check_figures(record, path, i)
+        records.append((i, record))
     return records
 
 
 CACHE_COUNTS = ("cached_prompt_tokens", "cache_write_tokens")
 
 
-def check_cache_counts(record: dict, path, row: int) -> None:
-    """Refuse (``DataError`` naming file and line) a cache count that is not a whole number >= 0, at the line's top
-    level or under a model of ``usage_by_model``. Lines written before these counts existed have none: that is 0.
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _amount(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+_CALLS = (_whole, "a whole number of calls, 0 or more")
+_TOKENS = (_whole, "a whole number of tokens, 0 or more")
+# What a run adds up from a results line, and what each must be, at the line's top level or under a model of
+# ``usage_by_model``; a field that is absent (a line written before it existed) counts as none.
+FIGURES = {
+    "calls": (lambda v: v is None or _whole(v), "a whole number of calls, 0 or more, or null"),
+    "cached_calls": _CALLS, "failed_calls": _CALLS,
+    "prompt_tokens": _TOKENS, "completion_tokens": _TOKENS, **{name: _TOKENS for name in CACHE_COUNTS},
+    "seconds": (_amount, "a number of seconds, 0 or more"),
+    "cost_usd": (lambda v: v is None or _amount(v), "a number of US dollars, 0 or more, or null"),
+}
+SHAPES = {
+    "abstentions": (lambda v: v is None or isinstance(v, dict), "an object (referee turn: reason) or null"),
+    "consistent": (lambda v: v is None or isinstance(v, bool), "true, false or null"),
+    "empty": (lambda v: isinstance(v, list), "a list of field names"),
+    "usage_by_model": (lambda v: v is None or (isinstance(v, dict) and all(isinstance(f, dict) for f in v.values())),
+                       "an object of an object of figures per model, or null"),
+}
+# What every line of an evaluate run holds (``RunResult.add`` reads them).
+RESULT_FIELDS = ("human", "prediction", "abstained", "calls", "prompt_tokens", "completion_tokens", "seconds")
+
+
+def check_figures(record: dict, path, row: int) -> None:
+    """Refuse (``DataError`` naming file, line and field) a figure that a run would add up but could not: counts
+    that are not whole numbers >= 0, seconds or dollars that are not numbers, objects that are not objects.
 
     Example:
-        >>> check_cache_counts({"id": 1, "cached_prompt_tokens": 5, "usage_by_model": {"m": {}}}, "r.jsonl", 3)
-        >>> check_cache_counts({"id": 1, "usage_by_model": {"m": {"cache_write_tokens": -1}}}, "r.jsonl", 3)
+        >>> check_figures({"id": 1, "cached_prompt_tokens": 5, "usage_by_model": {"m": {}}}, "r.jsonl", 3)
+        >>> check_figures({"id": 1, "usage_by_model": {"m": {"cache_write_tokens": -1}}}, "r.jsonl", 3)
         ... # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
         chateval_dspy.errors.DataError: r.jsonl row 3: field 'usage_by_model.m.cache_write_tokens': ..., got -1; ...
+        >>> check_figures({"id": 1, "calls": "lots"}, "r.jsonl", 4)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        chateval_dspy.errors.DataError: r.jsonl row 4: field 'calls': must be a whole number of calls, ..., got 'lots'; ...
     """
-    used = record.get("usage_by_model")
-    blocks = [("", record), *((f"usage_by_model.{model}.", figures) for model, figures in used.items()
-                              if isinstance(figures, dict))] if isinstance(used, dict) else [("", record)]
-    for prefix, block in blocks:
-        for name in CACHE_COUNTS:
-            value = block.get(name)
-            if name in block and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-                raise DataError(f"must be a whole number of tokens, 0 or more, got {shown(value, 40)}; move the file away "
-                                "or choose another --out", source=str(path), row=row, field=f"{prefix}{name}")
+    for name, (ok, what) in SHAPES.items():
+        if name in record and not ok(record[name]):
+            _refuse(path, row, name, what, record[name])
+    used = record.get("usage_by_model") or {}
+    for prefix, block in [("", record), *((f"usage_by_model.{_key(m)}.", figures) for m, figures in used.items())]:
+        for name, (ok, what) in FIGURES.items():
+            if name in block and not ok(block[name]):
+                _refuse(path, row, f"{prefix}{name}", what, block[name])
+
+
+def check_result(record: dict, path, row: int) -> None:
+    """Refuse (``DataError`` naming file, line and field) a line of an evaluate run that lacks a field of
+    ``RESULT_FIELDS`` (its figures are checked as it is read: ``check_figures``).
+
+    Example:
+        >>> check_result({"id": 1, "human": "1", "prediction": "2"}, "r.jsonl", 2)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        chateval_dspy.errors.DataError: r.jsonl row 2: field 'abstained': missing from a results line of a run; ...
+    """
+    missing = [name for name in RESULT_FIELDS if name not in record]
+    if missing:
+        raise DataError("missing from a results line of a run; move the file away or choose another --out",
+                        source=str(path), row=row, field=missing[0])
+
+
+def _key(name: str) -> str:
+    """A model's name as a field path shows it: as it is when short and printable, else cut (``shown``)."""
+    return name if len(name) <= 100 and name.isprintable() else shown(name, 60)
+
+
+def _refuse(path, row: int, field: str, what: str, value) -> None:
+    raise DataError(f"must be {what}, got {shown(value, 40)}; move the file away or choose another --out",
+                    source=str(path), row=row, field=field)
 
 
 def run_key(config, lm: dict, items: Iterable, program_state: dict | None = None) -> str:
@@ -171,6 +247,99 @@ def context_identity() -> dict:
     return out
 
 
+def refuse_link(path: str | Path, what: str = "results file") -> None:
+    """A ``ConfigError`` if ``path`` is a symbolic link: a run writes (and ``--overwrite`` empties) its own files,
+    never one that a link leads to.
+
+    Example:
+        >>> (tmp / "real.jsonl").touch(); (tmp / "link.jsonl").symlink_to(tmp / "real.jsonl")
+        >>> refuse_link(tmp / "link.jsonl")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        chateval_dspy.errors.ConfigError: results file .../link.jsonl is a symbolic link; ...
+    """
+    if Path(path).is_symlink():
+        raise ConfigError(f"{what} {path} is a symbolic link; refusing to write through it: give the file's own "
+                          "path, or another one")
+
+
+def lock_file(path: str | Path) -> Path:
+    """The lock file of a results file: ``<file>.lock`` beside it."""
+    path = Path(path)
+    return path.with_name(path.name + ".lock")
+
+
+_held: dict[str, list] = {}  # lock file -> [fd, holding thread, depth]
+_held_guard = threading.Lock()
+
+
+@contextlib.contextmanager
+def exclusive(path: str | Path) -> Iterator[None]:
+    """Hold the results file ``path`` for writing during the block: ``flock`` on ``lock_file(path)``, which holds
+    this process's id while held and is removed on release. Re-entrant in the thread that holds it.
+
+    Another process (or thread) holding it is a ``ConfigError`` naming its pid. A lock file left by a killed run
+    holds no lock (the kernel releases a dead process's locks), so the next run takes it over.
+
+    Example:
+        >>> with exclusive(tmp / "r.jsonl"), exclusive(tmp / "r.jsonl"):
+        ...     lock_file(tmp / "r.jsonl").read_text().strip() == str(os.getpid())
+        True
+        >>> lock_file(tmp / "r.jsonl").exists()
+        False
+    """
+    if fcntl is None:
+        yield
+        return
+    key = os.path.abspath(lock_file(path))
+    with _held_guard:
+        entry = _held.get(key)
+        if entry is not None and entry[1] != threading.get_ident():
+            raise ConfigError(f"{path} is being written by another thread of this process (pid {os.getpid()})")
+        if entry is None:
+            entry = _held[key] = [_lock(Path(key), path), threading.get_ident(), 0]
+        entry[2] += 1
+    try:
+        yield
+    finally:
+        with _held_guard:
+            entry[2] -= 1
+            if entry[2] == 0:
+                del _held[key]
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(key)  # while still locked: a run that opened this file meanwhile sees it went (_lock)
+                os.close(entry[0])
+
+
+def _lock(lock: Path, path) -> int:
+    """A descriptor of ``lock`` locked by this process, with its pid written in; a ``ConfigError`` naming the
+    holder when another process holds it."""
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        except OSError as exc:
+            raise ConfigError(f"cannot lock {path} for writing ({lock}: {exc.strerror or exc})") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 40, 0).decode("ascii", "replace").strip()
+            os.close(fd)
+            who = f"pid {holder}" if holder.isdigit() else f"lock {lock}, {shown(holder, 40)}"
+            raise ConfigError(f"{path} is being written by another run ({who}): wait for it to finish or stop it, or "
+                              "choose another output file") from None
+        # The last holder removes the file as it lets go; a lock on a file that is gone keeps nobody out.
+        try:
+            here = os.stat(lock, follow_symlinks=False)
+        except FileNotFoundError:
+            here = None
+        mine = os.fstat(fd)
+        if here is not None and (here.st_ino, here.st_dev) == (mine.st_ino, mine.st_dev):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            return fd
+        os.close(fd)
+
+
 def is_error(record: dict) -> bool:
     """An error line (a row that could not be judged): it never counts as a finished item."""
     return bool(record.get("error"))
@@ -179,18 +348,26 @@ def is_error(record: dict) -> bool:
 class ResultsStream:
     """One resumable JSONL results file: what an earlier run finished, and a thread-safe ``append``.
 
-    Creating it reads the file (a torn last line left by a kill is cut off), refuses it if ``key`` is given and
-    any line belongs to another run, and drops earlier error lines (``{"id", "error", ...}``) with an atomic
-    rewrite: an error costs no LM call, so each run writes one again for every row that still fails, and a
-    row that was fixed meanwhile leaves no stale error behind. So a finished run leaves exactly one line per
-    item, however often it is rerun. ``path=None`` streams nowhere (nothing to resume, ``append`` only passes
-    the record through).
+    Creating it reads the file (a torn last line left by a kill is cut off; a figure that cannot be added up is a
+    ``DataError`` naming line and field), refuses it if ``key`` is given and any line belongs to another run (or
+    ``check`` refuses a line), and drops with an atomic rewrite: earlier error lines (``{"id", "error",
+    ...}``: an error costs no LM call, so each run writes one again for every row that still fails, and a row
+    fixed meanwhile leaves no stale error behind), every line of an item after its first, and (given ``ids``)
+    lines of items that are not the run's, the last two with a warning. So a finished run leaves exactly one
+    line per item, however often it is rerun, and counts each once. ``path=None`` streams nowhere (nothing to
+    resume, ``append`` only passes the record through).
+
+    It is the file's one writer (``exclusive``) while it reads and rewrites, and from ``open`` to ``close``; a
+    symbolic link as ``path`` is refused (``refuse_link``).
 
     Args:
         path: The results file (created, with its folder, on first ``open``), or None.
         key: The run key stamped into each appended record (``run_key``) and required of every line read;
             None: lines are not checked and records are written as given.
         id_field: The field that names an item.
+        ids: The run's item ids, when the file holds no others; None: any.
+        check: Called with each line but error lines, its file and line number, before anything is dropped
+            (``check_result``: a line of an evaluate run).
 
     Example:
         >>> with ResultsStream("results.jsonl", key="abc123") as stream:  # doctest: +SKIP
@@ -199,29 +376,67 @@ class ResultsStream:
         ...             stream.append(judge(item))
     """
 
-    def __init__(self, path: str | Path | None, key: str | None = None, *, id_field: str = "id"):
+    def __init__(self, path: str | Path | None, key: str | None = None, *, id_field: str = "id",
+                 ids: Iterable | None = None, check: Callable[[dict, Path, int], None] | None = None):
         self.path = Path(path) if path is not None else None
-        self.key, self.id_field = key, id_field
+        self.key, self.id_field, self.check = key, id_field, check
+        self.ids = None if ids is None else {str(i) for i in ids}
         self._lock = threading.Lock()
         self._sink: IO[str] | None = None
+        self._held = contextlib.ExitStack()
         self.records: list[dict] = []  # finished records from earlier runs, in file order
-        self.dropped_errors = 0
+        self.dropped_errors = self.dropped_repeats = self.dropped_strangers = 0
+        self.done: set[str] = set()
+        self._seen = None  # the file as read, to tell at open whether another writer changed it since
         if self.path is None:
-            self.done: set[str] = set()
             return
-        records = read_records(self.path)
-        if key is not None:
-            _check_key(self.path, records, key)
-        self.records = [r for r in records if not is_error(r)]
-        self.dropped_errors = len(records) - len(self.records)
-        if self.dropped_errors:
-            self._drop_error_lines()
-        self.done = {str(r[id_field]) for r in self.records}
+        refuse_link(self.path)
+        if self.path.parent.is_dir():  # else there is no file to read, nor a folder for the lock file
+            with exclusive(self.path):
+                self._load()
 
-    def _drop_error_lines(self) -> None:
+    def _load(self) -> None:
+        numbered = numbered_records(self.path)
+        if self.key is not None:
+            _check_key(self.path, [record for _, record in numbered], self.key)
+        for row, record in numbered if self.check is not None else ():
+            if not is_error(record):
+                self.check(record, self.path, row)
+        kept = self._counted(numbered)
+        if len(kept) < len(numbered):
+            self._rewrite({row for row, _ in kept})
+        self.records = [record for _, record in kept]
+        self.done = {str(r[self.id_field]) for r in self.records}
+        self._seen = _identity(self.path)
+
+    def _counted(self, numbered: list[tuple[int, dict]]) -> list[tuple[int, dict]]:
+        """The lines that count (the rest is dropped): no error line, an item's first line only, only ``ids``."""
+        kept, first, repeats, strangers, errors = [], {}, [], [], 0
+        for row, record in numbered:
+            item = str(record.get(self.id_field))
+            if is_error(record):
+                errors += 1
+            elif item in first:
+                repeats.append((row, item))
+            elif self.ids is not None and item not in self.ids:
+                strangers.append((row, item))
+            else:
+                first[item] = row
+                kept.append((row, record))
+        if repeats:
+            row, item = repeats[0]
+            log.warning("%s: dropping %d line(s) that repeat an item already in it (row %d repeats id %s of row %d); "
+                        "each item counts once", self.path, len(repeats), row, shown(item), first[item])
+        if strangers:
+            log.warning("%s: dropping %d line(s) of items that are not in this run's data (row %d: id %s)", self.path,
+                        len(strangers), strangers[0][0], shown(strangers[0][1]))
+        self.dropped_errors, self.dropped_repeats, self.dropped_strangers = errors, len(repeats), len(strangers)
+        return kept
+
+    def _rewrite(self, rows: set[int]) -> None:
         # The kept lines are copied byte for byte (not re-serialised), so a finished record never changes.
-        kept = [line for line in self.path.read_bytes().splitlines(keepends=True)
-                if line.strip() and not is_error(json.loads(line))]
+        lines = self.path.read_bytes().splitlines(keepends=True)
+        kept = [line for i, line in enumerate(lines, start=1) if i in rows]
         # Temp file in the same folder + os.replace: a kill leaves either the old file or the new, never a mix.
         fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
         try:
@@ -239,7 +454,15 @@ class ResultsStream:
     def open(self) -> ResultsStream:
         if self.path is not None and self._sink is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._sink = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+            refuse_link(self.path)
+            self._held.enter_context(exclusive(self.path))
+            try:
+                if _identity(self.path) != self._seen:
+                    self._load()  # another run wrote it between reading and opening: what it holds now counts
+                self._sink = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+            except BaseException:
+                self._held.close()
+                raise
         return self
 
     def append(self, record: dict) -> dict:
@@ -260,12 +483,22 @@ class ResultsStream:
             if self._sink is not None:
                 self._sink.close()
                 self._sink = None
+        self._held.close()
 
     def __enter__(self) -> ResultsStream:
         return self.open()
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _identity(path: Path) -> tuple | None:
+    """What changes when a file is written or replaced (None: no file)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def _line(record: dict) -> str:

@@ -38,6 +38,7 @@ class RunResult:
     predicted: list = field(default_factory=list)
     calls: int = 0
     cached_calls: int = 0
+    failed_calls: int = 0  # raised or given up on: neither answered nor cached
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0  # read from the provider's prompt cache: part of prompt_tokens
     cache_write_tokens: int = 0  # written to the provider's prompt cache: part of prompt_tokens
@@ -59,6 +60,7 @@ class RunResult:
             self.predicted.append(record["prediction"])
         self.calls += record["calls"] or 0
         self.cached_calls += record.get("cached_calls") or 0
+        self.failed_calls += record.get("failed_calls") or 0
         self.prompt_tokens += record["prompt_tokens"]
         self.cached_prompt_tokens += record.get("cached_prompt_tokens") or 0
         self.cache_write_tokens += record.get("cache_write_tokens") or 0
@@ -150,7 +152,8 @@ class RunResult:
         """Per-item cost figures of the run; ``cost_usd_per_item`` and ``cost_usd_total`` are US dollars, or the
         word ``unpriced`` when some model used has no price (``model_usage`` tells which).
         ``cached_prompt_share`` is the share of prompt tokens read from the provider's prompt cache (NaN
-        without prompt tokens).
+        without prompt tokens). ``failed_calls_per_item`` (calls that raised or were given up on) is there only
+        when some failed.
 
         Example:
             >>> r = RunResult(DebateConfig())
@@ -166,6 +169,7 @@ class RunResult:
             "items": self.n,
             "calls_per_item": self.calls / n,
             "cached_calls_per_item": self.cached_calls / n,  # answered by the LM cache: no tokens, no time
+            **({"failed_calls_per_item": self.failed_calls / n} if self.failed_calls else {}),
             "prompt_tokens_per_item": self.prompt_tokens / n,
             # The provider's prompt cache, unlike DSPy's: those calls reached the LM and are billed, at cache rates.
             "cached_prompt_tokens_per_item": self.cached_prompt_tokens / n,

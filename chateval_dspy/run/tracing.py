@@ -71,6 +71,7 @@ _SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD)", re.I)
 _MIN_SECRET_CHARS = 8
 _registered: set[str] = set()
 _NS = 1_000_000_000
+_RUN_KEY = re.compile(r"[\w.-]{1,100}")  # a run key as a trace filter may quote it
 
 
 # ---- secrets -----------------------------------------------------------------------------------------------
@@ -550,14 +551,66 @@ class Tracer:
         return trace_id
 
     def on_item(self, callback: Callable[[dict], None] | None = None) -> Callable[[dict], None]:
-        """An ``on_item`` callback that traces each record, then calls ``callback`` (a progress bar)."""
+        """An ``on_item`` callback that traces each record, then calls ``callback`` (a progress bar). Its
+        ``resumed`` is ``catch_up``: ``evaluate`` calls it with the records it resumed, so that a rerun traces
+        those a killed run wrote but did not trace."""
 
         def on_item(record: dict) -> None:
             self(record)
             if callback is not None:
                 callback(record)
 
+        on_item.resumed = self.catch_up
         return on_item
+
+    def catch_up(self, records: Iterable[dict]) -> int:
+        """Trace the ``records`` (read back from a results file) that have no stored trace of their run yet, so a
+        rerun leaves one trace per item: a run killed after an item's results line and before MLflow stored its
+        trace left it without one. Returns how many it traced; a fault is logged, never raised.
+
+        A record is matched to its trace by run key and item id; one without a usable run key is left alone.
+        A stored trace without a root span (a kill while MLflow wrote it) is deleted and made again.
+        """
+        records = [r for r in records if not r.get("error") and "id" in r and _RUN_KEY.fullmatch(str(r.get("run_key")))]
+        if not records:
+            return 0
+        try:
+            stored = self._stored({str(r["run_key"]) for r in records})
+        except Exception as exc:  # noqa: BLE001 - a trace is a view of the run; it must never stop the run
+            log.warning("could not look up the traces of resumed items, so none was traced again: %s: %s",
+                        type(exc).__name__, str(exc)[:300])
+            return 0
+        missing = [r for r in records if (str(r["run_key"]), str(r["id"])) not in stored]
+        if missing:
+            log.info("tracing %d resumed item(s) that an interrupted run left without a trace", len(missing))
+        return sum(self(r) is not None for r in missing)
+
+    def _stored(self, keys: set[str]) -> set[tuple[str, str]]:
+        """``(run key, item id)`` of the whole stored traces of runs ``keys``; torn ones are deleted."""
+        import mlflow
+
+        client = mlflow.MlflowClient()
+        experiment = self.experiment_id or mlflow.tracking.fluent._get_experiment_id()
+        whole, torn = set(), []
+        for key in sorted(keys):
+            token = None
+            while True:
+                page = client.search_traces(locations=[experiment], filter_string=f"tag.`chateval.run_key` = '{key}'",
+                                            max_results=500, page_token=token, include_spans=True)
+                for trace in page:
+                    spans = trace.data.spans if trace.data is not None else []
+                    # The root span ends, and is written, after every span under it: without it, a kill cut the
+                    # writing short.
+                    if any(s.parent_id is None for s in spans):
+                        whole.add((key, (trace.info.tags or {}).get("chateval.item_id")))
+                    else:
+                        torn.append(trace.info.trace_id)
+                token = page.token
+                if not token:
+                    break
+        if torn:
+            client.delete_traces(experiment, trace_ids=torn)
+        return whole
 
     def flush(self) -> None:
         """Wait until MLflow has written every trace made so far."""

@@ -87,6 +87,9 @@ def add_lm_flags(p: argparse.ArgumentParser, *, concurrency: int = 1) -> None:
                    help="seconds one LM call may take, all attempts and backoff together (default 2 x timeout + 10)")
     g.add_argument("--item-deadline", type=float,
                    help="seconds all LM calls of one item may take (default 4 x call deadline)")
+    g.add_argument("--breaker", type=int, metavar="N", default=default(LMSpec, "breaker"),
+                   help="stop the run after N failed LM attempts in a row against one endpoint (timeouts, refused or "
+                        "lost connections), keeping finished results; rerun to resume (default %(default)s)")
     g.add_argument("--concurrency", type=int, default=concurrency, help="items judged at once (default %(default)s)")
     g.add_argument("--no-cache", action="store_true", help="turn DSPy's LM cache off")
     g.add_argument("--cache-dir", help="DSPy cache directory (default: $CHATEVAL_CACHE_DIR or ~/.cache/chateval-dspy)")
@@ -161,8 +164,9 @@ def lm_spec(args) -> LMSpec:
 
     return LMSpec(model=args.model, served_model=args.served_model, temperature=args.temperature,
                   max_tokens=args.max_tokens, timeout=args.timeout, retries=args.retries,
-                  call_deadline=args.call_deadline, item_deadline=args.item_deadline, cache=not args.no_cache,
-                  cache_dir=args.cache_dir, referee_models=parse_referees(getattr(args, "referee", None)),
+                  call_deadline=args.call_deadline, item_deadline=args.item_deadline, breaker=args.breaker,
+                  cache=not args.no_cache, cache_dir=args.cache_dir,
+                  referee_models=parse_referees(getattr(args, "referee", None)),
                   price_per_mtok=getattr(args, "price_per_mtok", None), **batch_settings(args))
 
 
