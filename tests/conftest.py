@@ -101,3 +101,15 @@ def saved(tmp_path):
     program.debate.referees["critic"].judge.demos = [dspy.Example(
         question="dq", answer_1="x", answer_2="y", persona="p", discussion="d", evidence="e", score_1=7, score_2=3)]
     return program, save_program(program, tmp_path / "prog", make_card(program, model="fake/card-model"))
+
+
+@pytest.fixture
+def restore_logging():
+    """main() sets logging up for a terminal; undo it so other tests keep their log levels."""
+    import logging
+
+    names = ("dspy", "httpx", "openai", "LiteLLM", "mlflow", "alembic")
+    levels = {n: logging.getLogger(n).level for n in names}
+    yield
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import re
 
 import pytest
@@ -35,13 +34,8 @@ def fake_model(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
-def _restore_logging():
-    """main() sets logging up for a terminal; undo it so other tests keep their log levels."""
-    names = ("dspy", "httpx", "openai", "LiteLLM", "mlflow", "alembic")
-    levels = {n: logging.getLogger(n).level for n in names}
-    yield
-    for name, level in levels.items():
-        logging.getLogger(name).setLevel(level)
+def _restore_logging(restore_logging):
+    """main() sets logging up for a terminal (``conftest.restore_logging`` undoes it)."""
 
 
 def cli(capsys, *argv):

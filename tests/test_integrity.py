@@ -54,13 +54,8 @@ def _wait_for_lines(path: Path, n: int, proc, seconds: float = 120) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _restore_logging():
-    """main() sets logging up for a terminal; undo it so other tests keep their log levels."""
-    names = ("dspy", "httpx", "openai", "LiteLLM", "mlflow", "alembic")
-    levels = {n: logging.getLogger(n).level for n in names}
-    yield
-    for name, level in levels.items():
-        logging.getLogger(name).setLevel(level)
+def _restore_logging(restore_logging):
+    """main() sets logging up for a terminal (``conftest.restore_logging`` undoes it)."""
 
 
 # ---- a CSV cell over the text limit ------------------------------------------------------------------------------

@@ -332,21 +332,36 @@ def as_metric(judge: Judge, *, inputs: Inputs, reference: str | Callable | None 
     from_program = {name for name, path in inputs.items() if isinstance(path, str) and path.startswith("prediction.")} \
         if isinstance(inputs, Mapping) else set()
     if judge.format == "pairwise":
-        ours, theirs = _responses(judge)
-        if reference is None:
-            raise ConfigError("a pairwise judge compares the program's answer with a reference: pass reference= "
-                              "(e.g. reference=\"example.answer\")")
-        if isinstance(inputs, Mapping) and (ours not in inputs or theirs in inputs):
-            raise ConfigError(f"pairwise inputs= must name {ours!r} (the program's answer) and not {theirs!r} "
-                              f"(the reference, given by reference=); got {sorted(inputs)}")
-        if criteria is not None or scales or good:
-            raise ConfigError("criteria=, scales= and good= are for pointwise judges; a pairwise metric scores "
-                              "win 1, tie 0.5, loss 0")
-        return JudgeMetric(judge, fields, _getter(reference, "reference"),
-                           must_have_text=frozenset(from_program | {ours, theirs}), scales={}, criteria=None,
-                           threshold=float(threshold), cache_size=cache_size)
+        return _pairwise_metric(judge, inputs, fields, reference, criteria, scales, good, from_program, threshold,
+                                cache_size)
     if reference is not None:
         raise ConfigError("reference= is for pairwise judges; a pointwise judge scores the program's output alone")
+    found, chosen = _pointwise_scales(judge, criteria, scales, good)
+    judged = tuple(getattr(getattr(judge.config, "task_spec", None), "judged", ()) or ()) or JUDGED
+    return JudgeMetric(judge, fields, None, must_have_text=frozenset(from_program | set(judged)), scales=found,
+                       criteria=chosen, threshold=float(threshold), cache_size=cache_size)
+
+
+def _pairwise_metric(judge, inputs, fields, reference, criteria, scales, good, from_program, threshold,
+                     cache_size) -> JudgeMetric:
+    """``as_metric`` for a pairwise judge: the program's answer against the reference."""
+    ours, theirs = _responses(judge)
+    if reference is None:
+        raise ConfigError("a pairwise judge compares the program's answer with a reference: pass reference= "
+                          "(e.g. reference=\"example.answer\")")
+    if isinstance(inputs, Mapping) and (ours not in inputs or theirs in inputs):
+        raise ConfigError(f"pairwise inputs= must name {ours!r} (the program's answer) and not {theirs!r} "
+                          f"(the reference, given by reference=); got {sorted(inputs)}")
+    if criteria is not None or scales or good:
+        raise ConfigError("criteria=, scales= and good= are for pointwise judges; a pairwise metric scores "
+                          "win 1, tie 0.5, loss 0")
+    return JudgeMetric(judge, fields, _getter(reference, "reference"),
+                       must_have_text=frozenset(from_program | {ours, theirs}), scales={}, criteria=None,
+                       threshold=float(threshold), cache_size=cache_size)
+
+
+def _pointwise_scales(judge, criteria, scales, good) -> tuple[dict, tuple | None]:
+    """A pointwise metric's scales (the judge's, and those given) with their good labels, and the criteria chosen."""
     found = scales_of(judge.program)
     found.update({name: MetricScale.of(name, spec) for name, spec in (scales or {}).items()})
     chosen = None if criteria is None else tuple(criteria)
@@ -366,9 +381,7 @@ def as_metric(judge: Judge, *, inputs: Inputs, reference: str | Callable | None 
     missing = [n for n, s in found.items() if not s.numeric and not s.good and (chosen is None or n in chosen)]
     if missing:
         raise ConfigError(f"label criteria {missing} need their good label(s): pass good={{criterion: label}}")
-    judged = tuple(getattr(getattr(judge.config, "task_spec", None), "judged", ()) or ()) or JUDGED
-    return JudgeMetric(judge, fields, None, must_have_text=frozenset(from_program | set(judged)), scales=found,
-                       criteria=chosen, threshold=float(threshold), cache_size=cache_size)
+    return found, chosen
 
 
 def _responses(judge: Judge) -> tuple[str, str]:

@@ -462,6 +462,18 @@ def _check_spec(spec: TaskSpec) -> None:
         raise ConfigError(f"key 'name': a task name must match {NAME.pattern}, got {shown(spec.name, 60)}")
     if spec.format not in FORMATS:
         raise ConfigError(f"key 'format': unknown format {shown(spec.format, 40)}; choose one of: pointwise, pairwise")
+    names = _check_inputs(spec)
+    _check_criteria(spec, names)
+    _check_texts(spec)
+    if spec.format != "pairwise":
+        if spec.responses or spec.preference is not None:
+            raise ConfigError("keys 'responses' and 'preference' belong to pairwise tasks; this task is pointwise")
+        return
+    _check_pairwise(spec, names)
+
+
+def _check_inputs(spec: TaskSpec) -> set[str]:
+    """The inputs' names, descriptions and defaults; their names."""
     if not isinstance(spec.inputs, tuple) or not spec.inputs:
         raise ConfigError("key 'inputs': a task needs at least one input field")
     if len(spec.inputs) > limits.MAX_TASK_INPUTS:
@@ -481,6 +493,11 @@ def _check_spec(spec: TaskSpec) -> None:
             raise ConfigError(f"key '{at}.judged': must be true or false, got {shown(inp.judged, 40)}")
         if inp.default is not None:
             _check_text(inp.default, f"{at}.default", limits.MAX_TASK_DESCRIPTION_CHARS, "MAX_TASK_DESCRIPTION_CHARS")
+    return names
+
+
+def _check_criteria(spec: TaskSpec, names: set[str]) -> None:
+    """The criteria's names (no clash with an input or the program's own fields), descriptions and scales."""
     if not isinstance(spec.criteria, tuple) or not spec.criteria:
         raise ConfigError("key 'criteria': a task needs at least one criterion")
     if len(spec.criteria) > limits.MAX_CRITERIA:
@@ -508,6 +525,10 @@ def _check_spec(spec: TaskSpec) -> None:
         _check_template(c.description, ("n", "response") if pairwise else (), f"{at}.description")
         if not isinstance(c.scale, Scale):
             raise ConfigError(f"key '{at}.scale': expected a Scale, got {type(c.scale).__name__}")
+
+
+def _check_texts(spec: TaskSpec) -> None:
+    """Where the criteria go, the evidence text, the instructions and the material template."""
     if spec.criteria_in not in ("fields", "instructions"):
         raise ConfigError(f"key 'criteria_in': choose fields or instructions, got {shown(spec.criteria_in, 40)}")
     _check_text(spec.evidence, "evidence", limits.MAX_TASK_DESCRIPTION_CHARS, "MAX_TASK_DESCRIPTION_CHARS")
@@ -518,10 +539,10 @@ def _check_spec(spec: TaskSpec) -> None:
     _check_template(spec.argue, ("criteria",), "instructions.argue")
     _check_template(spec.verdict, ("criteria",), "instructions.verdict")
     _check_template(spec.material, spec.input_names, "material")
-    if not pairwise:
-        if spec.responses or spec.preference is not None:
-            raise ConfigError("keys 'responses' and 'preference' belong to pairwise tasks; this task is pointwise")
-        return
+
+
+def _check_pairwise(spec: TaskSpec, names: set[str]) -> None:
+    """A pairwise task's two responses and how its preference is reached."""
     if spec.responses:
         if not isinstance(spec.responses, tuple) or len(spec.responses) != 2 or len(set(spec.responses)) != 2 \
                 or not all(r in names for r in spec.responses):
