@@ -104,6 +104,25 @@ def test_a_dead_endpoint_stops_the_run_keeping_finished_results_and_a_rerun_resu
     assert len(server.requests) - before == 3 * PANEL.calls_per_item()  # only the three unfinished items
 
 
+def test_with_the_default_settings_a_dead_endpoint_stops_the_run_within_two_call_deadlines(tmp_path):
+    """The issue's check, as a user runs it: every setting at its default (timeout 120 s, call deadline 250 s,
+    breaker 4) against an endpoint that takes connections and never answers. The run stops with the one LMError
+    in about 240 s (4 minutes of this suite: the two answer orders' second attempts time out), under two call
+    deadlines, 500 s, plus start-up; before the breaker this item alone took its 1,000 s item deadline."""
+    spec_defaults = LMSpec()
+    with FakeOpenAIServer(hang=True) as url:
+        spec = LMSpec(model=url, cache=False)
+        assert spec.bounds() == spec_defaults.bounds() and spec.breaker == spec_defaults.breaker
+        start = time.perf_counter()
+        with pytest.raises(LMError, match=STOPPED) as stopped:
+            evaluate_dataset(DataSpec("faireval", limit=3), PANEL, spec, out=tmp_path / "r.jsonl")
+        seconds = time.perf_counter() - start
+    print(f"\ndead endpoint, default settings: stopped after {seconds:.1f} s (2 call deadlines: "
+          f"{2 * spec.bounds().call_deadline:.0f} s)\n  {stopped.value}")
+    assert dead_endpoint_stop(spec.bounds()) - 1 < seconds < 2 * spec.bounds().call_deadline + SLACK_S
+    assert "timed out" in str(stopped.value) and records.read_records(tmp_path / "r.jsonl") == []
+
+
 def test_a_refused_port_stops_the_run_at_once(tmp_path):
     """A server that goes away mid-run (its port refuses connections) stops the run in about a second and a half:
     both orders' three attempts are refused at once."""
