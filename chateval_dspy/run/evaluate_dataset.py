@@ -163,6 +163,12 @@ def results_path(data: DataSpec, key: str, out: str | Path | None = None, *, ove
     return path
 
 
+def _todo(path: Path, key: str, items) -> int:
+    """Items of ``items`` that ``path`` does not hold a finished line of yet."""
+    done = {str(r["id"]) for r in records.finished_records(path, key) if not records.is_error(r)}
+    return sum(str(x.id) not in done for x in items)
+
+
 def evaluate_dataset(data: DataSpec, config: DebateConfig | Callable[[str], DebateConfig], lm: LMSpec, *,
                      out: str | Path | None = None, overwrite: bool = False, concurrency: int = 1,
                      on_item: Callable[[dict], None] | None = None,
@@ -196,8 +202,7 @@ def evaluate_dataset(data: DataSpec, config: DebateConfig | Callable[[str], Deba
     path = results_file(data, key, out)
     with records.exclusive(path):  # one writer, from emptying or resuming the file to its last line
         results_path(data, key, path, overwrite=overwrite, ids=[x.id for x in items])
-        done = {str(r["id"]) for r in records.finished_records(path, key) if not records.is_error(r)}
-        todo = sum(str(x.id) not in done for x in items)
+        todo = _todo(path, key, items) if lm.batch else None  # the waves' plan: a live run needs no count
         at_once = batch_items(concurrency, todo) if lm.batch else concurrency
         with lm.judging(lm_slots(cfg, concurrency), journal=journal_folder(path), on_wave=on_wave) as judging_lm:
             if lm.batch:
