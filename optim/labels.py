@@ -232,6 +232,11 @@ def read_labels(sources, task=None, *, base: list[dspy.Example] | None = None,
         traces = traces_of(source, tracking_uri=tracking_uri)
         check_traces(traces, source)
         add_traces(out, traces, task, source=source, base=known)
+    anonymous = out.card()["anonymous"]
+    if anonymous:  # counted, but flagged: such answers cannot be told apart, so several people count as one
+        log.warning("%d answer(s) name no reviewer (MLflow's 'default' source: its Review page on a server without "
+                    "login); they count as one reviewer. Answer on `chateval review serve`, which stores each "
+                    "reviewer's own name", anonymous)
     return out
 
 

@@ -272,6 +272,10 @@ def on_server(judged, monkeypatch):
     previous = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(uri)
     yield judged
+    from mlflow.genai.review_queues import delete_review_queue, list_review_queues
+
+    for queue in list_review_queues(experiment_id=judged[3]):  # each test's queues are its own
+        delete_review_queue(queue.queue_id)
     mlflow.set_tracking_uri(previous)
 
 
@@ -331,7 +335,8 @@ def test_review_creates_the_questions_and_queues_the_most_uncertain_traces(on_se
     preference = schemas["preference"]
     assert preference.input.options == ["1", "2", "tie"] and found.schema_ids == [preference.schema_id]
     assert "which answer is better overall" in preference.instruction.lower()
-    assert f"review page: {uri}/#/experiments/{experiment}/review-queue?selectedQueueId={found.queue_id}" in out
+    assert f"MLflow's queue: {uri}/#/experiments/{experiment}/review-queue?selectedQueueId={found.queue_id}" in out
+    assert "review page: chateval review serve --queue unsure (each reviewer's own link" in out
     assert "3 added, 0 already queued" in out
     assert out.count("[added]") == 3 and "referees split (order 1: general_public 2, critic 1; order 2" in out
 
@@ -363,6 +368,17 @@ def test_an_experiment_of_traces_ranks_as_its_results_file_does(on_server):
     behaviour = {str(x.id): BEHAVIOURS[i] for i, x in enumerate(judged_items())}
     expected = {traces[i] for i, b in behaviour.items() if b in ("split", "biased")}
     assert queue_items(queue_named(experiment, "from-traces").queue_id) == expected
+
+
+def test_an_item_waiting_in_another_queue_is_not_queued_again(on_server):
+    _, _, results, experiment = on_server
+    assert cli("review", str(results), "--queue", "first", "--top", "2")[0] == 0
+    waiting = queue_items(queue_named(experiment, "first").queue_id)
+    code, out, err = cli("review", "mlflow:chateval-dspy", "--queue", "second", "--top", "4", "--explain")
+    assert code == 0, err
+    assert "2 added, 0 already queued, 0 already answered, 2 waiting in another queue" in out
+    assert out.count("[in another queue]") == 2 and "several origins" not in err
+    assert not queue_items(queue_named(experiment, "second").queue_id) & waiting
 
 
 def test_items_without_a_trace_are_counted_and_the_fix_is_named(on_server, tmp_path):

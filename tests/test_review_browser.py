@@ -1,81 +1,180 @@
-"""The MLflow UI's Review page shows the queue ``chateval review`` made (issue 14, item 2), in a real browser.
+"""The review page in a real browser: ``chateval review serve`` over a real ``mlflow server``, driven by Debian's
+headless Chromium with the keyboard alone (``tests/browser.py`` speaks the DevTools protocol; no browser is
+downloaded).
 
-Debian's ``chromium`` (installed by the setup, never downloaded by a test tool) renders the page headless from the
-tracking server on loopback, with every network feature that would reach beyond it turned off. The rendered DOM
-must hold the queued items' texts and none of the items left out; the focused review of the first item must show
-the judged texts and the question reviewers answer. ``CHATEVAL_REVIEW_SCREENSHOT=<path>`` also saves a screenshot
-of that page (how ``benchmarks/review-queue.png`` was made).
+A queued pairwise item whose second answer is 3,000 characters must show that answer's last sentence (in the DOM,
+and drawn in the screenshot); nothing of the panel's verdict is on the page before answering; two reviewers answer
+with keys, two Feedback land under their own names, and ``chateval compile --labels mlflow:...`` counts two
+reviewers. ``CHATEVAL_REVIEW_SCREENSHOTS=<dir>`` keeps the screenshots (how the README's were made).
 """
 
 from __future__ import annotations
 
-import html
 import json
 import os
-import shutil
+import signal
+import socket
 import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
+from browser import Browser, find_chromium
 from mlflow_server import mlflow_db, tracking_server  # noqa: F401 - shared fixtures
-from test_review import cli, judged, judged_items, lm_url, on_server, queue_items, queue_named  # noqa: F401
+from test_review import cli
+from test_review_page import EXAMPLES, LAST_SENTENCE, queued  # noqa: F401 - the judged, queued items
 
-CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install -y "
-                                                         "chromium); the setup and CI install it")
-# What keeps a headless Chromium on loopback: no sandbox (containers), no GPU, and none of its own network calls.
-FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",
-         "--window-size=1500,950"]
-# Resolved now: the fixtures move the working directory.
-SCREENSHOT = os.environ.get("CHATEVAL_REVIEW_SCREENSHOT") and Path(os.environ["CHATEVAL_REVIEW_SCREENSHOT"]).resolve()
-# Virtual time runs the page's scripts and waits for its requests; it is not a wall-clock wait.
-BUDGET_MS = 20_000
+from chateval_dspy.testing.fake_server import FakeOpenAIServer
+
+pytestmark = pytest.mark.skipif(find_chromium() is None, reason="Debian's chromium is not installed (apt-get "
+                                                                "install -y chromium); the setup and CI install it")
+SHOTS = os.environ.get("CHATEVAL_REVIEW_SCREENSHOTS") and Path(os.environ["CHATEVAL_REVIEW_SCREENSHOTS"]).resolve()
+# Verdict words the page must not hold before the reviewer answers.
+BLIND = ("verdict", "panel said", "score_1", "score_2", "winner", "consistent")
 
 
-def render(url: str, profile: Path, *, screenshot: Path | None = None) -> str:
-    """The page's DOM after its scripts ran (or, with ``screenshot``, a PNG of it; returns '')."""
-    what = [f"--screenshot={screenshot}"] if screenshot else ["--dump-dom"]
-    proc = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", f"--virtual-time-budget={BUDGET_MS}",
-                           *what, url], capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return html.unescape(proc.stdout)
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
-def shown(text: str, page: str) -> bool:
-    """Whether an item's text is on the page (the Review page shows a trace's inputs as JSON)."""
-    head = text.strip()[:40]
-    return head in page or json.dumps(head)[1:-1] in page
+def serve(queue: str, uri: str, work: Path, *extra: str):
+    """``chateval review serve`` as a user starts it: (process, {reviewer: link}, base URL)."""
+    port = _free_port()
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "CHATEVAL_REVIEW_TOKEN": "a-long-review-secret-for-tests"}
+    proc = subprocess.Popen([sys.executable, "-m", "optim.cli", "review", "serve", "--queue", queue, "--port",
+                             str(port), *extra], cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    links, base = {}, f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        if line.startswith("  ") and ": http" in line:
+            who, link = line.strip().split(": ", 1)
+            links[who] = link
+        if line.startswith("Ctrl-C"):
+            break
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{base}/health", timeout=2):  # noqa: S310 - loopback
+                return proc, links, base
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    pytest.fail(f"review serve did not start: {proc.stdout.read()[-2000:]}")
 
 
-def test_the_review_page_lists_the_queued_items_and_shows_their_debate(on_server, tmp_path):  # noqa: F811
-    uri, _, results, experiment = on_server
-    code, out, err = cli("review", str(results), "--queue", "in-the-browser", "--top", "3", "--reviewer", "alice")
-    assert code == 0, err
-    url = next(line.removeprefix("review page: ") for line in out.splitlines() if line.startswith("review page: "))
-    assert url.startswith(f"{uri}/#/experiments/{experiment}/review-queue?selectedQueueId=")
-    found = queue_named(experiment, "in-the-browser")
-    assert len(queue_items(found.queue_id)) == 3
+def stop(proc) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=30)
 
-    page = render(url, tmp_path / "profile-list")
-    assert "in-the-browser" in page and "All (3)" in page
-    ids = {line.split("] ")[1].split(":")[0] for line in cli("review", str(results), "--queue", "in-the-browser",
-                                                              "--top", "3", "--explain")[1].splitlines()
-           if line.startswith("[queued]")}
-    assert len(ids) == 3
-    for item in judged_items():
-        assert shown(item.question, page) == (str(item.id) in ids), item.id
 
-    # The focused review: the first item's texts, and the question with its instruction.
-    focused = f"{url}&startReview=true"
-    page = render(focused, tmp_path / "profile-review")
-    assert "preference" in page and "Which answer is better overall" in page
-    assert any(shown(item.question, page) for item in judged_items() if str(item.id) in ids)
-    # "View full trace": the debate itself, both answer orders and each referee's turn.
-    trace_id = sorted(queue_items(found.queue_id))[0]
-    page = render(f"{uri}/#/experiments/{experiment}/traces?selectedEvaluationId={trace_id}", tmp_path / "trace")
-    assert all(span in page for span in ("order 1", "order 2 (answers swapped)", "round 1", "critic",
-                                         "general_public"))
-    png = SCREENSHOT or tmp_path / "review-queue.png"
-    render(focused, tmp_path / "profile-shot", screenshot=png)
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+def answer_with_keys(browser: Browser, *keys: str) -> None:
+    for key in keys:
+        with browser.expect_load() if key == keys[-1] else _nothing():
+            browser.press(key)
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def drawn(png: Path, box: dict) -> bool:
+    """Whether text is drawn in ``box`` of the screenshot (dark pixels on the light page)."""
+    from PIL import Image
+
+    with Image.open(png) as image:
+        crop = image.convert("L").crop((int(box["x"]), int(box["y"]), int(box["x"] + box["width"]),
+                                        int(box["y"] + box["height"])))
+        return crop.size[0] > 50 and crop.getextrema()[0] < 100
+
+
+SENTENCE_BOX = f"""(() => {{
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  for (let n = walker.nextNode(); n; n = walker.nextNode()) {{
+    const at = n.data.indexOf({LAST_SENTENCE!r});
+    if (at < 0) continue;
+    const r = document.createRange(); r.setStart(n, at); r.setEnd(n, at + {len(LAST_SENTENCE)});
+    const b = r.getBoundingClientRect();
+    return {{x: b.x + scrollX, y: b.y + scrollY, width: b.width, height: b.height}};
+  }}
+  return null;
+}})()"""
+
+
+def test_two_reviewers_answer_the_whole_item_blind_with_the_keyboard(queued, tmp_path):  # noqa: F811
+    import mlflow
+
+    uri, _, work = queued
+    proc, links, base = serve("pairs", uri, work)
+    try:
+        assert set(links) == {"ann", "bo"}
+        shots = SHOTS or tmp_path
+        shots.mkdir(parents=True, exist_ok=True)
+        long_trace = next(t.info.trace_id for t in mlflow.search_traces(return_type="list", include_spans=False,
+                                                                        locations=[queued[1]])
+                          if t.info.tags.get("chateval.item_id") == "p1")
+        with Browser(tmp_path / "ann", width=1400, height=1000) as ann:
+            ann.open(links["ann"])  # the link sets ann's cookie and opens her first item
+            assert "/item/" in ann.url() and "0 of 4 answered by you" in ann.text()
+            ann.open(f"{base}/item/{long_trace}")
+            text = ann.text()
+            assert LAST_SENTENCE in text and "How do I list files?" in text
+            assert not [w for w in BLIND if w in text.lower()], text[:3000]
+            png = ann.screenshot(shots / "review-pairwise.png")
+            box = ann.evaluate(SENTENCE_BOX)
+            assert box and box["width"] > 0 and drawn(png, box)
+            answer_with_keys(ann, "2")
+            ann.wait_for(lambda: "Your answer:" in ann.text())
+            assert "The panel's verdict:" in ann.text() and "the full debate in MLflow" in ann.text()
+            with ann.expect_load():
+                ann.press("n")
+            assert "1 of 4 answered by you" in ann.text()
+        with Browser(tmp_path / "bo", width=1400, height=1000) as bo:
+            bo.open(links["bo"])
+            bo.open(f"{base}/item/{long_trace}")
+            answer_with_keys(bo, "2")
+            bo.wait_for(lambda: "Your answer:" in bo.text())
+    finally:
+        stop(proc)
+    mlflow.flush_trace_async_logging()
+    got = sorted((a.source.source_id, a.value) for a in mlflow.get_trace(long_trace).info.assessments
+                 if a.name == "preference")
+    assert got == [("ann", "2"), ("bo", "2")]
+    with FakeOpenAIServer() as lm:
+        code, out, err = cli("compile", "--dataset", "faireval", "--limit", "2", "--labels", "mlflow:chateval-dspy",
+                             "--roles", "2", "--turns", "1", "--model", lm, "--no-cache", "--optimizer", "labeled",
+                             "--no-progress", "--no-log-model", "--out", str(tmp_path / "program"))
+    assert code == 0, out + err
+    labels = json.loads((tmp_path / "program" / "card.json").read_text())["labels"]
+    assert labels["reviewers"] == {"ann": 1, "bo": 1} and long_trace in labels["traces"]
+
+
+def test_a_pointwise_queue_is_answered_with_digits(queued, tmp_path):  # noqa: F811
+    import mlflow
+
+    uri, _, work = queued
+    proc, links, base = serve("rag", uri, work, "--task", str(EXAMPLES / "rag.yaml"))
+    try:
+        with Browser(tmp_path / "bo", width=1400, height=900) as bo:
+            bo.open(links["bo"])
+            trace_id = bo.url().rsplit("/", 1)[-1]
+            text = bo.text()
+            assert "Question" in text and "Context" in text and "Answer" in text
+            png = bo.screenshot((SHOTS or tmp_path) / "review-pointwise.png")
+            assert png.stat().st_size > 1000
+            answer_with_keys(bo, "2", "4")  # faithful: fail (its second label), relevance: 4
+            bo.wait_for(lambda: "Your answer:" in bo.text())
+    finally:
+        stop(proc)
+    got = {a.name: a.value for a in mlflow.get_trace(trace_id).info.assessments if a.source.source_id == "bo"}
+    assert got == {"faithful": "fail", "relevance": 4}

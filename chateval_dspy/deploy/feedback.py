@@ -27,6 +27,8 @@ from chateval_dspy.run.tracing import was_cut
 log = logging.getLogger(__name__)
 
 PAIRWISE_NAMES = ("label", "preference")
+# Sources that name no person: MLflow's Review page on a server without login stores every answer as "default".
+ANONYMOUS = ("default", "anonymous")
 ITEM_ID_TAG = "chateval.item_id"
 
 
@@ -209,7 +211,8 @@ class LabelSet:
         return {"sources": self.sources, "items": len(self.items), "traces": sorted(self.trace_ids.values()),
                 "labels": self.labels, "from_review": self.from_review, "from_files": self.labels - self.from_review,
                 "disagreements": self.disagreements, "unlabelled": self.unlabelled, "overridden": self.overridden,
-                "reviewers": dict(sorted(self.reviewers.items()))}
+                "reviewers": dict(sorted(self.reviewers.items())),
+                "anonymous": sum(self.reviewers.get(name, 0) for name in ANONYMOUS)}
 
 
 def add_traces(out: LabelSet, traces, task: TaskSpec, *, source: str, base: dict | None = None) -> None:

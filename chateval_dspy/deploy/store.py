@@ -216,6 +216,9 @@ def _label_lines(got: dict) -> list[str]:
              f"answers ({md_text(got.get('from_review'))} from review, {md_text(got.get('from_files'))} from files)"
              f"{' by ' + who if who else ''}; {md_text(got.get('disagreements'))} even splits left unlabelled; "
              f"{md_text(got.get('overridden'))} labels overridden"]
+    if got.get("anonymous"):
+        lines.append(f"  - {md_text(got['anonymous'])} answers name no reviewer (MLflow's 'default' source) and count "
+                     "as one reviewer's")
     if traces:
         lines.append(f"  - traces learned from ({len(traces) + left}): " + ", ".join(_code(t) for t in traces[:20])
                      + (", ..." if len(traces) + left > 20 else "")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import shlex
 import sys
 
 from optim.cli import flags
@@ -11,7 +13,7 @@ def add_command(sub) -> None:
     from optim.review.queue import DEFAULT_TOP
 
     p = sub.add_parser("review", help="rank judged items by the panel's uncertainty and queue the most uncertain "
-                                      "for human review in MLflow")
+                                      "for human review in MLflow (then: chateval review serve, the review page)")
     p.add_argument("source", help="a results JSONL of chateval evaluate/score (its items matched to their traces), "
                                   "or mlflow:<experiment>[?filter=<trace filter>] (traced debates)")
     p.add_argument("--queue", help="the review queue's name (created if absent); required unless --no-mlflow")
@@ -24,6 +26,9 @@ def add_command(sub) -> None:
                                   "items' format's built-in task)")
     p.add_argument("--experiment", help="where a results file's traces are (default: chateval-dspy)")
     p.add_argument("--explain", action="store_true", help="print every ranked item's score and reasons")
+    p.add_argument("--show-panel", action=argparse.BooleanOptionalAction, default=None,
+                   help="the review page shows the panel's verdict before a reviewer answers (default: blind, "
+                        "the verdict shown only after answering)")
     flags.add_tracking_flags(p)
 
 
@@ -41,7 +46,16 @@ def run(args) -> int:
     if not args.queue:
         raise ConfigError("name the review queue: --queue NAME (or rank only: --no-mlflow)")
     result = build_queue(args.source, queue=args.queue, task=args.task, top=args.top, budget=args.budget,
-                         reviewers=args.reviewer, experiment=args.experiment, tracking_uri=args.tracking_uri)
+                         reviewers=args.reviewer, experiment=args.experiment, tracking_uri=args.tracking_uri,
+                         show_panel=args.show_panel)
+    _report(args, result)
+    return 0
+
+
+def _report(args, result) -> None:
+    """What became of the ranked items, and where reviewers answer."""
+    from optim import tracking
+
     if args.explain:
         for r in result.ranked:
             print(f"[{r.status}] {r.uncertainty.explain()}")
@@ -49,13 +63,19 @@ def run(args) -> int:
     if missing:
         print(f"{missing} of {len(result.ranked)} items have no trace and cannot be reviewed: judge them with --trace "
               "(a new --out or --overwrite: a resumed run traces only the items it judges)", file=sys.stderr)
+    if len(result.origins) > 1:  # say so: a judge's rows and a dataset's items are different populations
+        print("ranked debates of several origins: " + ", ".join(f"{n} from the {o}" for o, n in result.origins.items())
+              + "; keep one with mlflow:<experiment>?filter=tags.`chateval.command` = 'evaluate' (or "
+              "'mlflow.genai.evaluate')", file=sys.stderr)
+    elsewhere = result.count("in another queue")
     print(f"review queue '{result.queue}': {len(result.added)} added, {result.count('queued')} already queued, "
-          f"{result.count('answered')} already answered; questions: {', '.join(result.questions)}"
+          f"{result.count('answered')} already answered" + (f", {elsewhere} waiting in another queue" if elsewhere else "")
+          + f"; questions: {', '.join(result.questions)}"
           + (f"; reviewers: {', '.join(result.reviewers)}" if result.reviewers else ""))
-    print(f"review page: {result.url}")
-    from optim import tracking
-
+    print(f"review page: chateval review serve --queue {shlex.quote(result.queue)}"
+          + (f" --experiment {shlex.quote(args.experiment)}" if args.experiment else "")
+          + " (each reviewer's own link; blind to the panel until they answer)")
+    print(f"MLflow's queue: {result.url}")
     uri = tracking.tracking_uri(args.tracking_uri)
     if not uri.startswith(("http://", "https://")):  # a local store has no UI until one serves it
         print(f"  (serve the store first: mlflow ui --backend-store-uri {uri})")
-    return 0

@@ -14,11 +14,13 @@ is not added again, so a rerun adds nothing new unless new items rank among the 
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from chateval_dspy.errors import ChatEvalError, ConfigError
 from chateval_dspy.program.task import TaskSpec, as_task, load_task
 from optim.review import sources
+from optim.review.desk import SHOW_PANEL_TAG
 from optim.review.questions import Question, questions
 from optim.review.uncertainty import Uncertainty, rank
 
@@ -33,7 +35,7 @@ class Ranked:
 
     uncertainty: Uncertainty
     trace_id: str | None
-    status: str = "not chosen"  # added, queued (before), answered, no trace, not chosen
+    status: str = "not chosen"  # added, queued (before), answered, in another queue, no trace, not chosen
 
 
 @dataclass
@@ -49,6 +51,7 @@ class QueueResult:
     questions: list[str] = field(default_factory=list)
     created_questions: list[str] = field(default_factory=list)
     reviewers: list[str] = field(default_factory=list)
+    origins: dict[str, int] = field(default_factory=dict)  # mlflow: sources: debates ranked, by ``origin``
 
     def count(self, status: str) -> int:
         return sum(r.status == status for r in self.ranked)
@@ -80,6 +83,18 @@ def queue_url(uri: str, experiment_id: str, queue_id: str) -> str:
     """
     base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
     return f"{base}/#/experiments/{experiment_id}/review-queue?selectedQueueId={queue_id}"
+
+
+def origin(trace) -> str:
+    """Where a traced debate came from: a chateval run (evaluate, score or serve with --trace) judging a dataset's
+    item, or the MLflow judge scoring a row of ``mlflow.genai.evaluate`` (tagged ``chateval.scorer``).
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> origin(NS(info=NS(tags={"chateval.scorer": "chateval"}))), origin(NS(info=NS(tags={})))
+        ('MLflow judge', 'chateval run')
+    """
+    return "MLflow judge" if (trace.info.tags or {}).get("chateval.scorer") else "chateval run"
 
 
 def _answered(trace, names: set[str]) -> bool:
@@ -146,12 +161,12 @@ def _queue(experiment_id: str, name: str, reviewers: list[str], schema_ids: list
     return found
 
 
-def _queued(queue_id: str) -> set[str]:
+def _queued(queue_id: str, status: str | None = None) -> set[str]:
     from mlflow.genai import review_queues
 
     out, token = set(), None
     while True:
-        page = review_queues.list_review_queue_items(queue_id, max_results=1000, page_token=token)
+        page = review_queues.list_review_queue_items(queue_id, status=status, max_results=1000, page_token=token)
         out.update(i.item_id for i in page)
         token = getattr(page, "token", None)
         if not token:
@@ -159,7 +174,8 @@ def _queued(queue_id: str) -> set[str]:
 
 
 def _candidates(source: str, task, experiment: str | None):
-    """(ranked items with their trace ids, the task, the experiment id or None, all its traces)."""
+    """(ranked items with their trace ids, the task, the experiment id or None, all its traces, the ranked debates
+    counted by where they came from (``origin``; empty for a results file))."""
     import mlflow
 
     from optim import tracking
@@ -181,14 +197,16 @@ def _candidates(source: str, task, experiment: str | None):
             raise ConfigError(f"{source}: no traced chateval debate in experiment {name!r}; judge items with "
                               "`chateval evaluate ... --trace` (or `chateval score ... --trace`) first")
         spec = given or resolve_task(None, records)
-        return [(u, r["trace_id"]) for r, u in rank(records, spec)], spec, found.experiment_id, every
+        by_id = {t.info.trace_id: t for t in traced}
+        origins = dict(Counter(origin(by_id[r["trace_id"]]) for r in records))
+        return [(u, r["trace_id"]) for r, u in rank(records, spec)], spec, found.experiment_id, every, origins
     records = sources.read_results(source)
     spec = resolve_task(task, records)
     records = [sources.normalized(r, spec) for r in records]
     every = sources.search(found.experiment_id, spans=False) if found is not None else []
     traces = sources.match(records, every)
     return ([(u, traces.get(str(r["id"]))) for r, u in rank(records, spec)], spec,
-            found.experiment_id if found is not None else None, every)
+            found.experiment_id if found is not None else None, every, {})
 
 
 def rank_source(source: str, task=None) -> tuple[list[Ranked], TaskSpec]:
@@ -199,27 +217,8 @@ def rank_source(source: str, task=None) -> tuple[list[Ranked], TaskSpec]:
     return [Ranked(u, None, "not chosen") for _, u in rank(records, spec)], spec
 
 
-def build_queue(source: str, *, queue: str, task=None, top: int | None = None, budget: int | None = None,
-                reviewers: list[str] | tuple[str, ...] = (), experiment: str | None = None,
-                tracking_uri: str | None = None) -> QueueResult:
-    """Rank the judged items of ``source`` and put the most uncertain into the MLflow review queue ``queue``.
-
-    Args:
-        source: A results JSONL (of ``chateval evaluate``/``score``) or ``mlflow:<experiment>[?filter=...]``.
-        queue: The queue's name (created in the traces' experiment if it does not exist).
-        task: The task (name, file or ``TaskSpec``); default the items' format's built-in task.
-        top: Take the ``top`` most uncertain items that have a trace (default ``DEFAULT_TOP``).
-        budget: Instead of ``top``: keep the queue at ``budget`` items in all, adding the most uncertain new ones.
-        reviewers: Users assigned to the queue (added to an existing queue's reviewers).
-        experiment: Where a results file's traces are (default ``optim.tracking.EXPERIMENT``).
-        tracking_uri: The MLflow tracking store (default: as ``optim.tracking`` resolves it).
-
-    Example:
-        >>> result = build_queue("results/faireval.jsonl", queue="unsure", top=10, reviewers=["alice"])  # doctest: +SKIP
-        >>> result.url, len(result.added)  # doctest: +SKIP
-    """
-    import mlflow
-
+def _checked(queue: str, reviewers, top: int | None, budget: int | None) -> tuple[int, list[str]]:
+    """(the queue's size rule, the reviewers' names), refused with the reason when they cannot make a queue."""
     from optim import tracking
 
     if top is not None and budget is not None:
@@ -234,17 +233,107 @@ def build_queue(source: str, *, queue: str, task=None, top: int | None = None, b
         raise ConfigError("name the review queue (--queue NAME)")
     for text, what in ((queue, "the queue name"), *((r, "a reviewer name") for r in reviewers)):
         tracking.assert_no_secrets(text, what)
+    return size, reviewers
+
+
+def _waiting_elsewhere(experiment_id: str, queue_id: str) -> set[str]:
+    """Trace ids still pending in the experiment's other queues: an item waits for one review at a time."""
+    from mlflow.genai import review_queues
+
+    out, token = set(), None
+    while True:
+        page = review_queues.list_review_queues(experiment_id=experiment_id, page_token=token)
+        for other in page:
+            if other.queue_id != queue_id:
+                out |= _queued(other.queue_id, status="pending")
+        token = getattr(page, "token", None)
+        if not token:
+            return out
+
+
+def _choose(result: QueueResult, *, queued_traces: set[str], queued: set[str], answered: set[str],
+            elsewhere: set[str], size: int, budget: int | None) -> None:
+    """Each ranked item's status: top takes the ``size`` most uncertain traced items, whatever became of them;
+    budget adds new items until the queue holds ``size``."""
+    room = size if budget is None else max(0, size - len(queued_traces))
+    taken = added = 0
+    for r in result.ranked:
+        if r.trace_id is None or (budget is None and taken >= room):
+            continue
+        item = r.uncertainty.item_id
+        if r.trace_id in queued_traces or item in queued:
+            r.status = "queued"
+        elif item in answered:
+            r.status = "answered"
+        elif item in elsewhere:
+            r.status = "in another queue"
+        elif added < room:
+            r.status, added = "added", added + 1
+        else:
+            continue
+        taken += 1
+
+
+def _fill(result: QueueResult, asked: list[Question], every: list, *, reviewers: list[str], size: int,
+          budget: int | None, show_panel: bool | None):
+    """The questions and the queue made or found in MLflow, and the chosen items added; returns the queue."""
+    import mlflow
+    from mlflow.genai import review_queues
+
+    names = {q.name for q in asked}
+    item_of = {t.info.trace_id: sources.item_id_of(t) for t in every}
+    answered = {item_of[t.info.trace_id] for t in every if _answered(t, names)}
+    schema_ids, result.created_questions = _schemas(result.experiment_id, asked)
+    found = _queue(result.experiment_id, result.queue, reviewers, schema_ids)
+    queued_traces = _queued(found.queue_id)
+    elsewhere = {item_of.get(t, t) for t in _waiting_elsewhere(result.experiment_id, found.queue_id)}
+    _choose(result, queued_traces=queued_traces, queued={item_of.get(t, t) for t in queued_traces},
+            answered=answered, elsewhere=elsewhere, size=size, budget=budget)
+    if result.added:
+        review_queues.add_items_to_review_queue(found.queue_id, item_ids=result.added)
+    if show_panel is not None:
+        mlflow.MlflowClient().set_experiment_tag(result.experiment_id, SHOW_PANEL_TAG.format(queue_id=found.queue_id),
+                                                 "true" if show_panel else "false")
+    return found
+
+
+def build_queue(source: str, *, queue: str, task=None, top: int | None = None, budget: int | None = None,
+                reviewers: list[str] | tuple[str, ...] = (), experiment: str | None = None,
+                tracking_uri: str | None = None, show_panel: bool | None = None) -> QueueResult:
+    """Rank the judged items of ``source`` and put the most uncertain into the MLflow review queue ``queue``.
+
+    Args:
+        source: A results JSONL (of ``chateval evaluate``/``score``) or ``mlflow:<experiment>[?filter=...]``.
+        queue: The queue's name (created in the traces' experiment if it does not exist).
+        task: The task (name, file or ``TaskSpec``); default the items' format's built-in task.
+        top: Take the ``top`` most uncertain items that have a trace (default ``DEFAULT_TOP``).
+        budget: Instead of ``top``: keep the queue at ``budget`` items in all, adding the most uncertain new ones.
+        reviewers: Users assigned to the queue (added to an existing queue's reviewers).
+        experiment: Where a results file's traces are (default ``optim.tracking.EXPERIMENT``).
+        tracking_uri: The MLflow tracking store (default: as ``optim.tracking`` resolves it).
+        show_panel: Whether the review page shows the panel's verdict before a reviewer answers (None: as the
+            queue says already; a new queue is blind).
+
+    Example:
+        >>> result = build_queue("results/faireval.jsonl", queue="unsure", top=10, reviewers=["alice"])  # doctest: +SKIP
+        >>> result.url, len(result.added)  # doctest: +SKIP
+    """
+    import mlflow
+
+    from optim import tracking
+
+    size, reviewers = _checked(queue, reviewers, top, budget)
     uri = tracking.tracking_uri(tracking_uri)
     mlflow.set_tracking_uri(uri)
     try:
-        items, spec, experiment_id, every = _candidates(source, task, experiment)
+        items, spec, experiment_id, every, origins = _candidates(source, task, experiment)
     except ChatEvalError:
         raise
     except Exception as exc:  # an unreachable server, a store MLflow cannot open: one line naming it
         raise ConfigError(f"{source}: cannot read its traces from MLflow at {uri} "
                           f"({type(exc).__name__}: {str(exc)[:300]})") from exc
     ranked = [Ranked(u, trace_id, "not chosen" if trace_id else "no trace") for u, trace_id in items]
-    result = QueueResult(source, experiment_id, None, queue.strip(), None, ranked)
+    result = QueueResult(source, experiment_id, None, queue.strip(), None, ranked, origins=origins)
     if not any(r.trace_id for r in ranked):
         where = f"experiment {experiment or tracking.EXPERIMENT!r} of {uri}"
         raise ConfigError(f"none of the {len(ranked)} items of {source} has a trace in {where}: judge them with "
@@ -253,33 +342,8 @@ def build_queue(source: str, *, queue: str, task=None, top: int | None = None, b
     asked = questions(spec)
     for question in asked:
         tracking.assert_no_secrets(question.instruction, f"the question '{question.name}'")
-    names = {q.name for q in asked}
-    item_of = {t.info.trace_id: sources.item_id_of(t) for t in every}
-    answered = {item_of[t.info.trace_id] for t in every if _answered(t, names)}
     try:
-        schema_ids, result.created_questions = _schemas(experiment_id, asked)
-        found = _queue(experiment_id, queue, reviewers, schema_ids)
-        queued_traces = _queued(found.queue_id)
-        queued = {item_of.get(t, t) for t in queued_traces}
-        room = size if budget is None else max(0, size - len(queued_traces))
-        taken = added = 0
-        for r in ranked:
-            if r.trace_id is None or (budget is None and taken >= room):
-                continue
-            item = r.uncertainty.item_id
-            if r.trace_id in queued_traces or item in queued:
-                r.status = "queued"
-            elif item in answered:
-                r.status = "answered"
-            elif added < room:
-                r.status, added = "added", added + 1
-            else:
-                continue
-            taken += 1  # top: the N most uncertain traced items, whatever became of them
-        if result.added:
-            from mlflow.genai import review_queues
-
-            review_queues.add_items_to_review_queue(found.queue_id, item_ids=result.added)
+        found = _fill(result, asked, every, reviewers=reviewers, size=size, budget=budget, show_panel=show_panel)
     except ChatEvalError:
         raise
     except Exception as exc:  # MLflow's own errors (an unreachable server, a rejected name) become one line

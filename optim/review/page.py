@@ -1,0 +1,192 @@
+"""The review page's HTML: server-rendered (Jinja2, autoescaped), judged texts as Markdown, keyboard-first.
+
+Texts come from the judged items, so they are untrusted: Markdown is rendered with raw HTML escaped and with
+images and links left as the text they are (an image would make the reviewer's browser fetch a URL the text
+chose), and the page's one inline script runs under a per-response nonce in a Content-Security-Policy that allows
+nothing else to load. Until the reviewer has answered, nothing of the panel's verdict is on the page.
+
+Keys: each answer's key is shown beside it (pairwise ``1``, ``2``, ``t``; a label scale ``1``..``9`` in order; an
+integer scale within 0-9 its own digits); the last question answered submits; ``n`` opens the next item.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+
+from optim.review.desk import Desk, ReviewItem
+from optim.review.questions import Question
+
+_STYLE = """
+body{font:15px/1.5 system-ui,sans-serif;margin:0;color:#1d1d1f;background:#f6f6f8}
+header{background:#23395d;color:#fff;padding:.6em 1.2em;display:flex;gap:1.5em;flex-wrap:wrap;align-items:baseline}
+header b{font-size:1.1em} main{padding:1em 1.2em;max-width:1500px;margin:auto}
+.field{background:#fff;border:1px solid #d8d8de;border-radius:8px;padding:.4em 1em;margin-bottom:1em}
+.field h2{font-size:.95em;margin:.4em 0;color:#23395d;text-transform:none}
+.pair{display:grid;grid-template-columns:1fr 1fr;gap:1em} .pair .field{min-width:0}
+pre{background:#f0f0f4;padding:.6em;overflow-x:auto;white-space:pre-wrap} code{background:#f0f0f4}
+form{background:#fff;border:2px solid #23395d;border-radius:8px;padding:.6em 1em}
+fieldset{border:0;margin:0 0 .6em;padding:0} legend{font-weight:600}
+label{display:inline-block;margin:.2em 1em .2em 0;cursor:pointer} kbd{border:1px solid #999;border-radius:3px;
+padding:0 .3em;background:#fafafa;font-size:.85em} .panel{background:#fff7e0;border:1px solid #e0c060;
+border-radius:8px;padding:.5em 1em;margin-bottom:1em} .error{background:#fde;border:1px solid #c44;padding:.5em 1em}
+a.button,button{background:#23395d;color:#fff;border:0;border-radius:5px;padding:.35em .9em;text-decoration:none;
+font:inherit;cursor:pointer} .muted{color:#666}
+"""
+
+_SCRIPT = """
+(() => {
+  const form = document.getElementById('answer');
+  const next = document.body.dataset.next;
+  const open = () => form && [...form.querySelectorAll('fieldset')].find(
+    f => !f.querySelector('input:checked') && !(f.querySelector('input[type=number]') || {}).value);
+  document.addEventListener('keydown', e => {
+    if (e.ctrlKey || e.metaKey || e.altKey || ['INPUT', 'TEXTAREA'].includes(e.target.tagName) &&
+        e.target.type !== 'radio') return;
+    const key = e.key.toLowerCase();
+    if (key === 'n' && next) { e.preventDefault(); location.href = next; return; }
+    const fieldset = open();
+    if (!fieldset) return;
+    const choice = fieldset.querySelector(`input[data-key="${CSS.escape(key)}"]`);
+    if (!choice) { const box = fieldset.querySelector('input[type=number]'); if (box) box.focus(); return; }
+    e.preventDefault();
+    choice.checked = true;
+    if (!open()) form.requestSubmit();
+  });
+})();
+"""
+
+_TEMPLATE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{{ title }}</title>
+<meta name="viewport" content="width=device-width,initial-scale=1"><style>{{ style }}</style></head>
+<body data-next="{{ next_url or '' }}">
+<header><b>chateval review</b><span>queue <b>{{ desk.name }}</b></span><span>reviewer <b>{{ reviewer }}</b></span>
+<span>{{ progress }}</span><span style="color:#cfd8e8">keys: the one beside each answer; n: next item</span>
+{% if item %}<span class="muted" style="color:#cfd8e8">item {{ item.item_id }}</span>{% endif %}
+</header><main>
+{% if message %}<p class="error">{{ message }}</p>{% endif %}
+{% if desk.show_panel %}<p class="muted">This queue shows the panel's verdict before you answer
+(it was queued with <code>--show-panel</code>).</p>{% endif %}
+{{ body | safe }}
+</main>{% if script %}<script nonce="{{ nonce }}">{{ script | safe }}</script>{% endif %}</body></html>
+"""
+
+_ITEM = """
+{% for name, text in item.inputs.items() %}<section class="field"><h2>{{ title(name) }}</h2>{{ md(text) | safe }}
+</section>{% endfor %}
+<div class="{{ 'pair' if item.judged | length == 2 else '' }}">
+{% for name, text in item.judged.items() %}<section class="field judged"><h2>{{ title(name) }}
+{% if item.judged | length == 2 %}<span class="muted">({{ loop.index }})</span>{% endif %}</h2>{{ md(text) | safe }}
+</section>{% endfor %}</div>
+{% if panel %}<section class="panel"><b>The panel's verdict:</b> {{ panel }}
+{% if trace_url %} · <a href="{{ trace_url }}" target="_blank" rel="noopener">the full debate in MLflow</a>{% endif %}
+</section>{% endif %}
+{% if mine %}<section class="panel"><b>Your answer:</b> {{ mine }} · <a href="?edit=1">change it</a>
+{% if next_url %} · <a class="button" href="{{ next_url }}">next item <kbd>n</kbd></a>{% endif %}</section>
+{% else %}
+<form id="answer" method="post" action="{{ action }}">
+{% for q in questions %}<fieldset><legend>{{ q.instruction or q.name }}</legend>
+{% for value, key, text in choices(q) %}<label>
+<input type="radio" name="{{ q.name }}" value="{{ value }}" data-key="{{ key }}" required> {{ text }}
+{% if key %}<kbd>{{ key }}</kbd>{% endif %}</label>{% endfor %}
+{% if not q.options and not choices(q) %}<input type="number" name="{{ q.name }}" min="{{ q.low }}" max="{{ q.high }}"
+step="any" required> <span class="muted">{{ q.low }} to {{ q.high }}</span>{% endif %}
+</fieldset>{% endfor %}
+<button type="submit">save answer</button>{% if next_url %} <a href="{{ next_url }}">skip <kbd>n</kbd></a>{% endif %}
+</form>{% endif %}
+"""
+
+
+@cache
+def _markdown():
+    from markdown_it import MarkdownIt
+
+    # Images and links stay text: a judged text must not make the reviewer's browser fetch anything.
+    return MarkdownIt("commonmark", {"html": False}).enable("table").disable(["image", "link", "autolink"])
+
+
+def md(text: str) -> str:
+    """A judged text as HTML (raw HTML escaped; see the module docstring).
+
+    Example:
+        >>> md("Steps:\\n\\n1. boil\\n2. <b>eat</b>\\n\\n![x](http://e.xample/p.png)")
+        '<p>Steps:</p>\\n<ol>\\n<li>boil</li>\\n<li>&lt;b&gt;eat&lt;/b&gt;</li>\\n</ol>\\n<p>![x](http://e.xample/p.png)</p>\\n'
+    """
+    return _markdown().render(text)
+
+
+def title(name: str) -> str:
+    """A field name as a heading: ``answer_1`` -> ``Answer 1``."""
+    spaced = re.sub(r"[_\s]+", " ", name).strip()
+    return spaced[:1].upper() + spaced[1:]
+
+
+def choices(question: Question) -> list[tuple[str, str, str]]:
+    """``(value, key, text)`` per answer the keyboard can give; empty for a numeric scale typed in a box.
+
+    Example:
+        >>> choices(Question("preference", "", options=("1", "2", "tie")))
+        [('1', '1', 'answer 1'), ('2', '2', 'answer 2'), ('tie', 't', 'tie')]
+        >>> [k for _, k, _ in choices(Question("relevance", "", low=1, high=5))]
+        ['1', '2', '3', '4', '5']
+    """
+    if question.options:
+        if set(question.options) == {"1", "2", "tie"}:
+            return [(o, "t" if o == "tie" else o, "tie" if o == "tie" else f"answer {o}") for o in question.options]
+        return [(o, str(i) if i <= 9 else "", o) for i, o in enumerate(question.options, start=1)]
+    low, high = question.low, question.high
+    if float(low).is_integer() and float(high).is_integer() and 0 <= low and high <= 9:
+        return [(str(v), str(v), str(v)) for v in range(int(low), int(high) + 1)]
+    return []
+
+
+def panel_text(item: ReviewItem) -> str:
+    """The panel's verdict in one line, for after the reviewer answered.
+
+    Example:
+        >>> panel_text(ReviewItem("t", "q1", {}, {}, {"prediction": "2", "consistent": False,
+        ...                                            "score_1": 6.5, "score_2": 7.0}))
+        'answer 2 is better (scores 6.5 vs 7.0); the two answer orders disagreed'
+    """
+    panel = item.panel
+    said = panel.get("prediction")
+    if isinstance(said, dict):
+        return "; ".join(f"{k}: {v}" for k, v in said.items()) or "the panel abstained"
+    if said is None:
+        return f"the panel abstained ({panel.get('abstained') or 'no verdict'})"
+    text = "a tie" if said == "tie" else f"answer {said} is better"
+    if panel.get("score_1") is not None and panel.get("score_2") is not None:
+        text += f" (scores {panel['score_1']} vs {panel['score_2']})"
+    if panel.get("consistent") is False:
+        text += "; the two answer orders disagreed"
+    return text
+
+
+@cache
+def _env():
+    from jinja2 import DictLoader, Environment, select_autoescape
+
+    env = Environment(loader=DictLoader({"page": _TEMPLATE, "item": _ITEM}),
+                      autoescape=select_autoescape(default=True, default_for_string=True))
+    env.globals.update(md=md, title=title, choices=choices)
+    return env
+
+
+def page(desk: Desk, reviewer: str, *, body: str, progress: str, nonce: str, item: ReviewItem | None = None,
+         next_url: str | None = None, message: str | None = None, script: bool = True) -> str:
+    """A whole page around ``body`` (already rendered HTML)."""
+    return _env().get_template("page").render(
+        title=f"review · {desk.name}", style=_STYLE, desk=desk, reviewer=reviewer, progress=progress, item=item,
+        next_url=next_url, message=message, body=body, nonce=nonce, script=_SCRIPT if script else "")
+
+
+def item_body(desk: Desk, item: ReviewItem, *, reviewer: str, action: str, next_url: str | None,
+              trace_url: str | None, editing: bool = False) -> str:
+    """The item: its fields, the judged texts (side by side for two), then the questions or the reviewer's answer
+    with the panel's verdict (shown before answering only on a queue that says so)."""
+    answered = item.answered_by(reviewer, desk.questions) and not editing
+    mine = "; ".join(f"{q.name}: {item.answers[q.name][reviewer]}" for q in desk.questions) if answered else None
+    panel = panel_text(item) if answered or desk.show_panel else None
+    return _env().get_template("item").render(
+        item=item, questions=desk.questions, action=action, next_url=next_url, mine=mine, panel=panel,
+        trace_url=trace_url if answered else None)

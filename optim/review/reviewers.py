@@ -1,0 +1,66 @@
+"""Who is answering on the review page: each reviewer's own link, and the rule for who may answer.
+
+A server without login cannot tell people apart, and MLflow's own Review page then stores every answer under one
+source (``default``), so two reviewers become one. The review page instead gives each reviewer a personal link
+whose key is an HMAC of the reviewer's name and the queue under the server's secret (``CHATEVAL_REVIEW_TOKEN``, or
+a random one for the life of the process): the key, not a name typed into a form, is what says who answers, and
+every answer is stored under that name.
+
+The rule: only the queue's assigned reviewers (``chateval review ... --reviewer NAME``, MLflow's queue ``users``)
+may open it. A valid link of a reviewer who is no longer assigned is refused, and so is any wrong key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+
+KEY_CHARS = 32  # 128 bits of the HMAC: unguessable, short enough for a link
+
+
+def new_secret() -> str:
+    """A random secret for a server started without a token (its links last as long as the process)."""
+    return secrets.token_urlsafe(32)
+
+
+def normal(name: str) -> str:
+    """A reviewer's name as MLflow's queue stores its users (trimmed, lower case).
+
+    Example:
+        >>> normal("  Ann ")
+        'ann'
+    """
+    return name.strip().lower()
+
+
+def key_for(secret: str, queue_id: str, reviewer: str) -> str:
+    """The key of ``reviewer``'s link to the queue: it cannot be made without the server's secret.
+
+    Example:
+        >>> k = key_for("s3cret", "rq-1", "ann")
+        >>> len(k), k == key_for("s3cret", "rq-1", "ANN "), k == key_for("s3cret", "rq-1", "bo")
+        (32, True, False)
+    """
+    message = f"{queue_id}\n{normal(reviewer)}".encode()
+    return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()[:KEY_CHARS]
+
+
+def refusal(secret: str, queue_id: str, reviewer: str | None, key: str | None, assigned: list[str]) -> str | None:
+    """Why ``reviewer`` may not answer (a line for the page), or None when the key is theirs and they are assigned.
+
+    Example:
+        >>> k = key_for("s", "q", "ann")
+        >>> refusal("s", "q", "ann", k, ["ann", "bo"]) is None
+        True
+        >>> refusal("s", "q", "ann", k, ["bo"])
+        "'ann' is not assigned to this queue (its reviewers: bo); ask for: chateval review ... --reviewer ann"
+        >>> refusal("s", "q", "bo", k, ["ann", "bo"])
+        'this link is not valid for this queue and reviewer; open your own link'
+    """
+    if not reviewer or not key or not hmac.compare_digest(key.encode(), key_for(secret, queue_id, reviewer).encode()):
+        return "this link is not valid for this queue and reviewer; open your own link"
+    if normal(reviewer) not in {normal(u) for u in assigned}:
+        return (f"'{normal(reviewer)}' is not assigned to this queue (its reviewers: {', '.join(assigned) or 'none'}); "
+                f"ask for: chateval review ... --reviewer {normal(reviewer)}")
+    return None

@@ -1,0 +1,173 @@
+"""The review page (``chateval review serve``): the whole item, blind to the panel, each answer under the reviewer's
+own name, against a real ``mlflow server``.
+
+Four pairwise items (one of them with a 3,000-character second answer ending in a sentence found nowhere else, one
+with Markdown) and three RAG items (a pass/fail and a 1-5 question) are judged with traces on a fake LM and queued
+by ``chateval review`` for two reviewers; the page is then driven through FastAPI's test client. The browser test
+(``test_review_browser.py``) drives the same page with the keyboard in Chromium.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from html import unescape
+from pathlib import Path
+
+import pytest
+from mlflow_server import mlflow_db, tracking_server  # noqa: F401 - shared fixtures
+from test_review import cli
+
+from chateval_dspy.testing.fake_server import FakeOpenAIServer
+from optim.review import reviewers
+from optim.review.server import create_review_app, open_reviewing
+
+LAST_SENTENCE = "The lighthouse keeper finally counted forty-two herons at dusk."
+LONG = ("The second answer explains at length. " * 80)[:2930] + " " + LAST_SENTENCE
+EXAMPLES = Path(__file__).resolve().parents[1] / "data" / "examples"
+PAIRS = [
+    {"id": "p1", "question": "How do I list files?", "answer_1": "Use this:\n\n```\nls -la\n```\n\n- `-l` long\n- `-a` all",
+     "answer_2": LONG, "label": "1"},
+    {"id": "p2", "question": "What is 2+2?", "answer_1": "4", "answer_2": "<script>alert(1)</script> five",
+     "label": "1"},
+    {"id": "p3", "question": "Capital of France?", "answer_1": "Lyon", "answer_2": "Paris", "label": "2"},
+    {"id": "p4", "question": "Spell cat backwards", "answer_1": "tac", "answer_2": "tac", "label": "tie"},
+]
+RAG = [{"id": f"r{i}", "question": f"When does pool {i} open?", "context": f"Pool {i} opens at {6 + i}am.",
+        "answer": f"At {6 + i}am."} for i in range(3)]
+
+
+@pytest.fixture(scope="module")
+def queued(tracking_server, tmp_path_factory):  # noqa: F811 - the shared fixture
+    """The items judged with traces and queued for ann and bo: ``(uri, experiment id, work dir)``."""
+    import mlflow
+
+    uri, _ = tracking_server
+    work = tmp_path_factory.mktemp("review-page")
+    for name, rows in (("pairs.jsonl", PAIRS), ("rag.jsonl", RAG)):
+        (work / name).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.MonkeyPatch.context() as mp, FakeOpenAIServer() as lm:
+        mp.chdir(work)
+        mp.setenv("MLFLOW_TRACKING_URI", uri)
+        common = ("--roles", "2", "--turns", "1", "--model", lm, "--no-cache", "--trace", "--no-progress")
+        for argv in (("--format", "pairwise", "--dataset", "pairs.jsonl", "--out", "pairs.jsonl.out"),
+                     ("--task", str(EXAMPLES / "rag.yaml"), "--dataset", "rag.jsonl", "--out", "rag.out")):
+            code, out, err = cli("evaluate", *argv, *common)
+            assert code == 0, out + err
+        for results, queue, extra in (("pairs.jsonl.out", "pairs", ()),
+                                      ("rag.out", "rag", ("--task", str(EXAMPLES / "rag.yaml")))):
+            code, out, err = cli("review", results, "--queue", queue, "--top", "4",
+                                 "--reviewer", "ann", "--reviewer", "bo", *extra)
+            assert code == 0, out + err
+        mlflow.set_tracking_uri(uri)
+        mlflow.flush_trace_async_logging()
+        yield uri, mlflow.get_experiment_by_name("chateval-dspy").experiment_id, work
+
+
+def client(queue: str, uri: str, reviewer: str | None, *, task=None, secret: str = "s3cret"):
+    """A test client of the page over ``queue``, logged in as ``reviewer`` through their own link."""
+    from fastapi.testclient import TestClient
+
+    state = open_reviewing(queue, task=task, tracking_uri=uri, token=secret)
+    c = TestClient(create_review_app(state))
+    if reviewer:
+        start = c.get(state.link("http://testserver", reviewer).removeprefix("http://testserver"),
+                      follow_redirects=False)
+        assert start.status_code == 303, start.text
+    return c, state
+
+
+def text_of(html: str) -> str:
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
+
+
+def test_the_whole_item_is_on_the_page_rendered_and_blind(queued):
+    uri, _, _ = queued
+    c, state = client("pairs", uri, "ann")
+    long_item = next(t for t in state.desk.trace_ids if state.desk.item(t).item_id == "p1")
+    got = c.get(f"/item/{long_item}")
+    assert got.status_code == 200
+    assert LAST_SENTENCE in got.text and LONG.split(" ")[3] in got.text
+    assert "<pre><code>ls -la" in got.text and "<li><code>-l</code> long</li>" in got.text  # Markdown rendered
+    assert "How do I list files?" in got.text and "Answer 1" in got.text and "Answer 2" in got.text
+    assert 'class="pair"' in got.text  # the two answers side by side
+    # Blind: nothing of the panel's verdict before answering.
+    page_text = text_of(got.text)
+    assert "verdict" not in page_text.lower() and "score" not in page_text.lower()
+    csp = got.headers["content-security-policy"]
+    assert "default-src 'none'" in csp and "script-src 'nonce-" in csp
+
+
+def test_a_judged_text_cannot_inject_markup(queued):
+    uri, _, _ = queued
+    c, state = client("pairs", uri, "ann")
+    hostile = next(t for t in state.desk.trace_ids if state.desk.item(t).item_id == "p2")
+    got = c.get(f"/item/{hostile}").text
+    assert "<script>alert(1)</script>" not in got and "&lt;script&gt;alert(1)&lt;/script&gt; five" in got
+
+
+def test_two_reviewers_answers_stay_two_under_their_own_names(queued):
+    import mlflow
+
+    uri, _, _ = queued
+    ann, state = client("pairs", uri, "ann")
+    bo, _ = client("pairs", uri, "bo")
+    first = state.desk.trace_ids[0]
+    assert ann.get("/", follow_redirects=False).headers["location"] == f"/item/{first}"
+    assert ann.post(f"/item/{first}", data={"preference": "2"}, follow_redirects=False).status_code == 303
+    assert bo.post(f"/item/{first}", data={"preference": "tie"}, follow_redirects=False).status_code == 303
+    mlflow.flush_trace_async_logging()
+    kept = [(a.source.source_id, a.value, str(a.source.source_type)) for a in
+            mlflow.get_trace(first).info.assessments if a.name == "preference"]
+    assert sorted(kept)[:2] == [("ann", "2", "HUMAN"), ("bo", "tie", "HUMAN")]
+    # After answering: the reviewer's answer, the panel's verdict, and the debate in MLflow.
+    shown = ann.get(f"/item/{first}").text
+    assert "Your answer:" in shown and "preference: 2" in shown and "The panel's verdict:" in shown
+    assert f"{uri}/#/experiments/{state.desk.experiment_id}/traces?selectedEvaluationId={first}" in shown
+    # Resume where you left: ann's next unanswered item, and her progress.
+    assert ann.get("/", follow_redirects=False).headers["location"] == f"/item/{state.desk.trace_ids[1]}"
+    assert "1 of 4 answered by you" in ann.get(f"/item/{state.desk.trace_ids[1]}").text
+    from mlflow.genai.review_queues import list_review_queue_items
+
+    status = {i.item_id: i.status for i in list_review_queue_items(state.desk.queue_id)}
+    assert str(status[first]).lower().endswith("complete")  # both assigned reviewers answered
+
+
+def test_a_wrong_key_or_an_unassigned_reviewer_is_refused(queued):
+    uri, _, _ = queued
+    c, state = client("pairs", uri, None)
+    assert c.get("/", follow_redirects=False).status_code == 403
+    forged = f"/start?reviewer=ann&key={reviewers.key_for('another secret', state.desk.queue_id, 'ann')}"
+    assert c.get(forged, follow_redirects=False).status_code == 403
+    carol = c.get(state.link("http://testserver", "carol").removeprefix("http://testserver"), follow_redirects=False)
+    assert carol.status_code == 403 and "'carol' is not assigned to this queue (its reviewers: ann, bo)" in unescape(carol.text)
+    assert c.post(f"/item/{state.desk.trace_ids[0]}", data={"preference": "1"}).status_code == 403
+
+
+def test_a_bad_answer_is_refused_with_the_question_named(queued):
+    import mlflow
+
+    uri, _, _ = queued
+    c, state = client("pairs", uri, "ann")
+    trace_id = state.desk.trace_ids[2]
+    got = c.post(f"/item/{trace_id}", data={"preference": "3"})
+    assert got.status_code == 422 and "'preference': answer one of 1, 2, tie" in unescape(got.text)
+    assert not [a for a in mlflow.get_trace(trace_id).info.assessments or [] if a.name == "preference"
+                and a.source.source_id == "ann"]
+
+
+def test_a_pointwise_queue_asks_each_criterion_on_its_scale(queued):
+    import mlflow
+
+    uri, _, _ = queued
+    c, state = client("rag", uri, "bo", task=str(EXAMPLES / "rag.yaml"))
+    assert [q.name for q in state.desk.questions] == ["faithful", "relevance"]
+    trace_id = state.desk.trace_ids[0]
+    page = c.get(f"/item/{trace_id}").text
+    for value, key in (("pass", "1"), ("fail", "2"), *((str(v), str(v)) for v in range(1, 6))):
+        assert f'value="{value}" data-key="{key}"' in page
+    assert "Context" in page and "Answer" in page and 'class="pair"' not in page
+    assert c.post(f"/item/{trace_id}", data={"faithful": "fail", "relevance": "4"},
+                  follow_redirects=False).status_code == 303
+    got = {a.name: a.value for a in mlflow.get_trace(trace_id).info.assessments if a.source.source_id == "bo"}
+    assert got == {"faithful": "fail", "relevance": 4}
