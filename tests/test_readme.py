@@ -1,8 +1,9 @@
 """The README runs as written (issue 10): every fenced ``bash`` command and ``python`` block, in order, in a fresh
 directory, with the scripted fake LM standing in wherever a model is named (``embedded``, a URL, a LiteLLM string).
 
-Setup and test commands are checked against ``.ci/run`` instead of being run again. ``chateval serve ... &`` runs in
-a thread and the ``curl`` lines after it call it. ``<mlflow-run-id>`` is the id the last command printed.
+Setup and test commands are checked against ``.ci/run`` instead of being run again. ``chateval serve ... &`` (and
+``chateval review serve ... &``) runs in a thread and the ``curl`` lines after it call it. ``<mlflow-run-id>`` is the
+id the last command printed.
 """
 
 from __future__ import annotations
@@ -136,7 +137,7 @@ def test_readme_runs_as_written(sandbox, monkeypatch):
                 continue
             if words[0] == "chateval":
                 argv = [last_run_id if w == "<mlflow-run-id>" else w for w in words[1:]]
-                if argv[0] == "serve":
+                if argv[0] == "serve" or argv[:2] == ["review", "serve"]:
                     threading.Thread(target=main, args=(argv,), daemon=True).start()
                     port = argv[argv.index("--port") + 1]
                     wait_for(f"http://127.0.0.1:{port}/health")

@@ -171,3 +171,28 @@ def test_a_pointwise_queue_asks_each_criterion_on_its_scale(queued):
                   follow_redirects=False).status_code == 303
     got = {a.name: a.value for a in mlflow.get_trace(trace_id).info.assessments if a.source.source_id == "bo"}
     assert got == {"faithful": "fail", "relevance": 4}
+
+
+def test_a_queue_made_with_show_panel_shows_the_verdict_first_and_says_so(queued):
+    uri, _, work = queued
+
+    def review(*flag):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.chdir(work)
+            mp.setenv("MLFLOW_TRACKING_URI", uri)
+            code, out, err = cli("review", "pairs.jsonl.out", "--queue", "pairs", "--top", "4", *flag)
+        assert code == 0 and "0 added" in out, out + err
+
+    review("--show-panel")
+    try:
+        _, state = client("pairs", uri, None)
+        assert state.desk.show_panel
+        c, state = client("pairs", uri, "bo")
+        unanswered = next(t for t in state.desk.trace_ids if not state.desk.item(t).answers)
+        page = text_of(c.get(f"/item/{unanswered}").text)
+        assert "This queue shows the panel's verdict before you answer" in page and "The panel's verdict:" in page
+        assert "Your answer:" not in page
+    finally:
+        review("--no-show-panel")
+    c, state = client("pairs", uri, "bo")
+    assert not state.desk.show_panel and "The panel's verdict:" not in c.get(f"/item/{unanswered}").text
