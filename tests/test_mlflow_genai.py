@@ -88,12 +88,20 @@ def feedbacks_of(result, name_prefix: str = "chateval") -> list:
     return [a for t in traces for a in t.info.assessments if a.name.startswith(name_prefix)]
 
 
+PREFERENCES = ("answer_1", "answer_2", "tie")
+
+
 def check_pairwise(result, debates: list | None):
-    feedbacks = feedbacks_of(result)
-    assert len(feedbacks) == N and {f.name for f in feedbacks} == {"chateval"}
+    every = feedbacks_of(result)
+    feedbacks = [f for f in every if f.name == "chateval"]
+    assert len(feedbacks) == N and {f.name for f in every} == {"chateval", *(f"chateval/preferred/{p}" for p in PREFERENCES)}
+    # The shares of items where each answer was preferred, from one boolean per possible preference.
+    shares = [result.metrics[f"chateval/preferred/{p}/mean"] for p in PREFERENCES]
+    assert sum(shares) == pytest.approx(1.0) and shares == [sum(f.value == p for f in feedbacks) / N for p in PREFERENCES]
     for f in feedbacks:
-        assert f.value in ("1", "2", "tie") and f.error is None
-        assert f.rationale.startswith("Panel: ") and "Critic (order 1): " in f.rationale
+        assert f.value in PREFERENCES and f.error is None  # a preference, never a bare "1" or "2"
+        assert f.rationale.startswith("Panel: ") and "Order 1 (answers as given):\n- Critic " in f.rationale
+        assert "Order 2 (answers swapped, answer_2 shown first;" in f.rationale
         assert f.source.source_type == "LLM_JUDGE" and f.source.source_id == f"chateval:{MODEL}"
         referees = json.loads(f.metadata["chateval.referees"])
         assert set(referees) == {"critic", "scientist"} and all(len(v) == 2 for v in referees.values())
@@ -103,7 +111,8 @@ def check_pairwise(result, debates: list | None):
         assert len(debates) == N
         order = [["round 1", ["critic", "scientist"]], ["round 2", ["critic", "scientist"]]]
         for t in debates:
-            assert span_tree(t) == [["chateval", [["order 1", order], ["order 2 (answers swapped)", order]]]]
+            name = f"chateval faireval · {t.info.tags['chateval.item_id']}"
+            assert span_tree(t) == [[name, [["order 1", order], ["order 2 (answers swapped)", order]]]]
         assert {f.metadata["mlflow.assessment.scorerTraceId"] for f in feedbacks} == {t.info.trace_id for t in debates}
         rows = {f.trace_id for f in feedbacks}
         assert {t.info.tags["chateval.item_id"] for t in debates} == rows
@@ -127,7 +136,7 @@ def test_genai_evaluate_gives_one_feedback_per_item_and_one_trace_per_debate(on_
         assert isinstance(scorer, mlflow.genai.judges.base.Judge)
         result = mlflow.genai.evaluate(data=pairwise_rows(), scorers=[scorer])
     check_pairwise(result, debate_traces())
-    assert list(result.result_df["chateval/value"].map(lambda v: v in ("1", "2", "tie"))) == [True] * N
+    assert list(result.result_df["chateval/value"].map(lambda v: v in PREFERENCES)) == [True] * N
 
 
 def test_a_pointwise_judge_gives_one_feedback_per_criterion_on_its_scale(on_server, evaluators, lm_url):
@@ -171,8 +180,8 @@ def test_chateval_evaluate_with_tracing_logs_one_trace_per_item_under_its_run(on
     traces = mlflow.search_traces(run_id=run_id, return_type="list")
     assert sorted(t.info.tags["chateval.item_id"] for t in traces) == sorted(str(x.id) for x in items)
     order = [["round 1", ["critic", "scientist"]], ["round 2", ["critic", "scientist"]]]
-    assert all(span_tree(t) == [["chateval", [["order 1", order], ["order 2 (answers swapped)", order]]]]
-               for t in traces)
+    assert all(span_tree(t) == [[f"chateval faireval · {t.info.tags['chateval.item_id']}",
+                                 [["order 1", order], ["order 2 (answers swapped)", order]]]] for t in traces)
     assert tracking.tracer_for(None, items=items * 40, config=cfg) is None  # 120 items: off unless --trace
 
 
@@ -349,8 +358,10 @@ def test_the_judge_reads_any_row_shape_and_reports_an_abstention(evaluators, lm_
         assert "critic, scientist" in scorer.instructions and scorer.timeout == 0
         assert [f.name for f in scorer.get_input_fields()] == ["question", "answer_1", "answer_2"]
         out = scorer(inputs={"question": "2+2?"}, outputs={"answer_1": "4"}, expectations={"reference": "four, surely"})
-        assert [f.name for f in out] == ["panel", "panel/score"] and all(isinstance(f, Feedback) for f in out)
-        assert set(out[1].value) == {"answer_1", "answer_2"} and out[0].value in ("1", "2", "tie")
+        assert [f.name for f in out] == ["panel", "panel/score", *(f"panel/preferred/{p}" for p in PREFERENCES)]
+        assert all(isinstance(f, Feedback) for f in out)
+        assert set(out[1].value) == {"answer_1", "answer_2"} and out[0].value in PREFERENCES
+        assert [f.value for f in out[2:]] == [p == out[0].value for p in PREFERENCES]
         with pytest.raises(DataError, match="answer_2.*fields=") as missing:
             chateval_dspy.mlflow_judge(judge)(inputs={"question": "q"}, outputs="only one answer")
         assert "mlflow_judge(judge, fields=" in str(missing.value)
@@ -363,6 +374,8 @@ def test_the_judge_reads_any_row_shape_and_reports_an_abstention(evaluators, lm_
     monkeypatch.setattr(chateval_dspy.lm.resolve, "resolve_lm", garbage)
     with pytest.warns(UserWarning, match="now runs on fake/garbage"), \
             chateval_dspy.load(evaluators["pairwise"], model="garbage") as judge:
-        (feedback,) = chateval_dspy.mlflow_judge(judge)(inputs={"question": "q", "answer_1": "a", "answer_2": "b"})
+        feedback, *preferred = chateval_dspy.mlflow_judge(judge)(inputs={"question": "q", "answer_1": "a",
+                                                                         "answer_2": "b"})
     assert feedback.value is None and feedback.error.error_code == "CHATEVAL_ABSTAINED"
     assert "parse_failure" in feedback.error.error_message and feedback.rationale.startswith("Panel: no verdict")
+    assert [f.value for f in preferred] == [False] * 3  # no preference: none preferred, none a made-up share

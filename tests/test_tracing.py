@@ -57,8 +57,10 @@ def test_a_pairwise_debate_is_orders_by_rounds_by_referee_turns():
     cfg = DebateConfig(roles=("critic", "scientist"), turns=2)
     tree, record, item = tree_of(cfg)
     turns = ["critic", "scientist"]
-    assert shape(tree) == ["chateval", [["order 1", [["round 1", turns], ["round 2", turns]]],
-                                        ["order 2 (answers swapped)", [["round 1", turns], ["round 2", turns]]]]]
+    # The root is named by task and item: MLflow's trace list shows it as the trace's name.
+    assert shape(tree) == [f"chateval faireval · {item.id}", [["order 1", [["round 1", turns], ["round 2", turns]]],
+                                                               ["order 2 (answers swapped)",
+                                                                [["round 1", turns], ["round 2", turns]]]]]
     order1, order2 = tree["children"]
     # What each referee saw: its persona and, one by one, everything said before its turn.
     first, second = order1["children"][0]["children"]
@@ -72,6 +74,10 @@ def test_a_pairwise_debate_is_orders_by_rounds_by_referee_turns():
     # The judged texts per order, the second one swapped; the panel's verdict on the root.
     assert order1["inputs"]["answer_1"] == item.answer_1 and order2["inputs"]["answer_1"] == item.answer_2
     assert tree["outputs"]["winner"] == record["prediction"] and tree["outputs"]["consistent"] == record["consistent"]
+    # The verdict leads the root's outputs (MLflow previews a trace's response as their start), named as people read it.
+    assert list(tree["outputs"])[:2] == ["verdict", "winner"]
+    assert tree["outputs"]["verdict"] == {"1": "answer_1", "2": "answer_2", "tie": "tie"}[record["prediction"]]
+    assert tree["attributes"][tracing.ROOT_ATTRIBUTE] == str(item.id)
     assert tree["attributes"]["mlflow.chat.tokenUsage"]["input_tokens"] == record["prompt_tokens"] > 0
     assert tree["attributes"]["chateval.calls"] == 8 and tree["attributes"]["chateval.timing"] == "measured"
     # Each turn's span is its own measured time and tokens (they add up to the item's); times nest. The two
@@ -103,7 +109,8 @@ def test_concurrent_turns_share_their_round_and_a_summary_is_a_turn():
 def test_a_pointwise_debate_has_one_order_and_scores_per_criterion():
     cfg = DebateConfig(format="scoring", roles=("critic",), turns=1)
     tree, record, item = tree_of(cfg)
-    assert shape(tree) == ["chateval", [["order 1", [["round 1", ["critic"]]]]]]
+    assert shape(tree) == [f"chateval topical_chat · {item.id}", [["order 1", [["round 1", ["critic"]]]]]]
+    assert list(tree["outputs"])[0] == "scores"  # the verdict first, as the trace's response preview shows it
     assert tree["outputs"]["scores"] == record["prediction"] and set(record["prediction"]) == {
         "naturalness", "coherence", "engagingness", "groundedness"}
     assert tree["children"][0]["inputs"]["response"] == item.response
@@ -236,7 +243,12 @@ def test_a_batch_traces_each_item_once_and_links_them_to_its_run(local_store, tm
     turns = ["critic", "scientist"]
     order = [["round 1", turns], ["round 2", turns]]
     for t in traces:
-        assert span_tree(t) == [["chateval", [["order 1", order], ["order 2 (answers swapped)", order]]]]
+        name = f"chateval faireval · {t.info.tags['chateval.item_id']}"
+        assert span_tree(t) == [[name, [["order 1", order], ["order 2 (answers swapped)", order]]]]
+        assert t.info.tags["mlflow.traceName"] == name  # the name MLflow's trace list shows
+        # The response preview starts with the verdict.
+        assert t.data.response.startswith('{"verdict": ') and json.loads(t.data.response)["verdict"] in (
+            "answer_1", "answer_2", "tie")
         assert t.info.tags["chateval.command"] == "evaluate" and t.info.tags["chateval.run_key"]
         assert t.info.token_usage["input_tokens"] > 0  # from the root's mlflow.chat.tokenUsage
     # The key planted in an item's text was scrubbed from its trace; nothing the store holds carries it.
@@ -327,5 +339,7 @@ def test_a_debate_judged_inside_a_callers_span_joins_its_trace(local_store):
         assert tracer(record, item, parent=span) == span.trace_id
     (trace,) = stored_traces(local_store)
     order = [["round 1", ["critic"]]]
-    assert span_tree(trace) == [["my app", [["chateval", [["order 1", order], ["order 2 (answers swapped)", order]]]]]]
+    debate = [f"chateval faireval · {item.id}", [["order 1", order], ["order 2 (answers swapped)", order]]]
+    assert span_tree(trace) == [["my app", [debate]]]
+    assert tracing.debate_span(trace).name == debate[0]  # found by its attribute, under the caller's span
     assert trace.info.tags["chateval.command"] == "my-app" and trace.info.tags["chateval.item_id"] == str(item.id)

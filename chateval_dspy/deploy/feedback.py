@@ -73,12 +73,14 @@ def label_record(answers: dict[str, dict[str, object]], task) -> tuple[dict, int
 
     Example:
         >>> from chateval_dspy.program.task import as_task
-        >>> label_record({"label": {"ann": "2", "bo": "2", "cy": "1"}}, as_task("pairwise"))
+        >>> label_record({"label": {"ann": "2", "bo": "answer_2", "cy": "1"}}, as_task("pairwise"))
         ({'label': '2'}, 3, 0)
     """
     labels, counted, split = {}, 0, 0
     if task.format == "pairwise":
-        votes = [v for n in PAIRWISE_NAMES for v in answers.get(n, {}).values()]
+        # "answer_1" (the MLflow judge's spelling) and "1" (a reviewer's) are one vote
+        named = {name: str(n) for n, name in enumerate(task.responses, start=1)}
+        votes = [named.get(str(v).strip(), v) for n in PAIRWISE_NAMES for v in answers.get(n, {}).values()]
         if votes:
             counted += len(votes)
             value = resolve(votes, ordinal=False)

@@ -4,18 +4,25 @@
 row of ``mlflow.genai.evaluate(data=..., scorers=[...])`` it assembles the item from the row, lets the panel
 debate it and returns ``Feedback``:
 
-- **pairwise**: one Feedback per item whose value is the panel's preference (``"1"``, ``"2"`` or ``"tie"``);
-  with ``per_criterion=True`` also one per criterion (``<name>/<criterion>``) whose value maps each response to
-  its panel score (``{"answer_1": 7.5, "answer_2": 4.0}``).
+- **pairwise**: one Feedback per item whose value is the panel's preference, named as the task names the
+  responses: ``"answer_1"``, ``"answer_2"`` (the built-in task; a custom task's ``responses``) or ``"tie"``; with
+  ``per_criterion=True`` also one per criterion (``<name>/<criterion>``) whose value maps each response to its
+  panel score (``{"answer_1": 7.5, "answer_2": 4.0}``). MLflow averages no category into a run's metrics, so
+  each item also gets one boolean per possible preference (``<name>/preferred/answer_1``, ``.../answer_2``,
+  ``.../tie``): the run's metrics ``<name>/preferred/<response or tie>/mean`` are the shares of items where the
+  panel preferred each. A row whose ``expectations`` state the expected preference (``label`` or ``preference``:
+  ``1``, ``2``, ``tie``, ``a``/``b`` or a response's name) also gets
+  ``<name>/agreement`` (true when the panel agreed), averaged into ``<name>/agreement/mean``.
 - **pointwise**: one Feedback per criterion (``<name>/<criterion>``; just ``<name>`` for a one-criterion task)
   whose value is the panel's score on the criterion's scale (a mean rating such as ``2.5`` on 1-3, or a label);
   ``per_criterion=False`` gives one Feedback whose value maps each criterion to its score.
 
-Each Feedback's ``rationale`` is the panel's: its verdict, then each referee's evidence per answer order. Its
-``metadata`` holds the referees' verdicts (``chateval.referees``, JSON), position consistency
-(``chateval.consistent``), the scores, calls, tokens and seconds, and with ``trace=True`` the id of the debate's
-own trace (``mlflow.assessment.scorerTraceId``, so the MLflow UI links the feedback to the debate). An item on
-which every referee abstained gives a Feedback with an error (``CHATEVAL_ABSTAINED``) and the reason.
+Each Feedback's ``rationale`` is the panel's: its verdict, then per answer order (as given; swapped) each referee's
+vote, scores and evidence (pointwise: each referee's evidence). Its ``metadata`` holds the referees' verdicts
+(``chateval.referees``, JSON), position consistency (``chateval.consistent``), the scores, calls, tokens and
+seconds, and with ``trace=True`` the id of the debate's own trace (``mlflow.assessment.scorerTraceId``, so the
+MLflow UI links the feedback to the debate). An item on which every referee abstained gives a Feedback with an
+error (``CHATEVAL_ABSTAINED``) and the reason.
 
 Where the item comes from: the row's ``inputs`` (fields named as the task's inputs), then ``outputs`` (a dict of
 such fields, or a text: the first judged response still missing), then ``expectations`` (such fields, and
@@ -44,7 +51,7 @@ from functools import cache
 
 from chateval_dspy.errors import DataError
 from chateval_dspy.run.records import digest
-from chateval_dspy.run.tracing import Tracer, dumps, scrub, secret_values
+from chateval_dspy.run.tracing import Tracer, dumps, preference_name, scrub, secret_values
 
 MAX_RATIONALE_CHARS = 8000
 SOURCES = ("inputs", "outputs", "expectations")
@@ -52,6 +59,11 @@ EXPECTED_RESPONSE = "expected_response"
 ABSTAINED_CODE = "CHATEVAL_ABSTAINED"
 SCORER_TRACE_ID = "mlflow.assessment.scorerTraceId"  # mlflow.tracing.constant.AssessmentMetadataKey.SCORER_TRACE_ID
 SOURCE_RUN = "mlflow.sourceRun"  # mlflow.tracing.constant.TraceMetadataKey.SOURCE_RUN
+PREFERRED = "preferred"  # <name>/preferred/<response or tie>: one boolean per possible preference
+AGREEMENT = "agreement"  # <name>/agreement: the panel's preference equals the row's expected one
+# Where a row's expectations state the expected preference: the names people's labels take (deploy.feedback). Not
+# the scorer's own name: MLflow's result table would show that expectation in the feedback's own column.
+EXPECTED_KEYS = ("label", "preference")
 
 
 class TracedJudge:
@@ -187,62 +199,133 @@ def item_for(task, inputs=None, outputs=None, expectations=None, *, fields: Mapp
 
 
 def panel_rationale(verdict, task, names: Mapping[str, str] | None = None) -> str:
-    """The panel's rationale: its verdict, then each referee's evidence per answer order.
+    """The panel's rationale: its verdict, then (pairwise) each answer order with what each referee voted, its
+    scores and its evidence; (pointwise) each referee's evidence.
 
     Example:
         >>> from types import SimpleNamespace
         >>> from chateval_dspy.program.task import as_task
         >>> v = SimpleNamespace(winner="1", scores={"answer_1": 8.0, "answer_2": 3.5}, consistent=True,
-        ...                     abstained=None, rationales={"critic": ["Answer 1 is right.", "Still 1."]})
+        ...                     abstained=None, rationales={"critic": ["Answer 1 is right.", "Answer 2 is right."]},
+        ...                     referees={"critic": [{"score_1": 8, "score_2": 3}, {"score_1": 7, "score_2": 4}]})
         >>> print(panel_rationale(v, as_task("pairwise"), {"critic": "Critic"}))
-        Panel: answer 1 is better (answer_1 8, answer_2 3.5); both answer orders agree.
-        Critic (order 1): Answer 1 is right.
-        Critic (order 2): Still 1.
+        Panel: prefers answer_1 (answer_1 8, answer_2 3.5); both answer orders agree.
+        Order 1 (answers as given):
+        - Critic prefers answer_1 (answer_1 8, answer_2 3): Answer 1 is right.
+        Order 2 (answers swapped, answer_2 shown first; votes and scores name the answers as given):
+        - Critic prefers answer_1 (answer_1 7, answer_2 4): Answer 2 is right.
     """
     names = names or {}
+    lines = [_panel_head(verdict, task)]
+    if task.format == "pairwise":
+        lines += _order_lines(verdict, task, names)
+    else:
+        for slug, texts in (verdict.rationales or {}).items():
+            lines += [f"{names.get(slug, slug)}: {text}" for text in texts]
+    text = "\n".join(lines)
+    return text if len(text) <= MAX_RATIONALE_CHARS else text[:MAX_RATIONALE_CHARS] + " [...]"
+
+
+def _panel_head(verdict, task) -> str:
     pairwise = task.format == "pairwise"
     scores = ", ".join(f"{k} {_num(v)}" for k, v in (verdict.scores or {}).items())
     if verdict.abstained and (verdict.winner is None if pairwise else not verdict.scores):
-        head = f"Panel: no verdict ({verdict.abstained})."
-    elif pairwise:
-        said = "a tie" if verdict.winner == "tie" else f"answer {verdict.winner} is better"
-        agree = {True: "; both answer orders agree", False: "; the two answer orders disagree"}.get(verdict.consistent, "")
-        head = f"Panel: {said}{f' ({scores})' if scores else ''}{agree}."
-    else:
-        head = f"Panel: {scores}."
-    lines = [head]
-    for slug, texts in (verdict.rationales or {}).items():
-        for i, text in enumerate(texts):
-            order = f" (order {i + 1})" if pairwise and len(texts) > 1 else ""
-            lines.append(f"{names.get(slug, slug)}{order}: {text}")
-    text = "\n".join(lines)
-    return text if len(text) <= MAX_RATIONALE_CHARS else text[:MAX_RATIONALE_CHARS] + " [...]"
+        return f"Panel: no verdict ({verdict.abstained})."
+    if not pairwise:
+        return f"Panel: {scores}."
+    agree = {True: "; both answer orders agree", False: "; the two answer orders disagree"}.get(verdict.consistent, "")
+    return f"Panel: {_said(verdict.winner, task)}{f' ({scores})' if scores else ''}{agree}."
+
+
+def _said(winner: str | None, task) -> str:
+    if winner is None:
+        return "gave no verdict"
+    return "calls a tie" if winner == "tie" else f"prefers {preference_name(winner, task)}"
+
+
+def _order_lines(verdict, task, names: Mapping[str, str]) -> list[str]:
+    """Each answer order's heading, then each referee's vote, scores and evidence in that order.
+
+    Votes and scores are the records' (order 2's mapped back to the answers as given), so they read like the panel's;
+    a referee's own words name positions as it read them, which the heading of the swapped order says.
+    """
+    rationales, referees = verdict.rationales or {}, getattr(verdict, "referees", None) or {}
+    slugs = list(dict.fromkeys([*rationales, *referees]))
+    orders = max((len(v) for v in (*rationales.values(), *referees.values())), default=0)
+    second = task.responses[1]
+    lines = []
+    for o in range(orders):
+        lines.append("Order 1 (answers as given):" if o == 0 else
+                     f"Order 2 (answers swapped, {second} shown first; votes and scores name the answers as given):")
+        for slug in slugs:
+            texts, verdicts = rationales.get(slug) or [], referees.get(slug) or []
+            said = _referee_said(verdicts[o] if o < len(verdicts) else None, task)
+            text = f": {texts[o]}" if o < len(texts) else ""
+            lines.append(f"- {names.get(slug, slug)} {said}{text}")
+    return lines
+
+
+def _referee_said(verdict: dict | None, task) -> str:
+    """A referee's verdict in words: its vote and its scores per response (``prefers answer_1 (answer_1 8, ...)``)."""
+    from chateval_dspy.program.aggregate import vote
+
+    if not isinstance(verdict, Mapping):
+        return "gave no verdict"
+    try:
+        said = _said(vote(dict(verdict), task), task)
+    except (KeyError, TypeError, ValueError):  # a verdict without the scores its vote is made of
+        said = "voted"
+    scores = []
+    for c in task.criteria:
+        got = [(r, verdict.get(f"{c.name}_{n}")) for n, r in enumerate(task.responses, start=1)]
+        if all(v is not None for _, v in got):
+            pairs = ", ".join(f"{r} {_num(v)}" for r, v in got)
+            scores.append(pairs if len(task.criteria) == 1 else f"{c.name}: {pairs}")
+    return f"{said} ({'; '.join(scores)})" if scores else said
 
 
 def _num(v):
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
-def feedback_parts(verdict, task, *, name: str = "chateval", per_criterion: bool | None = None,
-                   names: Mapping[str, str] | None = None, model: str | None = None,
-                   trace_id: str | None = None) -> list[dict]:
-    """What each Feedback of one verdict holds: ``{name, value, rationale, metadata, error}`` (metadata as text).
+def as_preference(value, task) -> str:
+    """An expected preference as ``"1"``, ``"2"`` or ``"tie"``, from any spelling a label file takes (``1``,
+    ``"2"``, ``"tie"``, ``a``/``b``, a response's field name such as ``answer_1``).
 
     Example:
-        >>> from types import SimpleNamespace
         >>> from chateval_dspy.program.task import as_task
-        >>> v = SimpleNamespace(winner="2", scores={"answer_1": 3.0, "answer_2": 8.0}, consistent=False,
-        ...     abstained=None, rationales={}, referees={"critic": [{"score_1": 3, "score_2": 8}]}, calls=4,
-        ...     prompt_tokens=100, completion_tokens=10, seconds=0.2,
-        ...     criteria={"score": {"answer_1": 3.0, "answer_2": 8.0}})
-        >>> [(p["name"], p["value"], p["metadata"]["chateval.consistent"]) for p in feedback_parts(v, as_task("pairwise"))]
-        [('chateval', '2', 'false')]
-        >>> [p["name"] for p in feedback_parts(v, as_task("pairwise"), per_criterion=True)]
-        ['chateval', 'chateval/score']
+        >>> as_preference("answer_2", as_task("pairwise")), as_preference(1, as_task("pairwise"))
+        ('2', '1')
     """
-    pairwise = task.format == "pairwise"
-    per_criterion = (not pairwise) if per_criterion is None else per_criterion
-    rationale = panel_rationale(verdict, task, names)
+    from chateval_dspy.data.loaders import LABELS
+
+    aliases = {**LABELS, task.responses[0].lower(): "1", task.responses[1].lower(): "2"}
+    label = None if isinstance(value, bool) or not isinstance(value, (str, int)) else aliases.get(str(value).strip().lower())
+    if label is None:
+        raise DataError(f"expectations: an expected preference must be {task.responses[0]}, {task.responses[1]} or tie "
+                        f"(or 1, 2, a, b), got {value!r}")
+    return label
+
+
+def expected_preference(expectations, task) -> str | None:
+    """The preference a row's ``expectations`` state under the first of ``EXPECTED_KEYS`` it has (``"1"``, ``"2"``,
+    ``"tie"``), or None when it states none.
+
+    Example:
+        >>> from chateval_dspy.program.task import as_task
+        >>> expected_preference({"expected_response": "Paris.", "label": "answer_2"}, as_task("pairwise"))
+        '2'
+    """
+    if not isinstance(expectations, Mapping):
+        return None
+    for key in EXPECTED_KEYS:
+        if expectations.get(key) is not None:
+            return as_preference(expectations[key], task)
+    return None
+
+
+def feedback_metadata(verdict, task, *, model: str | None = None, trace_id: str | None = None) -> dict[str, str]:
+    """What every Feedback of one verdict carries as metadata (text values, as MLflow keeps them)."""
     metadata = {"chateval.referees": dumps(verdict.referees), "chateval.scores": dumps(verdict.scores),
                 "chateval.calls": str(verdict.calls), "chateval.prompt_tokens": str(verdict.prompt_tokens),
                 "chateval.completion_tokens": str(verdict.completion_tokens), "chateval.seconds": str(verdict.seconds),
@@ -257,26 +340,72 @@ def feedback_parts(verdict, task, *, name: str = "chateval", per_criterion: bool
         metadata["chateval.model"] = model
     if trace_id:
         metadata[SCORER_TRACE_ID] = metadata["chateval.trace_id"] = trace_id
+    return metadata
+
+
+def _part(name: str, value, rationale: str, metadata: dict, error: str | None = None) -> dict:
+    return {"name": name, "value": value, "rationale": rationale, "metadata": dict(metadata), "error": error}
+
+
+def feedback_parts(verdict, task, *, name: str = "chateval", per_criterion: bool | None = None,
+                   names: Mapping[str, str] | None = None, model: str | None = None,
+                   trace_id: str | None = None, expected: str | None = None) -> list[dict]:
+    """What each Feedback of one verdict holds: ``{name, value, rationale, metadata, error}`` (metadata as text).
+
+    ``expected``: the row's expected preference (``"1"``, ``"2"`` or ``"tie"``; pairwise), for ``<name>/agreement``.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> from chateval_dspy.program.task import as_task
+        >>> v = SimpleNamespace(winner="2", scores={"answer_1": 3.0, "answer_2": 8.0}, consistent=False,
+        ...     abstained=None, rationales={}, referees={"critic": [{"score_1": 3, "score_2": 8}]}, calls=4,
+        ...     prompt_tokens=100, completion_tokens=10, seconds=0.2,
+        ...     criteria={"score": {"answer_1": 3.0, "answer_2": 8.0}})
+        >>> [(p["name"], p["value"]) for p in feedback_parts(v, as_task("pairwise"), expected="1")]
+        [('chateval', 'answer_2'), ('chateval/preferred/answer_1', False), ('chateval/preferred/answer_2', True),
+         ('chateval/preferred/tie', False), ('chateval/agreement', False)]
+        >>> [p["name"] for p in feedback_parts(v, as_task("pairwise"), per_criterion=True)][:2]
+        ['chateval', 'chateval/score']
+    """
+    pairwise = task.format == "pairwise"
+    per_criterion = (not pairwise) if per_criterion is None else per_criterion
+    rationale = panel_rationale(verdict, task, names)
+    metadata = feedback_metadata(verdict, task, model=model, trace_id=trace_id)
+    missing = f"no verdict: {verdict.abstained or 'every referee abstained'}"
 
     def part(part_name, value):
-        error = None
-        if value is None:
-            error = f"no verdict: {verdict.abstained or 'every referee abstained'}"
-        return {"name": part_name, "value": value, "rationale": rationale, "metadata": dict(metadata), "error": error}
+        return _part(part_name, value, rationale, metadata, missing if value is None else None)
 
-    parts = []
-    if pairwise:
-        parts.append(part(name, verdict.winner))
+    if not pairwise:
+        if per_criterion and len(task.criteria) > 1:
+            return [part(f"{name}/{c.name}", (verdict.scores or {}).get(c.name)) for c in task.criteria]
         if per_criterion:
-            for c in task.criteria:
-                parts.append(part(f"{name}/{c.name}", (verdict.criteria or {}).get(c.name)))
-    elif per_criterion and len(task.criteria) > 1:
-        for c in task.criteria:
-            parts.append(part(f"{name}/{c.name}", (verdict.scores or {}).get(c.name)))
-    elif per_criterion:
-        parts.append(part(name, (verdict.scores or {}).get(task.criteria[0].name)))
-    else:
-        parts.append(part(name, dict(verdict.scores) if verdict.scores else None))
+            return [part(name, (verdict.scores or {}).get(task.criteria[0].name))]
+        return [part(name, dict(verdict.scores) if verdict.scores else None)]
+    parts = [part(name, preference_name(verdict.winner, task))]
+    if per_criterion:
+        parts += [part(f"{name}/{c.name}", (verdict.criteria or {}).get(c.name)) for c in task.criteria]
+    return parts + preference_parts(verdict, task, name=name, expected=expected, metadata=metadata)
+
+
+def preference_parts(verdict, task, *, name: str, expected: str | None = None, metadata: dict | None = None) -> list[dict]:
+    """The yes/no Feedbacks that ``mlflow.genai.evaluate`` averages into a pairwise run's metrics.
+
+    A preference (``answer_2``, ``tie``) is a category, which MLflow leaves out of its aggregate metrics (it averages
+    numbers, booleans and yes/no only, and hands custom aggregations those numbers alone). So each possible
+    preference gets a boolean ``<name>/preferred/<response or tie>``, whose mean is the share of items where the
+    panel preferred it (``<name>/preferred/answer_1/mean``; an abstention is false in all three, so the shares and
+    the abstentions add up to one); with an ``expected`` preference, ``<name>/agreement`` says whether the panel
+    agreed (an abstention disagrees, as in the accuracy of ``chateval evaluate``).
+    """
+    metadata = metadata or {}
+    said = preference_name(verdict.winner, task)
+    because = f"The panel {_said(verdict.winner, task)}" + (f" ({verdict.abstained})." if said is None else ".")
+    parts = [_part(f"{name}/{PREFERRED}/{option}", said == option, because, metadata)
+             for option in (*task.responses, "tie")]
+    if expected is not None:
+        parts.append(_part(f"{name}/{AGREEMENT}", verdict.winner == expected,
+                           f"{because[:-1]}; expected: {preference_name(expected, task)}.", metadata))
     return parts
 
 
@@ -309,11 +438,11 @@ def value_type(task, per_criterion: bool | None = None):
     Example:
         >>> from chateval_dspy.program.task import as_task
         >>> value_type(as_task("pairwise"))
-        typing.Literal['1', '2', 'tie']
+        typing.Literal['answer_1', 'answer_2', 'tie']
     """
     pairwise = task.format == "pairwise"
     if pairwise:
-        return typing.Literal["1", "2", "tie"]
+        return typing.Literal[(*task.responses, "tie")]
     per_criterion = True if per_criterion is None else per_criterion
     if not per_criterion:
         return dict
@@ -326,7 +455,6 @@ def value_type(task, per_criterion: bool | None = None):
 @cache
 def judge_class():
     """The MLflow judge class (a subclass of ``mlflow.genai.judges.base.Judge``), built at first use."""
-    from mlflow.entities import AssessmentError, AssessmentSource, AssessmentSourceType, Feedback
     from mlflow.genai.judges.base import Judge as MlflowJudge
     from mlflow.genai.judges.base import JudgeField
     from pydantic import PrivateAttr
@@ -357,34 +485,13 @@ def judge_class():
             return [JudgeField(name=i.name, description=i.description or i.name, value_type=str) for i in task.inputs]
 
         def __call__(self, *, inputs=None, outputs=None, expectations=None, trace=None):
-            judge = self._judge
-            task = judge.task
+            task = self._judge.task
             row_id = trace.info.trace_id if trace is not None else None
             item = item_for(task, inputs, outputs, expectations, fields=self._fields, item_id=row_id)
-            trace_id = None
-            try:
-                if self._traced is not None:
-                    verdict, trace_id = self._traced.judge_traced(item, source="mlflow.genai.evaluate row", quiet=True)
-                else:
-                    # MLflow autologs DSPy during genai.evaluate: a call-level trace of every debate that it deletes
-                    # again at the end (unless it traces scorers, when that detail is what the user asked for).
-                    with contextlib.nullcontext() if _scorer_tracing() else _untraced():
-                        verdict = judge(item, source="mlflow.genai.evaluate row")
-            except DataError as exc:
-                raise DataError(f"{exc}. Name the task's inputs ({', '.join(task.input_names)}) in the row's inputs, "
-                                "outputs or expectations, or map them: mlflow_judge(judge, fields={...})") from exc
-            names = {r.slug: r.name for r in getattr(judge.program, "roles", [])}
-            source = AssessmentSource(source_type=AssessmentSourceType.LLM_JUDGE,
-                                      source_id=f"chateval:{getattr(judge.lm, 'model', '?')}")
-            secrets = secret_values()
-            out = []
-            for p in feedback_parts(verdict, task, name=self.name, per_criterion=self._per_criterion, names=names,
-                                    model=getattr(judge.lm, "model", None), trace_id=trace_id):
-                p = scrub(p, secrets)
-                error = AssessmentError(error_code=ABSTAINED_CODE, error_message=p["error"]) if p["error"] else None
-                out.append(Feedback(name=p["name"], value=p["value"], rationale=p["rationale"], source=source,
-                                    metadata=p["metadata"], error=error))
-            return out
+            # Read before the debate: a row whose expectation is unreadable costs no LM call.
+            expected = expected_preference(expectations, task) if task.format == "pairwise" else None
+            verdict, trace_id = _debate(self, item)
+            return _feedbacks(self, verdict, trace_id=trace_id, expected=expected)
 
         def align(self, traces, optimizer=None):
             """A new judge tuned to the human feedback on ``traces`` (see ``align``); this one is left unchanged."""
@@ -398,6 +505,40 @@ def judge_class():
                                 per_criterion=self._per_criterion)
 
     return ChatEvalJudge
+
+
+def _debate(scorer, item: dict):
+    """``(verdict, trace id)`` of one row's item (the trace id is None unless the scorer traces its debates)."""
+    judge, task = scorer.chateval, scorer.chateval.task
+    try:
+        if scorer._traced is not None:
+            return scorer._traced.judge_traced(item, source="mlflow.genai.evaluate row", quiet=True)
+        # MLflow autologs DSPy during genai.evaluate: a call-level trace of every debate that it deletes again at the
+        # end (unless it traces scorers, when that detail is what the user asked for).
+        with contextlib.nullcontext() if _scorer_tracing() else _untraced():
+            return judge(item, source="mlflow.genai.evaluate row"), None
+    except DataError as exc:
+        raise DataError(f"{exc}. Name the task's inputs ({', '.join(task.input_names)}) in the row's inputs, "
+                        "outputs or expectations, or map them: mlflow_judge(judge, fields={...})") from exc
+
+
+def _feedbacks(scorer, verdict, *, trace_id: str | None, expected: str | None) -> list:
+    """The MLflow ``Feedback`` objects of one verdict (``feedback_parts``), scrubbed of secrets."""
+    from mlflow.entities import AssessmentError, AssessmentSource, AssessmentSourceType, Feedback
+
+    judge = scorer.chateval
+    names = {r.slug: r.name for r in getattr(judge.program, "roles", [])}
+    source = AssessmentSource(source_type=AssessmentSourceType.LLM_JUDGE,
+                              source_id=f"chateval:{getattr(judge.lm, 'model', '?')}")
+    secrets = secret_values()
+    out = []
+    for p in feedback_parts(verdict, judge.task, name=scorer.name, per_criterion=scorer._per_criterion, names=names,
+                            model=getattr(judge.lm, "model", None), trace_id=trace_id, expected=expected):
+        p = scrub(p, secrets)
+        error = AssessmentError(error_code=ABSTAINED_CODE, error_message=p["error"]) if p["error"] else None
+        out.append(Feedback(name=p["name"], value=p["value"], rationale=p["rationale"], source=source,
+                            metadata=p["metadata"], error=error))
+    return out
 
 
 def align(scorer, traces, optimizer=None):

@@ -6,7 +6,7 @@ is untouched, so tracing off costs nothing, and a tracing fault is logged, never
 
 The span tree of one item (``debate_tree``)::
 
-    chateval                          root (EVALUATOR): the item as judged -> the panel's verdict
+    chateval <task> · <item id>       root (EVALUATOR): the item as judged -> the panel's verdict (first)
     |-- order 1                       CHAIN: the item in this answer order (pairwise; pointwise has one order)
     |   |-- round 1                   CHAIN: "talk" or "verdict"
     |   |   |-- critic                LLM: persona and the discussion it was shown -> what it said (+ its verdict)
@@ -15,9 +15,13 @@ The span tree of one item (``debate_tree``)::
     |   `-- round 2 ...
     `-- order 2 (answers swapped) ...
 
-The root carries the item's LM calls, tokens (``mlflow.chat.tokenUsage``, so MLflow's trace list shows
-them), seconds and the panel's config; each trace is tagged ``chateval.item_id`` (and
-``chateval.run_key``, ``chateval.task``, ``chateval.model`` and what the caller adds).
+The root's name is the trace's name in MLflow's trace list (``chateval faireval · q17``: task and item), and its
+outputs (the trace's response preview) start with the verdict: the preferred response's field name or ``tie``
+(pairwise), the scores (pointwise). The root carries the item's LM calls, tokens (``mlflow.chat.tokenUsage``, so
+MLflow's trace list shows them), seconds and the panel's config; each trace is tagged ``chateval.item_id`` (and
+``chateval.run_key``, ``chateval.task``, ``chateval.model`` and what the caller adds). Readers find the root by
+its ``chateval.item_id`` attribute (``debate_span``), never by its name: traces written before the name carried
+task and item have a root named just ``chateval``.
 
 Timing: the debate measures every turn (its ``started`` epoch seconds, ``seconds``, and the
 ``prompt_tokens``/``completion_tokens`` of its LM calls, None when the LM cache answered) and each span
@@ -25,7 +29,7 @@ is laid out by them (``chateval.timing`` is ``"measured"``). Results files writt
 measured hold each item's total seconds only: then the item's time is laid out over its turns in speaking
 order (concurrent turns of a round side by side) and every span says ``"estimated"``.
 
-Secrets: every text that goes into a trace (inputs, outputs, attributes, tags) is scrubbed of credential
+Secrets: every text that goes into a trace (span names, inputs, outputs, attributes, tags) is scrubbed of credential
 values (``secret_values``: environment variables named like a key or token, the key file that
 ``CHATEVAL_API_KEY_FILE`` names, and values a command registers, such as ``chateval serve``'s token).
 
@@ -49,6 +53,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from chateval_dspy.program import calibration
@@ -72,6 +77,10 @@ _MIN_SECRET_CHARS = 8
 _registered: set[str] = set()
 _NS = 1_000_000_000
 _RUN_KEY = re.compile(r"[\w.-]{1,100}")  # a run key as a trace filter may quote it
+# The root span's attribute that marks it as a debate's (the span readers look for) and holds the item's id.
+ROOT_ATTRIBUTE = "chateval.item_id"
+ROOT_PREFIX = "chateval"  # a root's name begins with it (and was exactly it before names carried task and item)
+_NAME_ID_CHARS = 80  # an item id in a span name is cut here: the trace list shows one line per trace
 
 
 # ---- secrets -----------------------------------------------------------------------------------------------
@@ -254,14 +263,39 @@ def _usage(prompt: int | None, completion: int | None) -> dict:
     return {"input_tokens": prompt, "output_tokens": completion, "total_tokens": prompt + completion}
 
 
-def _panel_outputs(record: dict, pairwise: bool) -> dict:
-    out = {"abstained": record.get("abstained")}
-    if pairwise:
-        out.update(winner=record.get("prediction"), consistent=record.get("consistent"),
-                   order_preferences=record.get("order_preferences"))
-        out.update({k: v for k, v in record.items() if re.fullmatch(r"[a-z][a-z0-9_]*_[12]", k)})
-    else:
-        out["scores"] = record.get("prediction")
+def preference_name(winner: str | None, task) -> str | None:
+    """A pairwise verdict as people read it: the preferred response's field name, ``tie``, or None.
+
+    Example:
+        >>> preference_name("2", as_task("pairwise")), preference_name("tie", as_task("pairwise"))
+        ('answer_2', 'tie')
+    """
+    if winner in ("1", "2"):
+        return task.responses[int(winner) - 1]
+    return winner
+
+
+def root_name(task_name: str, item_id) -> str:
+    """The root span's name, which MLflow shows as the trace's name: task and item.
+
+    Example:
+        >>> root_name("faireval", "q17")
+        'chateval faireval · q17'
+    """
+    item = str(item_id)
+    if len(item) > _NAME_ID_CHARS:
+        item = item[:_NAME_ID_CHARS] + "..."
+    return f"{ROOT_PREFIX} {task_name} · {item}"
+
+
+def _panel_outputs(record: dict, task) -> dict:
+    # The verdict leads: MLflow previews a trace's response as the start of the root's outputs JSON.
+    if task.format != "pairwise":
+        return {"scores": record.get("prediction"), "abstained": record.get("abstained")}
+    out = {"verdict": preference_name(record.get("prediction"), task), "winner": record.get("prediction"),
+           "consistent": record.get("consistent"), "abstained": record.get("abstained"),
+           "order_preferences": record.get("order_preferences")}
+    out.update({k: v for k, v in record.items() if re.fullmatch(r"[a-z][a-z0-9_]*_[12]", k)})
     return out
 
 
@@ -310,80 +344,131 @@ def debate_tree(record: dict, inputs: Mapping[str, str] | None = None, *, config
         >>> turn["name"], turn["outputs"]["verdict"], tree["children"][1]["inputs"]["answer_1"]
         ('critic', {'score_1': 4, 'score_2': 7}, '5')
     """
-    task = config.task_spec if config is not None else as_task(record.get("format") or "pairwise")
-    pairwise = task.format == "pairwise"
-    strategy = STRATEGIES.get(config.strategy) if config is not None else None
-    personas = {r.slug: r.persona(task) for r in roles} if roles else {}
+    debate = _Debate.of(record, config, roles)
+    task, transcripts = debate.task, record.get("transcripts") or []
     end = ended_ns if ended_ns is not None else time.time_ns()
     start = end - int(float(record.get("seconds") or 0.0) * _NS)
-    transcripts = record.get("transcripts") or []
-    measured = _measured(transcripts)
-    timing = {"chateval.timing": "measured" if measured else "estimated"}
-    times = _times(transcripts, start, end, bool(strategy and strategy.concurrent_rounds))
-    if measured and times and any(times):
+    times = _times(transcripts, start, end, bool(debate.strategy and debate.strategy.concurrent_rounds))
+    if debate.measured and times and any(times):
         start = min(s for t in times for s, _ in t)
         end = max(end, max(e for t in times for _, e in t))
-    shown_item = None
-    if inputs is not None:
-        limit = config.max_text_chars if config is not None else None
-        shown_item = {}
-        for name in task.input_names:
-            text = str(inputs.get(name, ""))
-            if limit is not None and len(text) > limit:
-                text = text[:limit] + f" [... truncated {len(text) - limit} characters]"
-            shown_item[name] = _cut(guard(text))
-    abstentions = record.get("abstentions") or {}
-    referees = record.get("referees") or {}
-    orders = []
-    for o, transcript in enumerate(transcripts):
-        swapped = pairwise and o == 1
-        last_verdict = {u["speaker"]: i for i, u in enumerate(transcript) if u["kind"] == "verdict"}
-        rounds: dict[int, list[dict]] = {}
-        for i, u in enumerate(transcript):
-            s, e = times[o][i]
-            said = {"text": _cut(u["text"]), "kind": u["kind"]}
-            turn_inputs = {"round": u["round"], "step": {"argument": "argue", "verdict": "verdict",
-                                                         "summary": "summarize"}.get(u["kind"], u["kind"])}
-            if u["speaker"] in personas:
-                turn_inputs["persona"] = personas[u["speaker"]]
-            if strategy is not None or u["speaker"] == SUMMARIZER:
-                turn_inputs["discussion"] = _cut(render(_shown(transcript, i, strategy)))
-            reason = abstentions.get(f"order{o + 1}:{u['speaker']}@{u['round']}")
-            if last_verdict.get(u["speaker"]) == i and u["speaker"] in referees:
-                verdicts = referees[u["speaker"]]
-                said["verdict"] = _as_said(verdicts[o] if o < len(verdicts) else None, swapped, task)
-            if reason:
-                said["abstained"] = reason
-            attributes = {"chateval.role": u["speaker"], "chateval.name": u["name"], "chateval.round": u["round"],
-                          "chateval.order": o + 1, "chateval.kind": u["kind"], **timing}
-            if "prompt_tokens" in u or "completion_tokens" in u:
-                attributes["mlflow.chat.tokenUsage"] = _usage(u.get("prompt_tokens"), u.get("completion_tokens"))
-            for key in ("calls", "seconds"):
-                if key in u:
-                    attributes[f"chateval.{key}"] = u[key]
-            rounds.setdefault(u["round"], []).append(
-                _node(u["speaker"], "LLM", s, e, inputs=turn_inputs, outputs=said, attributes=attributes, error=reason))
-        round_nodes = []
-        for rnd, turns in rounds.items():
-            kinds = {t["outputs"]["kind"] for t in turns} - {"summary"}
-            round_nodes.append(_node(
-                f"round {rnd}", "CHAIN", min(t["start_ns"] for t in turns), max(t["end_ns"] for t in turns),
-                inputs={"round": rnd}, outputs={t["name"]: t["outputs"]["text"] for t in turns},
-                attributes={"chateval.round": rnd, "chateval.order": o + 1,
-                            "chateval.kind": "verdict" if "verdict" in kinds else "talk", **timing},
-                children=turns))
-        shown = calibration.swap(shown_item, task) if shown_item is not None and swapped else shown_item
-        order_out = {"preference": (record.get("order_preferences") or [None, None])[o]} if pairwise else {}
-        order_out["verdicts"] = {slug: _as_said(v[o] if o < len(v) else None, swapped, task)
-                                 for slug, v in referees.items()}
-        o_start = min((r["start_ns"] for r in round_nodes), default=start)
-        o_end = max((r["end_ns"] for r in round_nodes), default=start)
-        orders.append(_node(f"order {o + 1}" + (" (answers swapped)" if swapped else ""), "CHAIN", o_start, o_end,
-                            inputs=shown if shown is not None else {"order": o + 1}, outputs=order_out,
-                            attributes={"chateval.order": o + 1, "chateval.swapped": swapped, **timing},
-                            children=round_nodes))
+    shown_item = _shown_item(inputs, task, config)
+    orders = [_order_node(debate, o, transcript, times[o], shown_item, start) for o, transcript in enumerate(transcripts)]
     root_inputs = {"id": str(record.get("id")), **(shown_item or {})}
-    attributes = {"chateval.item_id": str(record.get("id")), "chateval.calls": record.get("calls"),
+    attributes = _root_attributes(record, config, debate.timing)
+    failed = record.get("abstained") if record.get("calls") is None else None  # the item raised: no debate at all
+    return _node(root_name(task.name, record.get("id")), "EVALUATOR", start, end, inputs=root_inputs,
+                 outputs=_panel_outputs(record, task), attributes=attributes, error=failed, children=orders)
+
+
+@dataclass(frozen=True)
+class _Debate:
+    """What every span of one item's tree is built from: the record and the panel that judged it."""
+
+    record: dict
+    task: object
+    strategy: object
+    personas: dict
+    timing: dict
+
+    @classmethod
+    def of(cls, record: dict, config, roles) -> _Debate:
+        task = config.task_spec if config is not None else as_task(record.get("format") or "pairwise")
+        strategy = STRATEGIES.get(config.strategy) if config is not None else None
+        personas = {r.slug: r.persona(task) for r in roles} if roles else {}
+        measured = _measured(record.get("transcripts") or [])
+        return cls(record, task, strategy, personas, {"chateval.timing": "measured" if measured else "estimated"})
+
+    @property
+    def measured(self) -> bool:
+        return self.timing["chateval.timing"] == "measured"
+
+    @property
+    def referees(self) -> dict:
+        return self.record.get("referees") or {}
+
+    def swapped(self, o: int) -> bool:
+        return self.task.format == "pairwise" and o == 1
+
+    def verdict(self, slug: str, o: int) -> dict | None:
+        """A referee's verdict in answer order ``o`` as it was given (in that order's positions)."""
+        verdicts = self.referees.get(slug) or []
+        return _as_said(verdicts[o] if o < len(verdicts) else None, self.swapped(o), self.task)
+
+
+def _shown_item(inputs: Mapping[str, str] | None, task, config) -> dict | None:
+    """The item's inputs as the panel read them: cut at the config's limit, guarded, and cut to fit a trace."""
+    if inputs is None:
+        return None
+    limit = config.max_text_chars if config is not None else None
+    shown = {}
+    for name in task.input_names:
+        text = str(inputs.get(name, ""))
+        if limit is not None and len(text) > limit:
+            text = text[:limit] + f" [... truncated {len(text) - limit} characters]"
+        shown[name] = _cut(guard(text))
+    return shown
+
+
+def _turn_node(debate: _Debate, transcript: list[dict], o: int, i: int, times: list, is_verdict: bool) -> dict:
+    """One referee's (or the summarizer's) turn: what it was shown -> what it said, and its verdict."""
+    u = transcript[i]
+    said = {"text": _cut(u["text"]), "kind": u["kind"]}
+    turn_inputs = {"round": u["round"], "step": {"argument": "argue", "verdict": "verdict",
+                                                 "summary": "summarize"}.get(u["kind"], u["kind"])}
+    if u["speaker"] in debate.personas:
+        turn_inputs["persona"] = debate.personas[u["speaker"]]
+    if debate.strategy is not None or u["speaker"] == SUMMARIZER:
+        turn_inputs["discussion"] = _cut(render(_shown(transcript, i, debate.strategy)))
+    reason = (debate.record.get("abstentions") or {}).get(f"order{o + 1}:{u['speaker']}@{u['round']}")
+    if is_verdict and u["speaker"] in debate.referees:
+        said["verdict"] = debate.verdict(u["speaker"], o)
+    if reason:
+        said["abstained"] = reason
+    attributes = {"chateval.role": u["speaker"], "chateval.name": u["name"], "chateval.round": u["round"],
+                  "chateval.order": o + 1, "chateval.kind": u["kind"], **debate.timing}
+    if "prompt_tokens" in u or "completion_tokens" in u:
+        attributes["mlflow.chat.tokenUsage"] = _usage(u.get("prompt_tokens"), u.get("completion_tokens"))
+    for key in ("calls", "seconds"):
+        if key in u:
+            attributes[f"chateval.{key}"] = u[key]
+    s, e = times[i]
+    return _node(u["speaker"], "LLM", s, e, inputs=turn_inputs, outputs=said, attributes=attributes, error=reason)
+
+
+def _order_node(debate: _Debate, o: int, transcript: list[dict], times: list, shown_item: dict | None,
+                start: int) -> dict:
+    """One answer order: its rounds of turns, the item as shown in that order, and its verdicts."""
+    last_verdict = {u["speaker"]: i for i, u in enumerate(transcript) if u["kind"] == "verdict"}
+    rounds: dict[int, list[dict]] = {}
+    for i, u in enumerate(transcript):
+        rounds.setdefault(u["round"], []).append(
+            _turn_node(debate, transcript, o, i, times, last_verdict.get(u["speaker"]) == i))
+    round_nodes = []
+    for rnd, turns in rounds.items():
+        kinds = {t["outputs"]["kind"] for t in turns} - {"summary"}
+        round_nodes.append(_node(
+            f"round {rnd}", "CHAIN", min(t["start_ns"] for t in turns), max(t["end_ns"] for t in turns),
+            inputs={"round": rnd}, outputs={t["name"]: t["outputs"]["text"] for t in turns},
+            attributes={"chateval.round": rnd, "chateval.order": o + 1,
+                        "chateval.kind": "verdict" if "verdict" in kinds else "talk", **debate.timing},
+            children=turns))
+    task, swapped = debate.task, debate.swapped(o)
+    shown = calibration.swap(shown_item, task) if shown_item is not None and swapped else shown_item
+    order_out = {"preference": (debate.record.get("order_preferences") or [None, None])[o]} \
+        if task.format == "pairwise" else {}
+    order_out["verdicts"] = {slug: debate.verdict(slug, o) for slug in debate.referees}
+    o_start = min((r["start_ns"] for r in round_nodes), default=start)
+    o_end = max((r["end_ns"] for r in round_nodes), default=start)
+    return _node(f"order {o + 1}" + (" (answers swapped)" if swapped else ""), "CHAIN", o_start, o_end,
+                 inputs=shown if shown is not None else {"order": o + 1}, outputs=order_out,
+                 attributes={"chateval.order": o + 1, "chateval.swapped": swapped, **debate.timing},
+                 children=round_nodes)
+
+
+def _root_attributes(record: dict, config, timing: dict) -> dict:
+    """The root's attributes: the item (``ROOT_ATTRIBUTE``, what readers find the root by), its cost, the panel."""
+    attributes = {ROOT_ATTRIBUTE: str(record.get("id")), "chateval.calls": record.get("calls"),
                   "chateval.prompt_tokens": record.get("prompt_tokens"),
                   "chateval.completion_tokens": record.get("completion_tokens"),
                   "chateval.cached_calls": record.get("cached_calls"), "chateval.seconds": record.get("seconds"),
@@ -391,9 +476,7 @@ def debate_tree(record: dict, inputs: Mapping[str, str] | None = None, *, config
                   **config_summary(config), **timing}
     if record.get("truncated"):
         attributes["chateval.truncated"] = record["truncated"]
-    failed = record.get("abstained") if record.get("calls") is None else None  # the item raised: no debate at all
-    return _node("chateval", "EVALUATOR", start, end, inputs=root_inputs, outputs=_panel_outputs(record, pairwise),
-                 attributes={k: v for k, v in attributes.items() if v is not None}, error=failed, children=orders)
+    return {k: v for k, v in attributes.items() if v is not None}
 
 
 def span_names(tree: dict, depth: int = 0) -> list[str]:
@@ -404,6 +487,20 @@ def span_names(tree: dict, depth: int = 0) -> list[str]:
         ['chateval', '  order 1']
     """
     return ["  " * depth + tree["name"]] + [n for c in tree["children"] for n in span_names(c, depth + 1)]
+
+
+def debate_span(trace):
+    """The span of an MLflow trace that holds a debate (the trace's root, or the span under a caller's or an MLflow
+    scorer's span), or None: the span with ``ROOT_ATTRIBUTE``, whatever its name (see the module docstring).
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> old = NS(name="chateval", attributes={"chateval.item_id": "q1"})
+        >>> debate_span(NS(data=NS(spans=[NS(name="my app", attributes={}), old]))).name
+        'chateval'
+    """
+    spans = trace.data.spans if trace.data is not None else []
+    return next((s for s in spans if (s.attributes or {}).get(ROOT_ATTRIBUTE) is not None), None)
 
 
 # ---- to MLflow -----------------------------------------------------------------------------------------------
@@ -419,7 +516,7 @@ def emit(tree: dict, *, tags: Mapping[str, str] | None = None, metadata: Mapping
     clean = (lambda v: _scrub(v, secrets)) if secrets else (lambda v: v)
 
     def build(node, parent_span, **extra):
-        span = mlflow.start_span_no_context(node["name"], span_type=node["span_type"], parent_span=parent_span,
+        span = mlflow.start_span_no_context(clean(node["name"]), span_type=node["span_type"], parent_span=parent_span,
                                             inputs=clean(node["inputs"]), attributes=clean(node["attributes"]),
                                             start_time_ns=node["start_ns"], **extra)
         try:

@@ -17,10 +17,10 @@ from chateval_dspy.errors import ConfigError
 from chateval_dspy.program.calibration import unswap_scores
 from chateval_dspy.program.task import TaskSpec, as_task
 from chateval_dspy.run.records import is_error, read_records
+from chateval_dspy.run.tracing import debate_span
 
 ITEM_TAG = "chateval.item_id"
 RUN_TAG = "chateval.run_key"
-ROOT_SPAN = "chateval"
 MAX_TRACES = 10_000
 _PANEL_FIELD = re.compile(r"[a-z][a-z0-9_]*_[12]")
 
@@ -96,12 +96,9 @@ def match(records: list[dict], traces: list) -> dict[str, str]:
 
 
 def _debate_root(trace):
-    """The span that holds the debate: the trace's root, or (a trace of an MLflow judge) the span under it."""
-    spans = trace.data.spans if trace.data is not None else []
-    for span in spans:
-        if span.name == ROOT_SPAN and (span.attributes or {}).get(ITEM_TAG) is not None:
-            return span
-    return None
+    """The span that holds the debate: the trace's root, or (a trace of an MLflow judge) the span under it. Found by
+    its ``chateval.item_id`` attribute: its name changed (task and item) and older traces name it ``chateval``."""
+    return debate_span(trace)
 
 
 def record_from_trace(trace, task: TaskSpec | str | None = None) -> dict | None:
