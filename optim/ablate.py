@@ -9,7 +9,8 @@ variants is judged once, under both names.
 Each variant's results go to its own file in ``out`` (``<variant>.jsonl``), streamed and resumed exactly as
 ``chateval evaluate`` does (same run key, so a file of another run is refused): a rerun judges only what is
 missing. ``ablation.json`` and ``ablation.png`` hold the figures and the plot; with tracking, MLflow gets one
-parent run (the full panel's params, every variant's difference) and one child run per variant.
+parent run (the full panel's params, every variant's difference), RUNNING from the start, and one child run per
+variant, RUNNING while that variant is judged (``AblationRuns``).
 """
 
 from __future__ import annotations
@@ -225,14 +226,43 @@ def ablate(data: DataSpec, config: DebateConfig | Callable[[str], DebateConfig],
         >>> done.full.cost()["cost_usd_per_item"], done.row("without-critic").vs_full["test"]
         ('unpriced', 'exact McNemar')
     """
-    from chateval_dspy.lm.panel import referee_names
-    from chateval_dspy.program.chateval import build_evaluator
-    from chateval_dspy.run import records
-    from chateval_dspy.run.evaluate import evaluate
-    from chateval_dspy.run.evaluate_dataset import batch_items, check_task, lm_slots, results_path
     hooks = hooks or AblationHooks()
     if concurrency < 1:
         raise ConfigError(f"concurrency must be positive, got {concurrency}")
+    plan = _plan(data, config, lm, out, overwrite)
+    runs = AblationRuns(tracking)
+    with runs.parent(data, plan):
+        model, referees, rows = _judge_variants(plan, data.seed, lm, concurrency, hooks, runs)
+        done = _finish(AblationResult(data, plan.config, model, plan.metric, paired_test(plan.config), plan.out, rows,
+                                      referees))
+        runs.finish(done)
+    return done
+
+
+def paired_test(config: DebateConfig) -> str:
+    """The test each variant's agreement is compared with the full panel's by (``compare``)."""
+    return "exact McNemar" if config.format == "pairwise" else "paired bootstrap"
+
+
+@dataclass(frozen=True)
+class AblationPlan:
+    """What every variant judges, under which config and run key, and where its results go."""
+
+    items: list
+    config: DebateConfig
+    panels: list[Variant]
+    configs: dict[str, DebateConfig]
+    keys: dict[str, str]
+    out: Path
+    paths: dict[str, Path]
+    metric: str
+
+
+def _plan(data: DataSpec, config, lm: LMSpec, out, overwrite: bool) -> AblationPlan:
+    """The variants, their configs, run keys and results files, all checked before any model starts."""
+    from chateval_dspy.run import records
+    from chateval_dspy.run.evaluate_dataset import check_task, results_path
+
     items, fmt = data.items()
     cfg = config(fmt) if callable(config) else config
     panels = variants(cfg.roles)
@@ -243,25 +273,35 @@ def ablate(data: DataSpec, config: DebateConfig | Callable[[str], DebateConfig],
     out = Path(out) if out else Path("results") / f"ablate-{data.name}-{keys['full']}"
     # Every file is checked before the model starts: one of another run is refused up front, not halfway.
     paths = {v.slug: results_path(data, keys[v.slug], out / f"{v.slug}.jsonl", overwrite=overwrite) for v in panels}
-    metric = primary_metric(cfg.task_spec)
+    return AblationPlan(items, cfg, panels, configs, keys, out, paths, primary_metric(cfg.task_spec))
+
+
+def _judge_variants(plan: AblationPlan, seed: int, lm: LMSpec, concurrency: int, hooks: AblationHooks,
+                    runs: AblationRuns) -> tuple[str, dict[str, str], list[VariantResult]]:
+    """Judge every variant in turn on one LM; returns the model's name, a mixed panel's referee models, the rows."""
+    from chateval_dspy.lm.panel import referee_names
+    from chateval_dspy.program.chateval import build_evaluator
+    from chateval_dspy.run import records
+    from chateval_dspy.run.evaluate import evaluate
+    from chateval_dspy.run.evaluate_dataset import batch_items, lm_slots
+
     rows, judged = [], {}
-    at_once = batch_items(concurrency, len(items)) if lm.batch else concurrency
-    with lm.judging(lm_slots(cfg, concurrency), journal=out / "batches", on_wave=hooks.wave) as judging_lm, \
+    at_once = batch_items(concurrency, len(plan.items)) if lm.batch else concurrency
+    with lm.judging(lm_slots(plan.config, concurrency), journal=plan.out / "batches", on_wave=hooks.wave) as judging_lm, \
             _cache_per_variant(lm) as use_cache:
         model, referees = judging_lm.model, referee_names()
-        for v in panels:
-            use_cache(keys[v.slug])
-            program = build_evaluator(configs[v.slug])
-            with hooks.progress(v, len(items)) as on_item:
-                result = evaluate(program, items, configs[v.slug], out=paths[v.slug], concurrency=at_once,
-                                  on_item=on_item, run_key=keys[v.slug], waves=lm.batch)
-            judged[v.slug] = [r for r in records.finished_records(paths[v.slug], keys[v.slug])
-                              if not records.is_error(r)]
-            rows.append(_variant_result(v, configs[v.slug], paths[v.slug], keys[v.slug], result, judged, cfg, metric,
-                                        data.seed))
+        runs.judging(model, referees)
+        for v in plan.panels:
+            use_cache(plan.keys[v.slug])
+            config, path, key = plan.configs[v.slug], plan.paths[v.slug], plan.keys[v.slug]
+            with runs.variant(v, config), hooks.progress(v, len(plan.items)) as on_item:
+                result = evaluate(build_evaluator(config), plan.items, config, out=path, concurrency=at_once,
+                                  on_item=on_item, run_key=key, waves=lm.batch)
+                judged[v.slug] = [r for r in records.finished_records(path, key) if not records.is_error(r)]
+                rows.append(_variant_result(v, config, path, key, result, judged, plan.config, plan.metric, seed))
+                runs.variant_done(rows[-1])
             hooks.judged(rows[-1])
-    test = "exact McNemar" if cfg.format == "pairwise" else "paired bootstrap"
-    return _finish(AblationResult(data, cfg, model, metric, test, out, rows, referees), items, tracking)
+    return model, referees, rows
 
 
 def _variant_result(v: Variant, config: DebateConfig, path: Path, key: str, result: RunResult, judged: dict,
@@ -273,56 +313,110 @@ def _variant_result(v: Variant, config: DebateConfig, path: Path, key: str, resu
     return VariantResult(v, config, path, key, result, figures, agreement, vs_full)
 
 
-def _finish(done: AblationResult, items, tracking) -> AblationResult:
-    """Write the summary and its plot beside the results, and log the ablation to MLflow when tracking is on."""
+def _finish(done: AblationResult) -> AblationResult:
+    """Write the summary and its plot beside the results."""
     from optim.ablation_report import ablation_plot
 
     summary = done.to_dict()
     (done.out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, ensure_ascii=False, default=str),
                                          encoding="utf-8")
     done.plot = ablation_plot(summary, done.out / PLOT_FILE)
-    if tracking is not None and tracking.enabled:
-        done.mlflow_run_id = log_ablation(done, items, uri=tracking.uri)
     return done
 
 
-def log_ablation(done: AblationResult, items, *, uri: str | None = None) -> str:
-    """One MLflow parent run (the full panel's params and figures, each variant's difference, the table and plot)
-    with one child run per variant (its config, figures with CIs, paired test, cost, results file); returns the
-    parent's id. Dollars MLflow cannot hold (``unpriced``) become tags, as for ``chateval evaluate``."""
-    from optim import tracking
-    from optim.evaluation import config_params, run_params, unpriced_marks
+class AblationRuns:
+    """The ablation's MLflow runs, RUNNING while it judges; with tracking None or disabled, nothing is logged.
 
-    full = done.full
-    params = run_params(done.data, done.config, done.model, items, referee_models=done.referee_models or None,
-                        ablation={"variants": len(done.rows), "metric": done.metric, "test": done.test})
-    tags = {"command": "ablate", "chateval.out": str(done.out.resolve()), **unpriced_marks(full.cost())}
-    with tracking.run("ablate", params=params, uri=uri, tags=tags) as parent:
-        summary: dict[str, float] = {}
-        for row in done.rows:
-            v, cost = row.variant, row.cost()
-            child_params = {"config": config_params(row.config), "variant": v.name, "slug": v.slug,
-                            "left_out": v.left_out or "none", "alone": v.alone or "none"}
-            with tracking.run(f"ablate-{v.slug}", params=child_params, nested=True,
-                              tags={"command": "ablate", "chateval.variant": v.slug, **unpriced_marks(cost)}):
-                tracking.log_metrics({**row.metrics, "agreement": row.agreement},
-                                     {**cost, "tokens_per_item": row.tokens_per_item(),
-                                      **row.result.abstention_metrics(), **row.result.model_metrics()})
-                if row.vs_full is not None:
-                    vs = row.vs_full
-                    tracking.log_metrics({"vs_full.delta": vs["delta"], "vs_full.n": vs["n"],
-                                          **({"vs_full.p": vs["p"]} if vs["p"] is not None else {}),
-                                          **{f"vs_full.{k}": vs[k] for k in ("reference_only", "row_only") if k in vs}})
-                tracking.log_file(row.out, "results")
-            summary[f"{v.slug}.agreement"] = row.agreement.value
-            summary[f"{v.slug}.tokens_per_item"] = row.tokens_per_item()
-            if row.vs_full is not None:
-                summary[f"{v.slug}.delta"] = row.vs_full["delta"].value
-                if row.vs_full["p"] is not None:
-                    summary[f"{v.slug}.p"] = row.vs_full["p"]
-        tracking.log_metrics({**full.metrics, "agreement": full.agreement}, {**full.cost(), **summary})
+    One parent run from the start (the full panel's params; the model once the LM is up; the full panel's figures,
+    each variant's difference and p-value, the summary and plot at the end) and one child run per variant, open
+    while that variant is judged (its config; its figures with CIs, paired test, cost and results file once it
+    is done). Dollars MLflow cannot hold (``unpriced``) become tags, as for ``chateval evaluate``. Runs end
+    FINISHED, FAILED or KILLED (``optim.tracking.run``).
+    """
+
+    def __init__(self, tracking=None):
+        self.spec = tracking if tracking is not None and tracking.enabled else None
+        self.run_id: str | None = None
+
+    @contextlib.contextmanager
+    def parent(self, data: DataSpec, plan: AblationPlan):
+        if self.spec is None:
+            yield
+            return
+        from optim import tracking
+        from optim.evaluation import run_params
+
+        scope = {"command": "ablate", "chateval.out": str(plan.out.resolve())}
+        # A SIGKILL (nothing can catch it) leaves the runs of this folder RUNNING: the rerun that resumes it ends them.
+        tracking.end_dead_runs(scope, self.spec.uri)
+        params = run_params(data, plan.config, "", plan.items, ablation={
+            "variants": len(plan.panels), "metric": plan.metric, "test": paired_test(plan.config)})
+        params.pop("model")  # known once the LM is up (``judging``)
+        with tracking.run("ablate", params=params, uri=self.spec.uri, tags=scope) as active:
+            self.run_id = active.info.run_id
+            yield
+
+    def judging(self, model: str, referee_models: dict[str, str]) -> None:
+        if self.spec is not None:
+            from optim import tracking
+
+            tracking.log_params({"model": model, **({"referee_models": referee_models} if referee_models else {})})
+
+    def variant(self, v: Variant, config: DebateConfig) -> contextlib.AbstractContextManager:
+        if self.spec is None:
+            return contextlib.nullcontext()
+        from optim import tracking
+        from optim.evaluation import config_params
+
+        params = {"config": config_params(config), "variant": v.name, "slug": v.slug,
+                  "left_out": v.left_out or "none", "alone": v.alone or "none"}
+        return tracking.run(f"ablate-{v.slug}", params=params, nested=True,
+                            tags={"command": "ablate", "chateval.variant": v.slug})
+
+    def variant_done(self, row: VariantResult) -> None:
+        """Inside the variant's run: its figures, paired test, cost and results file."""
+        if self.spec is None:
+            return
+        from optim import tracking
+        from optim.evaluation import unpriced_marks
+
+        cost = row.cost()
+        tracking.set_tags(unpriced_marks(cost))
+        tracking.log_metrics({**row.metrics, "agreement": row.agreement},
+                             {**cost, "tokens_per_item": row.tokens_per_item(), **row.result.abstention_metrics(),
+                              **row.result.model_metrics()})
+        if row.vs_full is not None:
+            vs = row.vs_full
+            tracking.log_metrics({"vs_full.delta": vs["delta"], "vs_full.n": vs["n"],
+                                  **({"vs_full.p": vs["p"]} if vs["p"] is not None else {}),
+                                  **{f"vs_full.{k}": vs[k] for k in ("reference_only", "row_only") if k in vs}})
+        tracking.log_file(row.out, "results")
+
+    def finish(self, done: AblationResult) -> None:
+        """Inside the parent run: the full panel's figures, every variant's difference, the summary and plot."""
+        if self.spec is None:
+            return
+        from optim import tracking
+        from optim.evaluation import unpriced_marks
+
+        full = done.full
+        tracking.set_tags(unpriced_marks(full.cost()))
+        tracking.log_metrics({**full.metrics, "agreement": full.agreement}, {**full.cost(), **_summary(done.rows)})
         tracking.log_file(done.out / SUMMARY_FILE, "ablation")
         if done.plot is not None:
             tracking.log_file(done.plot, "ablation")
-    return parent.info.run_id
+        done.mlflow_run_id = self.run_id
 
+
+def _summary(rows: list[VariantResult]) -> dict[str, float]:
+    """Each variant's agreement, tokens per item and (but the full panel's) difference and p, for the parent run."""
+    summary: dict[str, float] = {}
+    for row in rows:
+        slug = row.variant.slug
+        summary[f"{slug}.agreement"] = row.agreement.value
+        summary[f"{slug}.tokens_per_item"] = row.tokens_per_item()
+        if row.vs_full is not None:
+            summary[f"{slug}.delta"] = row.vs_full["delta"].value
+            if row.vs_full["p"] is not None:
+                summary[f"{slug}.p"] = row.vs_full["p"]
+    return summary

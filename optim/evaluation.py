@@ -1,9 +1,13 @@
-"""An evaluate run in MLflow: its config, model, data and split as params, figures with CIs, the results file."""
+"""An evaluate run in MLflow: its config, model, data and split as params, figures with CIs, the results file.
+
+The run is opened before the items are judged and ended by how the command ends (``optim.tracking.run``)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from chateval_dspy.data.loaders import dataset_hash
@@ -56,35 +60,84 @@ def batch_tags(batch: dict | None) -> dict:
             "chateval.batch.ids": ",".join(batch["batch_ids"])[:7900]}
 
 
-def log_evaluation(done, metrics: dict, *, uri: str | None = None) -> str:
-    """Log a ``DatasetRun`` (from ``evaluate_dataset``) as one MLflow run; returns its id.
+class EvaluationRun:
+    """``chateval evaluate``'s MLflow run, opened before anything is judged (``evaluation_run``).
 
-    A task of one's own goes with it as ``task/task.json``; rows skipped as malformed as
-    ``skipped/skipped_rows.json`` and the metric ``skipped_rows``. Cost in US dollars is logged as the metrics
-    ``cost_usd_per_item`` and ``cost_usd_total`` when every model used is priced, else as the tag
-    ``cost_usd: unpriced``; per-model figures as ``model/<name>/<figure>_per_item``.
+    It is RUNNING while the items are judged, so a long run shows in the MLflow UI as it goes, and ends FINISHED,
+    FAILED or KILLED (``optim.tracking.run``). The panel, data, split and results file are logged when it opens,
+    the model once the LM is up (``judging``), figures, cost and files at the end (``log``).
     """
+
+    def __init__(self, active, uri: str | None = None):
+        self.run_id, self.uri = active.info.run_id, uri
+
+    def judging(self, out: Path, model: str, referee_models: dict[str, str] | None = None) -> None:
+        """The LM is up (``evaluate_dataset``'s ``on_start``): log the model, and a mixed panel's referee models."""
+        from optim import tracking
+
+        tracking.log_params({"model": model, **({"referee_models": dict(referee_models)} if referee_models else {})})
+
+    def log(self, done, metrics: dict) -> None:
+        """The figures of a ``DatasetRun`` (from ``evaluate_dataset``) with their CIs, its cost, and its files.
+
+        A task of one's own goes with it as ``task/task.json``; rows skipped as malformed as
+        ``skipped/skipped_rows.json`` and the metric ``skipped_rows``. Cost in US dollars is logged as the metrics
+        ``cost_usd_per_item`` and ``cost_usd_total`` when every model used is priced, else as the tag
+        ``cost_usd: unpriced``; per-model figures as ``model/<name>/<figure>_per_item``.
+        """
+        from optim import tracking
+
+        cost, batch = done.result.cost(), getattr(done, "batch", None)
+        tracking.set_tags({**unpriced_marks(cost), **batch_tags(batch)})
+        extra = {"skipped_rows": len(done.skipped)} if done.skipped else {}
+        waves = {"batch_waves": batch["waves"], "batch_submitted": batch["submitted"]} if batch else {}
+        tracking.log_metrics(metrics, {**cost, **done.result.abstention_metrics(), **done.result.model_metrics(),
+                                       **extra, **waves})
+        tracking.log_file(done.out, "results")
+        _log_task_and_skipped(done)
+
+
+def _log_task_and_skipped(done) -> None:
     from chateval_dspy.run.evaluate_dataset import skipped_rows
     from optim import tracking
 
-    extra = {"skipped_rows": len(done.skipped)} if done.skipped else {}
-    cost = done.result.cost()
-    params = run_params(done.data, done.config, done.model, done.items,
-                        referee_models=getattr(done, "referee_models", None))
-    batch = getattr(done, "batch", None)
-    with tracking.run("evaluate", params=params, uri=uri,
-                      tags={"command": "evaluate", **unpriced_marks(cost), **batch_tags(batch)}) as active:
-        tracking.log_metrics(metrics, {**cost, **done.result.abstention_metrics(), **done.result.model_metrics(),
-                                       **extra, **({"batch_waves": batch["waves"], "batch_submitted": batch["submitted"]}
-                                                   if batch else {})})
-        tracking.log_file(done.out, "results")
-        with tempfile.TemporaryDirectory() as tmp:
-            if done.config.task is not None:
-                path = Path(tmp) / "task.json"
-                path.write_text(json.dumps(done.config.task.to_dict(), indent=2, ensure_ascii=False), encoding="utf-8")
-                tracking.log_file(path, "task")
-            if done.skipped:
-                path = Path(tmp) / "skipped_rows.json"
-                path.write_text(json.dumps(skipped_rows(done.skipped), indent=2, ensure_ascii=False), encoding="utf-8")
-                tracking.log_file(path, "skipped")
-    return active.info.run_id
+    with tempfile.TemporaryDirectory() as tmp:
+        if done.config.task is not None:
+            path = Path(tmp) / "task.json"
+            path.write_text(json.dumps(done.config.task.to_dict(), indent=2, ensure_ascii=False), encoding="utf-8")
+            tracking.log_file(path, "task")
+        if done.skipped:
+            path = Path(tmp) / "skipped_rows.json"
+            path.write_text(json.dumps(skipped_rows(done.skipped), indent=2, ensure_ascii=False), encoding="utf-8")
+            tracking.log_file(path, "skipped")
+
+
+@contextlib.contextmanager
+def evaluation_run(data, config, items, *, out: str | Path, uri: str | None = None) -> Iterator[EvaluationRun]:
+    """Open the evaluate run of results file ``out`` now, with what is known before judging: panel, dataset and its
+    hash, split, seed, limit, and the file as the tag ``chateval.out`` (the model follows once the LM is up:
+    ``EvaluationRun.judging``).
+
+    A SIGKILL leaves a run RUNNING (nothing can catch it): an earlier run of the same file whose process is gone
+    (on this host) is ended KILLED first, when the same command is rerun to resume it.
+    """
+    from optim import tracking
+
+    scope = {"command": "evaluate", "chateval.out": str(Path(out).resolve())}
+    tracking.end_dead_runs(scope, uri)
+    params = run_params(data, config, "", items)
+    params.pop("model")
+    with tracking.run("evaluate", params=params, uri=uri, tags=scope) as active:
+        yield EvaluationRun(active, uri)
+
+
+def log_evaluation(done, metrics: dict, *, uri: str | None = None) -> str:
+    """Log a finished ``DatasetRun`` (from ``evaluate_dataset``) as one MLflow run; returns its id.
+
+    For a run judged outside MLflow (the Python API); ``chateval evaluate`` opens its run before judging
+    (``evaluation_run``) and logs into it as it goes.
+    """
+    with evaluation_run(done.data, done.config, done.items, out=done.out, uri=uri) as tracked:
+        tracked.judging(done.out, done.model, getattr(done, "referee_models", None))
+        tracked.log(done, metrics)
+    return tracked.run_id

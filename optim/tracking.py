@@ -6,9 +6,10 @@ Params are the run's ``DebateConfig`` plus model, data and split: no secret has 
 and ``assert_no_secrets`` double-checks every text before it is logged. Traces (``--trace``) are
 built by ``chateval_dspy.run.tracing``, which scrubs the same secrets from every span.
 
-Each run this package starts is tagged with its worker (``chateval.worker``, host, pid and
-process start time): a run whose worker was killed is found by the rerun and ended as
-KILLED (``end_dead_runs``); a run left by an exception ends FAILED, as MLflow does on its own.
+A run is RUNNING from the moment a command opens it (before any item is judged) and ends FINISHED,
+FAILED (an exception) or KILLED (Ctrl-C or SIGTERM: see ``run``). A SIGKILL cannot be caught and leaves
+the run RUNNING: each run is tagged with its worker (``chateval.worker``, host, pid and process start
+time), so the rerun of the same command finds it and ends it as KILLED (``end_dead_runs``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import signal
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,13 +149,83 @@ def worker_tags() -> dict[str, str]:
     return {WORKER_TAG: Worker.current().tag()}
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived while a run was open. A KeyboardInterrupt, so that a scheduler's stop ends the command as
+    Ctrl-C does: the run ends KILLED, finished results are kept, and the CLI exits with 128 + ``signum``."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def run_status(exc: BaseException | None) -> str:
+    """How a run ends, by what left its block.
+
+    Example:
+        >>> run_status(None), run_status(ValueError()), run_status(KeyboardInterrupt()), run_status(Terminated(15))
+        ('FINISHED', 'FAILED', 'KILLED', 'KILLED')
+        >>> run_status(SystemExit(0)), run_status(SystemExit(2))
+        ('FINISHED', 'FAILED')
+    """
+    if exc is None or (isinstance(exc, SystemExit) and not exc.code):
+        return "FINISHED"
+    return "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """Inside the block, SIGTERM raises ``Terminated`` in the main thread instead of ending the process on the spot.
+
+    Without it, a scheduler's or ``kill``'s SIGTERM would end the process before the run could be ended, leaving it
+    RUNNING. A second SIGTERM ends the process at once, as usual. Nothing changes off the main thread (signals
+    are only delivered there) or where the caller set a SIGTERM handler of its own; the default is back afterwards.
+    """
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+
+    def stop(signum, frame):
+        signal.signal(signum, signal.SIG_DFL)
+        raise Terminated(signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+URL_SWITCH = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
+
+
+@contextlib.contextmanager
+def no_run_links() -> Iterator[None]:
+    """Inside the block, MLflow does not print its "View run ... at" / "View experiment at" lines.
+
+    MLflow prints both whenever a run on a tracking server ends, a child run too (an ablation's variant, a search's
+    trial, each evaluation an optimizer logs), burying the command's own output; each command prints its run id
+    once instead. MLflow reads the switch when a run ends, so it is set only while runs are open, never at import.
+    A setting of the user's own is left as it is.
+    """
+    if URL_SWITCH in os.environ:
+        yield
+        return
+    os.environ[URL_SWITCH] = "true"
+    try:
+        yield
+    finally:
+        os.environ.pop(URL_SWITCH, None)
+
+
 @contextlib.contextmanager
 def run(name: str, *, params: dict, tags: dict | None = None, nested: bool = False, uri: str | None = None,
         run_id: str | None = None) -> Iterator:
     """An MLflow run holding ``params`` (flattened) and ``tags``; nested under the active run if asked.
 
-    ``run_id`` resumes that run instead of starting one. A new run is tagged with this worker, so a
-    rerun can end it as KILLED should this process be killed (``end_dead_runs``).
+    The run is RUNNING while the block runs and ends by how the block ends (``run_status``): FINISHED, FAILED
+    (an exception), KILLED (Ctrl-C, or SIGTERM, which a run that is not nested turns into ``Terminated`` while
+    it is open). ``run_id`` resumes that run instead of starting one. A new run is tagged with this worker, so a
+    rerun can end it as KILLED should this process be killed by a signal that cannot be caught (``end_dead_runs``).
     """
     import mlflow
 
@@ -160,10 +233,35 @@ def run(name: str, *, params: dict, tags: dict | None = None, nested: bool = Fal
         setup(uri)
     tags = {**(tags or {}), **({} if run_id else worker_tags())}
     assert_no_secrets(repr(tags), "tags")
-    with mlflow.start_run(run_id=run_id, run_name=None if run_id else name, nested=nested,
-                          tags=None if run_id else tags) as active:
-        log_params(params)
-        yield active
+    with no_run_links(), (contextlib.nullcontext() if nested else sigterm_interrupts()):
+        active = mlflow.start_run(run_id=run_id, run_name=None if run_id else name, nested=nested,
+                                  tags=None if run_id else tags)
+        try:
+            log_params(params)
+            yield active
+        except BaseException as exc:
+            _end_active(active.info.run_id, run_status(exc))
+            raise
+        _end_active(active.info.run_id, "FINISHED")
+
+
+def _end_active(run_id: str, status: str) -> None:
+    import mlflow
+
+    current = mlflow.active_run()
+    if current is not None and current.info.run_id == run_id:
+        mlflow.end_run(status)
+    else:  # a run nested in it was left open (cut short inside MLflow's own code): the store still gets its end
+        mlflow.MlflowClient().set_terminated(run_id, status)
+
+
+def set_tags(tags: dict) -> None:
+    """Tag the active run (what is known only as it ends: batch ids, an unpriced model)."""
+    import mlflow
+
+    if tags:
+        assert_no_secrets(repr(tags), "tags")
+        mlflow.set_tags(tags)
 
 
 def create_run(name: str, *, tags: dict, uri: str | None = None) -> str:

@@ -168,14 +168,17 @@ def test_scoring_report_per_aspect_and_average():
     assert report["average_kendall"].value == pytest.approx(sum(report[f"{a}_kendall"].value for a in ASPECTS) / 4)
 
 
-def test_scoring_report_average_is_nan_when_an_aspect_is_undefined():
+def test_scoring_report_average_is_over_the_defined_aspects():
     human = [_scores(1, 0), _scores(2, 1), _scores(3, 0)]
     predicted = [_scores(1, 1), _scores(2, 1), _scores(3, 1)]  # groundedness constant
     report = scoring_report(human, predicted)
     assert math.isnan(report["groundedness_spearman"].value)
     assert str(report["groundedness_spearman"]) == "n/a"
     assert report["naturalness_spearman"].value == pytest.approx(1.0)
-    assert math.isnan(report["average_spearman"].value)
+    # one undefined aspect no longer blanks the headline: the mean of the other three, and it says how many
+    defined = [report[f"{a}_spearman"].value for a in ASPECTS if a != "groundedness"]
+    assert report["average_spearman"].value == pytest.approx(sum(defined) / 3)
+    assert report["average_spearman_criteria"] == 3
 
 
 def test_scoring_report_all_abstained():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -141,10 +142,66 @@ def test_a_run_that_raises_ends_failed_and_is_tagged_with_its_worker(tmp_path, m
     from optim.search.worker import Worker
 
     _local_store(tmp_path, monkeypatch, mlflow_db)
-    with pytest.raises(KeyboardInterrupt), tracking.run("x", params={}) as active:
-        raise KeyboardInterrupt
+    with pytest.raises(RuntimeError), tracking.run("x", params={}) as active:
+        raise RuntimeError("boom")
     run = mlflow.MlflowClient().get_run(active.info.run_id)
     assert run.info.status == "FAILED" and run.data.tags[tracking.WORKER_TAG] == Worker.current().tag()
+
+
+def test_ctrl_c_and_sigterm_end_the_run_and_its_open_child_killed(tmp_path, monkeypatch, mlflow_db):  # noqa: F811
+    """Issue 22 (item 5): a run stopped by Ctrl-C or SIGTERM ends KILLED, the child run open in it too; SIGTERM
+    becomes ``Terminated`` only while a run is open, and MLflow's link lines are switched off only meanwhile."""
+    import signal
+
+    import mlflow
+
+    from optim import tracking
+
+    _local_store(tmp_path, monkeypatch, mlflow_db)
+    monkeypatch.delenv(tracking.URL_SWITCH, raising=False)
+    with pytest.raises(KeyboardInterrupt), tracking.run("x", params={}) as parent, \
+            tracking.run("child", params={}, nested=True) as child:
+        raise KeyboardInterrupt
+    client = mlflow.MlflowClient()  # on the store the run was pointed at
+    assert [client.get_run(r.info.run_id).info.status for r in (parent, child)] == ["KILLED", "KILLED"]
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    with pytest.raises(tracking.Terminated) as stopped, tracking.run("y", params={}) as active:
+        assert signal.getsignal(signal.SIGTERM) != signal.SIG_DFL and os.environ[tracking.URL_SWITCH] == "true"
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(100):  # the handler runs in this thread between two bytecodes
+            time.sleep(0.01)
+    assert stopped.value.signum == signal.SIGTERM and client.get_run(active.info.run_id).info.status == "KILLED"
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL and tracking.URL_SWITCH not in os.environ
+    with tracking.run("z", params={}) as active:
+        pass
+    assert client.get_run(active.info.run_id).info.status == "FINISHED"
+
+
+def test_sigterm_is_left_alone_off_the_main_thread_and_under_a_handler_of_ones_own():
+    import signal
+    import threading
+
+    from optim.tracking import sigterm_interrupts
+
+    seen = []
+
+    def in_thread():
+        with sigterm_interrupts():
+            seen.append(signal.getsignal(signal.SIGTERM))
+    worker = threading.Thread(target=in_thread)
+    worker.start()
+    worker.join()
+    assert seen == [signal.SIG_DFL]
+
+    def mine(signum, frame):
+        pass
+    previous = signal.signal(signal.SIGTERM, mine)
+    try:
+        with sigterm_interrupts():
+            assert signal.getsignal(signal.SIGTERM) is mine
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def test_a_tracking_spec_costs_no_mlflow_import():

@@ -264,6 +264,8 @@ def _text(record: dict, name: str, source: str, row: int, column: str | None = N
     if not isinstance(value, str):
         raise DataError(f"expected text, got {type(value).__name__}", source=source, row=row, field=column)
     if not value.strip() and not judged:
+        if default is not None:  # an input with a default may be blank (PandaLM's empty "input"), as if missing
+            return default
         # An empty judged response is data (a model that said nothing); an empty question or context is not.
         raise DataError("field is empty", source=source, row=row, field=column)
     return value
@@ -312,6 +314,29 @@ def parse_columns(spec: str | None) -> dict[str, str]:
     return out
 
 
+def parse_label_map(spec: str | None) -> dict[str, str]:
+    """``"0=tie,A=1"`` -> ``{"0": "tie", "A": "1"}``: the data's label values -> ours (``--label-map``).
+
+    Example:
+        >>> parse_label_map("0=tie, A=1,B=2")
+        {'0': 'tie', 'A': '1', 'B': '2'}
+    """
+    out: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in (spec or "").split(","))):
+        theirs, sep, ours = part.partition("=")
+        if not sep or not theirs.strip() or not ours.strip():
+            raise DataError(f"--label-map entry {part!r} must look like your_value=our_label (e.g. 0=tie)")
+        out[theirs.strip()] = ours.strip()
+    return out
+
+
+def _mapped(raw, label_map: dict[str, str] | None):
+    """``raw`` through ``label_map`` (keys are the value's text: a JSON 0 and a CSV "0" map alike)."""
+    if not label_map or raw is None or isinstance(raw, (dict, list)):
+        return raw
+    return label_map.get(str(raw).strip(), raw)
+
+
 def _task(task: TaskSpec | str) -> TaskSpec:
     try:
         return as_task(task)
@@ -342,21 +367,24 @@ def _winner(raw, task: TaskSpec, source: str, row, column: str) -> str | None:
     aliases = {**LABELS, task.responses[0].lower(): "1", task.responses[1].lower(): "2"}
     label = aliases.get(str(raw).strip().lower())
     if label is None:
-        raise DataError(f"label must be 1, 2 or tie (or a/b, {task.responses[0]}/{task.responses[1]}), got {raw!r}",
+        raise DataError(f"label must be 1, 2 or tie (or a/b, {task.responses[0]}/{task.responses[1]}), got {raw!r}; "
+                        "map your values with --label-map (e.g. 0=tie,A=1) or the task's label_map",
                         source=source, row=row, field=column)
     return label
 
 
 def item_from_record(record: dict, task: TaskSpec | str, *, columns: dict[str, str] | None = None,
-                     source: str = "input", row: int | None = None) -> dspy.Example:
+                     source: str = "input", row: int | None = None,
+                     label_map: dict[str, str] | None = None) -> dspy.Example:
     """One user record as an item of ``task`` (or a format's built-in task), validated; errors name ``source``,
     ``row`` and the user's column.
 
-    Inputs: each of the task's inputs (a missing one takes the input's ``default``, or is an error; an empty
-    judged response is kept, an empty other input is an error). Labels: pairwise, ``label`` (1/2/tie, a/b, or
+    Inputs: each of the task's inputs (a missing or blank one takes the input's ``default``, or is an error; an
+    empty judged response is kept, an empty other input is an error). Labels: pairwise, ``label`` (1/2/tie, a/b, or
     a response's name); pointwise, one column per criterion on its scale (any of them may be missing:
     ``human`` then holds None for it, and is None when all are). ``id`` is optional (default: the row number).
-    A column may be a dotted path into a nested JSON object (``human.coherence``).
+    A column may be a dotted path into a nested JSON object (``human.coherence``). ``label_map`` (default: the
+    task's ``label_map``) turns the file's label values into ours before they are checked.
 
     Example:
         >>> item_from_record({"question": "2+2?", "answer_1": "4", "answer_2": " ", "winner": "a"}, "pairwise",
@@ -367,16 +395,18 @@ def item_from_record(record: dict, task: TaskSpec | str, *, columns: dict[str, s
         raise DataError(f"expected an object, got {type(record).__name__}", source=source, row=row)
     task = _task(task)
     col = column_map(task, columns)
+    label_map = dict(task.label_map) if label_map is None else label_map
     raw_id = _value(record, col["id"])
     item_id = str(raw_id if raw_id not in (None, "") else row)
     texts = {i.name: _text(record, i.name, source, row, col[i.name], judged=i.judged, default=i.default)
              for i in task.inputs}
     if task.format == "pairwise":
-        return _example(task, item_id, texts, label=_winner(_value(record, col["label"]), task, source, row, col["label"]))
+        raw = _mapped(_value(record, col["label"]), label_map)
+        return _example(task, item_id, texts, label=_winner(raw, task, source, row, col["label"]))
     human = {}
     for c in task.criteria:
         try:
-            human[c.name] = c.scale.human(_value(record, col[c.name]))
+            human[c.name] = c.scale.human(_mapped(_value(record, col[c.name]), label_map))
         except ValueError as exc:
             raise DataError(str(exc), source=source, row=row, field=col[c.name]) from None
     return _example(task, item_id, texts, human=human if any(v is not None for v in human.values()) else None)
@@ -386,7 +416,8 @@ SKIP_HINT = "; to skip malformed rows (counted and listed at the end), pass --sk
 
 
 def load_custom(path: str | Path, task: TaskSpec | str, columns: dict[str, str] | None = None, *,
-                skip_bad_rows: bool = False) -> Items:
+                skip_bad_rows: bool = False, label_map: dict[str, str] | None = None, group_by: str | None = None,
+                system: str | None = None) -> Items:
     """A user's JSONL/CSV file; ``columns`` maps our field names to theirs (see ``item_from_record``).
 
     Args:
@@ -395,25 +426,38 @@ def load_custom(path: str | Path, task: TaskSpec | str, columns: dict[str, str] 
         columns: Our field -> your column.
         skip_bad_rows: A malformed row (unreadable JSON, a missing question, a label off its scale, a repeated
             id) is skipped and listed in ``Items.skipped`` instead of stopping the load; without it, the first
-            such row raises its ``DataError``, whose message names the option.
+            such row raises its ``DataError``, whose message names the option. A column that no row has is an
+            error either way (``check_columns``): no row could be read, so skipping would skip them all.
+        label_map: Your label values -> ours (``{"0": "tie"}``), over the task's own ``label_map``.
+        group_by: Pointwise: the column of each row's document id (the item's ``group_id``), for summary-level
+            correlations.
+        system: Pointwise: the column of each row's system id (``system_id``), for system-level correlations.
     """
     task = _task(task)
     col = column_map(task, columns)
     src = str(path)
-    items, seen, skipped = Items(), {}, []
+    if task.format == "pairwise" and (group_by or system):
+        raise DataError("--group-by and --system are for pointwise tasks (correlations per document or system); "
+                        f"task {task.name!r} is pairwise", source=src)
+    label_map = {**dict(task.label_map), **(label_map or {})}
     rows = read_rows(path, bad_rows="keep") if skip_bad_rows else _hinted_rows(path)
+    check_columns([r for _, r in rows if isinstance(r, dict)], task, col, explicit=set(columns or {}), source=src,
+                  extra=(("--group-by", group_by), ("--system", system)))
+    items, seen, skipped = Items(), {}, []
     for row, record in rows:
         try:
             if isinstance(record, DataError):
                 raise record
-            item = item_from_record(record, task, columns=col, source=src, row=row)
+            item = item_from_record(record, task, columns=col, source=src, row=row, label_map=label_map)
+            item = _with_ids(item, record, src, row, group_by=group_by, system=system)
             if item.id in seen:
                 raise DataError(f"duplicate id {item.id!r} (first on row {seen[item.id]}): ids must be unique so "
                                 "results can be matched to items", source=src, row=row, field=col["id"])
         except DataError as exc:
             if not skip_bad_rows:
                 raise DataError(exc.reason + SKIP_HINT, source=exc.source, row=exc.row, field=exc.field) from exc
-            log.warning("skipping %s", exc)
+            # Listed once at the end of a run (and in Items.skipped): a warning per row here would repeat them.
+            log.debug("skipping %s", exc)
             skipped.append(exc)
             continue
         seen[item.id] = row
@@ -422,6 +466,62 @@ def load_custom(path: str | Path, task: TaskSpec | str, columns: dict[str, str] 
     if not items and skipped:
         raise DataError(f"every row was malformed ({len(skipped)} skipped; the first: {skipped[0]})", source=src)
     return items
+
+
+def _with_ids(item: dspy.Example, record: dict, source: str, row: int, *, group_by: str | None,
+              system: str | None) -> dspy.Example:
+    """The item with its document and system ids (never inputs: the referees do not see them)."""
+    ids = {}
+    for key, flag, column in (("group_id", "--group-by", group_by), ("system_id", "--system", system)):
+        if column:
+            value = _value(record, column)
+            if value is None or isinstance(value, (dict, list)) or not str(value).strip():
+                raise DataError(f"field is missing (the {flag} column)", source=source, row=row, field=column)
+            ids[key] = str(value).strip()
+    return item.copy(**ids) if ids else item
+
+
+def file_columns(records: list[dict], limit: int = 40) -> str:
+    """The columns a file has (those of its rows, in first-seen order), for an error that names a missing one.
+
+    Example:
+        >>> file_columns([{"a": 1, "b": 2}, {"a": 1, "c": 3}])
+        "the file's columns: 'a', 'b', 'c'"
+    """
+    names = list(dict.fromkeys(str(k) for r in records for k in r if k is not None))
+    shown_names = ", ".join(repr(n[:60]) for n in names[:limit]) + (f" ... ({len(names)} in all)" if len(names) > limit else "")
+    return f"the file's columns: {shown_names or '(none)'}"
+
+
+def check_columns(records: list[dict], task: TaskSpec, col: dict[str, str], *, explicit: set[str] = frozenset(),
+                  source: str = "input", extra=()) -> None:
+    """Every column the load needs is in some row, or a ``DataError`` names it and the file's columns.
+
+    Needed: each input without a default, an ``id`` named in ``explicit`` (``--columns``), each ``extra``
+    ``(flag, column)`` given, and each label column named in ``explicit``. A label column the task names by
+    default may be absent (a file without labels, or rating some criteria only), and one some rows lack is no
+    error: the metrics count the items without it (``<criterion>_missing``).
+    """
+    if not records:
+        return
+    present = lambda column: any(_has(r, column) for r in records)  # noqa: E731
+    needed = [(f"input {i.name!r}", col[i.name]) for i in task.inputs if i.default is None]
+    needed += [("id", col["id"])] if "id" in explicit else []
+    needed += [(flag, column) for flag, column in extra if column]
+    for what, column in needed:
+        if not present(column):
+            raise DataError(f"column {column!r} ({what}) is in no row; {file_columns(records)} (map yours with "
+                            "--columns field=column)", source=source, field=column)
+    labels = label_fields(task)
+    absent = [f for f in labels if not present(col[f])]
+    # A label column the user named (--columns) must be there: a typo would otherwise read as "no labels". One the
+    # task names by default may be absent (a file that rates some criteria only): its items count as missing.
+    absent = [f for f in absent if f in explicit]
+    if absent:
+        named = ", ".join(f"{col[f]!r} ({f})" for f in absent)
+        raise DataError(f"label column(s) {named} in no row; {file_columns(records)} (map yours with --columns "
+                        "field=column; a file without any label column is judged without agreement figures)",
+                        source=source, field=col[absent[0]])
 
 
 def _hinted_rows(path):
@@ -435,7 +535,8 @@ def _hinted_rows(path):
 
 
 def load_dataset(name_or_path: str, *, fmt: str | None = None, columns: dict[str, str] | None = None,
-                 task: TaskSpec | None = None, skip_bad_rows: bool = False) -> tuple[Items, str]:
+                 task: TaskSpec | None = None, skip_bad_rows: bool = False, label_map: dict[str, str] | None = None,
+                 group_by: str | None = None, system: str | None = None) -> tuple[Items, str]:
     """Items and their format (``pairwise``/``scoring``), from a built-in name (``faireval``, ``topical_chat``)
     or a file.
 
@@ -445,6 +546,8 @@ def load_dataset(name_or_path: str, *, fmt: str | None = None, columns: dict[str
         columns: Our field -> your column (files).
         task: The task a file's items belong to; a built-in dataset takes a task with its own input fields.
         skip_bad_rows: Skip malformed rows of a file, listed in ``Items.skipped`` (see ``load_custom``).
+        label_map, group_by, system: A file's label values -> ours, and its document and system id columns
+            (see ``load_custom``).
     """
     if fmt == "pointwise":
         fmt = "scoring"
@@ -452,6 +555,8 @@ def load_dataset(name_or_path: str, *, fmt: str | None = None, columns: dict[str
         if fmt and fmt != task.config_format:
             raise DataError(f"--format {fmt} does not match task {task.name!r}, which is {task.format}")
         fmt = task.config_format
+    if name_or_path in BUILTIN and (label_map or group_by or system):
+        raise DataError(f"--label-map, --group-by and --system are for a file of your own, not {name_or_path}")
     if name_or_path in BUILTIN:
         own = BUILTIN[name_or_path][1]
         spec = task or as_task(own)
@@ -464,7 +569,8 @@ def load_dataset(name_or_path: str, *, fmt: str | None = None, columns: dict[str
     if not fmt:
         raise DataError(f"{name_or_path}: a custom file needs --format pairwise|scoring or --task "
                         f"(built-ins: {', '.join(BUILTIN)})")
-    return load_custom(name_or_path, task or fmt, columns, skip_bad_rows=skip_bad_rows), fmt
+    return load_custom(name_or_path, task or fmt, columns, skip_bad_rows=skip_bad_rows, label_map=label_map,
+                       group_by=group_by, system=system), fmt
 
 
 def dataset_hash(items) -> str:

@@ -25,6 +25,9 @@ class DataSpec:
         task: The task of a custom file: a built-in task's name, a task file (YAML/JSON) or a ``TaskSpec``;
             its inputs and criteria name the fields (``columns`` maps them to yours).
         skip_bad_rows: Skip a custom file's malformed rows (listed in ``items().skipped``) instead of stopping.
+        label_map: A custom file's label values -> ours (``{"0": "tie"}``), over the task's ``label_map``.
+        group_by: A custom file's document id column: adds summary-level correlations (pointwise).
+        system: A custom file's system id column: adds system-level correlations (pointwise).
 
     Example:
         >>> items, fmt = DataSpec("faireval", split="test", limit=3).items()
@@ -40,6 +43,9 @@ class DataSpec:
     limit: int | None = None
     task: str | TaskSpec | None = None
     skip_bad_rows: bool = False
+    label_map: dict[str, str] = field(default_factory=dict, hash=False)
+    group_by: str | None = None
+    system: str | None = None
 
     def __post_init__(self) -> None:
         if self.split not in ("all", *SPLITS):
@@ -66,7 +72,8 @@ class DataSpec:
         """Every item of the dataset, and its format (``Items.skipped``: the malformed rows skipped)."""
         task = load_task(self.task) if self.task is not None else None
         return load_dataset(self.dataset, fmt=self.format, columns=dict(self.columns), task=task,
-                            skip_bad_rows=self.skip_bad_rows)
+                            skip_bad_rows=self.skip_bad_rows, label_map=dict(self.label_map), group_by=self.group_by,
+                            system=self.system)
 
     def _group(self):
         task = self.task_spec()
@@ -90,4 +97,7 @@ class DataSpec:
             out["task"] = self.task if isinstance(self.task, str) else self.task.to_dict()
         if self.skip_bad_rows:
             out["skip_bad_rows"] = True
+        # Each only when set, as above: a run without them keeps the dict it always had.
+        out.update({k: v for k, v in (("label_map", dict(self.label_map)), ("group_by", self.group_by),
+                                      ("system", self.system)) if v})
         return out

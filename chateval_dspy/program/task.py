@@ -43,10 +43,10 @@ RESERVED = frozenset({
     "config", "id", "label", "human", "expected", "format", "prediction", "consistent", "order_preferences",
     "referees", "transcripts", "abstained", "abstentions", "calls", "correct", "prompt_tokens",
     "completion_tokens", "cached_calls", "seconds", "truncated", "empty", "run_key", "error", "row", "instructions",
-    "cached_prompt_tokens", "cache_write_tokens", "cost_usd", "usage_by_model",
+    "cached_prompt_tokens", "cache_write_tokens", "cost_usd", "usage_by_model", "group_id", "system_id",
 })
 TASK_KEYS = ("name", "format", "inputs", "criteria", "instructions", "evidence", "responses", "preference",
-             "material", "criteria_in")
+             "material", "criteria_in", "label_map")
 
 
 @dataclass(frozen=True)
@@ -230,6 +230,8 @@ class TaskSpec:
         material: The judged texts as the summarizer reads them (``{input}`` placeholders).
         criteria_in: ``fields``: each criterion's description is its output field's description;
             ``instructions``: the verdict instructions describe the criteria (each must be named there).
+        label_map: The data's label values -> ours (``{"0": "tie", "A": "1"}``), read before a label is checked;
+            no part of any prompt.
 
     Example:
         >>> spec = TaskSpec.from_dict({"name": "rag", "format": "pointwise",
@@ -253,6 +255,7 @@ class TaskSpec:
     preference: Preference | None = None
     material: str = ""
     criteria_in: str = "fields"
+    label_map: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.format == "scoring":
@@ -260,6 +263,8 @@ class TaskSpec:
         for key in ("inputs", "criteria", "responses"):  # lists from Python callers; tuples keep the spec hashable
             if isinstance(getattr(self, key), list):
                 object.__setattr__(self, key, tuple(getattr(self, key)))
+        if isinstance(self.label_map, dict):  # a dict from Python callers, as a file gives it
+            object.__setattr__(self, "label_map", _label_map(self.label_map))
         _check_spec(self)
         pairwise = self.format == "pairwise"
         if pairwise and not self.responses:
@@ -370,6 +375,8 @@ class TaskSpec:
         if self.format == "pairwise":
             out["responses"] = list(self.responses)
             out["preference"] = {"combine": list(self.preference.combine), "stated": self.preference.stated}
+        if self.label_map:  # only when set, so that every other spec's dict (and digest) is what it always was
+            out["label_map"] = dict(self.label_map)
         return out
 
     def digest(self) -> str:
@@ -648,9 +655,27 @@ def _parse(data, source: str) -> TaskSpec:
                         verdict=_opt_text(instructions.get("verdict"), "instructions.verdict"),
                         evidence=data.get("evidence", TaskSpec.evidence), responses=tuple(responses),
                         preference=preference, material=_opt_text(data.get("material"), "material"),
-                        criteria_in=data.get("criteria_in", "fields"))
+                        criteria_in=data.get("criteria_in", "fields"), label_map=_label_map(data.get("label_map")))
     except ConfigError as exc:
         raise fail(str(exc)) from None
+
+
+def _label_map(raw) -> tuple[tuple[str, str], ...]:
+    """``label_map``: a mapping of the data's label values to ours, both texts or numbers (YAML reads 0 as a number)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict):
+        raise ConfigError("key 'label_map': a mapping of your label values to ours, e.g. {\"0\": tie, \"A\": \"1\"}")
+    if len(raw) > limits.MAX_SCALE_LABELS * 10:
+        raise ConfigError(f"key 'label_map': {len(raw)} entries; the limit is {limits.MAX_SCALE_LABELS * 10}")
+    out = []
+    for key, value in raw.items():
+        for part in (key, value):
+            if (isinstance(part, bool) or not isinstance(part, (str, int, float)) or not str(part).strip()
+                    or len(str(part)) > limits.MAX_LABEL_CHARS):
+                raise ConfigError(f"key 'label_map': {shown(part, 40)} is no label value (a text or a number)")
+        out.append((str(key).strip(), str(value).strip()))
+    return tuple(out)
 
 
 def _opt_text(value, key: str) -> str:

@@ -83,7 +83,9 @@ def judge_item(program: dspy.Module, item: dspy.Example, config: DebateConfig) -
 
     Pairwise: ``prediction`` (the preference) and each criterion's panel scores per response (``score_1``,
     ``score_2``, ...); pointwise: ``prediction`` = ``{criterion: value}``. ``human`` holds the label(s);
-    ``empty`` (only when some) lists the judged responses that were empty. ``usage_by_model`` holds each
+    ``empty`` (only when some) lists the judged responses that were empty; ``group_id`` and ``system_id`` (only when
+    the data name them: ``DataSpec.group_by``, ``system``) are the item's document and system, for summary- and
+    system-level correlations. ``usage_by_model`` holds each
     model's calls, cached calls, tokens, seconds and ``cost_usd`` (``run.usage``); ``cost_usd`` is their sum in
     US dollars, None when any model used is unpriced. ``prompt_tokens`` counts every prompt token, among them
     ``cached_prompt_tokens`` (read from the provider's prompt cache) and ``cache_write_tokens`` (written to it).
@@ -107,6 +109,9 @@ def judge_item(program: dspy.Module, item: dspy.Example, config: DebateConfig) -
     record = {"id": item.id, "format": config.format}
     pairwise = task.format == "pairwise"
     record["human"] = item.get("label") if pairwise else item.get("human")
+    for key in ("group_id", "system_id"):  # set only by --group-by/--system: other lines stay what they were
+        if item.get(key) is not None:
+            record[key] = item.get(key)
     if pred is None:
         record.update(prediction=None, abstained=error, calls=None)
     else:

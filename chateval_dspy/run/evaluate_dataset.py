@@ -108,7 +108,8 @@ def run_header(data: DataSpec, config: DebateConfig, model: str, n: int, split: 
             **({"task": config.task.name} if config.task is not None else {}),
             "split": f"{split or data.split} (seed {data.seed})", "items": n,
             "strategy": config.strategy, "roles": ",".join(config.roles), "turns": config.turns,
-            "calibrate": config.calibrate, "aggregate": config.aggregate,
+            # Calibration swaps a pair's answer order: a pointwise run has none to swap.
+            **({"calibrate": config.calibrate} if config.format == "pairwise" else {}), "aggregate": config.aggregate,
             # A verdict's latency floor: its longest chain of dependent LM calls, of all its calls.
             "critical_path": f"{path['chain']} of {path['calls']} calls" + (" (at most)" if path["upper_bound"] else "")}
 
@@ -142,6 +143,14 @@ def results_file(data: DataSpec, key: str, out: str | Path | None = None) -> Pat
     return path
 
 
+def results_for(data: DataSpec, config: DebateConfig, lm: LMSpec, items, out: str | Path | None = None
+                ) -> tuple[str, Path]:
+    """The run key of judging ``items`` with ``config`` on ``lm``, and its results file (``results_file``), known
+    before any model starts (a tracker tags its run with the file from the start)."""
+    key = records.run_key(config, lm.identity(), items)
+    return key, results_file(data, key, out)
+
+
 def results_path(data: DataSpec, key: str, out: str | Path | None = None, *, overwrite: bool = False,
                  ids=None) -> Path:
     """``results_file(data, key, out)``, checked before any model starts (as its one writer, ``records.exclusive``).
@@ -172,7 +181,8 @@ def _todo(path: Path, key: str, items) -> int:
 def evaluate_dataset(data: DataSpec, config: DebateConfig | Callable[[str], DebateConfig], lm: LMSpec, *,
                      out: str | Path | None = None, overwrite: bool = False, concurrency: int = 1,
                      on_item: Callable[[dict], None] | None = None,
-                     on_wave: Callable[[dict], None] | None = None) -> DatasetRun:
+                     on_wave: Callable[[dict], None] | None = None,
+                     on_start: Callable[[Path, str, dict[str, str]], None] | None = None) -> DatasetRun:
     """Judge ``data``'s items with a panel built from ``config`` on ``lm``, resuming ``out`` if it holds part of this run.
 
     Args:
@@ -186,6 +196,8 @@ def evaluate_dataset(data: DataSpec, config: DebateConfig | Callable[[str], Deba
         concurrency: Items judged at once.
         on_item: Called with each record (a progress bar).
         on_wave: Batch mode (``lm.batch``): called with the waves' progress (``lm.batch.waves.Waves``).
+        on_start: Called once the LM is up, before the first item, with the results file, the model's name and a
+            mixed panel's referee models (a tracker logs them while the run goes on).
 
     Example:
         >>> run = evaluate_dataset(DataSpec("faireval", limit=2), DebateConfig(roles=("critic",), turns=1),
@@ -198,8 +210,7 @@ def evaluate_dataset(data: DataSpec, config: DebateConfig | Callable[[str], Deba
     check_task(data, cfg)
     lm.check_panel(cfg.roles)  # before any model starts
     program = build_evaluator(cfg)
-    key = records.run_key(cfg, lm.identity(), items)
-    path = results_file(data, key, out)
+    key, path = results_for(data, cfg, lm, items, out)
     with records.exclusive(path):  # one writer, from emptying or resuming the file to its last line
         results_path(data, key, path, overwrite=overwrite, ids=[x.id for x in items])
         todo = _todo(path, key, items) if lm.batch else None  # the waves' plan: a live run needs no count
@@ -207,6 +218,8 @@ def evaluate_dataset(data: DataSpec, config: DebateConfig | Callable[[str], Deba
         with lm.judging(lm_slots(cfg, concurrency), journal=journal_folder(path), on_wave=on_wave) as judging_lm:
             if lm.batch:
                 judging_lm.engine.waves.expected = expected_waves(cfg, todo, at_once)
+            if on_start is not None:
+                on_start(path, judging_lm.model, referee_names())
             result = evaluate(program, items, cfg, out=path, concurrency=at_once, on_item=on_item, run_key=key,
                               waves=lm.batch)
             model, referees = judging_lm.model, referee_names()

@@ -162,11 +162,24 @@ def _labelled(human, predicted):
     return [h for h, k in zip(human, keep) if k], [p for p, k in zip(predicted, keep) if k]
 
 
+def defined_mean(values) -> float:
+    """The mean of the defined (not NaN) values; NaN when none is.
+
+    Example:
+        >>> defined_mean([0.5, math.nan, 1.0]), math.isnan(defined_mean([math.nan]))
+        (0.75, True)
+    """
+    defined = [float(v) for v in values if not math.isnan(float(v))]
+    return float(np.mean(defined)) if defined else math.nan
+
+
 def _mean_over(fns):
     """The mean of each criterion's statistic (``fns[i]`` over column pair ``i``), each over its labelled items."""
     def statistic(*columns) -> float:
         values = [fn(*_labelled(columns[2 * i], columns[2 * i + 1])) for i, fn in enumerate(fns)]
-        return float(np.mean(values))  # NaN if any criterion is undefined: an average must not hide a missing part
+        # One undefined criterion (a constant column, no labels) must not blank the headline figure: the average is
+        # over the defined ones, and the report says how many those are (``average_<stat>_criteria``).
+        return defined_mean(values)
     return statistic
 
 
@@ -193,11 +206,16 @@ def label_kappa(labels: Sequence[str]):
 
 
 def scoring_report(human: Sequence[dict], predicted: Sequence[dict | None], *, seed: int = 0,
-                   task: TaskSpec | str = "scoring") -> dict:
+                   task: TaskSpec | str = "scoring", groups: Sequence | None = None,
+                   systems: Sequence | None = None, unlabelled: int = 0) -> dict:
     """Per-criterion agreement over items with a verdict, and its mean over the criteria of each kind.
 
     Integer scales: Spearman and Kendall-Tau; label scales: accuracy and Cohen's kappa. A criterion
-    without a human label on some items is measured on the others (``<criterion>_missing`` counts them).
+    without a human label on some items is measured on the others (``<criterion>_missing`` counts them, with the
+    ``unlabelled`` items that carry no label at all). An average is over the criteria where the figure is defined
+    (``average_<figure>_criteria`` counts them). ``groups`` (a document id per item) adds summary-level
+    correlations (``<criterion>_spearman_summary``: per group, then averaged over the groups where defined);
+    ``systems`` (a system id per item) adds system-level ones (``_system``: over the per-system mean scores).
 
     Example:
         >>> r = scoring_report([{"ok": "pass"}, {"ok": "fail"}, {"ok": None}], [{"ok": "pass"}] * 3,
@@ -205,36 +223,125 @@ def scoring_report(human: Sequence[dict], predicted: Sequence[dict | None], *, s
         ...     "inputs": [{"name": "answer", "judged": True}],
         ...     "criteria": [{"name": "ok", "description": "is it right?", "scale": ["pass", "fail"]}]}))
         >>> r["ok_accuracy"].value, r["ok_missing"], sorted(k for k in r if k.startswith("average"))
-        (0.5, 1, ['average_accuracy', 'average_kappa'])
+        (0.5, 1, ['average_accuracy', 'average_accuracy_criteria', 'average_kappa', 'average_kappa_criteria'])
     """
     task = as_task(task)
-    pairs = [(h, p) for h, p in zip(human, predicted) if p is not None]
+    keep = [i for i, p in enumerate(predicted) if p is not None]
+    pairs = [(human[i], predicted[i]) for i in keep]
     out = {"n": len(pairs), "n_abstained": len(human) - len(pairs)}
-    ordinal, nominal = [], []
+    ordinal, nominal = {}, []
     for c in task.criteria:
-        missing = sum(h.get(c.name) is None for h in human)
+        missing = unlabelled + sum(h.get(c.name) is None for h in human)
         if missing:
             out[f"{c.name}_missing"] = missing
         if c.scale.ordinal:
             # NaN marks a missing label; the joint bootstrap of the average keeps every item's row.
             h = [math.nan if x.get(c.name) is None else float(x[c.name]) for x, _ in pairs]
-            p = [float(y[c.name]) for _, y in pairs]
-            ordinal += [h, p]
-            h, p = _labelled(h, p)
-            out[f"{c.name}_spearman"] = bootstrap(spearman, h, p, seed=seed)
-            out[f"{c.name}_kendall"] = bootstrap(kendall, h, p, seed=seed)
+            ordinal[c.name] = (h, [float(y[c.name]) for _, y in pairs])
         else:
             h, p = [x.get(c.name) for x, _ in pairs], [y[c.name] for _, y in pairs]
-            nominal.append((h, p, c.scale.labels))  # None marks a missing label, as NaN does above
-            h, p = _labelled(h, p)
-            out[f"{c.name}_accuracy"] = bootstrap(label_accuracy, h, p, seed=seed)
-            out[f"{c.name}_kappa"] = bootstrap(label_kappa(c.scale.labels), h, p, seed=seed)
+            nominal.append((c.name, h, p, c.scale.labels))  # None marks a missing label, as NaN does above
+    out.update(_ordinal_figures(ordinal, seed))
+    out.update(_nominal_figures(nominal, seed))
+    for level, keys in (("summary", groups), ("system", systems)):
+        if keys is not None and ordinal:
+            out.update(level_report(ordinal, [keys[i] for i in keep], level, seed=seed))
+    return out
+
+
+def _ordinal_figures(ordinal: dict[str, tuple[list, list]], seed: int) -> dict:
+    """Spearman and Kendall per integer-scale criterion over the pooled items, and their averages."""
+    out = {}
+    for name, (h, p) in ordinal.items():
+        out[f"{name}_spearman"] = bootstrap(spearman, *_labelled(h, p), seed=seed)
+        out[f"{name}_kendall"] = bootstrap(kendall, *_labelled(h, p), seed=seed)
     if ordinal:
-        out["average_spearman"] = bootstrap(_mean_over_aspects(spearman), *ordinal, seed=seed)
-        out["average_kendall"] = bootstrap(_mean_over_aspects(kendall), *ordinal, seed=seed)
+        columns = [col for pair in ordinal.values() for col in pair]
+        for stat, fn in (("spearman", spearman), ("kendall", kendall)):
+            out[f"average_{stat}"] = bootstrap(_mean_over([fn] * len(ordinal)), *columns, seed=seed)
+            out[f"average_{stat}_criteria"] = _count_defined(out, ordinal, stat)
+    return out
+
+
+def _nominal_figures(nominal: list, seed: int) -> dict:
+    """Accuracy and kappa per label-scale criterion, and their averages."""
+    out = {}
+    for name, h, p, labels in nominal:
+        out[f"{name}_accuracy"] = bootstrap(label_accuracy, *_labelled(h, p), seed=seed)
+        out[f"{name}_kappa"] = bootstrap(label_kappa(labels), *_labelled(h, p), seed=seed)
     if nominal:
-        columns = [col for h, p, _ in nominal for col in (h, p)]
+        columns = [col for _, h, p, _ in nominal for col in (h, p)]
         out["average_accuracy"] = bootstrap(_mean_over([label_accuracy] * len(nominal)), *columns, seed=seed)
         out["average_kappa"] = bootstrap(_mean_over([label_kappa(labels) for *_, labels in nominal]), *columns,
                                          seed=seed)
+        names = [name for name, *_ in nominal]
+        for stat in ("accuracy", "kappa"):
+            out[f"average_{stat}_criteria"] = _count_defined(out, names, stat)
     return out
+
+
+def _count_defined(out: dict, names, stat: str, suffix: str = "") -> int:
+    """How many criteria's ``stat`` is defined: the ones an average is over."""
+    return sum(not math.isnan(out[f"{name}_{stat}{suffix}"].value) for name in names)
+
+
+def _by_key(keys: Sequence) -> list[list[int]]:
+    """Item positions per key (a document or a system), in first-seen order."""
+    out: dict = {}
+    for i, key in enumerate(keys):
+        out.setdefault(key, []).append(i)
+    return list(out.values())
+
+
+def _per_group(h: list, p: list, groups: list[list[int]], fn) -> list[float]:
+    """``fn`` within each group over its labelled items (NaN where undefined: one item, a constant column)."""
+    return [fn(*_labelled([h[i] for i in g], [p[i] for i in g])) for g in groups]
+
+
+def _system_means(h: list, p: list, groups: list[list[int]]) -> tuple[list[float], list[float]]:
+    """Per system, the mean human and predicted score over its items labelled for the criterion (NaN: none)."""
+    hs, ps = [], []
+    for g in groups:
+        lh, lp = _labelled([h[i] for i in g], [p[i] for i in g])
+        hs.append(float(np.mean(lh)) if lh else math.nan)
+        ps.append(float(np.mean(lp)) if lp else math.nan)
+    return hs, ps
+
+
+def level_report(ordinal: dict[str, tuple[list, list]], keys: Sequence, level: str, *, seed: int = 0) -> dict:
+    """Summary-level (``level="summary"``: correlation within each group of ``keys``, averaged over the groups
+    where it is defined; the CI resamples groups) or system-level (``"system"``: correlation of the per-system mean
+    scores; the CI resamples systems) Spearman and Kendall per criterion, as ``<criterion>_<stat>_<level>``, their
+    averages over the criteria where defined, and ``n_groups``/``n_systems``.
+
+    Example:
+        >>> r = level_report({"q": ([1, 2, 3, 3, 2, 1], [1, 2, 3, 1, 2, 3])}, ["a", "a", "a", "b", "b", "b"],
+        ...                  "summary")
+        >>> r["q_spearman_summary"].value, r["q_spearman_summary"].n, r["n_groups"]
+        (0.0, 2, 2)
+    """
+    groups = _by_key(keys)
+    out: dict = {"n_groups" if level == "summary" else "n_systems": len(groups)}
+    columns = []
+    for stat, fn in (("spearman", spearman), ("kendall", kendall)):
+        for name, (h, p) in ordinal.items():
+            if level == "summary":
+                values = _per_group(h, p, groups, fn)
+                columns.append(values)
+                defined = [v for v in values if not math.isnan(v)]
+                out[f"{name}_{stat}_{level}"] = bootstrap(defined_mean, defined, seed=seed)
+            else:
+                means = _system_means(h, p, groups)
+                columns += list(means)
+                out[f"{name}_{stat}_{level}"] = bootstrap(fn, *_labelled(*means), seed=seed)
+        out[f"average_{stat}_{level}"] = _level_average(columns, level, fn, seed)
+        out[f"average_{stat}_{level}_criteria"] = _count_defined(out, ordinal, stat, f"_{level}")
+        columns = []
+    return out
+
+
+def _level_average(columns: list[list[float]], level: str, fn, seed: int) -> Estimate:
+    """The mean over criteria of a level's figure, with a CI that resamples groups (or systems) jointly."""
+    if level == "summary":
+        return bootstrap(lambda *cols: defined_mean([defined_mean(c) for c in cols]), *columns, seed=seed)
+    return bootstrap(_mean_over([fn] * (len(columns) // 2)), *columns, seed=seed)

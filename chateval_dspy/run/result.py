@@ -52,12 +52,19 @@ class RunResult:
     empty: dict = field(default_factory=dict)  # item id -> its judged responses that were empty
     models: dict = field(default_factory=dict)  # model name -> summed calls, tokens, seconds and cost_usd
     uncosted: int = 0  # records without per-model usage (written before costs were recorded)
+    unlabelled: int = 0  # items without any human label: counted as missing, never silently dropped
+    groups: list = field(default_factory=list)  # document id per labelled item (``group_id``), None when not given
+    systems: list = field(default_factory=list)  # system id per labelled item (``system_id``), None when not given
 
     def add(self, record: dict) -> None:
         self.n += 1
         if record["human"] is not None:
             self.human.append(record["human"])
             self.predicted.append(record["prediction"])
+            self.groups.append(record.get("group_id"))
+            self.systems.append(record.get("system_id"))
+        else:
+            self.unlabelled += 1
         self.calls += record["calls"] or 0
         self.cached_calls += record.get("cached_calls") or 0
         self.failed_calls += record.get("failed_calls") or 0
@@ -145,8 +152,13 @@ class RunResult:
         if not self.human:
             return {}
         if self.config.format == "pairwise":
-            return pairwise_report(self.human, self.predicted, seed=seed)
-        return scoring_report(self.human, self.predicted, seed=seed, task=self.config.task_spec)
+            report = pairwise_report(self.human, self.predicted, seed=seed)
+            return {**report, "label_missing": self.unlabelled} if self.unlabelled else report
+        # Levels only when every labelled item names its document (system): a partial grouping would mislead.
+        groups = self.groups if self.groups and all(g is not None for g in self.groups) else None
+        systems = self.systems if self.systems and all(s is not None for s in self.systems) else None
+        return scoring_report(self.human, self.predicted, seed=seed, task=self.config.task_spec, groups=groups,
+                              systems=systems, unlabelled=self.unlabelled)
 
     def cost(self) -> dict[str, float | str]:
         """Per-item cost figures of the run; ``cost_usd_per_item`` and ``cost_usd_total`` are US dollars, or the

@@ -54,8 +54,10 @@ def summary_table(metrics: dict, cost: dict, header: dict, abstentions: dict | N
                      f", abstained items: {metrics['n_abstained']}"
                      + (" (counted as disagreement)" if "accuracy" in metrics else " (left out of correlations)")
                      + (f", abstained referee turns: {referee_turns}" if referee_turns is not None else ""))
+        lines += coverage_notes(metrics)
     else:
-        lines += ["", "(no human labels in these items: no agreement figures)"]
+        lines += ["", "(no human labels in these items: no agreement figures; a file's label columns are named by "
+                      "--columns or the task)"]
     cost_frame = pd.DataFrame([(k, _cost_value(k, v)) for k, v in cost.items()], columns=["cost", "value"])
     lines += ["", cost_frame.to_string(index=False)]
     if cost.get("cached_calls_per_item"):
@@ -66,6 +68,38 @@ def summary_table(metrics: dict, cost: dict, header: dict, abstentions: dict | N
     if table:
         lines += ["", table]
     return "\n".join(lines)
+
+
+def coverage_notes(metrics: dict) -> list[str]:
+    """What the figures rest on, where it is less than every item: labels missing per criterion, averages over
+    fewer criteria than the task has, and the documents and systems of summary- and system-level figures.
+
+    Example:
+        >>> coverage_notes({"fluency_missing": 3, "average_spearman_criteria": 1, "fluency_spearman": 0,
+        ...                 "coherence_spearman": 0, "n_groups": 4})  # doctest: +NORMALIZE_WHITESPACE
+        ['human labels missing (items left out of that criterion): fluency 3',
+         'average_spearman: over 1 of 2 criteria (the others undefined: a constant column, or no labels)',
+         'summary-level (_summary): correlation within each of 4 documents, averaged over those where defined']
+    """
+    notes = []
+    missing = {k[: -len("_missing")]: v for k, v in metrics.items() if k.endswith("_missing") and v}
+    if missing:
+        notes.append("human labels missing (items left out of that criterion): "
+                     + ", ".join(f"{k} {v}" for k, v in missing.items()))
+    for key, defined in metrics.items():
+        if key.startswith("average_") and key.endswith("_criteria"):
+            figure = key[: -len("_criteria")]
+            stat = figure[len("average_"):]
+            total = sum(k.endswith(f"_{stat}") and not k.startswith("average_") for k in metrics)
+            if defined < total:
+                notes.append(f"{figure}: over {defined} of {total} criteria (the others undefined: a constant "
+                             "column, or no labels)")
+    if "n_groups" in metrics:
+        notes.append(f"summary-level (_summary): correlation within each of {metrics['n_groups']} documents, averaged "
+                     "over those where defined")
+    if "n_systems" in metrics:
+        notes.append(f"system-level (_system): correlation of the mean scores of {metrics['n_systems']} systems")
+    return notes
 
 
 def abstention_table(abstentions: dict) -> str:

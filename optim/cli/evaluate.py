@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 from optim.cli import flags, show
@@ -23,19 +24,56 @@ def add_command(sub) -> None:
 
 
 def run(args) -> int:
-    from chateval_dspy.run.evaluate_dataset import evaluate_dataset
+    """Judge, print the figures, and (without ``--no-mlflow``) log it all to an MLflow run that is open, RUNNING,
+    from before the first item until the command ends (FINISHED, FAILED or KILLED)."""
     from optim.tracking import tracer_for
 
     data = flags.data_spec(args)
+    items, fmt = data.items()
     panel = lambda fmt: flags.debate_config(args, fmt)  # noqa: E731 - the panel once the data's format is known
     tracer = None if args.trace is False else tracer_for(
-        args.trace, items=data.items()[0], config=panel, uri=args.tracking_uri, mlflow_target=not args.no_mlflow,
+        args.trace, items=items, config=panel, uri=args.tracking_uri, mlflow_target=not args.no_mlflow,
         tags={"chateval.command": "evaluate"})
+    lm, concurrency = flags.lm_spec(args), flags.concurrency(args)  # flags refused before a run is opened
+    with _tracked(args, data, panel(fmt), lm, items) as tracked:
+        done = _judge(args, data, panel, lm, concurrency, tracer, tracked)
+        metrics = _report(done, data)
+        if tracked is not None:
+            tracked.log(done, metrics)
+            if tracer:
+                tracer.link_to_run(tracked.run_id)
+    if tracked is not None:
+        print(f"mlflow run: {tracked.run_id}")
+    if tracer:
+        tracer.flush()
+        print(f"mlflow traces: {len(tracer.trace_ids)} (experiment {tracer.experiment_id})", file=sys.stderr)
+    return 0
+
+
+def _tracked(args, data, config, lm, items):
+    """The MLflow run (``optim.evaluation.EvaluationRun``), opened now; a context yielding None with --no-mlflow."""
+    if args.no_mlflow:
+        return contextlib.nullcontext()
+    from chateval_dspy.run.evaluate_dataset import results_for
+    from optim.evaluation import evaluation_run
+
+    _, out = results_for(data, config, lm, items, args.out)
+    return evaluation_run(data, config, items, out=out, uri=args.tracking_uri)
+
+
+def _judge(args, data, panel, lm, concurrency: int, tracer, tracked):
+    from chateval_dspy.run.evaluate_dataset import evaluate_dataset
+
     with show.progress(None, not args.no_progress) as on_item:
-        done = evaluate_dataset(data, panel, flags.lm_spec(args), out=args.out, overwrite=args.overwrite,
-                                concurrency=flags.concurrency(args),
+        return evaluate_dataset(data, panel, lm, out=args.out, overwrite=args.overwrite,
+                                concurrency=concurrency,
                                 on_item=tracer.on_item(on_item) if tracer else on_item,
-                                on_wave=show.wave_progress(not args.no_progress))
+                                on_wave=show.wave_progress(not args.no_progress),
+                                on_start=tracked.judging if tracked is not None else None)
+
+
+def _report(done, data) -> dict:
+    """Print what was judged and its figures, and what was resumed, skipped or empty; returns the metrics."""
     if done.result.resumed:
         print(f"resumed: {done.result.resumed} item(s) were already judged in {done.out}", file=sys.stderr)
     metrics = show.summary(done.result, done.header(), data.seed)
@@ -48,14 +86,4 @@ def run(args) -> int:
         print(f"judged {len(empty)} item(s) with an empty response (see 'empty' in their results lines): "
               f"{', '.join(map(str, empty[:10]))}{' ...' if len(empty) > 10 else ''}", file=sys.stderr)
     print(f"results: {done.out}")
-    if not args.no_mlflow:
-        from optim.evaluation import log_evaluation
-
-        run_id = log_evaluation(done, metrics, uri=args.tracking_uri)
-        print(f"mlflow run: {run_id}")
-        if tracer:
-            tracer.link_to_run(run_id)
-    if tracer:
-        tracer.flush()
-        print(f"mlflow traces: {len(tracer.trace_ids)} (experiment {tracer.experiment_id})", file=sys.stderr)
-    return 0
+    return metrics

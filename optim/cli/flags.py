@@ -10,7 +10,7 @@ import argparse
 import dataclasses
 
 from chateval_dspy.config import AGGREGATES, DebateConfig
-from chateval_dspy.data.loaders import SPLITS, parse_columns
+from chateval_dspy.data.loaders import SPLITS, parse_columns, parse_label_map
 from chateval_dspy.data.spec import DataSpec
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.lm.spec import LMSpec
@@ -34,6 +34,15 @@ def add_data_flags(p: argparse.ArgumentParser, *, dataset_required: bool = True)
     g.add_argument("--skip-bad-rows", action="store_true",
                    help="custom file: skip malformed rows (unreadable JSON, a missing input, a label off its scale), "
                         "count and list them, instead of stopping")
+    g.add_argument("--label-map", metavar="VALUE=LABEL,...",
+                   help="custom file: map your label values to ours, e.g. 0=tie,A=1,B=2 (pairwise: 1, 2, tie; "
+                        "pointwise: a criterion's scale); over the task's label_map")
+    g.add_argument("--group-by", metavar="COLUMN",
+                   help="custom file, pointwise: each row's document id; adds summary-level correlations (per "
+                        "document, averaged over the documents) beside the pooled ones")
+    g.add_argument("--system", metavar="COLUMN",
+                   help="custom file, pointwise: each row's system id; adds system-level correlations (of the "
+                        "per-system mean scores)")
     g.add_argument("--split", default=default(DataSpec, "split"), choices=["all", *SPLITS])
     g.add_argument("--seed", type=int, default=default(DataSpec, "seed"), help="split and bootstrap seed")
     g.add_argument("--limit", type=int, help="judge only the first N items of the split")
@@ -148,7 +157,9 @@ def tracking_spec(args):
 def data_spec(args) -> DataSpec:
     return DataSpec(dataset=args.dataset, format=args.format, columns=parse_columns(args.columns),
                     split=args.split or "all", seed=args.seed, limit=args.limit, task=task(args),
-                    skip_bad_rows=getattr(args, "skip_bad_rows", False))
+                    skip_bad_rows=getattr(args, "skip_bad_rows", False),
+                    label_map=parse_label_map(getattr(args, "label_map", None)),
+                    group_by=getattr(args, "group_by", None), system=getattr(args, "system", None))
 
 
 def task(args):
