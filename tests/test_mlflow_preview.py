@@ -82,13 +82,22 @@ def rows() -> list[dict]:
             row("q5", LONG, SHORT)]  # no expected preference: no agreement feedback
 
 
+def in_row_order(df):
+    """The result rows in the order of ``rows()`` (q1..q5): MLflow judges rows at once, so times may interleave."""
+    import json
+
+    inputs = df["inputs"] if "inputs" in df else df["request"]
+    question = inputs.map(lambda v: (v if isinstance(v, dict) else json.loads(v))["question"])
+    return df.assign(_question=question).sort_values("_question")
+
+
 def test_a_pairwise_judge_reports_preferences_their_shares_and_agreement(store, evaluators, lm_url):
     mlflow = store
     with chateval_dspy.load(evaluators["pairwise"], model=lm_url, cache=False) as judge:
         scorer = chateval_dspy.mlflow_judge(judge, trace=True)
         assert str(scorer.feedback_value_type) == "typing.Literal['answer_1', 'answer_2', 'tie']"
         result = mlflow.genai.evaluate(data=rows(), scorers=[scorer])
-    df = result.result_df.sort_values("request_time")
+    df = in_row_order(result.result_df)
     assert list(df["chateval/value"]) == ["answer_1", "answer_2", "tie", "answer_1", "answer_1"]
     assert list(df["chateval/agreement/value"].iloc[:4]) == [True, False, True, True]
     assert result.metrics["chateval/preferred/answer_1/mean"] == pytest.approx(3 / 5)

@@ -148,7 +148,18 @@ def test_a_run_that_raises_ends_failed_and_is_tagged_with_its_worker(tmp_path, m
     assert run.info.status == "FAILED" and run.data.tags[tracking.WORKER_TAG] == Worker.current().tag()
 
 
-def test_ctrl_c_and_sigterm_end_the_run_and_its_open_child_killed(tmp_path, monkeypatch, mlflow_db):  # noqa: F811
+@pytest.fixture
+def default_sigterm():
+    """SIGTERM at its default, as in a fresh process: a library an earlier test used (Ray) may have set a handler."""
+    import signal
+
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
+def test_ctrl_c_and_sigterm_end_the_run_and_its_open_child_killed(tmp_path, monkeypatch, mlflow_db,  # noqa: F811
+                                                                  default_sigterm):
     """Issue 22 (item 5): a run stopped by Ctrl-C or SIGTERM ends KILLED, the child run open in it too; SIGTERM
     becomes ``Terminated`` only while a run is open, and MLflow's link lines are switched off only meanwhile."""
     import signal
@@ -177,7 +188,7 @@ def test_ctrl_c_and_sigterm_end_the_run_and_its_open_child_killed(tmp_path, monk
     assert client.get_run(active.info.run_id).info.status == "FINISHED"
 
 
-def test_sigterm_is_left_alone_off_the_main_thread_and_under_a_handler_of_ones_own():
+def test_sigterm_is_left_alone_off_the_main_thread_and_under_a_handler_of_ones_own(default_sigterm):
     import signal
     import threading
 
