@@ -338,12 +338,25 @@ def test_columns_naming_unknown_fields(tmp_path):
         load_custom(path, "scoring", {"label": "x"})  # label is a pairwise field
 
 
-def test_scoring_aspect_columns_may_be_partial(tmp_path):
-    # Issue 12: missing labels on some criteria are allowed (and counted by the metrics), not a malformed row.
+def test_a_file_that_rates_some_criteria_says_which_it_does_not(tmp_path):
+    # A criterion's label column in no row, while others are there, reads like a typo: an error naming the fix.
     path = tmp_path / "partial.csv"
     path.write_text("dialogue_history,response,naturalness\nh,r,2\n", encoding="utf-8")
-    (item,) = load_custom(path, "scoring")
+    with pytest.raises(DataError, match=r"label column\(s\) 'coherence' \(coherence\), 'engagingness' "
+                                        r"\(engagingness\), 'groundedness' \(groundedness\) in no row") as err:
+        load_custom(path, "scoring")
+    assert "the file's columns: 'dialogue_history', 'response', 'naturalness'" in str(err.value)
+    assert "--unlabelled coherence,engagingness,groundedness" in str(err.value)
+    # Said so, the other criteria are left unlabelled (and counted missing by the metrics), not a malformed row.
+    (item,) = load_custom(path, "scoring", unlabelled=("coherence", "engagingness", "groundedness"))
     assert item.human == {"naturalness": 2.0, "coherence": None, "engagingness": None, "groundedness": None}
+    with pytest.raises(DataError, match="--unlabelled names 'fluency', not a criterion"):
+        load_custom(path, "scoring", unlabelled=("fluency",))
+    # A file with no label column at all is judged without agreement figures.
+    bare = tmp_path / "bare.csv"
+    bare.write_text("dialogue_history,response\nh,r\n", encoding="utf-8")
+    (item,) = load_custom(bare, "scoring")
+    assert item.human is None
 
 
 def test_data_errors_are_chateval_errors():

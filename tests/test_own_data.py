@@ -101,6 +101,20 @@ def test_a_criterion_mapped_to_a_missing_nested_column_is_an_error(tmp_path):
                                  "fluency": "scores.fluncy"})
 
 
+def test_a_file_rating_some_criteria_names_the_others_unlabelled(tmp_path, capsys, fake_model):
+    rows = summeval_rows(1, 3)
+    for row in rows:
+        del row["scores"]["fluency"]
+    path = write_jsonl(tmp_path / "s.jsonl", rows)
+    argv = ("evaluate", "--dataset", path, "--task", write_task(tmp_path, SUMMEVAL, "se"), "--columns",
+            "document=text,summary=summ,coherence=scores.coherence", "--no-mlflow", "--no-progress")
+    code, _, err = cli(capsys, *argv, "--out", str(tmp_path / "a.jsonl"))
+    assert code == 2 and "'fluency' (fluency) in no row" in err and "--unlabelled fluency" in err
+    code, out, err = cli(capsys, *argv, "--unlabelled", "fluency", "--out", str(tmp_path / "b.jsonl"))
+    assert code == 0, err
+    assert "fluency 3" in out  # every item counted without a fluency label
+
+
 def test_labels_missing_on_some_rows_are_counted_per_criterion(tmp_path, capsys, fake_model):
     rows = summeval_rows(2, 3)
     del rows[0]["scores"]["fluency"]

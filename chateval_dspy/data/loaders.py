@@ -417,7 +417,7 @@ SKIP_HINT = "; to skip malformed rows (counted and listed at the end), pass --sk
 
 def load_custom(path: str | Path, task: TaskSpec | str, columns: dict[str, str] | None = None, *,
                 skip_bad_rows: bool = False, label_map: dict[str, str] | None = None, group_by: str | None = None,
-                system: str | None = None) -> Items:
+                system: str | None = None, unlabelled=()) -> Items:
     """A user's JSONL/CSV file; ``columns`` maps our field names to theirs (see ``item_from_record``).
 
     Args:
@@ -432,6 +432,7 @@ def load_custom(path: str | Path, task: TaskSpec | str, columns: dict[str, str] 
         group_by: Pointwise: the column of each row's document id (the item's ``group_id``), for summary-level
             correlations.
         system: Pointwise: the column of each row's system id (``system_id``), for system-level correlations.
+        unlabelled: Pointwise: criteria the file does not rate (their label columns may be absent).
     """
     task = _task(task)
     col = column_map(task, columns)
@@ -442,7 +443,7 @@ def load_custom(path: str | Path, task: TaskSpec | str, columns: dict[str, str] 
     label_map = {**dict(task.label_map), **(label_map or {})}
     rows = read_rows(path, bad_rows="keep") if skip_bad_rows else _hinted_rows(path)
     check_columns([r for _, r in rows if isinstance(r, dict)], task, col, explicit=set(columns or {}), source=src,
-                  extra=(("--group-by", group_by), ("--system", system)))
+                  extra=(("--group-by", group_by), ("--system", system)), unlabelled=unlabelled)
     items, seen, skipped = Items(), {}, []
     for row, record in rows:
         try:
@@ -494,34 +495,45 @@ def file_columns(records: list[dict], limit: int = 40) -> str:
 
 
 def check_columns(records: list[dict], task: TaskSpec, col: dict[str, str], *, explicit: set[str] = frozenset(),
-                  source: str = "input", extra=()) -> None:
+                  source: str = "input", extra=(), unlabelled=()) -> None:
     """Every column the load needs is in some row, or a ``DataError`` names it and the file's columns.
 
     Needed: each input without a default, an ``id`` named in ``explicit`` (``--columns``), each ``extra``
-    ``(flag, column)`` given, and each label column named in ``explicit``. A label column the task names by
-    default may be absent (a file without labels, or rating some criteria only), and one some rows lack is no
-    error: the metrics count the items without it (``<criterion>_missing``).
+    ``(flag, column)`` given, and the label columns (``_check_labels``). A label column some rows lack is no error:
+    the metrics count the items without it (``<criterion>_missing``).
     """
     if not records:
         return
-    present = lambda column: any(_has(r, column) for r in records)  # noqa: E731
     needed = [(f"input {i.name!r}", col[i.name]) for i in task.inputs if i.default is None]
     needed += [("id", col["id"])] if "id" in explicit else []
     needed += [(flag, column) for flag, column in extra if column]
     for what, column in needed:
-        if not present(column):
+        if not any(_has(r, column) for r in records):
             raise DataError(f"column {column!r} ({what}) is in no row; {file_columns(records)} (map yours with "
                             "--columns field=column)", source=source, field=column)
-    labels = label_fields(task)
-    absent = [f for f in labels if not present(col[f])]
-    # A label column the user named (--columns) must be there: a typo would otherwise read as "no labels". One the
-    # task names by default may be absent (a file that rates some criteria only): its items count as missing.
-    absent = [f for f in absent if f in explicit]
+    _check_labels(records, task, col, explicit=explicit, source=source, unlabelled=unlabelled)
+
+
+def _check_labels(records: list[dict], task: TaskSpec, col: dict[str, str], *, explicit, source: str,
+                  unlabelled) -> None:
+    """The label columns: one named in ``--columns`` must be in some row (a typo would read as "no labels"); so
+    must each criterion's while any other label column is there, unless ``unlabelled`` says the file does not
+    rate it. A file with no label column at all is judged without agreement figures."""
+    fields = label_fields(task)
+    unknown = sorted(set(unlabelled) - set(fields))
+    if unknown:
+        raise DataError(f"--unlabelled names {', '.join(map(repr, unknown))}, not a criterion of task "
+                        f"{task.name!r} ({', '.join(fields)})", source=source)
+    absent = [f for f in fields if not any(_has(r, col[f]) for r in records)]
+    if len(absent) == len(fields):  # no labels at all: a file to judge, not to measure agreement on
+        absent = [f for f in absent if f in explicit]
+    absent = [f for f in absent if f not in unlabelled or f in explicit]
     if absent:
         named = ", ".join(f"{col[f]!r} ({f})" for f in absent)
+        hint = "" if task.format == "pairwise" else \
+            f"; a file that does not rate {'them' if len(absent) > 1 else 'it'}: --unlabelled {','.join(absent)}"
         raise DataError(f"label column(s) {named} in no row; {file_columns(records)} (map yours with --columns "
-                        "field=column; a file without any label column is judged without agreement figures)",
-                        source=source, field=col[absent[0]])
+                        f"field=column{hint})", source=source, field=col[absent[0]])
 
 
 def _hinted_rows(path):
@@ -536,7 +548,7 @@ def _hinted_rows(path):
 
 def load_dataset(name_or_path: str, *, fmt: str | None = None, columns: dict[str, str] | None = None,
                  task: TaskSpec | None = None, skip_bad_rows: bool = False, label_map: dict[str, str] | None = None,
-                 group_by: str | None = None, system: str | None = None) -> tuple[Items, str]:
+                 group_by: str | None = None, system: str | None = None, unlabelled=()) -> tuple[Items, str]:
     """Items and their format (``pairwise``/``scoring``), from a built-in name (``faireval``, ``topical_chat``)
     or a file.
 
@@ -546,8 +558,8 @@ def load_dataset(name_or_path: str, *, fmt: str | None = None, columns: dict[str
         columns: Our field -> your column (files).
         task: The task a file's items belong to; a built-in dataset takes a task with its own input fields.
         skip_bad_rows: Skip malformed rows of a file, listed in ``Items.skipped`` (see ``load_custom``).
-        label_map, group_by, system: A file's label values -> ours, and its document and system id columns
-            (see ``load_custom``).
+        label_map, group_by, system, unlabelled: A file's label values -> ours, its document and system id
+            columns, and the criteria it does not rate (see ``load_custom``).
     """
     if fmt == "pointwise":
         fmt = "scoring"
@@ -555,8 +567,9 @@ def load_dataset(name_or_path: str, *, fmt: str | None = None, columns: dict[str
         if fmt and fmt != task.config_format:
             raise DataError(f"--format {fmt} does not match task {task.name!r}, which is {task.format}")
         fmt = task.config_format
-    if name_or_path in BUILTIN and (label_map or group_by or system):
-        raise DataError(f"--label-map, --group-by and --system are for a file of your own, not {name_or_path}")
+    if name_or_path in BUILTIN and (label_map or group_by or system or unlabelled):
+        raise DataError(f"--label-map, --group-by, --system and --unlabelled are for a file of your own, not "
+                        f"{name_or_path}")
     if name_or_path in BUILTIN:
         own = BUILTIN[name_or_path][1]
         spec = task or as_task(own)
@@ -570,7 +583,7 @@ def load_dataset(name_or_path: str, *, fmt: str | None = None, columns: dict[str
         raise DataError(f"{name_or_path}: a custom file needs --format pairwise|scoring or --task "
                         f"(built-ins: {', '.join(BUILTIN)})")
     return load_custom(name_or_path, task or fmt, columns, skip_bad_rows=skip_bad_rows, label_map=label_map,
-                       group_by=group_by, system=system), fmt
+                       group_by=group_by, system=system, unlabelled=unlabelled), fmt
 
 
 def dataset_hash(items) -> str:

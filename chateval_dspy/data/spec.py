@@ -28,6 +28,8 @@ class DataSpec:
         label_map: A custom file's label values -> ours (``{"0": "tie"}``), over the task's ``label_map``.
         group_by: A custom file's document id column: adds summary-level correlations (pointwise).
         system: A custom file's system id column: adds system-level correlations (pointwise).
+        unlabelled: Criteria a custom file does not rate (pointwise): their label columns may be absent, where
+            otherwise a criterion's label column in no row is an error while the file has other label columns.
 
     Example:
         >>> items, fmt = DataSpec("faireval", split="test", limit=3).items()
@@ -46,6 +48,7 @@ class DataSpec:
     label_map: dict[str, str] = field(default_factory=dict, hash=False)
     group_by: str | None = None
     system: str | None = None
+    unlabelled: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.split not in ("all", *SPLITS):
@@ -73,7 +76,7 @@ class DataSpec:
         task = load_task(self.task) if self.task is not None else None
         return load_dataset(self.dataset, fmt=self.format, columns=dict(self.columns), task=task,
                             skip_bad_rows=self.skip_bad_rows, label_map=dict(self.label_map), group_by=self.group_by,
-                            system=self.system)
+                            system=self.system, unlabelled=tuple(self.unlabelled))
 
     def _group(self):
         task = self.task_spec()
@@ -99,5 +102,5 @@ class DataSpec:
             out["skip_bad_rows"] = True
         # Each only when set, as above: a run without them keeps the dict it always had.
         out.update({k: v for k, v in (("label_map", dict(self.label_map)), ("group_by", self.group_by),
-                                      ("system", self.system)) if v})
+                                      ("system", self.system), ("unlabelled", list(self.unlabelled))) if v})
         return out

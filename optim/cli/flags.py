@@ -43,6 +43,9 @@ def add_data_flags(p: argparse.ArgumentParser, *, dataset_required: bool = True)
     g.add_argument("--system", metavar="COLUMN",
                    help="custom file, pointwise: each row's system id; adds system-level correlations (of the "
                         "per-system mean scores)")
+    g.add_argument("--unlabelled", metavar="CRITERION,...",
+                   help="custom file, pointwise: criteria it does not rate (otherwise a criterion's label column "
+                        "that no row has is an error while the file has other label columns)")
     g.add_argument("--split", default=default(DataSpec, "split"), choices=["all", *SPLITS])
     g.add_argument("--seed", type=int, default=default(DataSpec, "seed"), help="split and bootstrap seed")
     g.add_argument("--limit", type=int, help="judge only the first N items of the split")
@@ -159,7 +162,13 @@ def data_spec(args) -> DataSpec:
                     split=args.split or "all", seed=args.seed, limit=args.limit, task=task(args),
                     skip_bad_rows=getattr(args, "skip_bad_rows", False),
                     label_map=parse_label_map(getattr(args, "label_map", None)),
-                    group_by=getattr(args, "group_by", None), system=getattr(args, "system", None))
+                    group_by=getattr(args, "group_by", None), system=getattr(args, "system", None),
+                    unlabelled=names(getattr(args, "unlabelled", None)))
+
+
+def names(text: str | None) -> tuple[str, ...]:
+    """``"a, b"`` -> ``("a", "b")``: a comma-separated flag value."""
+    return tuple(filter(None, (name.strip() for name in (text or "").split(","))))
 
 
 def task(args):
