@@ -51,8 +51,11 @@ def evaluate_args(url: str, out: Path, uri: str, *extra: str) -> list[str]:
 
 def spawn(args: list[str], cwd: Path) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "OPENAI_API_KEY")}
+    # A shell starts background jobs (CI's `nohup ... &`) with SIGINT ignored, and the child would inherit that:
+    # give it the default, as a terminal's foreground command has, so that Ctrl-C is what the test sends.
     return subprocess.Popen([sys.executable, "-m", "optim.cli.main", *args], cwd=cwd, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def runs_of(client, out: Path) -> list:
