@@ -60,13 +60,7 @@ class Desk:
 
         found = review_queues.get_review_queue(self.queue_id)
         self.users = list(found.users)
-        items, token = [], None
-        while True:
-            page = review_queues.list_review_queue_items(self.queue_id, max_results=1000, page_token=token)
-            items.extend(page)
-            token = getattr(page, "token", None)
-            if not token or len(items) >= MAX_ITEMS:
-                break
+        items = queue_items(self.queue_id)
         self.trace_ids = [i.item_id for i in sorted(items, key=lambda i: i.creation_time_ms or 0)]
 
     def answers(self) -> dict[str, dict[str, dict[str, object]]]:
@@ -117,6 +111,19 @@ def question_of(schema) -> Question:
         return Question(schema.name, schema.instruction or "", low=given.min_value, high=given.max_value)
     raise ConfigError(f"label schema '{schema.name}' asks for {type(given).__name__}; the review page answers "
                       "categorical and numeric questions (the ones chateval review makes)")
+
+
+def queue_items(queue_id: str, status: str | None = None) -> list:
+    """The queue's items (``status``: only those in it), every page, at most ``MAX_ITEMS``."""
+    from mlflow.genai import review_queues
+
+    items, token = [], None
+    while True:
+        page = review_queues.list_review_queue_items(queue_id, status=status, max_results=1000, page_token=token)
+        items.extend(page)
+        token = getattr(page, "token", None)
+        if not token or len(items) >= MAX_ITEMS:
+            return items
 
 
 def find_queue(name: str, experiment_id: str):

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from chateval_dspy.errors import ChatEvalError, ConfigError
 from chateval_dspy.program.task import TaskSpec, as_task, load_task
 from optim.review import sources
-from optim.review.desk import SHOW_PANEL_TAG
+from optim.review.desk import SHOW_PANEL_TAG, find_queue, queue_items
 from optim.review.questions import Question, questions
 from optim.review.uncertainty import Uncertainty, rank
 
@@ -134,13 +134,7 @@ def _queue(experiment_id: str, name: str, reviewers: list[str], schema_ids: list
     """The named custom queue, created, or found and given any new reviewers."""
     from mlflow.genai import review_queues
 
-    found, token = None, None
-    while found is None:
-        page = review_queues.list_review_queues(experiment_id=experiment_id, page_token=token)
-        found = next((q for q in page if q.name == name.strip()), None)
-        token = getattr(page, "token", None)
-        if not token:
-            break
+    found = find_queue(name, experiment_id)
     if found is None:
         return review_queues.create_review_queue(name, queue_type="custom", users=reviewers, schema_ids=schema_ids,
                                                  experiment_id=experiment_id)
@@ -162,15 +156,7 @@ def _queue(experiment_id: str, name: str, reviewers: list[str], schema_ids: list
 
 
 def _queued(queue_id: str, status: str | None = None) -> set[str]:
-    from mlflow.genai import review_queues
-
-    out, token = set(), None
-    while True:
-        page = review_queues.list_review_queue_items(queue_id, status=status, max_results=1000, page_token=token)
-        out.update(i.item_id for i in page)
-        token = getattr(page, "token", None)
-        if not token:
-            return out
+    return {i.item_id for i in queue_items(queue_id, status)}
 
 
 def _candidates(source: str, task, experiment: str | None):
