@@ -21,7 +21,7 @@ from chateval_dspy.data.spec import DataSpec  # noqa: E402
 from chateval_dspy.deploy.judge import Judge, Verdict, load  # noqa: E402
 from chateval_dspy.deploy.metric import as_metric  # noqa: E402
 from chateval_dspy.deploy.mlflow_judge import mlflow_judge  # noqa: E402 - imports MLflow only when called
-from chateval_dspy.errors import ChatEvalError, ConfigError, DataError, LMError  # noqa: E402
+from chateval_dspy.errors import BudgetExceeded, ChatEvalError, ConfigError, DataError, LMError  # noqa: E402
 from chateval_dspy.lm.adapter import JudgeAdapter  # noqa: E402
 from chateval_dspy.lm.resolve import configure_cache, resolve_lm  # noqa: E402
 from chateval_dspy.lm.spec import LMSpec  # noqa: E402
@@ -31,6 +31,7 @@ from chateval_dspy.run.evaluate import evaluate  # noqa: E402
 from chateval_dspy.run.evaluate_dataset import evaluate_dataset  # noqa: E402
 
 __all__ = [
+    "BudgetExceeded",
     "ChatEval",
     "ChatEvalError",
     "ConfigError",

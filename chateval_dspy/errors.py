@@ -44,6 +44,11 @@ class LMError(ChatEvalError, RuntimeError):
     """The language model could not be started or reached."""
 
 
+class BudgetExceeded(LMError):  # noqa: N818 - named after what happened, like the gateway's own error
+    """A gateway (the LiteLLM proxy) refuses calls because its budget is spent: the run stops, its results kept,
+    and the same command resumes it once the budget is raised or its window resets."""
+
+
 class SecretError(ChatEvalError, RuntimeError):
     """A credential's value was about to reach a log, a file or MLflow; nothing was written."""
 

@@ -22,6 +22,7 @@ from chateval_dspy import limits
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.program.chateval import ChatEval
 from chateval_dspy.program.demos import DEFAULT_DEMOS, label_demo, with_label_demos  # noqa: F401 - label_demo: this API's
+from optim import mlflow_model
 from optim.labels import LabelledData
 from optim.objectives import Metric, with_feedback
 
@@ -366,8 +367,7 @@ def compile_and_save(data, config, lm, *, optimizer: str, out: str | Path, metri
         if tracked:
             mlflow_tracking.log_file(out, "evaluator")
             if tracking.log_model:
-                mlflow_tracking.log_dspy_model(compiled, registered_name=tracking.register)
-                mlflow_tracking.log_pyfunc_model(out)
+                mlflow_model.log_models(compiled, out, registered_name=tracking.register)
         # Done once everything is logged: a kill before this line leaves a folder the rerun completes.
         folder.update(done=True, mlflow_run_id=active.info.run_id if tracked else None)
     return CompileRun(compiled, card, out, model, active.info.run_id if tracked else None)

@@ -1,9 +1,10 @@
-"""The saved evaluator as an MLflow pyfunc model, logged as code (no pickle).
+"""The saved evaluator as an MLflow pyfunc model, logged as code (no pickle) by ``optim.mlflow_model``.
 
 MLflow runs this file when it loads the model: the artifact ``evaluator`` is the saved evaluator
 directory (JSON state + card), and the LM comes from ``CHATEVAL_MODEL`` (default: the card's
 model), so ``mlflow models serve`` and ``mlflow.pyfunc.spark_udf`` judge with the LM of the
-machine they run on. Input: a DataFrame with the format's fields; output: one row of verdict per item.
+machine they run on. Input: a DataFrame with the format's fields; output: one verdict row per item,
+``verdict`` first (``optim.mlflow_model.VERDICT_COLUMNS``; ``RESULT_TYPE`` is its Spark struct).
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ class ChatEvalPyfunc(PythonModel):
         self.judge = load(context.artifacts["evaluator"], model=os.environ.get("CHATEVAL_MODEL") or None)
 
     def predict(self, context, model_input, params=None):
-        return self.judge.evaluate_batch(model_input, concurrency=int((params or {}).get("concurrency", 2)), flat=True)
+        from optim.mlflow_model import verdict_frame
+
+        concurrency = int((params or {}).get("concurrency", 2))
+        return verdict_frame(self.judge.evaluate_batch(model_input, concurrency=concurrency, flat=True))
 
 
 mlflow.models.set_model(ChatEvalPyfunc())

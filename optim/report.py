@@ -299,8 +299,9 @@ def study_report(study, out: Path) -> Report:
 def study_run_id(study, uri: str | None) -> str | None:
     """The study's MLflow parent run in this tracking store, if one was recorded."""
     from optim import tracking
+    from optim.stores import redact_url
 
-    return (study.user_attrs.get("mlflow_runs") or {}).get(tracking.tracking_uri(uri))
+    return (study.user_attrs.get("mlflow_runs") or {}).get(redact_url(tracking.tracking_uri(uri)))
 
 
 # --- runs -----------------------------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
-"""MLflow, and nothing else here imports it.
+"""MLflow runs, metrics, params and artifacts (the models are ``optim.mlflow_model``'s).
 
 Default store: ``sqlite:///mlruns/mlflow.db`` with artifacts under ``mlruns/`` in the
-working directory; ``--tracking-uri`` or ``MLFLOW_TRACKING_URI`` choose another.
+working directory; ``--tracking-uri`` or ``MLFLOW_TRACKING_URI`` choose another (``postgresql://...``, or an
+``http://`` tracking server shared by workers on many hosts). A database store is created by the first process to
+open it while any others starting with it wait (``optim.stores``).
 Params are the run's ``DebateConfig`` plus model, data and split: no secret has a way in,
 and ``assert_no_secrets`` double-checks every text before it is logged. Traces (``--trace``) are
 built by ``chateval_dspy.run.tracing``, which scrubs the same secrets from every span.
@@ -55,8 +57,8 @@ class TrackingSpec:
     Args:
         enabled: Log at all (the CLI's ``--no-mlflow`` turns it off).
         uri: The tracking URI (default: ``$MLFLOW_TRACKING_URI`` or ``sqlite:///mlruns/mlflow.db``).
-        log_model: Log the saved program as MLflow models (dspy flavor, and pyfunc for compile).
-        register: Register the dspy model under this name (compile).
+        log_model: Log the saved program as MLflow models (the pyfunc and the dspy flavour; compile and search).
+        register: Register the pyfunc model under this name (compile, search).
 
     Example:
         >>> TrackingSpec(enabled=False).enabled
@@ -79,13 +81,25 @@ def tracking_uri(uri: str | None = None) -> str:
     return f"sqlite:///{Path(DEFAULT_DIR).resolve() / 'mlflow.db'}"
 
 
+# Stores this process has opened once already: MLflow created their tables then, and keeps the store.
+_OPENED: set[str] = set()
+
+
 def setup(uri: str | None = None, experiment: str = EXPERIMENT) -> str:
-    """Point MLflow at the store and experiment; artifacts of the local store live under ``mlruns/``."""
+    """Point MLflow at the store and experiment; artifacts of the local store live under ``mlruns/``.
+
+    A database store (SQLite, PostgreSQL) is first opened under ``optim.stores.init_lock``: MLflow creates its
+    tables on first use, and workers that start together on a fresh store would each run the migrations.
+    """
     import mlflow
+
+    from optim import stores
 
     uri = tracking_uri(uri)
     mlflow.set_tracking_uri(uri)
-    mlflow.set_experiment(experiment)  # with the sqlite store, artifacts land in ./mlruns/<experiment>/<run>
+    with contextlib.nullcontext() if uri in _OPENED else stores.init_lock(uri, "mlflow"):
+        mlflow.set_experiment(experiment)  # with the sqlite store, artifacts land in ./mlruns/<experiment>/<run>
+    _OPENED.add(uri)
     return uri
 
 
@@ -408,37 +422,6 @@ def log_file(path: str | Path, artifact_dir: str | None = None) -> None:
     else:
         assert_no_secrets(path.read_text(encoding="utf-8", errors="replace"), str(path))
         mlflow.log_artifact(str(path), artifact_dir)
-
-
-def log_pyfunc_model(evaluator_dir: str | Path, name: str = "pyfunc", registered_name: str | None = None):
-    """The saved evaluator as a pyfunc model logged as code (``optim/pyfunc_model.py``): no pickle,
-    servable with ``mlflow models serve`` and usable as ``mlflow.pyfunc.spark_udf``."""
-    import mlflow
-
-    import chateval_dspy
-
-    code = Path(__file__).with_name("pyfunc_model.py")
-    return mlflow.pyfunc.log_model(
-        name=name, python_model=str(code), artifacts={"evaluator": str(evaluator_dir)},
-        registered_model_name=registered_name, pip_requirements=["chateval-dspy"],
-        code_paths=[str(Path(chateval_dspy.__file__).parent)],
-    )
-
-
-def log_dspy_model(program, name: str = "evaluator", registered_name: str | None = None):
-    """The program as an MLflow model (dspy flavor), optionally registered.
-
-    The flavor also saves DSPy's settings; they are emptied of the LM first, so that no
-    client, endpoint or key travels with the model. Production binds the LM at load time.
-    """
-    import dspy
-    import mlflow
-
-    with dspy.context(lm=None, adapter=None, trace=[]):
-        return mlflow.dspy.log_model(
-            program, name=name, registered_model_name=registered_name, use_dspy_model_save=True,
-            pip_requirements=[f"dspy=={dspy.__version__}", "chateval-dspy"],
-        )
 
 
 @contextlib.contextmanager

@@ -1,5 +1,6 @@
 """The README's "Many machines" section, one subsection at a time: each is run as written by its own test
-(``tests/test_many_machines_*.py``), with the real servers it names started on loopback, so ``test_readme.py``
+(``tests/test_postgres_store.py``, ``test_spark_model.py``, ``test_resumable_scoring.py``,
+``test_gateway.py``), with the real servers it names started on loopback, so ``test_readme.py``
 (whose sandbox fakes every model) leaves this section to them."""
 
 from __future__ import annotations

@@ -109,7 +109,7 @@ def test_compile_killed_after_its_card_completes_mlflow_logging_and_registration
     store = use_mlflow_store(tmp_path, mlflow_db)
     args = ["compile", "--dataset", "faireval", "--limit", "3", "--turns", "1", "--roles", "1", "--optimizer", "labeled",
             "--out", "programs/p", "--no-progress", "--no-cache", "--register", "toy-judge"]
-    proc = spawn(["log_dspy_model", *args], tmp_path, script=DIES_IN)
+    proc = spawn(["optim.mlflow_model.log_dspy_model", *args], tmp_path, script=DIES_IN)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == -signal.SIGKILL, out + err
     assert (tmp_path / "programs/p/card.json").exists()
@@ -130,7 +130,7 @@ def test_compile_killed_after_its_card_completes_mlflow_logging_and_registration
     assert cli(args) == 2  # a finished evaluator is never overwritten
 
 
-# Runs ``chateval ARGS`` on the scripted fake LM, and SIGKILLs itself when ``optim.tracking.<NAME>`` is called.
+# Runs ``chateval ARGS`` on the scripted fake LM, and SIGKILLs itself when ``<module>.<NAME>`` is called.
 DIES_IN = textwrap.dedent("""
     import contextlib, os, signal, sys
     from chateval_dspy.lm.offline import ensure_offline
@@ -144,8 +144,9 @@ DIES_IN = textwrap.dedent("""
         yield fake_lm()
 
     chateval_dspy.lm.resolve.resolve_lm = resolve
-    import optim.tracking
-    setattr(optim.tracking, sys.argv[1], lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL))
+    import importlib
+    module, name = sys.argv[1].rsplit(".", 1)
+    setattr(importlib.import_module(module), name, lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL))
     from optim.cli.main import main
     sys.exit(main(sys.argv[2:]))
 """)

@@ -124,14 +124,14 @@ def test_changes_are_the_fields_off_their_defaults():
     ({"max_text_chars": limits.MAX_TEXT_CHARS + 1}, "limits.MAX_TEXT_CHARS"),
     ({"role_file": "r" * (limits.MAX_PATH_CHARS + 1)}, "limits.MAX_PATH_CHARS"),
 ])
-def test_issue_11_item_3_no_config_asks_for_unbounded_work(changes, limit):
+def test_no_config_asks_for_unbounded_work(changes, limit):
     with pytest.raises(ConfigError, match=limit.replace(".", r"\.")):
         DebateConfig(**changes)
     with pytest.raises(ConfigError, match=limit.replace(".", r"\.")):
         DebateConfig.from_dict({**DebateConfig().to_dict(), **changes, "roles": list(changes.get("roles", ["critic"]))})
 
 
-def test_issue_11_item_3_a_config_at_every_limit_is_valid():
+def test_a_config_at_every_limit_is_valid():
     cfg = DebateConfig(roles=same_roles(limits.MAX_ROLES), turns=limits.MAX_TURNS,
                        parse_retries=limits.MAX_PARSE_RETRIES, max_text_chars=limits.MAX_TEXT_CHARS)
     assert cfg.calls_per_item() == 2 * limits.MAX_ROLES * limits.MAX_TURNS
@@ -143,13 +143,13 @@ def test_issue_11_item_3_a_config_at_every_limit_is_valid():
     {"roles": ("critic", ["x"])}, {"roles": 3}, {"strategy": ["one_by_one"]}, {"aggregate": {"mean": 1}},
     {"role_file": 3},
 ])
-def test_issue_11_item_3_config_values_from_a_file_have_their_types(changes):
+def test_config_values_from_a_file_have_their_types(changes):
     with pytest.raises(ConfigError):
         DebateConfig(**changes)
     with pytest.raises(ConfigError):
         DebateConfig.from_dict(changes)
 
 
-def test_issue_11_item_3_from_dict_wants_a_mapping():
+def test_from_dict_wants_a_mapping():
     with pytest.raises(ConfigError, match="mapping"):
         DebateConfig.from_dict(["turns", 2])

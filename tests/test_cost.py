@@ -54,7 +54,7 @@ def lines(path) -> list[dict]:
     return [json.loads(x) for x in Path(path).read_text().splitlines()]
 
 
-def test_issue_13_a_priced_model_costs_its_tokens_times_the_cost_map(priced, tmp_path):
+def test_a_priced_model_costs_its_tokens_times_the_cost_map(priced, tmp_path):
     run = evaluate_dataset(DataSpec("faireval", limit=3), PANEL, LMSpec("openai/gpt-4o-mini", cache=False),
                            out=tmp_path / "r.jsonl")
     assert len(priced.requests) == 3 * 2  # every call reached the fake server
@@ -75,7 +75,7 @@ def test_issue_13_a_priced_model_costs_its_tokens_times_the_cost_map(priced, tmp
     assert re.search(r"openai/gpt-4o-mini\s+6\s+0\s+\d+\s+0\s+0\s+\d+\s+[\d.]+\s+\$0\.\d{6}", printed), printed
 
 
-def test_issue_13_unpriced_models_say_unpriced_never_zero(tmp_path):
+def test_unpriced_models_say_unpriced_never_zero(tmp_path):
     # A private endpoint is unpriced even when its served id is a name the cost map prices.
     assert price_for("openai-compatible/gpt-4o-mini") is None and price_for("embedded/gemma-3-270m-q4_k_m") is None
     with FakeOpenAIServer(model="gpt-4o-mini") as url:
@@ -87,7 +87,7 @@ def test_issue_13_unpriced_models_say_unpriced_never_zero(tmp_path):
     assert "$0.000000" not in printed
 
 
-def test_issue_13_a_stated_price_prices_a_private_endpoint(tmp_path, capsys):
+def test_a_stated_price_prices_a_private_endpoint(tmp_path, capsys):
     from optim.cli.main import main
 
     with FakeOpenAIServer() as url:
@@ -103,7 +103,7 @@ def test_issue_13_a_stated_price_prices_a_private_endpoint(tmp_path, capsys):
         LMSpec(url, price_per_mtok="1.5")
 
 
-def test_issue_13_mlflow_logs_dollars_as_metrics_and_unpriced_as_a_tag(priced, tmp_path, monkeypatch,
+def test_mlflow_logs_dollars_as_metrics_and_unpriced_as_a_tag(priced, tmp_path, monkeypatch,
                                                                        mlflow_db):  # noqa: F811
     import shutil
 
@@ -129,7 +129,7 @@ def test_issue_13_mlflow_logs_dollars_as_metrics_and_unpriced_as_a_tag(priced, t
     assert not [k for k in runs["free"].data.metrics if "cost_usd" in k]  # never a 0 standing in for unpriced
 
 
-def test_issue_13_card_cost_block_carries_dollars_and_stays_strict(priced, tmp_path):
+def test_card_cost_block_carries_dollars_and_stays_strict(priced, tmp_path):
     from optim.compile import OptimizerSettings, compile_and_save
 
     done = compile_and_save(DataSpec("faireval", limit=5), PANEL, LMSpec("openai/gpt-4o-mini", cache=False),
@@ -152,7 +152,7 @@ def test_issue_13_card_cost_block_carries_dollars_and_stays_strict(priced, tmp_p
             load_program(tmp_path / "p")
 
 
-def test_issue_13_an_unpriced_card_says_unpriced(tmp_path):
+def test_an_unpriced_card_says_unpriced(tmp_path):
     from optim.compile import OptimizerSettings, compile_and_save
 
     with FakeOpenAIServer() as url:
@@ -165,7 +165,7 @@ def test_issue_13_an_unpriced_card_says_unpriced(tmp_path):
     load_program(tmp_path / "p")
 
 
-def test_issue_13_bench_tables_show_dollars_where_they_show_tokens(tmp_path):
+def test_bench_tables_show_dollars_where_they_show_tokens(tmp_path):
     from optim.bench import main as bench
     from optim.bench.tables import render_file
 

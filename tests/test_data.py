@@ -401,7 +401,7 @@ def test_scoring_non_numeric_aspect_names_the_field(tmp_path):
     assert_names(err, path, row=2, field="coherence")
 
 
-def test_issue_11_item_7_read_rows_can_keep_bad_rows_as_errors(tmp_path):
+def test_read_rows_can_keep_bad_rows_as_errors(tmp_path):
     """Issue 11 (item 7): for a batch of user rows, each malformed row is its own DataError and the rest are read."""
     path = tmp_path / "mixed.jsonl"
     path.write_bytes(json.dumps(pair(1)).encode() + b"\n{broken\n\n" + '{"q": "caf\xe9"}'.encode("latin-1")
@@ -414,7 +414,7 @@ def test_issue_11_item_7_read_rows_can_keep_bad_rows_as_errors(tmp_path):
     assert all(path.name in str(e) and e.row == n for n, e in bad.items())
 
 
-def test_issue_11_item_7_csv_rows_keep_their_bad_bytes_to_themselves(tmp_path):
+def test_csv_rows_keep_their_bad_bytes_to_themselves(tmp_path):
     path = tmp_path / "mixed.csv"
     path.write_bytes(b'question,answer_1,answer_2\nq,a,b\ncaf\xe9,a,b\n"multi\nline",a,b\n')
     rows = read_rows(path, bad_rows="keep")
@@ -429,7 +429,7 @@ def test_issue_11_item_7_csv_rows_keep_their_bad_bytes_to_themselves(tmp_path):
     assert_names(err, header, row=1)
 
 
-def test_issue_11_item_7_a_dataset_still_fails_fast_on_a_bad_row(tmp_path):
+def test_a_dataset_still_fails_fast_on_a_bad_row(tmp_path):
     """Issue 11 (item 7): ``chateval evaluate`` reads a dataset, which must be whole: the first bad row is an error."""
     path = tmp_path / "data.jsonl"
     path.write_text(json.dumps(pair(1)) + "\n{broken\n" + json.dumps(pair(2)) + "\n", encoding="utf-8")

@@ -150,13 +150,15 @@ def test_load_from_an_mlflow_run_and_a_registered_model(saved, engine, tmp_path,
     import mlflow
 
     from optim import tracking
+    from optim.mlflow_model import log_dspy_model
 
     program, path = saved
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     with tracking.run("compile", params={"x": 1}) as active:
         tracking.log_file(path, "evaluator")
-        tracking.log_dspy_model(program, registered_name="toy-judge")
+        info = log_dspy_model(program)
+    mlflow.register_model(info.model_uri, "toy-judge")  # a dspy model registered by hand (compile registers the pyfunc)
     with load(f"runs:/{active.info.run_id}") as judge:
         assert judge(ITEM).winner == "2"
     with load("models:/toy-judge/1") as judge:  # the registered model's run holds the JSON evaluator
@@ -174,13 +176,14 @@ def test_issue_12_pyfunc_latest_and_aliases_load_the_json_evaluator_and_lookups_
     import mlflow
 
     from optim import tracking
+    from optim.mlflow_model import log_pyfunc_model
 
     _, path = saved
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("MLFLOW_ALLOW_PICKLE_DESERIALIZATION", raising=False)
     with tracking.run("compile", params={"x": 1}) as active:  # no 'evaluator/' artifact: only the pyfunc holds it
-        info = tracking.log_pyfunc_model(path, registered_name="toy-pyfunc")
+        info = log_pyfunc_model(path, registered_name="toy-pyfunc")
     mlflow.MlflowClient().set_registered_model_alias("toy-pyfunc", "champion", "1")
     # The pyfunc is logged as code; its artifacts hold the JSON evaluator, read without trust_pickle.
     for uri in (f"runs:/{active.info.run_id}/pyfunc", "models:/toy-pyfunc/latest", "models:/toy-pyfunc/1",

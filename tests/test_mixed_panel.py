@@ -53,7 +53,7 @@ def two():
         yield {"a": a, "b": b, "a_url": a_url, "b_url": b_url}
 
 
-def test_issue_12_each_referee_reaches_only_its_own_server_and_usage_is_per_model(two, tmp_path):
+def test_each_referee_reaches_only_its_own_server_and_usage_is_per_model(two, tmp_path):
     cfg = DebateConfig(roles=PANEL, turns=2, strategy="simultaneous_talk_with_summarizer")
     lm = LMSpec(model=two["a_url"], referee_models={"scientist": two["b_url"]}, cache=False)
     run = evaluate_dataset(DataSpec("faireval", limit=2), cfg, lm, out=tmp_path / "r.jsonl", concurrency=2)
@@ -85,7 +85,7 @@ def test_issue_12_each_referee_reaches_only_its_own_server_and_usage_is_per_mode
                          out=tmp_path / "r.jsonl")
 
 
-def test_issue_12_single_model_identity_and_run_keys_are_unchanged():
+def test_single_model_identity_and_run_keys_are_unchanged():
     """Existing results files must keep their keys: a spec without referee models has the identity it always had."""
     assert LMSpec("embedded").identity() == {"model": "embedded", "served_model": None, "temperature": 0.0,
                                              "max_tokens": None}
@@ -95,7 +95,7 @@ def test_issue_12_single_model_identity_and_run_keys_are_unchanged():
     assert records.run_key(cfg, mixed.identity(), []) != records.run_key(cfg, LMSpec("embedded").identity(), [])
 
 
-def test_issue_12_referee_flags_on_the_command_line(two, tmp_path, capsys):
+def test_referee_flags_on_the_command_line(two, tmp_path, capsys):
     from optim.cli.main import main
 
     out = tmp_path / "r.jsonl"
@@ -115,7 +115,7 @@ def test_issue_12_referee_flags_on_the_command_line(two, tmp_path, capsys):
     assert [int(r.group(1)) for r in rows.values()] == [2, 2]
 
 
-def test_issue_12_a_bad_referee_is_a_clear_error_before_any_model_starts(monkeypatch, tmp_path):
+def test_a_bad_referee_is_a_clear_error_before_any_model_starts(monkeypatch, tmp_path):
     started = []
     real = lm_module.resolve_lm
 
@@ -159,7 +159,7 @@ def _args(**given):
     return args
 
 
-def test_issue_12_card_and_load_round_trip_the_assignment(two, tmp_path, recwarn):
+def test_card_and_load_round_trip_the_assignment(two, tmp_path, recwarn):
     from optim.compile import OptimizerSettings, compile_and_save
 
     cfg = DebateConfig(roles=PANEL, turns=1, calibrate=False)
@@ -197,7 +197,7 @@ def test_issue_12_card_and_load_round_trip_the_assignment(two, tmp_path, recwarn
         load(tmp_path / "p", model=two["a_url"], referee_models={"psychologist": two["b_url"]}, cache=False)
 
 
-def test_issue_12_a_card_naming_litellm_models_rebinds_each_referee_from_the_names(tmp_path, monkeypatch):
+def test_a_card_naming_litellm_models_rebinds_each_referee_from_the_names(tmp_path, monkeypatch):
     """``load(path)`` alone: each referee runs on its card name; OpenAI model strings reach OPENAI_BASE_URL."""
     server = FakeOpenAIServer(model="gpt-4o-mini")
     with server as url:
@@ -224,7 +224,7 @@ def test_issue_12_a_card_naming_litellm_models_rebinds_each_referee_from_the_nam
     assert used["openai/gpt-4o"]["cost_usd"] > used["openai/gpt-4o-mini"]["cost_usd"]  # same size, dearer model
 
 
-def test_issue_12_card_refuses_referee_models_that_are_urls_or_off_the_panel(tmp_path):
+def test_card_refuses_referee_models_that_are_urls_or_off_the_panel(tmp_path):
     program = build_evaluator(DebateConfig(roles=PANEL, turns=1))
     save_program(program, tmp_path / "p", make_card(program, model="openai/gpt-4o-mini"))
     path = tmp_path / "p" / CARD_FILE
@@ -237,7 +237,7 @@ def test_issue_12_card_refuses_referee_models_that_are_urls_or_off_the_panel(tmp
             load_program(tmp_path / "p")
 
 
-def test_issue_12_a_search_binds_referee_models_in_every_trial_that_seats_them(two, tmp_path):
+def test_a_search_binds_referee_models_in_every_trial_that_seats_them(two, tmp_path):
     from optim.search.run import run_search
     from optim.search.space import SearchSpace
     from optim.search.study import StudySpec

@@ -20,12 +20,11 @@ import threading
 from pathlib import Path
 
 import pytest
+from readme_section import section_span
 
 import chateval_dspy.lm.resolve
 from chateval_dspy.run import metrics
 from chateval_dspy.testing.fake_lm import fake_lm
-
-from readme_section import section_span
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -116,7 +115,7 @@ def test_readme_runs_as_written(sandbox, monkeypatch):
     ci_commands = [[{"python3": "python"}.get(w, w) for w in shlex.split(line, comments=True) if w != "-q"]
                    for line in ci.splitlines()]
     text = README.read_text(encoding="utf-8")
-    start, end = section_span(text)  # run by tests/test_many_machines_*.py against real servers
+    start, end = section_span(text)  # run by its own tests against real servers (readme_section.py)
     text = text[:start] + "\n" * text[start:end].count("\n") + text[end:]
     namespace: dict = {}
     last_run_id = None

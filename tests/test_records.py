@@ -41,7 +41,7 @@ def lines(path):
 # --- evaluate() without a run key ----------------------------------------------------------------------------------
 
 
-def test_issue_10_break_3_another_panel_does_not_resume_a_file_silently(tmp_path):
+def test_another_panel_does_not_resume_a_file_silently(tmp_path):
     """Issue 10 (break 3): a 1-referee panel over the default panel's file reported resumed: 5 and made 0 calls."""
     out = tmp_path / "results.jsonl"
     judged(DebateConfig(), items(), out)
@@ -51,7 +51,7 @@ def test_issue_10_break_3_another_panel_does_not_resume_a_file_silently(tmp_path
     assert out.read_bytes() == before and lm.engine.calls == []
 
 
-def test_issue_10_break_3_the_same_run_still_resumes_without_a_key(tmp_path):
+def test_the_same_run_still_resumes_without_a_key(tmp_path):
     """Issue 10 (break 3): the derived key is stable, so rerunning the same call resumes it with no LM call."""
     out = tmp_path / "results.jsonl"
     judged(ONE, items(3), out)
@@ -61,7 +61,7 @@ def test_issue_10_break_3_the_same_run_still_resumes_without_a_key(tmp_path):
 
 
 @pytest.mark.parametrize("change", ["temperature", "max_tokens", "model", "items", "compiled"])
-def test_issue_10_break_3_what_makes_another_run(tmp_path, change):
+def test_what_makes_another_run(tmp_path, change):
     """Issue 10 (break 3): the LM's model and sampling, the items and the tuned program all belong to the key."""
     out = tmp_path / "results.jsonl"
     judged(ONE, items(3), out)
@@ -82,7 +82,7 @@ def test_issue_10_break_3_what_makes_another_run(tmp_path, change):
     assert lm.engine.calls == []
 
 
-def test_issue_10_break_3_items_may_be_an_iterator(tmp_path):
+def test_items_may_be_an_iterator(tmp_path):
     """Issue 10 (break 3): the items are hashed for the key and judged, so an iterator is read once, not twice."""
     out = tmp_path / "results.jsonl"
     result, lm = judged(ONE, iter(items(4)), out)
@@ -91,7 +91,7 @@ def test_issue_10_break_3_items_may_be_an_iterator(tmp_path):
     assert rerun.resumed == 4 and lm.engine.calls == []
 
 
-def test_issue_10_break_3_an_explicit_key_is_kept_as_given(tmp_path):
+def test_an_explicit_key_is_kept_as_given(tmp_path):
     """Issue 10 (break 3): callers with their own key (the CLI) keep resuming the files they wrote."""
     out = tmp_path / "results.jsonl"
     judged(ONE, items(2), out, run_key="cli-key")
@@ -102,7 +102,7 @@ def test_issue_10_break_3_an_explicit_key_is_kept_as_given(tmp_path):
         judged(ONE, items(2), out)  # the derived key is not the CLI's
 
 
-def test_issue_10_break_3_run_key_output_is_unchanged_for_the_same_inputs():
+def test_run_key_output_is_unchanged_for_the_same_inputs():
     """Issue 10 (break 3): the CLI's existing results files name their run by this key; it must not drift."""
     x = dspy.Example(id="1", question="q", answer_1="a", answer_2="b", label="1").with_inputs(*INPUTS["pairwise"])
     assert run_key(DebateConfig(), {"model": "m"}, []) == "4c8451652e6c"
@@ -118,7 +118,7 @@ def test_lm_identity_keeps_model_and_sampling_but_no_credentials():
 # --- the stream ----------------------------------------------------------------------------------------------------
 
 
-def test_issue_10_stream_reads_what_is_finished_and_cuts_a_torn_line(tmp_path):
+def test_stream_reads_what_is_finished_and_cuts_a_torn_line(tmp_path):
     """Issue 10 (one results stream): done ids exclude error lines; a kill's torn last line is cut before appending."""
     out = tmp_path / "r.jsonl"
     out.write_text('{"id": "a", "v": 1}\n{"id": 2, "v": 2}\n{"id": "c", "err', encoding="utf-8")
@@ -129,7 +129,7 @@ def test_issue_10_stream_reads_what_is_finished_and_cuts_a_torn_line(tmp_path):
     assert [r["id"] for r in lines(out)] == ["a", 2, "c"]
 
 
-def test_issue_10_stream_drops_error_lines_atomically_and_keeps_the_rest_byte_for_byte(tmp_path):
+def test_stream_drops_error_lines_atomically_and_keeps_the_rest_byte_for_byte(tmp_path):
     """Issue 10 (break 5): an error line never counts as done; opening drops it and keeps the other lines as written."""
     out = tmp_path / "r.jsonl"
     kept = '{"id":"a",  "x": 1.50}\n{"id": "b", "x": "é"}\n'  # spacing and 1.50 would not survive a re-dump
@@ -147,7 +147,7 @@ def test_issue_10_stream_drops_error_lines_atomically_and_keeps_the_rest_byte_fo
     assert ResultsStream(out).done == {"a", "b"} and len(lines(out)) == 2
 
 
-def test_issue_10_stream_refuses_another_runs_file_and_stamps_its_key(tmp_path):
+def test_stream_refuses_another_runs_file_and_stamps_its_key(tmp_path):
     out = tmp_path / "r.jsonl"
     with ResultsStream(out, key="k1") as stream:
         written = stream.append({"id": "a"})
@@ -158,7 +158,7 @@ def test_issue_10_stream_refuses_another_runs_file_and_stamps_its_key(tmp_path):
     assert ResultsStream(out).done == {"a"}  # no key: a score file, not checked
 
 
-def test_issue_10_stream_append_is_thread_safe_whole_lines(tmp_path, monkeypatch):
+def test_stream_append_is_thread_safe_whole_lines(tmp_path, monkeypatch):
     """Issue 10 (one results stream): concurrent appends never interleave, and each line is fsynced."""
     out = tmp_path / "r.jsonl"
     synced = []
@@ -179,13 +179,13 @@ def test_issue_10_stream_append_is_thread_safe_whole_lines(tmp_path, monkeypatch
     assert len(got) == 200 and len({r["id"] for r in got}) == 200 and len(synced) >= 200
 
 
-def test_issue_10_stream_without_a_path_passes_records_through(tmp_path):
+def test_stream_without_a_path_passes_records_through(tmp_path):
     with ResultsStream(None, key="k") as stream:
         assert stream.append({"id": 1}) == {"id": 1, "run_key": "k"} and stream.done == {"1"}
     assert list(tmp_path.iterdir()) == []
 
 
-def test_issue_10_evaluate_resumes_after_a_torn_last_line(tmp_path):
+def test_evaluate_resumes_after_a_torn_last_line(tmp_path):
     """Issue 10 (one results stream): evaluate() reads through the same stream, so a kill mid-line costs nothing."""
     out = tmp_path / "r.jsonl"
     judged(ONE, items(3), out, run_key="k")

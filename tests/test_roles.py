@@ -204,26 +204,26 @@ def _role_file(tmp_path, roles) -> str:
      "limits.MAX_PERSONA_CHARS"),
     ([{"slug": "long", "name": "N" * (limits.MAX_ROLE_NAME_CHARS + 1), "persona": "p"}], "limits.MAX_ROLE_NAME_CHARS"),
 ])
-def test_issue_11_item_3_role_files_are_bounded(tmp_path, roles, limit):
+def test_role_files_are_bounded(tmp_path, roles, limit):
     with pytest.raises(ConfigError, match=limit.replace(".", r"\.")):
         load_role_file(_role_file(tmp_path, roles))
 
 
-def test_issue_11_item_3_a_role_file_over_its_size_is_refused_before_parsing(tmp_path):
+def test_a_role_file_over_its_size_is_refused_before_parsing(tmp_path):
     path = tmp_path / "roles.yaml"
     path.write_text("roles: []\n#" + "x" * limits.MAX_ROLE_FILE_BYTES, encoding="utf-8")
     with pytest.raises(ConfigError, match=r"limits\.MAX_ROLE_FILE_BYTES"):
         load_role_file(path)
 
 
-def test_issue_11_item_3_a_role_file_nested_past_the_parser_is_a_config_error(tmp_path):
+def test_a_role_file_nested_past_the_parser_is_a_config_error(tmp_path):
     path = tmp_path / "roles.json"
     path.write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
     with pytest.raises(ConfigError, match="not valid JSON"):
         load_role_file(path)
 
 
-def test_issue_11_item_3_a_role_file_at_the_limits_loads(tmp_path):
+def test_a_role_file_at_the_limits_loads(tmp_path):
     roles = [{"slug": f"r{i}", "name": "N" * limits.MAX_ROLE_NAME_CHARS, "persona": "p" * limits.MAX_PERSONA_CHARS}
              for i in range(limits.MAX_ROLE_FILE_ROLES)]
     library = load_role_file(_role_file(tmp_path, roles))

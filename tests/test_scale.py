@@ -1,4 +1,4 @@
-"""Scale out (issue #4): Ray Data workers load the saved evaluator and share an OpenAI-compatible LM server."""
+"""Scale out (issue #4): a saved evaluator loaded against a shared OpenAI-compatible LM server, and as an MLflow model."""
 
 from __future__ import annotations
 
@@ -40,22 +40,8 @@ def test_resolve_lm_reports_a_dead_endpoint_clearly():
             pass
 
 
-def test_ray_data_workers_judge_a_dataset(saved, tmp_path, monkeypatch):
-    ray = pytest.importorskip("ray")
-    from chateval_dspy.deploy.ray import judge_dataset
-
-    monkeypatch.setenv("CHATEVAL_CACHE_DIR", str(tmp_path / "cache"))  # workers inherit it: no stale answers
-    with FakeOpenAIServer() as url:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
-        try:
-            ds = ray.data.from_pandas(pd.DataFrame(ITEMS))
-            out = judge_dataset(ds, str(saved), model=url, actors=1, batch_size=2).to_pandas()
-        finally:
-            ray.shutdown()
-    out = out.sort_values("id").reset_index(drop=True)
-    assert list(out["id"]) == ["i0", "i1", "i2", "i3"]
-    assert list(out["winner"]) == ["2", "2", "1", "1"]
-    assert out["error"].isna().all()
+# Ray Data and Spark scoring (lazy ``judge_dataset``, resumable ``score_dataset``/``score_spark``, Ray's knobs and
+# no deprecated arguments) are tested on real clusters in tests/test_resumable_scoring.py.
 
 
 def test_dspy_context_is_untouched_by_loading(saved):
@@ -70,6 +56,7 @@ def test_mlflow_pyfunc_model_judges_without_pickle(saved, tmp_path, monkeypatch)
     import mlflow
 
     from optim import tracking
+    from optim.mlflow_model import VERDICT_COLUMNS, log_pyfunc_model
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -77,8 +64,9 @@ def test_mlflow_pyfunc_model_judges_without_pickle(saved, tmp_path, monkeypatch)
         monkeypatch.setenv("CHATEVAL_MODEL", url)
         monkeypatch.delenv("MLFLOW_ALLOW_PICKLE_DESERIALIZATION", raising=False)
         with tracking.run("t", params={}):
-            info = tracking.log_pyfunc_model(saved)
+            info = log_pyfunc_model(saved)
         model = mlflow.pyfunc.load_model(info.model_uri)
         out = model.predict(pd.DataFrame(ITEMS))
-    assert list(out["winner"]) == ["2", "2", "1", "1"]
+    assert list(out["winner"]) == list(out["verdict"]) == ["2", "2", "1", "1"]
+    assert list(out.columns[:len(VERDICT_COLUMNS)]) == [name for name, _ in VERDICT_COLUMNS]  # the verdict first
     assert out["scores"].map(type).eq(str).all()  # nested columns arrive as JSON text

@@ -66,7 +66,7 @@ def test_score_resumes_after_an_interruption_without_repeating_calls(saved, engi
 # ---------------------------------------------------------------- reruns over a finished file
 
 
-def test_issue_10_break_5_rerunning_a_finished_file_adds_no_line(saved, engine, tmp_path):
+def test_rerunning_a_finished_file_adds_no_line(saved, engine, tmp_path):
     """Issue 10 (break 5): 3 input rows gave 3, then 4, then 5 output lines (one more error line per rerun)."""
     _, path = saved
     src = write_jsonl(tmp_path / "in.jsonl", [{**ITEM, "id": "i0"}, {"id": "bad", "question": "q", "answer_1": "a"},
@@ -82,7 +82,7 @@ def test_issue_10_break_5_rerunning_a_finished_file_adds_no_line(saved, engine, 
     assert len(engine.calls) == 2 * CALLS  # the reruns judged nothing
 
 
-def test_issue_11_item_8_a_row_fixed_after_a_rejection_is_scored_on_rerun(saved, engine, tmp_path):
+def test_a_row_fixed_after_a_rejection_is_scored_on_rerun(saved, engine, tmp_path):
     """Issue 11 (item 8): a row rejected once counted as done forever, so fixing it and rerunning never scored it."""
     _, path = saved
     rows = [{**ITEM, "id": "i0"}, {"id": "bad", "question": "q", "answer_1": "a"}, {**ITEM, "id": "i2"}]
@@ -100,7 +100,7 @@ def test_issue_11_item_8_a_row_fixed_after_a_rejection_is_scored_on_rerun(saved,
     assert len(engine.calls) == 3 * CALLS
 
 
-def test_issue_10_break_5_duplicate_ids_keep_one_error_line_across_reruns(saved, engine, tmp_path):
+def test_duplicate_ids_keep_one_error_line_across_reruns(saved, engine, tmp_path):
     """Issue 10 (break 5): a repeated id is one error line for its row, not one more per rerun."""
     _, path = saved
     src = write_jsonl(tmp_path / "in.jsonl", [ITEM, {**ITEM, "answer_1": "other"}])
@@ -116,7 +116,7 @@ def test_issue_10_break_5_duplicate_ids_keep_one_error_line_across_reruns(saved,
 # ---------------------------------------------------------------- --columns
 
 
-def test_issue_11_item_6_columns_map_every_input_field(saved, engine, tmp_path):
+def test_columns_map_every_input_field(saved, engine, tmp_path):
     """Issue 11 (item 6): --columns question=prompt,... rejected every row ("field 'question': field is missing")."""
     _, path = saved
     src = tmp_path / "in.csv"
@@ -131,7 +131,7 @@ def test_issue_11_item_6_columns_map_every_input_field(saved, engine, tmp_path):
     assert engine.calls and all("Which?" in json.dumps(c.inputs) for c in engine.calls)
 
 
-def test_issue_11_item_6_a_missing_mapped_column_names_the_users_column(saved, engine, tmp_path):
+def test_a_missing_mapped_column_names_the_users_column(saved, engine, tmp_path):
     """Issue 11 (item 6): the error names the column the user mapped (prompt), which is what they can fix."""
     _, path = saved
     src = write_jsonl(tmp_path / "in.jsonl", [{"prompt": "q", "a": "x", "b": "y"}, {"a": "x", "b": "y"}])
@@ -142,7 +142,7 @@ def test_issue_11_item_6_a_missing_mapped_column_names_the_users_column(saved, e
     assert "field 'prompt': field is missing" in report.rejected[0][1]
 
 
-def test_issue_11_item_6_the_cli_maps_columns(saved, engine, tmp_path, capsys):
+def test_the_cli_maps_columns(saved, engine, tmp_path, capsys):
     """Issue 11 (item 6), as reported: ``chateval score PROGRAM --in file --columns question=prompt,...``."""
     from optim.cli.main import main
 
@@ -180,7 +180,7 @@ def test_score_prices_an_unpriced_model_when_asked(saved, engine, tmp_path, caps
 # ---------------------------------------------------------------- malformed rows
 
 
-def test_issue_11_item_7_a_malformed_json_line_or_bad_byte_does_not_stop_the_batch(saved, engine, tmp_path):
+def test_a_malformed_json_line_or_bad_byte_does_not_stop_the_batch(saved, engine, tmp_path):
     """Issue 11 (item 7): one malformed JSON line or one non-UTF-8 byte stopped the batch: 0 of 4 good rows scored."""
     _, path = saved
     good = [json.dumps({**ITEM, "id": f"g{i}"}).encode() for i in range(4)]
@@ -202,7 +202,7 @@ def test_issue_11_item_7_a_malformed_json_line_or_bad_byte_does_not_stop_the_bat
     assert len(lines(out)) == 7 and len(engine.calls) == 4 * CALLS
 
 
-def test_issue_11_item_7_a_bad_byte_in_one_csv_row_spoils_only_that_row(saved, engine, tmp_path):
+def test_a_bad_byte_in_one_csv_row_spoils_only_that_row(saved, engine, tmp_path):
     """Issue 11 (item 7): the same for CSV: the row with the bad byte is rejected, the others are scored."""
     _, path = saved
     src = tmp_path / "in.csv"

@@ -104,7 +104,7 @@ def test_card_says_when_its_cost_was_answered_from_the_cache(tmp_path):
     assert "8.0 of 8.0 calls per item were answered from the LM cache" in (path / "card.md").read_text()
 
 
-def test_issue_11_item_1_no_lm_or_logprobs_are_saved_and_dspy_still_reads_the_file(tmp_path):
+def test_no_lm_or_logprobs_are_saved_and_dspy_still_reads_the_file(tmp_path):
     program = build_evaluator(DebateConfig(roles=("critic",), turns=1))
     judge = program.debate.referees["critic"].judge
     judge.lm = dspy.LM("openai/gpt-4o-mini", temperature=1.7)

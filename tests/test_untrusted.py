@@ -110,7 +110,7 @@ def assert_clean(program) -> None:
 # ---------------------------------------------------------------- items 1 and 2: the LM is the caller's
 
 
-def test_issue_11_item_1_a_predictor_lm_in_program_json_is_refused_and_never_called(saved):
+def test_a_predictor_lm_in_program_json_is_refused_and_never_called(saved):
     mine_server, theirs_server = FakeOpenAIServer(), FakeOpenAIServer(model="theirs")
     with mine_server as mine, theirs_server as theirs:
         edit(saved, PROGRAM_FILE, lambda s: s[JUDGE].update(lm={**FILE_LM, "api_base": theirs}))
@@ -121,7 +121,7 @@ def test_issue_11_item_1_a_predictor_lm_in_program_json_is_refused_and_never_cal
     assert theirs_server.requests == [] and mine_server.requests == []
 
 
-def test_issue_11_items_1_2_a_clean_program_runs_on_the_callers_lm_only(saved):
+def test_a_clean_program_runs_on_the_callers_lm_only(saved):
     mine_server, theirs_server = FakeOpenAIServer(), FakeOpenAIServer(model="theirs")
     with mine_server as mine, theirs_server, load(saved, model=mine) as judge:
         assert judge(ITEM).winner == "2"
@@ -131,7 +131,7 @@ def test_issue_11_items_1_2_a_clean_program_runs_on_the_callers_lm_only(saved):
     assert all(r["body"].get("temperature") != 1.7 for r in mine_server.requests)
 
 
-def test_issue_11_item_2_per_predictor_config_is_refused_and_no_request_carries_it(saved):
+def test_per_predictor_config_is_refused_and_no_request_carries_it(saved):
     mine_server = FakeOpenAIServer()
     with mine_server as mine:
         edit(saved, PROGRAM_FILE, lambda s: s[ARGUE].update(config={"temperature": 1.7}))
@@ -152,12 +152,12 @@ def test_issue_11_item_2_per_predictor_config_is_refused_and_no_request_carries_
     ("forward", "anything"),
     ("max_tokens", 100000),
 ])
-def test_issue_11_items_1_2_predictor_keys_beyond_instructions_and_demos_are_refused(saved, key, value):
+def test_predictor_keys_beyond_instructions_and_demos_are_refused(saved, key, value):
     edit(saved, PROGRAM_FILE, lambda s: s[JUDGE].update({key: value}))
     refused(saved, PROGRAM_FILE, JUDGE, repr(key))
 
 
-def test_issue_11_item_1_a_card_model_that_is_an_endpoint_is_refused_even_with_model_given(saved):
+def test_a_card_model_that_is_an_endpoint_is_refused_even_with_model_given(saved):
     servers = FakeOpenAIServer(), FakeOpenAIServer(model="theirs")
     with servers[0] as mine, servers[1] as theirs:
         edit(saved, CARD_FILE, lambda c: c.update(model=theirs))
@@ -172,14 +172,14 @@ def test_issue_11_item_1_a_card_model_that_is_an_endpoint_is_refused_even_with_m
     "openai/gpt-4o-mini api_base=http://x", "openai/gpt\n4o", "x" * (limits.MAX_MODEL_NAME_CHARS + 1), 42,
     {"model": "openai/gpt-4o-mini", "api_base": "http://x"},
 ])
-def test_issue_11_item_1_card_model_is_a_name_only(saved, model):
+def test_card_model_is_a_name_only(saved, model):
     edit(saved, CARD_FILE, lambda c: c.update(model=model))
     refused(saved, CARD_FILE, "'model'")
 
 
 @pytest.mark.parametrize("model", ["openai/gpt-4o-mini", "openai-compatible//models/gemma-3.gguf", "ollama/llama3:8b",
                                    "vertex_ai/claude-3-5-sonnet@20240620", "embedded/gemma-3-270m-q4_k_m"])
-def test_issue_11_item_1_card_model_names_still_load(saved, model):
+def test_card_model_names_still_load(saved, model):
     edit(saved, CARD_FILE, lambda c: c.update(model=model))
     assert load_program(saved)[1]["model"] == model
 
@@ -188,7 +188,7 @@ def test_issue_11_item_1_card_model_names_still_load(saved, model):
     ("lm", FILE_LM), ("temperature", 1.7), ("api_base", "http://127.0.0.1:9/v1"), ("lm_kwargs", {"max_tokens": 9}),
     ("endpoint", "http://x"), ("max_calls", 10**9),
 ])
-def test_issue_11_item_1_unknown_card_keys_are_refused(saved, key, value):
+def test_unknown_card_keys_are_refused(saved, key, value):
     edit(saved, CARD_FILE, lambda c: c.update({key: value}))
     refused(saved, CARD_FILE, repr(key), "unknown key")
 
@@ -226,7 +226,7 @@ def _set_demo(**changes):
     (lambda s: s.update({"debate.referees['intruder'].judge": s[JUDGE]}), ["unknown key", "intruder"]),
     (lambda s: s.update(metadata=[1]), ["'metadata'"]),
 ])
-def test_issue_11_item_3_program_values_are_checked(saved, change, needles):
+def test_program_values_are_checked(saved, change, needles):
     edit(saved, PROGRAM_FILE, change)
     refused(saved, PROGRAM_FILE, "not a valid program state", *needles)
 
@@ -253,7 +253,7 @@ def test_issue_11_item_3_program_values_are_checked(saved, change, needles):
     (lambda c: c.update(card_format=True), ["card format True"]),
     (lambda c: c.update(versions=["1.0"]), ["'versions'"]),
 ])
-def test_issue_11_item_3_card_values_are_checked(saved, change, needles):
+def test_card_values_are_checked(saved, change, needles):
     edit(saved, CARD_FILE, change)
     refused(saved, CARD_FILE, *needles)
 
@@ -265,12 +265,12 @@ def test_issue_11_item_3_card_values_are_checked(saved, change, needles):
     (CARD_FILE, b"\xff\xfe{}"),
     (PROGRAM_FILE, '"just a string"'),
 ])
-def test_issue_11_item_3_unparseable_files_are_config_errors(saved, name, text):
+def test_unparseable_files_are_config_errors(saved, name, text):
     (saved / name).write_bytes(text if isinstance(text, bytes) else text.encode())
     refused(saved, name)
 
 
-def test_issue_11_item_3_values_at_the_limits_still_load(saved):
+def test_values_at_the_limits_still_load(saved):
     def at_limits(s):
         s[ARGUE]["signature"]["instructions"] = "i" * limits.MAX_INSTRUCTION_CHARS
         s[JUDGE]["demos"] = [{**DEMO, "augmented": True, "logprobs": {"content": []}}] * limits.MAX_DEMOS_PER_PREDICTOR
@@ -313,21 +313,21 @@ def load_in_a_small_process(directory: Path) -> str:
 
 @pytest.mark.parametrize(("name", "limit"), [(PROGRAM_FILE, "limits.MAX_PROGRAM_FILE_BYTES"),
                                              (CARD_FILE, "limits.MAX_CARD_FILE_BYTES")])
-def test_issue_11_item_3_a_huge_file_is_refused_before_it_is_read(saved, name, limit):
+def test_a_huge_file_is_refused_before_it_is_read(saved, name, limit):
     with open(saved / name, "r+b") as f:
         f.truncate(64 * 1024**3)  # 64 GiB, sparse: nothing is written
     out = load_in_a_small_process(saved)
     assert out.startswith("ConfigError:") and name in out and limit in out, out
 
 
-def test_issue_11_item_3_a_file_that_never_ends_is_refused(saved):
+def test_a_file_that_never_ends_is_refused(saved):
     (saved / CARD_FILE).unlink()
     (saved / CARD_FILE).symlink_to("/dev/zero")
     out = load_in_a_small_process(saved)
     assert out.startswith("ConfigError:") and "not a regular file" in out, out
 
 
-def test_issue_11_item_3_nothing_is_saved_that_load_would_refuse(tmp_path):
+def test_nothing_is_saved_that_load_would_refuse(tmp_path):
     program = build_evaluator(DebateConfig(roles=("critic",), turns=1))
     program.debate.referees["critic"].judge.demos = [dspy.Example(**DEMO)] * (limits.MAX_DEMOS_PER_PREDICTOR + 1)
     with pytest.raises(ConfigError, match="MAX_DEMOS_PER_PREDICTOR"):
@@ -403,7 +403,7 @@ mutation = st.tuples(st.sampled_from([PROGRAM_FILE, CARD_FILE]), st.randoms(use_
 @settings(max_examples=150, deadline=None, database=None,  # no example files left in the working tree
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(fmt=st.sampled_from(["pairwise", "scoring"]), mutations=st.lists(mutation, min_size=1, max_size=3))
-def test_issue_11_fuzz_load_program_returns_a_clean_program_or_a_chateval_error(bases, fmt, mutations):
+def test_fuzz_load_program_returns_a_clean_program_or_a_chateval_error(bases, fmt, mutations):
     files = copy.deepcopy(bases[fmt])
     for name, rnd, how, key, value in mutations:
         path = rnd.choice(list(_paths(files[name])))

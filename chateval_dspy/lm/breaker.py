@@ -94,6 +94,7 @@ class Breaker:
         self.failures = 0
         self._kinds: dict[str, None] = {}  # this streak's kinds of failure, in order
         self._message: str | None = None
+        self._kind: type[LMError] = LMError  # ``trip`` may open it with a subclass (a gateway's spent budget)
         self._waiters: set[threading.Event] = set()
         self._lock = threading.Lock()
 
@@ -105,7 +106,7 @@ class Breaker:
 
     def error(self) -> LMError | None:
         """The error every call now fails with, or None while the breaker is closed."""
-        return None if self._message is None else LMError(self._message)
+        return None if self._message is None else self._kind(self._message)
 
     def check(self) -> None:
         """Raise the breaker's ``LMError`` once it is open (a call about to start fails at once)."""
@@ -129,6 +130,27 @@ class Breaker:
                                  f"({', '.join(self._kinds)}): stopping the run; finished results are kept, rerun the "
                                  "same command to resume")
                 for waiter in self._waiters:  # calls in flight stop waiting
+                    waiter.set()
+        return self.error()
+
+    def trip(self, error: LMError) -> LMError:
+        """Open the breaker at once with ``error`` (an answer that retrying cannot change, e.g. a gateway's spent
+        budget): calls in flight stop waiting and later ones fail with it. Returns the error to raise (the first
+        one's, when the breaker was already open).
+
+        Example:
+            >>> b = Breaker("http://127.0.0.1:9/v1")
+            >>> b.trip(LMError("budget spent")) is not None, b.failures
+            (True, 0)
+            >>> b.check()
+            Traceback (most recent call last):
+            ...
+            chateval_dspy.errors.LMError: budget spent
+        """
+        with self._lock:
+            if self._message is None:
+                self._message, self._kind = str(error), type(error)
+                for waiter in self._waiters:
                     waiter.set()
         return self.error()
 

@@ -20,6 +20,11 @@ translated into DSPy's lm15 errors so that the debate can record it as an absten
 Every endpoint also has a circuit breaker (``lm.breaker``): these engines report each attempt's outcome to it,
 ``within_deadline`` watches the calls of LMs that cannot, and after ``breaker`` failed attempts in a row (timeouts,
 refused or lost connections) every call fails with one ``LMError``, which stops the run.
+
+Behind a shared gateway (the LiteLLM proxy): a 429's wait is its ``Retry-After``, else the proxy's renamed copy
+``llm_provider-retry-after``; a refusal because the gateway's budget is spent is ``BudgetExceeded``, never retried:
+it opens the breaker at once (``Breaker.trip``), so the run stops the same way. Each request carries the run's
+tags in the ``x-litellm-tags`` header (``lm.tags``) for the gateway's spend logs.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import contextvars
 import copy
 import itertools
 import math
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -40,7 +46,8 @@ import openai
 from dspy import lm15
 from dspy.lm15 import Message, Response, TextPart, TokenLogprob, TopLogprob, Usage, response_to_events
 
-from chateval_dspy.errors import ConfigError, LMError, cause_of
+from chateval_dspy.errors import BudgetExceeded, ConfigError, LMError, cause_of
+from chateval_dspy.lm import tags
 from chateval_dspy.lm.breaker import DEFAULT_BREAKER, Breaker, Watch, check_threshold, context_breakers, failure_kind
 
 R = TypeVar("R")
@@ -209,16 +216,47 @@ def _message(m) -> dict:
     return {"role": m.role, "content": m.text or ""}
 
 
+# Where a server says how long to wait: the standard header, then the LiteLLM proxy's copy of its router's or
+# upstream's (``llm_provider-`` prefixed: its own rpm/tpm limit's 429 carries only that one), in seconds.
+RETRY_AFTER_HEADERS = ("retry-after", "llm_provider-retry-after")
+# A gateway's spent budget, as its error says it: LiteLLM's key/team/user budgets (type ``budget_exceeded``, HTTP 400,
+# 422 or 429 by version) and its router's deployment and provider budgets (HTTP 429, "crossed budget").
+_BUDGET_TEXT = re.compile(r"crossed budget|exceeded budget|budget has been exceeded|budget_exceeded", re.I)
+
+
 def _retry_after(exc: openai.APIStatusError) -> float | None:
-    try:
-        value = float(exc.response.headers.get("retry-after", ""))
-    except (AttributeError, TypeError, ValueError):
+    headers = getattr(getattr(exc, "response", None), "headers", None) or {}
+    for name in RETRY_AFTER_HEADERS:
+        try:
+            value = float(headers.get(name, ""))
+        except (AttributeError, TypeError, ValueError):
+            continue
+        if 0 <= value < math.inf:
+            return value
+    return None
+
+
+def _budget_spent(exc: openai.APIError, base_url: str) -> BudgetExceeded | None:
+    """A ``BudgetExceeded`` when ``exc`` is a gateway refusing calls because its budget is spent, else None."""
+    if not isinstance(exc, openai.APIStatusError) or exc.status_code not in (400, 402, 403, 422, 429):
         return None
-    return value if 0 <= value < math.inf else None
+    body = exc.body if isinstance(exc.body, dict) else {}
+    error = body.get("error", body) if isinstance(body.get("error", body), dict) else {}
+    text = " ".join(str(v) for v in (error.get("type"), error.get("message"), exc.message) if v)
+    if not _BUDGET_TEXT.search(text):
+        return None
+    said = " ".join(str(error.get("message") or exc.message).split())[:240]
+    return BudgetExceeded(f"the gateway at {base_url} refused the call: its budget is spent (HTTP {exc.status_code}: "
+                          f"{said}): stopping the run; finished results are kept, raise the budget (or wait for its "
+                          "window to reset) and rerun the same command to resume")
 
 
 def _translate(exc: openai.APIError, base_url: str) -> Exception:
-    """The lm15 error DSPy understands for an ``openai`` client error (anything unknown stays as it is)."""
+    """The lm15 error DSPy understands for an ``openai`` client error (anything unknown stays as it is); a spent
+    gateway budget is our ``BudgetExceeded``, which stops the run."""
+    spent = _budget_spent(exc, base_url)
+    if spent is not None:
+        return spent
     if isinstance(exc, openai.APITimeoutError):
         return lm15.TimeoutError(f"{base_url}: request timed out", provider="openai-compatible")
     if isinstance(exc, openai.APIConnectionError):
@@ -332,11 +370,13 @@ class OpenAICompatEngine:
                                        provider="openai-compatible", started=attempt > 0)
             limit = min(self.bounds.timeout, left)
             try:
-                answer = self.client.chat.completions.create(**body, timeout=limit)
+                answer = self.client.chat.completions.create(**body, timeout=limit, **self._extra())
             except openai.APIError as exc:
                 error = _translate(exc, self.base_url)
                 if error is exc:
                     raise
+                if isinstance(error, BudgetExceeded):  # retrying cannot help: stop the run as an open breaker does
+                    raise self.breaker.trip(error) from exc
                 cut = isinstance(error, lm15.TimeoutError) and limit < self.bounds.timeout
                 # A cut attempt proves nothing about the endpoint, unless its call had no full attempt to prove it.
                 if self._counts(error) and (not cut or attempt == 0):
@@ -358,6 +398,12 @@ class OpenAICompatEngine:
             else:
                 self.breaker.succeeded()
                 return self._response(answer)
+
+    @staticmethod
+    def _extra() -> dict:
+        """The request's tags header for a gateway's spend tracking (``lm.tags``), when the run set tags."""
+        header = tags.header()
+        return {"extra_headers": header} if header else {}
 
     def _counts(self, error: Exception) -> bool:
         """Whether ``error`` is the endpoint's failure, for the breaker."""

@@ -175,11 +175,18 @@ class LMSpec:
         In batch mode the LM batches its calls in waves; ``journal`` is the folder that keeps its batches and
         answers (beside the results file), ``on_wave`` sees its progress (``lm.batch.waves.Waves``).
         """
-        from chateval_dspy.lm import panel, resolve
+        from chateval_dspy.lm import resolve, tags
+
+        resolve.configure_cache(self.cache, self.cache_dir)
+        with tags.tagging():  # a caller's tags (its task) stay; else the run's own
+            yield from self._judging(slots, threads, journal, on_wave)
+
+    def _judging(self, slots, threads, journal, on_wave) -> Iterator[dspy.LM]:
+        """``judging``'s LM, entered (the batching LM, or the panel's with the JSON adapter and a stated price)."""
+        from chateval_dspy.lm import panel
         from chateval_dspy.lm.adapter import JudgeAdapter
         from chateval_dspy.lm.pricing import attach_price
 
-        resolve.configure_cache(self.cache, self.cache_dir)
         if self.batch:
             with self.batching(journal, on_wave) as lm, dspy.context(lm=lm, adapter=JudgeAdapter()):
                 yield lm

@@ -16,6 +16,7 @@ import dspy
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.data.spec import DataSpec
 from chateval_dspy.errors import ConfigError, DataError
+from chateval_dspy.lm import tags
 from chateval_dspy.lm.panel import referee_names
 from chateval_dspy.lm.spec import LMSpec
 from chateval_dspy.program.chateval import build_evaluator
@@ -215,7 +216,9 @@ def evaluate_dataset(data: DataSpec, config: DebateConfig | Callable[[str], Deba
         results_path(data, key, path, overwrite=overwrite, ids=[x.id for x in items])
         todo = _todo(path, key, items) if lm.batch else None  # the waves' plan: a live run needs no count
         at_once = batch_items(concurrency, todo) if lm.batch else concurrency
-        with lm.judging(lm_slots(cfg, concurrency), journal=journal_folder(path), on_wave=on_wave) as judging_lm:
+        # The requests carry the task and run as tags, for a shared gateway's spend logs (``lm.tags``).
+        with tags.tagging(cfg.task_spec.name), \
+                lm.judging(lm_slots(cfg, concurrency), journal=journal_folder(path), on_wave=on_wave) as judging_lm:
             if lm.batch:
                 judging_lm.engine.waves.expected = expected_waves(cfg, todo, at_once)
             if on_start is not None:

@@ -41,10 +41,13 @@ class FakeOpenAIServer:
             None keeps the rough 4-characters-a-token usage with no cache.
         batches: The Batch API's state and knobs (a default ``FakeBatches()`` when None); faults and ``hang``
             never touch it.
+        delay: Seconds each chat request waits before it is answered (a slow model, for throughput benchmarks);
+            requests wait side by side.
     """
 
     def __init__(self, responder=default_responder, faults: list | None = None, model: str = "fake-served",
-                 hang: bool = False, billing=None, batches: FakeBatches | None = None):
+                 hang: bool = False, billing=None, batches: FakeBatches | None = None, delay: float = 0.0):
+        self.delay = delay
         self.responder, self.faults, self.model, self.hang = responder, list(faults or []), model, hang
         self.billing = billing
         self.batches = batches if batches is not None else FakeBatches()
@@ -130,6 +133,8 @@ class FakeOpenAIServer:
                 if fault == "hang":
                     time.sleep(30)
                     return
+                if server.delay > 0:
+                    time.sleep(server.delay)
                 if isinstance(fault, int):
                     self._send(fault, json.dumps({"error": {"message": f"injected {fault}"}}).encode())
                     return

@@ -15,6 +15,7 @@ file of figures, and prints (``--markdown``) a table that states model, data, sp
     python -m optim.bench latency --requests 30 --rate 2
     python -m optim.bench caching --limit 20 --embedded-limit 8 --threads 1
     python -m optim.bench batch --limit 20
+    python -m optim.bench scale --limit 24 --concurrency 8
     python -m optim.bench plots
 
 This module holds the command line and what the suites share: the LM (``LMFactory``), the meter
@@ -156,7 +157,7 @@ def _own_lm_suites(sub) -> None:
 
 
 def _provider_suites(sub) -> None:
-    """The suites on fake providers: latency, caching, batch."""
+    """The suites on fake providers: latency, caching, batch, scale."""
     la = sub.add_parser("latency", help="p50/p95 verdict latency of chateval serve at a stated request rate, "
                                         "beside the critical path (fake LM)")
     la.add_argument("--requests", type=int, default=30, help="requests per row (default 30)")
@@ -188,6 +189,10 @@ def _provider_suites(sub) -> None:
     from optim.bench.batch import add_parser as add_batch
 
     add_batch(sub, BENCH_DIR)
+
+    from optim.bench.scale import add_parser as add_scale
+
+    add_scale(sub, BENCH_DIR)
 
 
 def _utility_parsers(sub) -> None:
@@ -235,7 +240,7 @@ def _own_lm(args) -> int | None:
         from optim.bench.simulate.cli import run_simulate
 
         return run_simulate(args)
-    if args.suite not in ("latency", "caching", "batch"):
+    if args.suite not in ("latency", "caching", "batch", "scale"):
         return None
     if args.suite == "latency":
         from optim.bench.latency import latency_markdown as render
@@ -243,6 +248,9 @@ def _own_lm(args) -> int | None:
     elif args.suite == "batch":
         from optim.bench.batch import batch_markdown as render
         from optim.bench.batch import run_batch as run
+    elif args.suite == "scale":
+        from optim.bench.scale import run_scale as run
+        from optim.bench.scale import scale_markdown as render
     else:
         from optim.bench.caching import caching_markdown as render
         from optim.bench.caching import run_caching as run

@@ -187,6 +187,10 @@ def render_file(path: str | Path, markdown: bool = True) -> str:
         from optim.bench.batch import batch_markdown
 
         return batch_markdown(report, markdown)
+    if suite == "scale":
+        from optim.bench.scale import scale_markdown
+
+        return scale_markdown(report, markdown)
     render = {"agreement": agreement_markdown, "cost": cost_markdown, "injection": injection_markdown,
               "review": review_markdown}
     return render[suite](report, markdown)

@@ -32,8 +32,7 @@ def add_command(sub) -> None:
                    help="MIPROv2/GEPA budget")
     g.add_argument("--threads", type=int, default=flags.default(OptimizerSettings, "threads"),
                    help="items an optimizer evaluates at once (default %(default)s)")
-    g.add_argument("--no-log-model", action="store_true", help="do not log the program as an MLflow dspy model")
-    g.add_argument("--register", metavar="NAME", help="register the logged model under this name")
+    flags.add_model_flags(g, "the program")
     p.add_argument("--out", required=True, help="directory for the saved evaluator (programs/NAME)")
     p.add_argument("--no-progress", action="store_true")
     flags.add_tracking_flags(p)

@@ -133,6 +133,14 @@ def add_tracking_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-mlflow", action="store_true", help="do not log this run to MLflow")
 
 
+def add_model_flags(g, what: str) -> None:
+    """``--no-log-model`` and ``--register`` (compile, search): ``what`` names the program they log."""
+    g.add_argument("--no-log-model", action="store_true",
+                   help=f"do not log {what} as MLflow models (the pyfunc for serving and Spark, and the dspy flavour)")
+    g.add_argument("--register", metavar="NAME",
+                   help="register the pyfunc model (batch: serving, mlflow.pyfunc.spark_udf) under this name")
+
+
 def add_loaded_flags(p: argparse.ArgumentParser) -> None:
     """A saved evaluator and the LM it runs on (score, serve)."""
     p.add_argument("evaluator", help="saved evaluator dir, runs:/<run_id>[/path] or models:/<name>/<version>")

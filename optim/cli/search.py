@@ -66,7 +66,7 @@ def add_command(sub) -> None:
     g.add_argument("--no-test", action="store_true",
                    help="only run trials (for extra workers): a worker without --no-test waits for this one's "
                         "trials, then tests and saves the best panel")
-    g.add_argument("--no-log-model", action="store_true", help="do not log the best program as an MLflow dspy model")
+    flags.add_model_flags(g, "the best program")
     p.add_argument("--out", help="directory for the best evaluator (default programs/<study>)")
     p.add_argument("--no-progress", action="store_true")
     flags.add_tracking_flags(p)

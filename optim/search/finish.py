@@ -144,7 +144,10 @@ def save_final(study: optuna.Study, tested: Tested, out: Path, *, model: str, ca
         mlflow_tracking.log_file(out, "evaluator")
         mlflow_tracking.log_file(tested.results, "results")
         if tracking.log_model:
-            mlflow_tracking.log_dspy_model(program)  # outside the LM context: no client or key travels with it
+            from optim.mlflow_model import log_models
+
+            # outside the LM context: no client or key travels with it
+            log_models(program, out, registered_name=tracking.register)
     study.set_user_attr("final", {"trial": trial.number, "out": str(out),
                                   "test": {metric: written["test_metrics"].get(metric)}})
     study.set_user_attr(f"final_claim:{trial.number}", {"worker": Worker.current().tag(), "out": str(out),

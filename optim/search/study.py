@@ -1,8 +1,8 @@
 """The study: where trials live, how many a search runs, and which workers still hold one.
 
-Studies live in an Optuna storage (default ``sqlite:///mlruns/optuna.db``), so an interrupted
-search resumes where it stopped and several workers can share one study. A trial whose worker
-was killed is failed as soon as a worker on the same host sees that the process is gone
+Studies live in an Optuna storage (default ``sqlite:///mlruns/optuna.db``; ``postgresql://...`` for workers on
+many hosts), so an interrupted search resumes where it stopped and several workers can share one study. A trial
+whose worker was killed is failed as soon as a worker on the same host sees that the process is gone
 (``fail_dead_trials``); one on another host is failed by Optuna's heartbeat after its grace period.
 """
 
@@ -17,15 +17,16 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from chateval_dspy.errors import ConfigError
+from optim import stores
 from optim.search.space import OBJECTIVES, parse_objectives
 from optim.search.worker import Worker, dead
+from optim.stores import redact_url  # noqa: F401 - where callers have imported it from
 
 log = logging.getLogger(__name__)
 
@@ -73,37 +74,22 @@ def default_study_name(dataset: str, objectives: Sequence[str]) -> str:
     return f"{stem}-{'-'.join(objectives)}"
 
 
-def redact_url(url: str) -> str:
-    """A storage URL fit to print and log: any password is masked."""
-    parts = urlsplit(url)
-    if parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-        return urlunsplit(parts._replace(netloc=netloc))
-    return url
-
-
 def open_storage(url: str):
-    """An RDB storage with heartbeats (a crashed worker's trial is failed after 3 minutes), or ``url`` as given."""
-    if url.startswith("sqlite:///"):
-        path = Path(url[len("sqlite:///"):])
-        if str(path) not in ("", ":memory:"):
-            path.parent.mkdir(parents=True, exist_ok=True)
-    if url.startswith(("sqlite:", "postgresql", "mysql")):
-        from sqlalchemy.exc import SQLAlchemyError
+    """An RDB storage with heartbeats (a crashed worker's trial is failed after 3 minutes), or ``url`` as given.
 
-        kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite:") else {}
-        for attempt in range(5):
-            try:
-                with warnings.catch_warnings():  # heartbeats are "experimental" since Optuna 2.9, and documented
-                    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                    return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S,
-                                                      grace_period=GRACE_S)
-            except SQLAlchemyError:
-                # Workers that open a new storage at the same moment race to create its tables; the loser retries.
-                if attempt == 4:
-                    raise
-                time.sleep(0.2 * (attempt + 1))
-    return url
+    A SQLite file or PostgreSQL database gets its tables from the first worker to open it; workers that start at the
+    same moment wait for that one (``optim.stores.init_lock``) instead of racing it to create them.
+    """
+    kind = stores.backend(url)
+    if kind is None:
+        return url  # a journal storage or another URL Optuna resolves itself
+    # SQLite: wait for a busy file rather than fail at once. PostgreSQL: a long trial may outlive a pooled connection
+    # that the server or a firewall dropped meanwhile; check it before use.
+    kwargs = {"sqlite": {"connect_args": {"timeout": 60}}, "postgresql": {"pool_pre_ping": True}}.get(kind, {})
+    with stores.init_lock(url, "optuna"), warnings.catch_warnings():
+        # Heartbeats are "experimental" since Optuna 2.9, and documented.
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
 
 
 def make_sampler(seed: int, slot: int | None = None) -> optuna.samplers.TPESampler:
@@ -309,11 +295,12 @@ def study_run(study: optuna.Study, *, params: dict, uri: str | None = None) -> I
     from optim import tracking
 
     uri_key = tracking.tracking_uri(uri)
-    attr = "mlflow_run:" + hashlib.sha256(uri_key.encode()).hexdigest()[:16]
+    shown = redact_url(uri_key)  # a password in the tracking URI stays out of the study's attributes and the log
+    attr = "mlflow_run:" + hashlib.sha256(shown.encode()).hexdigest()[:16]
     runs = dict(study.user_attrs.get("mlflow_runs") or {})  # {uri: run id}, what `chateval report` reads
-    run_id = study.user_attrs.get(attr) or runs.get(uri_key)
+    run_id = study.user_attrs.get(attr) or runs.get(shown)
     if run_id and not tracking.run_exists(run_id, uri):
-        log.warning("the study's MLflow run %s is gone from %s; starting a new one", run_id, uri_key)
+        log.warning("the study's MLflow run %s is gone from %s; starting a new one", run_id, shown)
         run_id = tracking.create_run(f"search-{study.study_name}", uri=uri,
                                      tags={"command": "search", "optuna.study": study.study_name})
         study.set_user_attr(attr, run_id)
@@ -323,8 +310,8 @@ def study_run(study: optuna.Study, *, params: dict, uri: str | None = None) -> I
         run_id = claim_attr(study, attr, candidate)
         if run_id != candidate:
             tracking.delete_run(candidate)
-    if runs.get(uri_key) != run_id:
-        runs[uri_key] = run_id
+    if runs.get(shown) != run_id:
+        runs[shown] = run_id
         study.set_user_attr("mlflow_runs", runs)
     with tracking.run(f"search-{study.study_name}", params=params, uri=uri, run_id=run_id) as active:
         yield active

@@ -1,0 +1,85 @@
+"""Request tags for a shared LLM gateway's spend tracking: ``chateval``, ``task:<name>``, ``run:<id>``.
+
+Every request of this package's engines (``lm.engine``) to an OpenAI-compatible URL carries them in one header,
+``x-litellm-tags: chateval,task:faireval,run:<id>``, which the LiteLLM proxy reads into its spend logs and callbacks
+(``metadata.tags``) and any other server ignores. A header, not body fields: servers that refuse unknown body
+fields (strict OpenAI-compatible ones) still accept it. A tag holds no secret: the package name, the task's name and
+a run id.
+
+The run id is ``$CHATEVAL_RUN_ID`` when set (many workers of one sweep share it), else the open MLflow run's id
+(``chateval evaluate`` opens one before judging), else a generated one, logged once at INFO (``chateval -v``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import os
+import re
+import sys
+import uuid
+from collections.abc import Iterator
+
+log = logging.getLogger(__name__)
+
+TAG_HEADER = "x-litellm-tags"
+RUN_ID_VARIABLE = "CHATEVAL_RUN_ID"
+# The header is a comma-separated list: a tag keeps to characters that cannot split or break it.
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.:/@+=-]+")
+_TAGS: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("chateval_request_tags", default=())
+_GENERATED: list[str] = []  # one generated run id a process
+
+
+def clean(tag: str) -> str:
+    """``tag`` with anything that could split the header's list (commas, spaces, newlines) made ``_``, at most 120
+    characters.
+
+    Example:
+        >>> clean("task:my task, v2")
+        'task:my_task_v2'
+    """
+    return _UNSAFE.sub("_", str(tag)).strip("_")[:120]
+
+
+def run_id() -> str:
+    """``$CHATEVAL_RUN_ID``, else the active MLflow run's id, else one generated for this process (logged once)."""
+    given = os.environ.get(RUN_ID_VARIABLE, "").strip()
+    if given:
+        return given
+    mlflow = sys.modules.get("mlflow")  # only a process that already uses MLflow has a run to name
+    active = mlflow.active_run() if mlflow is not None and hasattr(mlflow, "active_run") else None
+    if active is not None:
+        return active.info.run_id
+    if not _GENERATED:
+        _GENERATED.append(uuid.uuid4().hex[:12])
+        log.info("run id for the gateway's request tags: %s (set %s to choose one)", _GENERATED[0], RUN_ID_VARIABLE)
+    return _GENERATED[0]
+
+
+def current() -> tuple[str, ...]:
+    """The tags of requests sent now (empty outside ``tagging``)."""
+    return _TAGS.get()
+
+
+def header() -> dict[str, str]:
+    """``{"x-litellm-tags": "..."}`` for requests sent now, or {} outside ``tagging``."""
+    tags = current()
+    return {TAG_HEADER: ",".join(tags)} if tags else {}
+
+
+@contextlib.contextmanager
+def tagging(task: str | None = None) -> Iterator[tuple[str, ...]]:
+    """Tag the requests sent inside: ``chateval``, ``run:<id>`` and, given, ``task:<task>``; nested, it adds the task.
+
+    Worker threads that copy the context (``concurrency.parallel_map``, the deadline watchdog) keep the tags.
+    """
+    outer = _TAGS.get()
+    tags = outer or ("chateval", f"run:{clean(run_id())}")
+    if task and not any(t.startswith("task:") for t in tags):
+        tags = (*tags, f"task:{clean(task)}")
+    token = _TAGS.set(tags)
+    try:
+        yield tags
+    finally:
+        _TAGS.reset(token)

@@ -1,0 +1,126 @@
+"""Shared stores (Optuna's RDB storage, MLflow's tracking database) created once, however many workers start together.
+
+Both libraries create their tables on first use, and neither guards that against another process doing the same:
+two workers started at once on a fresh SQLite file or PostgreSQL database both run the migrations, and the loser
+crashes (Optuna: a duplicate table; MLflow: ``_alembic_tmp_experiments already exists`` on SQLite, a duplicate
+key on PostgreSQL). ``init_lock`` serialises that first use: an ``fcntl.flock`` on a file next to a SQLite database
+(every process that opens it shares its filesystem), a PostgreSQL advisory lock held on a connection of its own
+(workers on any host). The second worker in finds the tables made and goes on. Other URLs (an MLflow server over
+HTTP creates its store once, at start) need no lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from chateval_dspy.errors import ConfigError
+
+
+def _parse(url: str):
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url)
+    except ArgumentError as exc:
+        raise ConfigError(f"not a database URL: {redact_url(url)} ({type(exc).__name__})") from None
+
+
+def backend(url: str) -> str | None:
+    """``"sqlite"``, ``"postgresql"``, ``"mysql"``, ...: the database behind a SQLAlchemy URL; None for anything else.
+
+    Example:
+        >>> backend("postgresql://u:pw@db:5432/optuna"), backend("sqlite:///mlruns/optuna.db"), backend("http://h:5000")
+        ('postgresql', 'sqlite', None)
+    """
+    if "://" not in url or url.split("://", 1)[0].split("+", 1)[0] not in ("sqlite", "postgresql", "postgres", "mysql",
+                                                                          "mssql", "oracle"):
+        return None
+    return _parse(url).get_backend_name()
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of a SQLite URL; None for an in-memory database or another backend."""
+    if backend(url) != "sqlite":
+        return None
+    database = _parse(url).database
+    return Path(database) if database and database != ":memory:" else None
+
+
+def redact_url(url: str) -> str:
+    """A storage or tracking URL fit to print and log: any password is masked.
+
+    Example:
+        >>> redact_url("postgresql://optuna:s3cret@db.internal:5432/optuna")
+        'postgresql://optuna:***@db.internal:5432/optuna'
+    """
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:  # an unparsable netloc (a bad port): keep nothing after the scheme's user part
+        return url.split("://", 1)[0] + "://***"
+    if password:
+        userinfo, _, host = parts.netloc.rpartition("@")
+        user = userinfo.split(":", 1)[0]
+        return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    return url
+
+
+def _lock_key(purpose: str) -> int:
+    """A signed 64-bit advisory lock key per purpose: Optuna and MLflow stores in one database lock apart."""
+    digest = hashlib.sha256(f"chateval-dspy:{purpose}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # The lock file stays: unlinking a flock'ed file lets a third process lock a new inode while the second holds the old.
+    with open(path.with_name(path.name + ".init.lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def _advisory_lock(url: str, purpose: str) -> Iterator[None]:
+    """``pg_advisory_lock`` on a connection of its own (closing it releases the lock, should this process die)."""
+    import sqlalchemy
+    from sqlalchemy.pool import NullPool
+
+    engine = sqlalchemy.create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": _lock_key(purpose)})
+            conn.commit()  # the lock is the session's, not the transaction's: no transaction stays open meanwhile
+            try:
+                yield
+            finally:
+                conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:k)"), {"k": _lock_key(purpose)})
+                conn.commit()
+    finally:
+        engine.dispose()
+
+
+@contextlib.contextmanager
+def init_lock(url: str, purpose: str) -> Iterator[None]:
+    """Hold the lock that creating ``url``'s ``purpose`` tables (``"optuna"``, ``"mlflow"``) needs; nothing to hold
+    for a URL that is not a SQLite file or PostgreSQL database."""
+    kind = backend(url)
+    if kind == "sqlite" and sqlite_path(url) is not None:
+        with _file_lock(sqlite_path(url)):
+            yield
+    elif kind == "postgresql":
+        with _advisory_lock(url, purpose):
+            yield
+    else:
+        yield
