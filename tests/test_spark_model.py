@@ -155,11 +155,15 @@ def test_string_and_struct_results_of_both_models_in_the_local_env(registered):
 
     here, url, spark, items = registered
     cols = struct(*items.columns)
+    # As the README does: Spark's Python workers have the environment of the JVM, which an earlier test module's
+    # session may have started before this module set CHATEVAL_MODEL.
+    env = {"CHATEVAL_MODEL": url, "CHATEVAL_CACHE_DIR": str(here / "cache")}
     for name in ("chateval-judge", "chateval-judge-searched"):
         uri = f"models:/{name}/1"
         expected = judged(uri, here, url)
-        as_text = mlflow.pyfunc.spark_udf(spark, uri, result_type="string", env_manager="local")
-        as_struct = mlflow.pyfunc.spark_udf(spark, uri, result_type=RESULT_TYPE, env_manager="local")
+        as_text = mlflow.pyfunc.spark_udf(spark, uri, result_type="string", env_manager="local", extra_env=env)
+        as_struct = mlflow.pyfunc.spark_udf(spark, uri, result_type=RESULT_TYPE, env_manager="local",
+                                              extra_env=env)
         rows = items.select("id", as_text(cols).alias("text"), as_struct(cols).alias("v")).collect()
         assert {r["id"]: r["text"] for r in rows} == expected and set(expected.values()) <= VERDICTS, name
         assert {r["id"]: r["v"]["verdict"] for r in rows} == expected, name
@@ -169,7 +173,7 @@ def test_string_and_struct_results_of_both_models_in_the_local_env(registered):
             # the judge above already asked the same questions: these answers come from the LM cache (0 tokens)
             assert isinstance(v["prompt_tokens"], int) and json.loads(v["scores"]).keys() == {"answer_1", "answer_2"}, v
     # Without a result type, the model's signature gives the same struct.
-    inferred = mlflow.pyfunc.spark_udf(spark, "models:/chateval-judge/1", env_manager="local")
+    inferred = mlflow.pyfunc.spark_udf(spark, "models:/chateval-judge/1", env_manager="local", extra_env=env)
     rows = items.select("id", inferred(cols).alias("v")).collect()
     assert {r["id"]: r["v"]["verdict"] for r in rows} == judged("models:/chateval-judge/1", here, url)
 
