@@ -3,6 +3,7 @@ runner. Import the fixture into a test module: ``from mlflow_server import track
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -14,6 +15,17 @@ import urllib.request
 
 import pytest
 from test_search import mlflow_db  # noqa: F401 - the MLflow store template, shared
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM a process started in its own session and everything it started; SIGKILL after 30 s."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def _free_port() -> int:
@@ -51,10 +63,5 @@ def tracking_server(tmp_path_factory, mlflow_db):  # noqa: F811 - the shared tem
             time.sleep(0.3)
         yield uri, root
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc)
         log.close()

@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import textwrap
 from pathlib import Path
 
 import optuna
+from mlflow_server import stop_group
 from optuna.trial import TrialState
 from postgres import PG_BIN, postgres  # noqa: F401 - the fixture
 from readme_section import README, subsection_blocks
@@ -208,16 +208,6 @@ def _bash(script: str, cwd: Path, env: dict, log: Path) -> subprocess.Popen:
                                 start_new_session=True)
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
 def test_readme_two_search_workers_share_a_postgresql_study_and_a_postgresql_backed_mlflow_server(
         postgres, tmp_path):  # noqa: F811
     """The README's store and workers subsections as written: a fresh PostgreSQL server gets two databases, an
@@ -237,7 +227,7 @@ def test_readme_two_search_workers_share_a_postgresql_study_and_a_postgresql_bac
         assert run.returncode == 0, output[-4000:]
         _check_workers(f"{pg}/optuna", f"http://127.0.0.1:{port}", output, work, artifacts)
     finally:
-        _stop(server)
+        stop_group(server)
 
 
 def _check_workers(storage: str, uri: str, output: str, work: Path, artifacts: Path) -> None:
