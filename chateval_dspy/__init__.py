@@ -9,26 +9,39 @@ Example:
     ...     verdict = program(question="2+2?", answer_1="4", answer_2="5")
     >>> verdict.preference in ("1", "2", "tie"), verdict.calls
     (True, 8)
+
+Importing the package loads only its errors: every other name is imported on first use (PEP 562), so
+``import chateval_dspy`` neither pays for DSPy, LiteLLM or pandas nor sets any environment variable.
 """
 
-from chateval_dspy.lm.offline import ensure_offline
+import chateval_dspy.lazy as lazy
+from chateval_dspy.errors import BudgetExceeded, ChatEvalError, ConfigError, DataError, FatalLMError
 
-ensure_offline()  # must precede the first import of dspy/litellm
-
-from chateval_dspy.config import DebateConfig  # noqa: E402
-from chateval_dspy.data.loaders import load_dataset, select, split  # noqa: E402
-from chateval_dspy.data.spec import DataSpec  # noqa: E402
-from chateval_dspy.deploy.judge import Judge, Verdict, load  # noqa: E402
-from chateval_dspy.deploy.metric import as_metric  # noqa: E402
-from chateval_dspy.deploy.mlflow_judge import mlflow_judge  # noqa: E402 - imports MLflow only when called
-from chateval_dspy.errors import BudgetExceeded, ChatEvalError, ConfigError, DataError, LMError  # noqa: E402
-from chateval_dspy.lm.adapter import JudgeAdapter  # noqa: E402
-from chateval_dspy.lm.resolve import configure_cache, resolve_lm  # noqa: E402
-from chateval_dspy.lm.spec import LMSpec  # noqa: E402
-from chateval_dspy.program.chateval import ChatEval, build_evaluator  # noqa: E402
-from chateval_dspy.program.strategies import STRATEGIES  # noqa: E402
-from chateval_dspy.run.evaluate import evaluate  # noqa: E402
-from chateval_dspy.run.evaluate_dataset import evaluate_dataset  # noqa: E402
+# Public name -> the module that defines it, imported when the name is first used.
+__getattr__, __dir__ = lazy.exports(__name__, {
+    "ChatEval": "chateval_dspy.program.chateval",
+    "DataSpec": "chateval_dspy.data.spec",
+    "DebateConfig": "chateval_dspy.config",
+    "Judge": "chateval_dspy.deploy.judge",
+    "JudgeAdapter": "chateval_dspy.lm.adapter",
+    "LMError": "chateval_dspy.errors",  # the deprecated name of FatalLMError
+    "LMSpec": "chateval_dspy.lm.spec",
+    "STRATEGIES": "chateval_dspy.program.strategies",
+    "TaskSpec": "chateval_dspy.program.task",
+    "Verdict": "chateval_dspy.deploy.judge",
+    "as_metric": "chateval_dspy.deploy.metric",
+    "build_evaluator": "chateval_dspy.program.chateval",
+    "configure_cache": "chateval_dspy.lm.resolve",
+    "evaluate": "chateval_dspy.run.evaluate",
+    "evaluate_dataset": "chateval_dspy.run.evaluate_dataset",
+    "load": "chateval_dspy.deploy.judge",
+    "load_dataset": "chateval_dspy.data.loaders",
+    "load_task": "chateval_dspy.program.task",
+    "mlflow_judge": "chateval_dspy.deploy.mlflow_judge",  # imports MLflow only when called
+    "resolve_lm": "chateval_dspy.lm.resolve",
+    "select": "chateval_dspy.data.loaders",
+    "split": "chateval_dspy.data.loaders",
+})
 
 __all__ = [
     "BudgetExceeded",
@@ -38,11 +51,12 @@ __all__ = [
     "DataError",
     "DataSpec",
     "DebateConfig",
+    "FatalLMError",
     "Judge",
     "JudgeAdapter",
-    "LMError",
     "LMSpec",
     "STRATEGIES",
+    "TaskSpec",
     "Verdict",
     "as_metric",
     "build_evaluator",
@@ -51,8 +65,10 @@ __all__ = [
     "evaluate_dataset",
     "load",
     "load_dataset",
+    "load_task",
     "mlflow_judge",
     "resolve_lm",
     "select",
     "split",
 ]
+

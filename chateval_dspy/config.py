@@ -11,12 +11,15 @@ from typing import TYPE_CHECKING, Literal
 
 import chateval_dspy.limits as limits
 from chateval_dspy.errors import ConfigError, shown
+from chateval_dspy.renamed import FORMAT_ALIASES, canonical_format
 
 if TYPE_CHECKING:
     from chateval_dspy.program.task import TaskSpec
 
-Format = Literal["pairwise", "scoring"]
+Format = Literal["pairwise", "pointwise"]
 AGGREGATES = ("mean", "majority")
+# A format as run keys spell it: the name it had when the first results files were keyed (see ``changes``).
+KEY_SPELLING = {new: old for old, new in FORMAT_ALIASES.items()}
 
 
 @dataclass(frozen=True)
@@ -24,8 +27,9 @@ class DebateConfig:
     """How a panel of referees debates one item.
 
     Args:
-        format: ``pairwise`` (which of two answers is better) or ``scoring`` (per-criterion scores of one
-            response; ``pointwise`` is read as ``scoring``). Default: the task's format, else ``pairwise``.
+        format: ``pairwise`` (which of two answers is better) or ``pointwise`` (per-criterion scores of one
+            response; ``scoring``, its old name, is still read, with a ``DeprecationWarning``). Default: the task's
+            format, else ``pairwise``.
         roles: Role slugs from the role library, one per referee, in speaking order.
         strategy: A key of ``strategies.STRATEGIES``.
         turns: Rounds of talk; the last round is the verdict round.
@@ -39,15 +43,15 @@ class DebateConfig:
             (G-Eval style) in the mean; the integer score is kept when the LM returns none.
         role_file: Extra personas (YAML/JSON), resolved when the program is built.
         task: What the panel judges (``task.TaskSpec``, or its dict); None: the built-in task of ``format``
-            (FairEval's for pairwise, Topical-Chat's for scoring). A task equal to that built-in is stored as None.
+            (FairEval's for pairwise, Topical-Chat's for pointwise). A task equal to that built-in is stored as None.
 
     Example:
         >>> cfg = DebateConfig(format="pairwise", roles=("general_public", "critic"))
         >>> cfg.calls_per_item()
         8
         >>> from chateval_dspy.program.task import builtin_task
-        >>> DebateConfig(task=builtin_task("scoring")).format, cfg.task_spec.name
-        ('scoring', 'faireval')
+        >>> DebateConfig(task=builtin_task("pointwise")).format, cfg.task_spec.name
+        ('pointwise', 'faireval')
     """
 
     format: Format = None  # type: ignore[assignment]  # resolved in __post_init__: the task's, else "pairwise"
@@ -68,8 +72,8 @@ class DebateConfig:
 
         # Types first: a config can come from a judge card or MLflow params, where any JSON value may stand.
         self._resolve_task()
-        if self.format not in ("pairwise", "scoring"):
-            raise ConfigError(f"unknown format {shown(self.format, 40)}; choose one of: pairwise, scoring (pointwise)")
+        if self.format not in ("pairwise", "pointwise"):
+            raise ConfigError(f"unknown format {shown(self.format, 40)}; choose one of: pairwise, pointwise")
         if isinstance(self.roles, str) or not isinstance(self.roles, (tuple, list)):
             raise ConfigError(f"roles must be a list of role slugs, got {shown(self.roles, 80)}")
         if not self.roles:
@@ -121,8 +125,7 @@ class DebateConfig:
         elif task is not None and not isinstance(task, TaskSpec):
             raise ConfigError(f"task must be a TaskSpec or its dict (task.load_task reads a file), got "
                               f"{type(task).__name__}")
-        if fmt == "pointwise":
-            fmt = "scoring"
+        fmt = canonical_format(fmt, "config format", stacklevel=5)
         if fmt is None:
             fmt = task.config_format if task is not None else "pairwise"
         if task is not None:
@@ -165,10 +168,16 @@ class DebateConfig:
         """The fields that differ from the defaults for this format (``format`` itself always included).
 
         Run keys and study settings are built from these, so that a field added later with a default
-        that keeps the old behaviour does not orphan existing results files or studies.
+        that keeps the old behaviour does not orphan existing results files or studies. For the same reason
+        ``format`` is spelt as keys first hashed it: ``scoring`` for ``pointwise`` (its name until the rename).
+
+        Example:
+            >>> DebateConfig(format="pointwise", turns=3).changes()
+            {'format': 'scoring', 'turns': 3}
         """
         defaults = DebateConfig(format=self.format).to_dict()
-        return {k: v for k, v in self.to_dict().items() if k == "format" or v != defaults.get(k)}
+        out = {k: v for k, v in self.to_dict().items() if k == "format" or v != defaults.get(k)}
+        return {**out, "format": KEY_SPELLING.get(self.format, self.format)}
 
     @classmethod
     def from_dict(cls, data: dict) -> DebateConfig:

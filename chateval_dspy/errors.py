@@ -1,9 +1,13 @@
 """Errors sorted by who can fix them and when.
 
 ``ConfigError`` is fixed by changing flags, a roles file or a config; ``DataError``
-by changing an input file (it names the file, row and field); ``LMError`` by
-pointing at a working model. LM faults inside a debate are not raised to the
-caller: they become recorded abstentions (see ``debate.py``).
+by changing an input file (it names the file, row and field); ``FatalLMError`` by
+pointing at a working model. Other LM faults inside a debate (DSPy's own
+``dspy.utils.exceptions.LMError`` family: a refused, timed-out or rate-limited call)
+are not raised to the caller: they become recorded abstentions (see ``debate.py``).
+
+``FatalLMError`` was called ``LMError``, which read as DSPy's class of that name
+but is no subclass of it: ``LMError`` stays as a deprecated alias.
 """
 
 from __future__ import annotations
@@ -40,11 +44,21 @@ class DataError(ChatEvalError, ValueError):
         super().__init__(f"{prefix}: {message}" if prefix else message)
 
 
-class LMError(ChatEvalError, RuntimeError):
-    """The language model could not be started or reached."""
+class FatalLMError(ChatEvalError, RuntimeError):
+    """The language model could not be started or reached, and the run stops.
+
+    Not a ``dspy.utils.exceptions.LMError``: DSPy raises those for one failed call, which a debate records as the
+    referee's abstention; this one ends the run (a model that never started, a breaker that opened, a batch API
+    that answered nonsense). ``except ChatEvalError`` catches it; ``except dspy.utils.exceptions.LMError`` does not.
+    Inside DSPy's wrapping (an engine raising it during a call) find it with ``cause_of(exc, FatalLMError)``.
+
+    Example:
+        >>> issubclass(FatalLMError, ChatEvalError), issubclass(FatalLMError, RuntimeError)
+        (True, True)
+    """
 
 
-class BudgetExceeded(LMError):  # noqa: N818 - named after what happened, like the gateway's own error
+class BudgetExceeded(FatalLMError):  # noqa: N818 - named after what happened, like the gateway's own error
     """A gateway (the LiteLLM proxy) refuses calls because its budget is spent: the run stops, its results kept,
     and the same command resumes it once the budget is raised or its window resets."""
 
@@ -59,11 +73,11 @@ def cause_of(exc: BaseException | None, kind: type[BaseException]) -> BaseExcept
     Example:
         >>> try:
         ...     try:
-        ...         raise LMError("server died")
-        ...     except LMError as inner:
+        ...         raise FatalLMError("server died")
+        ...     except FatalLMError as inner:
         ...         raise RuntimeError("wrapped") from inner
         ... except RuntimeError as outer:
-        ...     print(cause_of(outer, LMError))
+        ...     print(cause_of(outer, FatalLMError))
         server died
     """
     seen = set()
@@ -95,3 +109,14 @@ def shown(value, limit: int = 60) -> str:
     cut.maxtuple = cut.maxlist = cut.maxarray = cut.maxdict = cut.maxset = cut.maxfrozenset = cut.maxdeque = 6
     cut.maxstring = cut.maxlong = cut.maxother = limit
     return cut.repr(value)[:limit]
+
+
+def __getattr__(name: str):
+    # The old name, kept for code written against it; PEP 562 lets its use say so.
+    if name == "LMError":
+        import warnings
+
+        warnings.warn("chateval_dspy.errors.LMError is renamed FatalLMError (it is not DSPy's LMError)",
+                      DeprecationWarning, stacklevel=2)
+        return FatalLMError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

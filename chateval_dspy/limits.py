@@ -40,6 +40,7 @@ MAX_ROLE_FILE_BYTES = 2 * MIB  # read before parsing: 100 roles x 3 personas x 4
 MAX_INSTRUCTION_CHARS = 20_000  # sent on every call; built-in ~500, MIPROv2/GEPA proposals a few thousand
 MAX_FIELD_TEXT_CHARS = 1_000  # a signature field's prefix or description; the built-in ones are under 150
 MAX_DEMOS_PER_PREDICTOR = 16  # DSPy's own default for labelled demos; every demo is sent on every call
+DEFAULT_DEMOS = 2  # per predictor when none is asked for: the labelled demos' and the optimizers' default
 MAX_DEMO_TEXT_CHARS = 200_000  # one demo field: a judged text (<= MAX_TEXT_CHARS) or a whole discussion
 MAX_DEMO_CHARS_PER_PREDICTOR = 400_000  # ~100k tokens of demos per call: what a 128k-token context holds
 MAX_MODEL_NAME_CHARS = 200  # the card's model is a name (provider/model), never an endpoint or settings

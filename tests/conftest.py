@@ -5,13 +5,17 @@ Nothing here needs the network or the embedded model.
 
 from __future__ import annotations
 
+import os
+
 from chateval_dspy.lm.offline import ensure_offline
 
-ensure_offline()  # before anything below imports dspy / litellm
+# The suite is our process: it goes offline itself (importing chateval_dspy sets nothing), before anything below
+# imports dspy / litellm; and, as the chateval command does, keeps MLflow's artifact progress bars out of the output.
+ensure_offline()
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 import contextlib  # noqa: E402
 import importlib  # noqa: E402
-import os  # noqa: E402
 
 import dspy  # noqa: E402
 import pytest  # noqa: E402

@@ -21,15 +21,14 @@ from chateval_dspy.data.spec import DataSpec
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.lm.spec import LMSpec
 from chateval_dspy.program.roles import role_library
-from chateval_dspy.run import metrics
 from chateval_dspy.testing.fake_lm import Call, ScriptedEngine
-from optim.ablate import ablate, variants
-from optim.paired import mcnemar_exact
-from optim.tracking import TrackingSpec
+from optim.ablation.paired import mcnemar_exact
+from optim.ablation.run import ablate, variants
+from optim.tracking.runs import TrackingSpec
 
 GOOD, PARTLY, BAD = "general_public", "critic", "scientist"
 PANEL = DebateConfig(roles=(GOOD, PARTLY, BAD), turns=1, calibrate=False, aggregate="mean")
-DATA = DataSpec("faireval", split="test", limit=10)
+DATA = DataSpec("faireval", split="test", limit=10, resamples=200)  # fewer resamples: the suite stays quick
 SCORES = {"1": (10, 1), "2": (1, 10), "tie": (5, 5)}
 WRONG = {"1": (1, 10), "2": (10, 1), "tie": (10, 1)}
 
@@ -72,7 +71,6 @@ def scripted(monkeypatch):
         yield dspy.LM("fake/scripted", engine=engine, cache=False, num_retries=0)
 
     monkeypatch.setattr(chateval_dspy.lm.resolve, "resolve_lm", resolve)
-    monkeypatch.setattr(metrics, "N_RESAMPLES", 200)
     engine.responder = panel_script(DATA, PANEL)
     return engine
 
@@ -191,7 +189,7 @@ def test_the_cli_prints_the_table_and_writes_the_plot(scripted, tmp_path, capsys
 
     code = main(["ablate", "--dataset", "faireval", "--split", "test", "--limit", "10", "--role", GOOD, "--role",
                  PARTLY, "--role", BAD, "--turns", "1", "--no-calibrate", "--out", str(tmp_path / "a"),
-                 "--no-progress", "--no-mlflow"])
+                 "--no-progress", "--no-mlflow", "--resamples", "200"])
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "model=fake/scripted" in out and "data=faireval" in out and "split=test (seed 0)" in out and "items=10" in out
@@ -222,9 +220,8 @@ def test_a_scored_task_gets_a_paired_bootstrap(monkeypatch, tmp_path):
         yield fake_lm()
 
     monkeypatch.setattr(chateval_dspy.lm.resolve, "resolve_lm", resolve)
-    monkeypatch.setattr(metrics, "N_RESAMPLES", 200)
-    done = ablate(DataSpec("topical_chat", limit=6), DebateConfig(format="scoring", roles=("critic", "scientist"),
-                                                                  turns=1), LMSpec("embedded"), out=tmp_path / "a")
+    panel = DebateConfig(format="pointwise", roles=("critic", "scientist"), turns=1)
+    done = ablate(DataSpec("topical_chat", limit=6, resamples=200), panel, LMSpec("embedded"), out=tmp_path / "a")
     assert done.metric == "average_spearman" and done.test == "paired bootstrap"
     vs = done.row("without-critic").vs_full
     assert vs["test"] == "paired bootstrap" and vs["p"] is None and vs["n"] == 6
@@ -259,7 +256,6 @@ def test_with_the_lm_cache_on_no_variant_is_billed_less_for_prompts_another_vari
         yield dspy.LM("fake/scripted", engine=engine, cache=True, num_retries=0)
 
     monkeypatch.setattr(chateval_dspy.lm.resolve, "resolve_lm", resolve)
-    monkeypatch.setattr(metrics, "N_RESAMPLES", 200)
     lm = LMSpec("embedded", cache=True, cache_dir=str(tmp_path / "cache"))
     done = ablate(DATA, PANEL, lm, out=tmp_path / "a")
     assert len(engine.calls) == 10 * (3 + 3 * 2 + 3 * 1)  # no variant was answered from another's calls

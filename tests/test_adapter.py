@@ -54,7 +54,7 @@ def test_the_prompts_bytes_are_pinned():
     assert {name: _rendered(style) for name, style in PINNED_STYLES.items()} == pinned
 
 
-@pytest.mark.parametrize("fmt", ["pairwise", "scoring"])
+@pytest.mark.parametrize("fmt", ["pairwise", "pointwise"])
 def test_the_lean_format_keeps_every_instruction_and_description(fmt):
     """The meaning does not change: the instructions, every field's description and every output's values are said."""
     for signature in signatures_for(fmt):
@@ -192,8 +192,8 @@ def _toy(n: int, start: int = 0) -> list:
 
 @pytest.mark.parametrize("optimizer", ["labeled", "mipro"])
 def test_tuning_writes_instructions_and_demos_into_the_layout_and_they_round_trip(tmp_path, optimizer):
-    from optim.compile import OptimizerSettings, compile_evaluator
-    from optim.objectives import agreement
+    from optim.tuning.compile import OptimizerSettings, compile_evaluator
+    from optim.tuning.objectives import agreement
 
     cfg = DebateConfig(roles=("critic", "scientist"), turns=1)
     student = build_evaluator(cfg)

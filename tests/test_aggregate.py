@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from chateval_dspy.program.aggregate import majority, mean_scores, mode_scores, pairwise_verdict, preference, scoring_verdict
+from chateval_dspy.program.aggregate import majority, mean_scores, mode_scores, pairwise_verdict, pointwise_verdict, preference
 
 
 @pytest.mark.parametrize(("s1", "s2", "expected"), [(7, 3, "1"), (3, 7, "2"), (5, 5, "tie"), (7, 7.0, "tie"),
@@ -76,9 +76,9 @@ def test_pairwise_verdict_all_abstain(how):
     assert pairwise_verdict([None, None], how) == (None, None)
 
 
-def test_scoring_verdict_mean_vs_mode():
+def test_pointwise_verdict_mean_vs_mode():
     verdicts = [{"naturalness": 3, "coherence": 1}, {"naturalness": 1, "coherence": 1},
                 {"naturalness": 3, "coherence": 2}]
-    assert scoring_verdict(verdicts, "mean") == pytest.approx({"naturalness": 7 / 3, "coherence": 4 / 3})
-    assert scoring_verdict(verdicts, "majority") == {"naturalness": 3, "coherence": 1}
-    assert scoring_verdict([None], "mean") is None and scoring_verdict([None], "majority") is None
+    assert pointwise_verdict(verdicts, "mean") == pytest.approx({"naturalness": 7 / 3, "coherence": 4 / 3})
+    assert pointwise_verdict(verdicts, "majority") == {"naturalness": 3, "coherence": 1}
+    assert pointwise_verdict([None], "mean") is None and pointwise_verdict([None], "majority") is None

@@ -252,7 +252,7 @@ def test_score_and_ablate_run_in_batch_mode(tmp_path):
     from chateval_dspy.deploy.store import make_card, save_program
     from chateval_dspy.lm.batch.setup import BatchRun
     from chateval_dspy.program.chateval import build_evaluator
-    from optim.ablate import ablate
+    from optim.ablation.run import ablate
 
     cfg = DebateConfig(roles=("critic", "scientist"), turns=1)
     program = build_evaluator(cfg)

@@ -9,7 +9,7 @@ import traceback
 import httpx
 import pytest
 
-from chateval_dspy.errors import ConfigError, LMError
+from chateval_dspy.errors import ConfigError, FatalLMError
 from chateval_dspy.lm.batch import anthropic as batches
 from chateval_dspy.lm.batch.anthropic import AnthropicBatches, chat_completion, messages_params
 from chateval_dspy.lm.batch.provider import BatchRequest
@@ -153,11 +153,11 @@ def test_an_errored_request_carries_its_http_status_and_succeeds_when_resubmitte
 def test_the_key_appears_in_no_repr_and_no_error():
     with FakeAnthropicServer(api_key="the-right-key") as base:
         provider = AnthropicBatches(api_key=KEY, base_url=base, retries=0)
-        with pytest.raises(LMError, match="HTTP 401") as refused:
+        with pytest.raises(FatalLMError, match="HTTP 401") as refused:
             provider.submit(requests("a"), label="x")
-        with pytest.raises(LMError, match="msgbatch_nope") as missing:
+        with pytest.raises(FatalLMError, match="msgbatch_nope") as missing:
             provider.state("msgbatch_nope")
-    with pytest.raises(LMError, match="ConnectError") as unreachable:  # the server is gone
+    with pytest.raises(FatalLMError, match="ConnectError") as unreachable:  # the server is gone
         provider.state("msgbatch_gone")
     for text in [repr(provider), str(provider.__dict__)] + [
             "".join(traceback.format_exception(e.type, e.value, e.tb)) for e in (refused, missing, unreachable)]:
@@ -186,7 +186,7 @@ def test_a_custom_id_anthropic_would_refuse_is_refused_before_submitting(custom_
 # -- untrusted answers -----------------------------------------------------------------------------------------------
 
 def scripted(results: bytes, results_url: str = "http://api.test/v1/messages/batches/msgbatch_1/results",
-             status: int = 200) -> AnthropicBatches:
+             status: int = 200, **settings) -> AnthropicBatches:
     """A provider whose API is a script: batch msgbatch_1 has ended with ``results``."""
     batch = {"id": "msgbatch_1", "processing_status": "ended", "results_url": results_url,
              "request_counts": {"processing": 0, "succeeded": 1, "errored": 0, "canceled": 0, "expired": 0}}
@@ -196,7 +196,7 @@ def scripted(results: bytes, results_url: str = "http://api.test/v1/messages/bat
             return httpx.Response(status, content=results)
         return httpx.Response(200, json=batch)
 
-    provider = AnthropicBatches(api_key=KEY, base_url="http://api.test", retries=0)
+    provider = AnthropicBatches(api_key=KEY, base_url="http://api.test", retries=0, **settings)
     provider._client = httpx.Client(transport=httpx.MockTransport(handle), headers=provider._client.headers)
     return provider
 
@@ -208,7 +208,7 @@ def ok(custom_id: str) -> bytes:
 
 @pytest.mark.parametrize("bad", [b"not json", b"[1, 2]", b'{"custom_id": 7}', b'{"custom_id": "a/../b"}'])
 def test_a_results_line_without_a_custom_id_names_the_batch_and_line(bad):
-    with pytest.raises(LMError, match="batch msgbatch_1 results line 2 "):
+    with pytest.raises(FatalLMError, match="batch msgbatch_1 results line 2 "):
         scripted(ok("a") + b"\n" + bad + b"\n" + ok("b")).outcomes("msgbatch_1")
 
 
@@ -219,13 +219,12 @@ def test_a_malformed_answer_is_that_requests_error_not_the_batchs():
     assert b.body is None and b.error["status"] is None and b.error["code"] == "bad_result"
 
 
-def test_results_over_the_cap_or_on_another_host_are_refused(monkeypatch):
-    monkeypatch.setattr(batches, "MAX_RESULTS_BYTES", 100)
-    with pytest.raises(LMError, match="cap"):
-        scripted(b"\n".join(ok(f"r{i}") for i in range(5))).outcomes("msgbatch_1")
-    with pytest.raises(LMError, match="not on http://api.test"):
+def test_results_over_the_cap_or_on_another_host_are_refused():
+    with pytest.raises(FatalLMError, match="cap"):
+        scripted(b"\n".join(ok(f"r{i}") for i in range(5)), max_results_bytes=100).outcomes("msgbatch_1")
+    with pytest.raises(FatalLMError, match="not on http://api.test"):
         scripted(ok("a"), results_url="http://elsewhere.test/results").outcomes("msgbatch_1")
-    with pytest.raises(LMError, match="HTTP 500"):
+    with pytest.raises(FatalLMError, match="HTTP 500"):
         scripted(b'{"type": "error", "error": {"type": "api_error", "message": "boom"}}', status=500).outcomes(
             "msgbatch_1")
 
@@ -243,6 +242,6 @@ def test_reads_are_retried_on_a_transient_fault_and_a_submission_never_is(monkey
     provider = AnthropicBatches(api_key=KEY, base_url="http://api.test", retries=1)
     provider._client = httpx.Client(transport=httpx.MockTransport(handle))
     assert provider.state("msgbatch_1").status == "in_progress" and calls == ["GET", "GET"]
-    with pytest.raises(LMError, match="HTTP 529"):
+    with pytest.raises(FatalLMError, match="HTTP 529"):
         provider.submit(requests("a"), label="x")
     assert calls == ["GET", "GET", "POST"]

@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from chateval_dspy.errors import ConfigError, LMError
-from chateval_dspy.lm.batch import folder as folder_module
+from chateval_dspy.errors import ConfigError, FatalLMError
 from chateval_dspy.lm.batch.folder import FolderBatches
 from chateval_dspy.lm.batch.provider import BatchRequest
 
@@ -221,25 +220,23 @@ def test_unknown_and_repeated_custom_ids_are_warned_about(wave, caplog):
 def test_a_malformed_whole_line_names_file_and_line(wave, content, why):
     path = wave.output_path("w1")
     write(path, [answer("request-1")], tail=content)
-    with pytest.raises(LMError, match=why) as raised:
+    with pytest.raises(FatalLMError, match=why) as raised:
         wave.state("w1")
     assert str(path) in str(raised.value)
 
 
-def test_an_oversize_line_is_refused(wave, monkeypatch):
-    monkeypatch.setattr(folder_module, "MAX_LINE_BYTES", 1024)
+def test_an_oversize_line_is_refused(wave):
     path = wave.output_path("w1")
     write(path, [answer("request-1"), answer("request-2", "x" * 2000)])
-    with pytest.raises(LMError, match="line 2 is over the 1024-byte limit on one line") as raised:
-        wave.outcomes("w1")
+    with pytest.raises(FatalLMError, match="line 2 is over the 1024-byte limit on one line") as raised:
+        FolderBatches(wave.directory, model=MODEL, max_line_bytes=1024).outcomes("w1")
     assert str(path) in str(raised.value)
 
 
-def test_an_oversize_file_is_refused(wave, monkeypatch):
+def test_an_oversize_file_is_refused(wave):
     shutil.copy(RECORDED, wave.output_path("w1"))
-    monkeypatch.setattr(folder_module, "MAX_FILE_BYTES", 1000)
-    with pytest.raises(LMError, match="over the 1000-byte limit on a batch file"):
-        wave.state("w1")
+    with pytest.raises(FatalLMError, match="over the 1000-byte limit on a batch file"):
+        FolderBatches(wave.directory, model=MODEL, max_file_bytes=1000).state("w1")
 
 
 def test_an_unknown_batch_is_a_config_error(tmp_path):
@@ -247,10 +244,9 @@ def test_an_unknown_batch_is_a_config_error(tmp_path):
         FolderBatches(tmp_path).state("w9")
 
 
-def test_a_wave_too_big_to_read_back_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr(folder_module, "MAX_FILE_BYTES", 300)
+def test_a_wave_too_big_to_read_back_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="over the 300-byte limit: submit smaller waves"):
-        FolderBatches(tmp_path).submit(requests(), "w1")
+        FolderBatches(tmp_path, max_file_bytes=300).submit(requests(), "w1")
     assert not (tmp_path / "w1.input.jsonl").exists()
 
 

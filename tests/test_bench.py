@@ -15,7 +15,6 @@ import pytest
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.data.loaders import load_faireval
 from chateval_dspy.program.chateval import build_evaluator
-from chateval_dspy.run import metrics
 from chateval_dspy.testing.fake_lm import fake_lm
 from optim.bench import main as bench
 from optim.bench.catalogue import MultipleEvidence, choose
@@ -25,12 +24,15 @@ from optim.bench.stats import mcnemar, proportion
 
 @pytest.fixture(autouse=True)
 def _quick(monkeypatch, tmp_path):
-    monkeypatch.setattr(metrics, "N_RESAMPLES", 40)  # a smoke test checks plumbing, not interval precision
     monkeypatch.setenv("CHATEVAL_CACHE_DIR", str(tmp_path / "cache"))  # isolate_cache() overwrites it; undone after
+
+
+FEW = 40  # bootstrap resamples: a smoke test checks plumbing, not interval precision
 
 
 def run_suite(argv, lm=None, capsys=None):
     lm = lm or fake_lm()
+    argv = [*argv, "--resamples", str(FEW)]
     assert bench.main(argv, lm_factory=lambda slots: contextlib.nullcontext(lm)) == 0
     return lm
 
@@ -128,7 +130,7 @@ def test_flip_is_counted_only_toward_the_injected_answer():
     injected = [(v[0], {"prediction": "tie", "score_1": 5, "score_2": 5}),   # toward: flip
                 (v[1], {"prediction": "1", "score_1": 6, "score_2": 5}),     # away: no flip
                 (v[2], {"prediction": "2", "score_1": 1, "score_2": 9})]     # already preferred: not eligible
-    s = flip_stats(clean, injected)
+    s = flip_stats(clean, injected, n_resamples=FEW)
     assert (s["eligible"], s["flips"]) == (2, 1)
     assert s["margin_shift"]["value"] == pytest.approx((6 - 1 + 2) / 3)  # margins -6,0,6 -> 0,-1,8
 

@@ -9,7 +9,6 @@ import json
 import pytest
 
 from chateval_dspy.data.loaders import load_faireval
-from chateval_dspy.run import metrics
 from chateval_dspy.testing.fake_lm import fake_lm
 from optim.bench import main as bench
 from optim.bench.review import HARD, flag_precision, planted_responder
@@ -17,14 +16,16 @@ from optim.bench.review import HARD, flag_precision, planted_responder
 
 @pytest.fixture(autouse=True)
 def _quick(monkeypatch, tmp_path):
-    monkeypatch.setattr(metrics, "N_RESAMPLES", 40)  # a smoke test checks behaviour, not interval precision
     monkeypatch.setenv("CHATEVAL_CACHE_DIR", str(tmp_path / "cache"))
+
+
+FEW = 40  # bootstrap resamples: a smoke test checks behaviour, not interval precision
 
 
 def review(tmp_path, lm, *extra):
     out = tmp_path / "review-planted.json"
     argv = ["review", "--roles", "1", "--counts", "2,4", "--seeds", "3", "--tie-draws", "2", "--curve-test-limit", "16",
-            "--work-dir", str(tmp_path / "raw"), "--out", str(out), "--markdown", *extra]
+            "--work-dir", str(tmp_path / "raw"), "--out", str(out), "--markdown", "--resamples", str(FEW), *extra]
     assert bench.main(argv, lm_factory=lambda slots: contextlib.nullcontext(lm)) == 0
     return json.loads(out.read_text())
 
@@ -67,7 +68,7 @@ def test_planted_errors_are_flagged_and_queue_labels_teach_more(tmp_path, capsys
 def test_flag_precision_counts_ties_at_the_cut():
     records = [{"id": str(i), "format": "pairwise", "human": "1", "prediction": p, "consistent": c}
                for i, (p, c) in enumerate([("2", False), ("1", False), ("1", True), ("1", True), ("2", True)])]
-    f = flag_precision(records, fractions=(0.2, 0.4))
+    f = flag_precision(records, fractions=(0.2, 0.4), n_resamples=FEW)
     # U: the two inconsistent items first (0.25 each, tied), then three at 0.
     top1, top2 = f["rows"]
     assert (top1["k"], top1["top"]["value"], top1["tied_at_cut"], top1["tied_in_top"]) == (1, 1.0, 2, 1)

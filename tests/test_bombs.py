@@ -33,7 +33,7 @@ from chateval_dspy.deploy.store import read_card
 from chateval_dspy.errors import ChatEvalError
 from chateval_dspy.program.roles import load_role_file
 from chateval_dspy.program.task import load_task
-from optim.labels import read_labels
+from optim.tuning.labels import read_labels
 
 ENTRY = {
     "task": load_task,

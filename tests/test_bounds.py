@@ -16,12 +16,12 @@ import pytest
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.lm.adapter import JudgeAdapter
-from chateval_dspy.lm.engine import DEFAULT_RETRIES, CallBounds, bounds_of, with_bounds
+from chateval_dspy.lm.call_limits import DEFAULT_RETRIES, CallBounds
+from chateval_dspy.lm.engine import bounds_of, with_bounds
 from chateval_dspy.lm.resolve import resolve_lm
 from chateval_dspy.lm.spec import LMSpec
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.signatures import INPUTS
-from chateval_dspy.run import metrics
 from chateval_dspy.run.evaluate import evaluate
 from chateval_dspy.run.result import RunResult
 from chateval_dspy.run.table import summary_table
@@ -33,11 +33,6 @@ ONE_CALL = DebateConfig(roles=("critic",), turns=1, calibrate=False)
 TWO_CALLS = DebateConfig(roles=("critic",), turns=1)  # both answer orders
 # Scheduling noise on 2 shared cores, added to every stated bound before asserting it.
 SLACK_S = 5.0
-
-
-@pytest.fixture(autouse=True)
-def _fewer_resamples(monkeypatch):
-    monkeypatch.setattr(metrics, "N_RESAMPLES", 200)
 
 
 def judge(lm, cfg=ONE_CALL, **item):
@@ -191,7 +186,7 @@ def test_referee_abstentions_are_counted_by_cause_beside_whole_items(tmp_path):
                                           "referee_turns": {"lm_error:LMServerError": 4, "parse_failure": 2}}
     cost = result.cost()
     assert cost["abstained_items"] == 0 and cost["abstained_referee_turns"] == 6
-    text = summary_table(result.metrics(), cost, {"model": "fake"}, abstentions=result.abstention_counts())
+    text = summary_table(result.metrics(n_resamples=200), cost, {"model": "fake"}, abstentions=result.abstention_counts())
     print("\n" + text)
     assert "abstained items: 0" in text and "abstained referee turns: 6" in text
     assert re.search(r"lm_error:LMServerError\s+0\s+4", text) and re.search(r"parse_failure\s+0\s+2", text)

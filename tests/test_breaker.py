@@ -18,14 +18,15 @@ import pytest
 
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.data.spec import DataSpec
-from chateval_dspy.errors import ConfigError, LMError
+from chateval_dspy.errors import ConfigError, FatalLMError
 from chateval_dspy.lm.adapter import JudgeAdapter
 from chateval_dspy.lm.breaker import DEFAULT_BREAKER, Breaker, breaker_of, failure_kind, with_breaker
-from chateval_dspy.lm.engine import CallBounds, OpenAICompatEngine, dead_endpoint_stop, with_bounds
+from chateval_dspy.lm.call_limits import CallBounds
+from chateval_dspy.lm.engine import OpenAICompatEngine, dead_endpoint_stop, with_bounds
 from chateval_dspy.lm.resolve import resolve_lm
 from chateval_dspy.lm.spec import LMSpec
 from chateval_dspy.program.chateval import build_evaluator
-from chateval_dspy.run import metrics, records
+from chateval_dspy.run import records
 from chateval_dspy.run.evaluate import evaluate
 from chateval_dspy.run.evaluate_dataset import evaluate_dataset
 from chateval_dspy.testing.fake_server import FakeOpenAIServer
@@ -34,11 +35,6 @@ SCALED = CallBounds.derive(1.0)  # the defaults, time-scaled: timeout 1 s, call 
 PANEL = DebateConfig()  # the default panel: 2 referees, 2 rounds, both answer orders at once: 8 calls an item
 SLACK_S = 5.0  # scheduling noise on shared cores, added to every stated bound
 STOPPED = r"failed \d+ attempts in a row .*stopping the run; finished results are kept, rerun the same command"
-
-
-@pytest.fixture(autouse=True)
-def _fewer_resamples(monkeypatch):
-    monkeypatch.setattr(metrics, "N_RESAMPLES", 200)
 
 
 def _stop_after(n: int, action):
@@ -79,7 +75,7 @@ def test_at_the_default_settings_a_dead_endpoint_stops_within_two_call_deadlines
 
 def test_a_dead_endpoint_stops_the_run_keeping_finished_results_and_a_rerun_resumes(tmp_path):
     """An endpoint that takes connections and never answers, from the third item on: the run stops with the one
-    LMError within two call deadlines of the first unanswered request, the two finished items stay in the file,
+    FatalLMError within two call deadlines of the first unanswered request, the two finished items stay in the file,
     and the same call resumes once the endpoint answers again."""
     out, data = tmp_path / "r.jsonl", DataSpec("faireval", limit=5)
     server = FakeOpenAIServer()
@@ -87,7 +83,7 @@ def test_a_dead_endpoint_stops_the_run_keeping_finished_results_and_a_rerun_resu
         spec = LMSpec(model=url, timeout=SCALED.timeout, cache=False)
         assert spec.bounds() == SCALED
         on_item, state = _stop_after(2, lambda: setattr(server, "hang", True))
-        with pytest.raises(LMError, match=STOPPED) as stopped:
+        with pytest.raises(FatalLMError, match=STOPPED) as stopped:
             evaluate_dataset(data, PANEL, spec, out=out, on_item=on_item)
         seconds = time.perf_counter() - state["at"]
         hung = len(server.requests) - 2 * PANEL.calls_per_item()
@@ -106,7 +102,7 @@ def test_a_dead_endpoint_stops_the_run_keeping_finished_results_and_a_rerun_resu
 
 def test_with_the_default_settings_a_dead_endpoint_stops_the_run_within_two_call_deadlines(tmp_path):
     """The issue's check, as a user runs it: every setting at its default (timeout 120 s, call deadline 250 s,
-    breaker 4) against an endpoint that takes connections and never answers. The run stops with the one LMError
+    breaker 4) against an endpoint that takes connections and never answers. The run stops with the one FatalLMError
     in about 240 s (4 minutes of this suite: the two answer orders' second attempts time out), under two call
     deadlines, 500 s, plus start-up; before the breaker this item alone took its 1,000 s item deadline."""
     spec_defaults = LMSpec()
@@ -114,7 +110,7 @@ def test_with_the_default_settings_a_dead_endpoint_stops_the_run_within_two_call
         spec = LMSpec(model=url, cache=False)
         assert spec.bounds() == spec_defaults.bounds() and spec.breaker == spec_defaults.breaker
         start = time.perf_counter()
-        with pytest.raises(LMError, match=STOPPED) as stopped:
+        with pytest.raises(FatalLMError, match=STOPPED) as stopped:
             evaluate_dataset(DataSpec("faireval", limit=3), PANEL, spec, out=tmp_path / "r.jsonl")
         seconds = time.perf_counter() - start
     print(f"\ndead endpoint, default settings: stopped after {seconds:.1f} s (2 call deadlines: "
@@ -131,7 +127,7 @@ def test_a_refused_port_stops_the_run_at_once(tmp_path):
     with server as url:
         spec = LMSpec(model=url, timeout=SCALED.timeout, cache=False)
         on_item, state = _stop_after(2, lambda: server.__exit__(None, None, None))
-        with pytest.raises(LMError, match=STOPPED) as stopped:
+        with pytest.raises(FatalLMError, match=STOPPED) as stopped:
             evaluate_dataset(DataSpec("faireval", limit=5), PANEL, spec, out=out, on_item=on_item)
     seconds = time.perf_counter() - state["at"]
     print(f"\nrefused port: stopped {seconds:.2f} s after it closed\n  {stopped.value}")
@@ -147,7 +143,8 @@ def test_the_cli_stops_with_one_error_line(tmp_path, capsys):
     with FakeOpenAIServer(hang=True) as url:
         start = time.perf_counter()
         code = main(["evaluate", "--dataset", "faireval", "--limit", "3", "--model", url, "--timeout", "1",
-                     "--breaker", "2", "--no-cache", "--no-mlflow", "--no-progress", "--out", str(tmp_path / "r.jsonl")])
+                     "--breaker", "2", "--no-cache", "--no-mlflow", "--no-progress", "--resamples", "200",
+                     "--out", str(tmp_path / "r.jsonl")])
         seconds = time.perf_counter() - start
     err = capsys.readouterr().err
     print(f"\nCLI against a dead endpoint, --breaker 2: exit {code} after {seconds:.2f} s\n{err}")
@@ -161,7 +158,7 @@ def test_a_mixed_panels_dead_referee_endpoint_stops_the_run(tmp_path):
     with FakeOpenAIServer() as main_url, FakeOpenAIServer(hang=True) as dead_url:
         spec = LMSpec(model=main_url, referee_models={"critic": dead_url}, timeout=SCALED.timeout, cache=False)
         start = time.perf_counter()
-        with pytest.raises(LMError, match=STOPPED) as stopped:
+        with pytest.raises(FatalLMError, match=STOPPED) as stopped:
             evaluate_dataset(DataSpec("faireval", limit=3), PANEL, spec, out=tmp_path / "r.jsonl")
         seconds = time.perf_counter() - start
     assert dead_url in str(stopped.value) and seconds < dead_endpoint_stop(SCALED) + SLACK_S
@@ -177,7 +174,7 @@ def test_a_model_string_lm_is_stopped_too():
         lm = with_breaker(with_bounds(lm, SCALED), Breaker(url))
         assert breaker_of(lm.copy(temperature=0.5)) is breaker_of(lm)  # optimizers copy LMs: one count
         start = time.perf_counter()
-        with dspy.context(lm=lm, adapter=JudgeAdapter()), pytest.raises(LMError, match=STOPPED):
+        with dspy.context(lm=lm, adapter=JudgeAdapter()), pytest.raises(FatalLMError, match=STOPPED):
             evaluate(build_evaluator(PANEL), _items(1), PANEL)
         seconds = time.perf_counter() - start
     print(f"\nmodel-string LM against a dead endpoint: stopped after {seconds:.2f} s")
@@ -193,7 +190,7 @@ def test_a_model_string_lm_against_a_refused_port_is_stopped():
         with resolve_lm("openai/fake-served", timeout=10) as lm:
             lm.kwargs.update(api_base=url, api_key="x")
             lm.cache = False
-            with dspy.context(lm=lm, adapter=JudgeAdapter()), pytest.raises(LMError, match="no connection"):
+            with dspy.context(lm=lm, adapter=JudgeAdapter()), pytest.raises(FatalLMError, match="no connection"):
                 evaluate(build_evaluator(PANEL), _items(2), PANEL)
 
 

@@ -244,7 +244,7 @@ def test_a_model_without_cache_rates_says_so_in_the_summary(tmp_path):
 
 
 def test_mlflow_metrics_carry_cached_tokens(tmp_path):
-    from optim.tracking import metric_values
+    from optim.tracking.runs import metric_values
 
     result, _ = run_priced(tmp_path)
     logged = metric_values({}, {**result.cost(), **result.model_metrics()})
@@ -257,7 +257,7 @@ def test_mlflow_metrics_carry_cached_tokens(tmp_path):
 
 
 def test_report_shows_the_cost_by_model_of_a_results_file(tmp_path):
-    from optim.report import model_cost_table
+    from optim.tracking.report import model_cost_table
 
     result, lines = run_priced(tmp_path)
     table = model_cost_table(lines)

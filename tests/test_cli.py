@@ -9,7 +9,6 @@ import re
 import pytest
 
 import chateval_dspy.lm.resolve
-from chateval_dspy.run import metrics
 from chateval_dspy.testing.fake_lm import fake_lm
 from optim.cli.main import main
 
@@ -29,7 +28,6 @@ def fake_model(monkeypatch):
         yield lm
 
     monkeypatch.setattr(chateval_dspy.lm.resolve, "resolve_lm", resolve)
-    monkeypatch.setattr(metrics, "N_RESAMPLES", 200)
     return state
 
 
@@ -39,8 +37,9 @@ def _restore_logging(restore_logging):
 
 
 def cli(capsys, *argv):
-    # MLflow logging has its own tests (test_tracking.py); here it would only write ./mlruns.
-    code = main([*argv, "--no-mlflow"] if argv and argv[0] == "evaluate" else list(argv))
+    # MLflow logging has its own tests (test_tracking.py); here it would only write ./mlruns. Fewer bootstrap
+    # resamples: these tests check what is printed, not the intervals' precision.
+    code = main([*argv, "--no-mlflow", "--resamples", "200"] if argv and argv[0] == "evaluate" else list(argv))
     out, err = capsys.readouterr()
     return code, out, err
 

@@ -11,8 +11,8 @@ from chateval_dspy.lm.adapter import JudgeAdapter
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.run.metrics import accuracy
 from chateval_dspy.testing.fake_lm import Call, fake_lm
-from optim.compile import OPTIMIZERS, OptimizerSettings, compile_evaluator, label_demo, optimizer_progress
-from optim.objectives import agreement, balanced, make_metric, score_error
+from optim.tuning.compile import OPTIMIZERS, OptimizerSettings, compile_evaluator, label_demo, optimizer_progress
+from optim.tuning.objectives import agreement, balanced, make_metric, score_error
 
 
 def _item(i: int, good_first: bool, easy: bool) -> dspy.Example:
@@ -104,7 +104,7 @@ def test_label_demo_writes_the_human_label_as_a_verdict():
     assert (demo.score_1, demo.score_2, demo.persona) == (4, 8, "a critic")
     scoring = dspy.Example(dialogue_history="h", fact="f", response="r",
                            human={"naturalness": 2.6, "coherence": 1.2, "engagingness": 3.0, "groundedness": 0.4})
-    d = label_demo(scoring, "scoring", "p")
+    d = label_demo(scoring, "pointwise", "p")
     assert (d.naturalness, d.coherence, d.engagingness, d.groundedness) == (3, 1, 3, 0)
 
 
@@ -130,7 +130,7 @@ def test_an_interrupted_compile_resumes_without_judging_finished_items_again(tmp
     import contextlib
 
     import chateval_dspy.lm.resolve as lm_module
-    import optim.compile as compile_module
+    import optim.tuning.compile as compile_module
     from optim.cli.main import main
 
     monkeypatch.chdir(tmp_path)
@@ -192,7 +192,7 @@ def test_compile_and_save_is_the_compile_command_as_a_function(tmp_path, monkeyp
     from chateval_dspy.data.spec import DataSpec
     from chateval_dspy.deploy.store import load_program
     from chateval_dspy.lm.spec import LMSpec
-    from optim.compile import compile_and_save
+    from optim.tuning.compile import compile_and_save
 
     @contextlib.contextmanager
     def fake_resolve(*args, **kwargs):
@@ -218,15 +218,22 @@ def test_compile_and_save_is_the_compile_command_as_a_function(tmp_path, monkeyp
         compile_and_save(data, cfg, lm, optimizer="labeled", out=tmp_path / "p", settings=OptimizerSettings(max_demos=1))
 
 
-def test_compile_flag_defaults_and_choices_come_from_optimizer_settings(monkeypatch):
+def test_compile_flag_defaults_and_choices_come_from_optimizer_settings():
     """Issue 10: --max-demos/--candidates/--auto/--threads default to OptimizerSettings' fields."""
-    from optim.cli.main import build_parser
-    from optim.compile import BUDGETS
+    import argparse
 
-    fields = OptimizerSettings.__dataclass_fields__
-    for name, value in (("max_demos", 5), ("candidates", 7), ("auto", "heavy"), ("threads", 3)):
-        monkeypatch.setattr(fields[name], "default", value)
+    from optim.cli import compile as compile_command
+    from optim.cli.main import build_parser
+    from optim.tuning.settings import BUDGETS
+
     args = build_parser().parse_args(["compile", "--dataset", "faireval", "--out", "o"])
+    default = OptimizerSettings()
+    assert (args.max_demos, args.candidates, args.auto, args.threads) == \
+        (default.max_demos, default.candidates, default.auto, default.threads)
+    parser = argparse.ArgumentParser()
+    compile_command.add_command(parser.add_subparsers(dest="command"),
+                                OptimizerSettings(max_demos=5, candidates=7, auto="heavy", threads=3))
+    args = parser.parse_args(["compile", "--dataset", "faireval", "--out", "o"])
     assert (args.max_demos, args.candidates, args.auto, args.threads) == (5, 7, "heavy", 3)
     auto = next(a for a in build_parser()._subparsers._group_actions[0].choices["compile"]._actions
                 if a.dest == "auto")

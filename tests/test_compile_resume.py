@@ -109,7 +109,7 @@ def test_compile_killed_after_its_card_completes_mlflow_logging_and_registration
     store = use_mlflow_store(tmp_path, mlflow_db)
     args = ["compile", "--dataset", "faireval", "--limit", "3", "--turns", "1", "--roles", "1", "--optimizer", "labeled",
             "--out", "programs/p", "--no-progress", "--no-cache", "--register", "toy-judge"]
-    proc = spawn(["optim.mlflow_model.log_dspy_model", *args], tmp_path, script=DIES_IN)
+    proc = spawn(["optim.tracking.models.log_dspy_model", *args], tmp_path, script=DIES_IN)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == -signal.SIGKILL, out + err
     assert (tmp_path / "programs/p/card.json").exists()
@@ -135,9 +135,8 @@ DIES_IN = textwrap.dedent("""
     import contextlib, os, signal, sys
     from chateval_dspy.lm.offline import ensure_offline
     ensure_offline()
-    import chateval_dspy.lm.resolve, chateval_dspy.run.metrics
+    import chateval_dspy.lm.resolve
     from chateval_dspy.testing.fake_lm import fake_lm
-    chateval_dspy.run.metrics.N_RESAMPLES = 20
 
     @contextlib.contextmanager
     def resolve(*args, **kwargs):
@@ -148,14 +147,14 @@ DIES_IN = textwrap.dedent("""
     module, name = sys.argv[1].rsplit(".", 1)
     setattr(importlib.import_module(module), name, lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL))
     from optim.cli.main import main
-    sys.exit(main(sys.argv[2:]))
+    sys.exit(main([*sys.argv[2:], "--resamples", "20"]))
 """)
 
 
 def test_a_folder_bound_to_another_compile_is_refused_with_what_differs(tmp_path, monkeypatch):
     """Issue 11 (item 10): the rerun resumes only the same compile; another one is told what differs."""
     from chateval_dspy.errors import ConfigError
-    from optim.compile import CompileFolder
+    from optim.tuning.compile import CompileFolder
 
     folder = CompileFolder(tmp_path / "p")
     state = folder.claim("k1", {"optimizer": "labeled"})

@@ -43,7 +43,7 @@ def test_roles_must_be_given_and_distinct():
 
 
 @pytest.mark.parametrize(("changes", "message"), [
-    ({"format": "ranking"}, "unknown format 'ranking'; choose one of: pairwise, scoring"),
+    ({"format": "ranking"}, "unknown format 'ranking'; choose one of: pairwise, pointwise"),
     ({"aggregate": "median"}, "unknown aggregate 'median'; choose one of: mean, majority"),
     ({"parse_retries": -1}, "parse_retries must be >= 0"),
     ({"max_text_chars": 100}, "max_text_chars must be at least 200"),
@@ -69,7 +69,7 @@ def test_roles_become_a_tuple_and_config_is_frozen():
 
 @pytest.mark.parametrize("cfg", [
     DebateConfig(),
-    DebateConfig(format="scoring", roles=("scientist",), strategy="simultaneous_talk_with_summarizer", turns=3,
+    DebateConfig(format="pointwise", roles=("scientist",), strategy="simultaneous_talk_with_summarizer", turns=3,
                  calibrate=False, aggregate="majority", parse_retries=0, max_text_chars=500, role_file="r.yaml"),
 ])
 def test_dict_round_trip(cfg):
@@ -100,7 +100,7 @@ def test_replace_validates():
 @pytest.mark.parametrize(("kwargs", "orders", "calls"), [
     ({}, 2, 8),
     ({"calibrate": False}, 1, 4),
-    ({"format": "scoring"}, 1, 4),  # calibration does not apply to scoring
+    ({"format": "pointwise"}, 1, 4),  # calibration does not apply to scoring
     ({"roles": ("critic",), "turns": 1}, 2, 2),
     ({"strategy": "simultaneous_talk_with_summarizer", "turns": 3}, 2, 2 * (2 * 3 + 2)),
     ({"strategy": "simultaneous_talk", "turns": 3}, 2, 12),
@@ -111,7 +111,7 @@ def test_orders_and_calls_per_item(kwargs, orders, calls):
 
 
 def test_changes_are_the_fields_off_their_defaults():
-    assert DebateConfig(format="scoring").changes() == {"format": "scoring"}
+    assert DebateConfig(format="pointwise").changes() == {"format": "scoring"}
     cfg = DebateConfig(turns=3, consensus_stop=True)
     assert cfg.changes() == {"format": "pairwise", "turns": 3, "consensus_stop": True}
 

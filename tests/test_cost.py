@@ -109,7 +109,7 @@ def test_mlflow_logs_dollars_as_metrics_and_unpriced_as_a_tag(priced, tmp_path, 
 
     import mlflow
 
-    from optim.evaluation import log_evaluation
+    from optim.tracking.evaluation import log_evaluation
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -130,7 +130,7 @@ def test_mlflow_logs_dollars_as_metrics_and_unpriced_as_a_tag(priced, tmp_path, 
 
 
 def test_card_cost_block_carries_dollars_and_stays_strict(priced, tmp_path):
-    from optim.compile import OptimizerSettings, compile_and_save
+    from optim.tuning.compile import OptimizerSettings, compile_and_save
 
     done = compile_and_save(DataSpec("faireval", limit=5), PANEL, LMSpec("openai/gpt-4o-mini", cache=False),
                             optimizer="labeled", out=tmp_path / "p", settings=OptimizerSettings(max_demos=1))
@@ -153,7 +153,7 @@ def test_card_cost_block_carries_dollars_and_stays_strict(priced, tmp_path):
 
 
 def test_an_unpriced_card_says_unpriced(tmp_path):
-    from optim.compile import OptimizerSettings, compile_and_save
+    from optim.tuning.compile import OptimizerSettings, compile_and_save
 
     with FakeOpenAIServer() as url:
         compile_and_save(DataSpec("faireval", limit=5), PANEL, LMSpec(url, cache=False), optimizer="labeled",

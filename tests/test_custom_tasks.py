@@ -28,7 +28,7 @@ from chateval_dspy.run.evaluate_dataset import evaluate_dataset, skipped_rows
 from chateval_dspy.testing.fake_lm import ScriptedEngine, fake_lm
 from chateval_dspy.testing.fake_server import FakeOpenAIServer
 from optim.cli.main import main
-from optim.compile import OptimizerSettings, compile_evaluator
+from optim.tuning.compile import OptimizerSettings, compile_evaluator
 
 SUMMEVAL = {
     "name": "summeval", "format": "pointwise",
@@ -174,11 +174,10 @@ def summeval(tmp_path):
     return data, cfg
 
 
-def test_summeval_spec_evaluates_a_csv_with_its_own_columns(tmp_path, summeval, monkeypatch, caplog):
-    monkeypatch.setattr(metrics, "N_RESAMPLES", 200)
+def test_summeval_spec_evaluates_a_csv_with_its_own_columns(tmp_path, summeval, caplog):
     data, cfg = summeval
     items, fmt = data.items()
-    assert fmt == "scoring" and len(items) == 12
+    assert fmt == "pointwise" and len(items) == 12
     assert items[3].human["coherence"] is None and items[5].human["fluency"] == 2.5  # missing and mean labels
     with FakeOpenAIServer() as url, caplog.at_level(logging.WARNING):
         run = evaluate_dataset(data, cfg, LMSpec(model=url, cache=False), out=tmp_path / "r.jsonl")
@@ -191,7 +190,7 @@ def test_summeval_spec_evaluates_a_csv_with_its_own_columns(tmp_path, summeval, 
     # The empty summary was judged, warned about, marked in its line, and scored lowest by the fake judge.
     assert records[11]["empty"] == ["summary"] and "empty" not in first
     assert records[11]["prediction"]["coherence"] == 1 and "judged field 'summary' is empty" in caplog.text
-    figures = run.result.metrics()
+    figures = run.result.metrics(n_resamples=200)
     for name in ("coherence", "consistency", "fluency", "relevance"):
         assert {f"{name}_spearman", f"{name}_kendall"} <= set(figures)
     assert figures["coherence_missing"] == 1 and "fluency_missing" not in figures
@@ -233,8 +232,7 @@ def rag(tmp_path):
     return task_file, DebateConfig(task=load_task(task_file), roles=("critic",), turns=1)
 
 
-def test_rag_label_scale_through_evaluate(tmp_path, rag, monkeypatch):
-    monkeypatch.setattr(metrics, "N_RESAMPLES", 200)
+def test_rag_label_scale_through_evaluate(tmp_path, rag):
     task_file, cfg = rag
     items, _ = DataSpec(rag_jsonl(tmp_path, bad=False), task=task_file, columns=RAG_COLUMNS).items()
     assert [x.human["faithful"] for x in items[:3]] == ["fail", "pass", "pass"]  # labels read in any case
@@ -244,7 +242,7 @@ def test_rag_label_scale_through_evaluate(tmp_path, rag, monkeypatch):
     records = [json.loads(line) for line in (tmp_path / "rag-results.jsonl").read_text().splitlines()]
     assert all(r["prediction"]["faithful"] in ("pass", "fail") for r in records)
     assert records[4]["empty"] == ["answer"] and records[4]["prediction"]["relevance"] == 1
-    figures = result.metrics()
+    figures = result.metrics(n_resamples=200)
     assert {"faithful_accuracy", "faithful_kappa", "relevance_spearman", "relevance_kendall", "average_accuracy",
             "average_kappa", "average_spearman", "average_kendall"} <= set(figures)
     assert figures["faithful_accuracy"].value == figures["average_accuracy"].value
@@ -299,7 +297,7 @@ def test_rag_compiles_saves_and_loads_and_the_judge_reports_each_criterion(tmp_p
         verdict = judge({"id": "x", "question": "q?", "context": "c", "answer": ""})
         with pytest.raises(DataError, match="field 'question': field is empty"):
             judge({"question": " ", "context": "c", "answer": "a"})
-    assert judge.task == cfg.task_spec and verdict.format == "scoring"
+    assert judge.task == cfg.task_spec and verdict.format == "pointwise"
     assert set(verdict.scores) == {"faithful", "relevance"} and verdict.scores == verdict.criteria
     assert verdict.empty == ["answer"] and verdict.scores["relevance"] == 1
 
@@ -333,8 +331,7 @@ def duel(tmp_path):
     return data, DebateConfig(task=load_task(task_file), roles=("critic", "scientist"), turns=1)
 
 
-def test_two_criteria_pairwise_through_evaluate(tmp_path, duel, monkeypatch):
-    monkeypatch.setattr(metrics, "N_RESAMPLES", 200)
+def test_two_criteria_pairwise_through_evaluate(tmp_path, duel):
     data, cfg = duel
     items, fmt = data.items()
     assert fmt == "pairwise" and [x.label for x in items[:3]] == ["2", "1", "2"] and items[9].label == "tie"
@@ -348,7 +345,7 @@ def test_two_criteria_pairwise_through_evaluate(tmp_path, duel, monkeypatch):
     assert first["consistent"] is True and first["prediction"] == "2" and first["correct"] is True
     assert first["helpfulness_2"] > first["helpfulness_1"]
     assert result.calls == 10 * cfg.calls_per_item() == 40
-    figures = result.metrics()
+    figures = result.metrics(n_resamples=200)
     assert figures["accuracy"].value == pytest.approx(0.9) and "kappa" in figures
 
 
@@ -385,12 +382,11 @@ def fake_model(monkeypatch):
         yield fake_lm()
 
     monkeypatch.setattr(chateval_dspy.lm.resolve, "resolve_lm", resolve)
-    monkeypatch.setattr(metrics, "N_RESAMPLES", 200)
     return state
 
 
 def cli(capsys, *argv):
-    code = main([*argv, "--no-mlflow", "--no-progress", "--no-cache"])
+    code = main([*argv, "--no-mlflow", "--no-progress", "--no-cache", "--resamples", "200"])
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -423,7 +419,7 @@ def test_cli_compiles_a_task_file_and_its_card_holds_the_spec_and_the_skipped_ro
     out = tmp_path / "programs" / "rag"
     code = main(["compile", "--task", task_file, "--dataset", rag_jsonl(tmp_path), "--columns", columns,
                  "--skip-bad-rows", "--roles", "1", "--turns", "1", "--optimizer", "labeled", "--max-demos", "2",
-                 "--out", str(out), "--no-mlflow", "--no-progress", "--no-cache"])
+                 "--out", str(out), "--no-mlflow", "--no-progress", "--no-cache", "--resamples", "200"])
     _, err = capsys.readouterr()
     assert code == 0, err
     card = json.loads((out / CARD_FILE).read_text(encoding="utf-8"))

@@ -81,7 +81,7 @@ def test_load_dataset_builtins(faireval):
     items, fmt = load_dataset("faireval")
     assert fmt == "pairwise" and len(items) == 80
     items, fmt = load_dataset("topical_chat")
-    assert fmt == "scoring" and len(items) == 360
+    assert fmt == "pointwise" and len(items) == 360
 
 
 # --- the split ------------------------------------------------------------------------------------------------
@@ -170,12 +170,12 @@ def test_custom_scoring_file(tmp_path):
     path = tmp_path / "dialogue.csv"
     path.write_text("dialogue_history,response,naturalness,coherence,engagingness,groundedness\n"
                     "h,r,2,3,1,0\n", encoding="utf-8")
-    (item,) = load_custom(path, "scoring")
+    (item,) = load_custom(path, "pointwise")
     assert item.fact == "(no fact given)"
     assert item.human == {"naturalness": 2.0, "coherence": 3.0, "engagingness": 1.0, "groundedness": 0.0}
     plain = tmp_path / "plain.jsonl"
     write_jsonl(plain, [{"dialogue_history": "h", "fact": "f", "response": "r"}])
-    (item,) = load_custom(plain, "scoring")
+    (item,) = load_custom(plain, "pointwise")
     assert item.human is None and item.fact == "f"
 
 
@@ -335,7 +335,7 @@ def test_columns_naming_unknown_fields(tmp_path):
     with pytest.raises(DataError, match=r"unknown fields \['prompt'\]"):
         load_custom(path, "pairwise", {"prompt": "question"})
     with pytest.raises(DataError, match="unknown fields"):
-        load_custom(path, "scoring", {"label": "x"})  # label is a pairwise field
+        load_custom(path, "pointwise", {"label": "x"})  # label is a pairwise field
 
 
 def test_a_file_that_rates_some_criteria_says_which_it_does_not(tmp_path):
@@ -344,18 +344,18 @@ def test_a_file_that_rates_some_criteria_says_which_it_does_not(tmp_path):
     path.write_text("dialogue_history,response,naturalness\nh,r,2\n", encoding="utf-8")
     with pytest.raises(DataError, match=r"label column\(s\) 'coherence' \(coherence\), 'engagingness' "
                                         r"\(engagingness\), 'groundedness' \(groundedness\) in no row") as err:
-        load_custom(path, "scoring")
+        load_custom(path, "pointwise")
     assert "the file's columns: 'dialogue_history', 'response', 'naturalness'" in str(err.value)
     assert "--unlabelled coherence,engagingness,groundedness" in str(err.value)
     # Said so, the other criteria are left unlabelled (and counted missing by the metrics), not a malformed row.
-    (item,) = load_custom(path, "scoring", unlabelled=("coherence", "engagingness", "groundedness"))
+    (item,) = load_custom(path, "pointwise", unlabelled=("coherence", "engagingness", "groundedness"))
     assert item.human == {"naturalness": 2.0, "coherence": None, "engagingness": None, "groundedness": None}
     with pytest.raises(DataError, match="--unlabelled names 'fluency', not a criterion"):
-        load_custom(path, "scoring", unlabelled=("fluency",))
+        load_custom(path, "pointwise", unlabelled=("fluency",))
     # A file with no label column at all is judged without agreement figures.
     bare = tmp_path / "bare.csv"
     bare.write_text("dialogue_history,response\nh,r\n", encoding="utf-8")
-    (item,) = load_custom(bare, "scoring")
+    (item,) = load_custom(bare, "pointwise")
     assert item.human is None
 
 
@@ -378,7 +378,7 @@ def test_scoring_row_missing_an_aspect_keeps_the_others(tmp_path):
     full = {"dialogue_history": "h", "response": "r", "naturalness": 2, "coherence": 2, "engagingness": 2,
             "groundedness": 1}
     path = write_jsonl(tmp_path / "aspects.jsonl", [full, {k: v for k, v in full.items() if k != "coherence"}])
-    first, second = load_custom(path, "scoring")
+    first, second = load_custom(path, "pointwise")
     assert first.human["coherence"] == 2.0 and second.human["coherence"] is None
     assert second.human["naturalness"] == 2.0
 
@@ -388,7 +388,7 @@ def test_scoring_non_numeric_aspect_names_file_and_row(tmp_path):
     path.write_text("dialogue_history,response,naturalness,coherence,engagingness,groundedness\nh,r,2,x,2,1\n",
                     encoding="utf-8")
     with pytest.raises(DataError, match="expected a number") as err:
-        load_custom(path, "scoring")
+        load_custom(path, "pointwise")
     assert_names(err, path, row=2)
 
 
@@ -397,7 +397,7 @@ def test_scoring_non_numeric_aspect_names_the_field(tmp_path):
     path.write_text("dialogue_history,response,naturalness,coherence,engagingness,groundedness\nh,r,2,x,2,1\n",
                     encoding="utf-8")
     with pytest.raises(DataError) as err:
-        load_custom(path, "scoring")
+        load_custom(path, "pointwise")
     assert_names(err, path, row=2, field="coherence")
 
 

@@ -8,7 +8,7 @@ import dspy
 import pytest
 
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.errors import LMError
+from chateval_dspy.errors import FatalLMError
 from chateval_dspy.lm.adapter import JudgeAdapter
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.debate import RETRY_TEMPERATURE, Debate, material
@@ -29,7 +29,7 @@ MODES = {
     # name: (format, calibrate, answer orders)
     "pairwise_calibrated": ("pairwise", True, 2),
     "pairwise_one_order": ("pairwise", False, 1),
-    "scoring": ("scoring", True, 1),  # calibration does not apply to scoring: one order
+    "pointwise": ("pointwise", True, 1),  # calibration does not apply to scoring: one order
 }
 
 
@@ -164,7 +164,7 @@ def test_scoring_verdict_parse_failure_abstains(run):
     def responder(call):
         return "no" if call.kind == "verdict" else default_responder(call)
 
-    pred = run(build_evaluator(DebateConfig(format="scoring", roles=(GP,), turns=1)), fake_lm(responder),
+    pred = run(build_evaluator(DebateConfig(format="pointwise", roles=(GP,), turns=1)), fake_lm(responder),
                **SCORING_ITEM)
     assert pred.abstained == "parse_failure"
     assert pred.naturalness is None and pred.groundedness is None
@@ -207,7 +207,7 @@ def test_auth_failure_is_raised_not_abstained(run):
     def responder(call):
         raise dspy.lm15.AuthError("bad key", status=401)
 
-    with pytest.raises(LMError, match="refused"):
+    with pytest.raises(FatalLMError, match="refused"):
         run(build_evaluator(DebateConfig(roles=(GP,), turns=1)), fake_lm(responder), **PAIRWISE_ITEM)
 
 
@@ -242,7 +242,7 @@ def test_debate_prediction_shape(run):
 def test_material_blocks():
     assert material("pairwise", PAIRWISE_ITEM) == (
         "Question: Which is better?\n\nAnswer 1: first answer\n\nAnswer 2: second answer")
-    assert "Fact: cats purr" in material("scoring", SCORING_ITEM)
+    assert "Fact: cats purr" in material("pointwise", SCORING_ITEM)
 
 
 def test_judged_texts_reach_the_lm_verbatim(run):
@@ -349,7 +349,8 @@ def test_turns_after_the_item_deadline_abstain_without_calling_the_lm(run):
     """Issue 11 (item 4): the item's time is shared by all its calls; once it is spent the rest abstain at once."""
     import time
 
-    from chateval_dspy.lm.engine import CallBounds, with_bounds
+    from chateval_dspy.lm.call_limits import CallBounds
+    from chateval_dspy.lm.engine import with_bounds
 
     def slow(call):
         time.sleep(0.3)
@@ -368,7 +369,8 @@ def test_a_summary_cut_by_the_deadline_degrades_to_a_note(run):
     """Issue 11 (item 4): a summarizer call past its deadline costs the next round its summary, not the verdicts."""
     import threading
 
-    from chateval_dspy.lm.engine import CallBounds, with_bounds
+    from chateval_dspy.lm.call_limits import CallBounds
+    from chateval_dspy.lm.engine import with_bounds
 
     release = threading.Event()
 

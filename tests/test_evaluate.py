@@ -10,11 +10,10 @@ import dspy
 import pytest
 
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.errors import LMError
+from chateval_dspy.errors import FatalLMError
 from chateval_dspy.lm.adapter import JudgeAdapter
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.signatures import INPUTS
-from chateval_dspy.run import metrics
 from chateval_dspy.run.evaluate import TRUNCATION_MARK, evaluate, judge_item, prepare, truncate
 from chateval_dspy.run.result import RunResult
 from chateval_dspy.testing.fake_lm import default_responder, fake_lm
@@ -24,9 +23,7 @@ DOCUMENTED = {"id", "human", "prediction", "referees", "transcripts", "consisten
 CFG = DebateConfig(roles=("critic",), turns=1)  # 2 calls per item: quick
 
 
-@pytest.fixture(autouse=True)
-def _fewer_resamples(monkeypatch):
-    monkeypatch.setattr(metrics, "N_RESAMPLES", 200)
+FEW = 200  # bootstrap resamples: enough for the figures these tests check
 
 
 def item(i, label="1", **texts):
@@ -204,7 +201,7 @@ def test_a_refused_lm_stops_the_batch(tmp_path):
         raise dspy.lm15.AuthError("bad key", status=401)
 
     out = tmp_path / "r.jsonl"
-    with pytest.raises(LMError):
+    with pytest.raises(FatalLMError):
         run_eval(ITEMS, lm=fake_lm(responder), out=out)
     assert out.read_text() == ""  # nothing half-written
 
@@ -214,7 +211,7 @@ def test_a_refused_lm_stops_the_batch(tmp_path):
 
 def test_run_metrics_and_cost():
     result, _ = run_eval(ITEMS)
-    report = result.metrics()
+    report = result.metrics(n_resamples=FEW)
     assert report["n"] == 6
     expected = sum(p == h for p, h in zip(result.predicted, result.human, strict=True)) / 6
     assert report["accuracy"].value == pytest.approx(expected)
@@ -227,12 +224,12 @@ def test_run_metrics_and_cost():
 def test_items_without_labels_have_no_metrics():
     unlabeled = [item(i, label=None) for i in range(2)]
     result, _ = run_eval(unlabeled)
-    assert result.n == 2 and result.metrics() == {} and result.human == []
+    assert result.n == 2 and result.metrics(n_resamples=FEW) == {} and result.human == []
     assert math.isnan(RunResult(CFG).cost()["position_consistency"])
 
 
 def test_scoring_records(tmp_path):
-    cfg = DebateConfig(format="scoring", roles=("critic",), turns=1)
+    cfg = DebateConfig(format="pointwise", roles=("critic",), turns=1)
     human = {"naturalness": 2.0, "coherence": 2.0, "engagingness": 3.0, "groundedness": 1.0}
     examples = [dspy.Example(id=f"s{i}", dialogue_history=f"A: hi {i}", fact="cats purr", response=r,
                              human=human).with_inputs(*INPUTS["scoring"])
@@ -242,7 +239,7 @@ def test_scoring_records(tmp_path):
     records = read_lines(out)
     assert [r["prediction"]["groundedness"] for r in records] == [1, 0, 1]
     assert all(r["human"] == human and r["consistent"] is None and "correct" not in r for r in records)
-    report = result.metrics()
+    report = result.metrics(n_resamples=FEW)
     assert report["n"] == 3 and report["n_abstained"] == 0
 
 
@@ -250,5 +247,5 @@ def test_judge_item_reraises_chateval_errors():
     def responder(call):
         raise dspy.lm15.AuthError("no")
 
-    with dspy.context(lm=fake_lm(responder), adapter=JudgeAdapter()), pytest.raises(LMError):
+    with dspy.context(lm=fake_lm(responder), adapter=JudgeAdapter()), pytest.raises(FatalLMError):
         judge_item(build_evaluator(CFG), ITEMS[0], CFG)

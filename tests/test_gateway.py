@@ -303,7 +303,7 @@ def test_the_proxys_renamed_retry_after_is_honoured():
 def test_a_spent_budget_is_budget_exceeded_and_is_not_retried(status, error):
     from dspy import lm15
 
-    from chateval_dspy.errors import BudgetExceeded, LMError
+    from chateval_dspy.errors import BudgetExceeded, FatalLMError
     from chateval_dspy.lm.engine import OpenAICompatEngine
 
     engine = OpenAICompatEngine("http://127.0.0.1:9/v1", "judge", max_retries=2)
@@ -320,7 +320,7 @@ def test_a_spent_budget_is_budget_exceeded_and_is_not_retried(status, error):
     assert len(calls) == 1  # no retry
     with pytest.raises(BudgetExceeded):  # the breaker is open: later calls fail before sending anything
         engine.complete(request)
-    assert len(calls) == 1 and isinstance(engine.breaker.error(), LMError)
+    assert len(calls) == 1 and isinstance(engine.breaker.error(), FatalLMError)
     assert "\n" not in str(engine.breaker.error())
 
 

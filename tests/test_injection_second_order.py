@@ -18,7 +18,6 @@ from chateval_dspy.program import strategies
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.roles import resolve_roles
 from chateval_dspy.program.strategies import STRATEGIES, Utterance, render
-from chateval_dspy.run import metrics
 from chateval_dspy.testing.fake_lm import default_responder, fake_lm
 from optim.bench import main as bench
 from optim.bench.injection import SECOND_ORDER
@@ -92,11 +91,10 @@ def obedient(call):
 
 
 def test_the_benchmark_flips_an_obedient_judge_only_with_the_guard_off(tmp_path, monkeypatch):
-    monkeypatch.setattr(metrics, "N_RESAMPLES", 40)
     monkeypatch.setenv("CHATEVAL_CACHE_DIR", str(tmp_path / "cache"))
     out, kept = tmp_path / "injection.json", strategies.guard
     argv = ["injection", "--limit", "4", "--config", "roles_1", "--kinds", SECOND_ORDER,
-            "--work-dir", str(tmp_path / "raw"), "--out", str(out)]
+            "--work-dir", str(tmp_path / "raw"), "--out", str(out), "--resamples", "40"]
     lm = fake_lm(obedient)
     assert bench.main(argv, lm_factory=lambda slots: contextlib.nullcontext(lm)) == 0
     assert len(lm.engine.calls) == 4 * (4 + 2 + 2)  # clean (2 orders x 2 turns), then before and after (verdicts)

@@ -341,7 +341,7 @@ def fake_model_cli(monkeypatch):
 # item's results line and its trace (the window a real kill hits while MLflow's queue still holds the trace).
 STALL_AFTER_ONE = """
 import sys, time, mlflow
-from chateval_dspy.run import tracing
+from chateval_dspy.run.tracing import emitter as tracing  # trace_record calls emitter.emit
 real, seen = tracing.emit, []
 def emit(*args, **kwargs):
     seen.append(1)
@@ -359,7 +359,7 @@ sys.exit(main(sys.argv[1:]))
 def test_a_killed_traced_run_leaves_every_item_traced_once_after_its_rerun(tmp_path, mlflow_db):  # noqa: F811
     import mlflow
 
-    from optim.tracking import EXPERIMENT
+    from optim.tracking.runs import EXPERIMENT
 
     (tmp_path / "mlruns").mkdir()
     shutil.copy(mlflow_db, tmp_path / "mlruns" / "mlflow.db")

@@ -15,7 +15,7 @@ import pytest
 
 from chateval_dspy.deploy.judge import Verdict, load
 from chateval_dspy.deploy.store import CARD_FILE
-from chateval_dspy.errors import ConfigError
+from chateval_dspy.errors import ConfigError, DataError
 from chateval_dspy.lm.adapter import JudgeAdapter
 from chateval_dspy.testing.fake_lm import ScriptedEngine
 
@@ -35,6 +35,37 @@ def test_load_gives_the_same_verdicts_as_the_program_in_memory(saved, engine):
     assert verdict.referees == expected.referees
     assert set(verdict.rationales) == {"critic", "scientist"} and all(len(r) == 2 for r in verdict.rationales.values())
     assert verdict.consistent is True and verdict.calls == 8 and verdict.prompt_tokens > 0
+
+
+def test_a_judge_also_takes_the_tasks_fields_as_keyword_arguments(saved, engine):
+    _, path = saved
+    with load(path) as judge:
+        by_dict = judge(ITEM)
+        by_keywords = judge(id="a", question=ITEM["question"], answer_1=ITEM["answer_1"], answer_2=ITEM["answer_2"])
+        unnamed = judge(question=ITEM["question"], answer_1=ITEM["answer_1"], answer_2=ITEM["answer_2"])
+    same = ("id", "winner", "scores", "criteria", "referees", "rationales", "consistent", "calls", "prompt_tokens")
+    assert {k: getattr(by_keywords, k) for k in same} == {k: getattr(by_dict, k) for k in same}
+    assert unnamed.winner == by_dict.winner and unnamed.scores == by_dict.scores
+
+
+@pytest.mark.parametrize(("args", "kwargs", "needles"), [
+    ((ITEM,), {"question": "q"}, ["not both", "'question'"]),
+    ((), {}, ["give the item", "question, answer_1, answer_2"]),
+    ((), {"question": "q", "answer_1": "a", "answer_2": "b", "answer_3": "c"}, ["'answer_3'", "not inputs"]),
+    ((), {"question": "q", "answer_1": "a"}, ["missing field(s) 'answer_2'"]),
+])
+def test_a_keyword_call_names_the_field_it_cannot_use(saved, engine, args, kwargs, needles):
+    _, path = saved
+    with load(path) as judge, pytest.raises(TypeError) as err:
+        judge(*args, **kwargs)
+    assert all(needle in str(err.value) for needle in needles), str(err.value)
+    assert engine.calls == []
+
+
+def test_keyword_fields_are_checked_as_a_dicts_are(saved, engine):
+    _, path = saved
+    with load(path) as judge, pytest.raises(DataError, match="field 'question': field is empty"):
+        judge(question=" ", answer_1="a", answer_2="b")
 
 
 def test_the_lm_is_chosen_at_load_time_and_a_different_model_warns(saved, engine):
@@ -149,8 +180,8 @@ def test_http_api_sheds_load_past_its_queue(saved, engine):
 def test_load_from_an_mlflow_run_and_a_registered_model(saved, engine, tmp_path, monkeypatch):
     import mlflow
 
-    from optim import tracking
-    from optim.mlflow_model import log_dspy_model
+    from optim.tracking import runs as tracking
+    from optim.tracking.models import log_dspy_model
 
     program, path = saved
     monkeypatch.chdir(tmp_path)
@@ -175,8 +206,8 @@ def test_pyfunc_latest_and_aliases_load_the_json_evaluator_and_lookups_fail_clea
 
     import mlflow
 
-    from optim import tracking
-    from optim.mlflow_model import log_pyfunc_model
+    from optim.tracking import runs as tracking
+    from optim.tracking.models import log_pyfunc_model
 
     _, path = saved
     monkeypatch.chdir(tmp_path)

@@ -13,9 +13,10 @@ from test_labels import feedback, store, traced  # noqa: F401 - store: the MLflo
 import chateval_dspy.limits as limits
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.deploy import store as card_store
+from chateval_dspy.deploy.card import CARD_REVIEWERS
 from chateval_dspy.errors import ConfigError, DataError
 from chateval_dspy.program.chateval import build_evaluator
-from optim.labels import LabelledData, read_labels
+from optim.tuning.labels import LabelledData, read_labels
 
 ITEM = {"question": "2+2?", "answer_1": "4", "answer_2": "5"}
 FORGED = "ann\n- model: `openai/evil`"
@@ -105,7 +106,7 @@ def test_60000_reviewers_compile_to_a_card_that_loads(tmp_path, monkeypatch):
     from chateval_dspy.deploy.judge import load
     from chateval_dspy.lm.spec import LMSpec
     from chateval_dspy.testing.fake_lm import fake_lm
-    from optim.compile import OptimizerSettings, compile_and_save
+    from optim.tuning.compile import OptimizerSettings, compile_and_save
 
     @contextlib.contextmanager
     def fake_resolve(*args, **kwargs):
@@ -122,11 +123,11 @@ def test_60000_reviewers_compile_to_a_card_that_loads(tmp_path, monkeypatch):
     card = card_store.read_card(tmp_path / "p")
     assert card == done.card
     got = card["labels"]
-    assert len(got["reviewers"]) == card_store.CARD_REVIEWERS and next(iter(got["reviewers"].items())) == ("ann", 2)
-    assert got["reviewers_left_out"] == {"reviewers": 59_999 - card_store.CARD_REVIEWERS,
-                                         "answers": 60_000 - 2 - (card_store.CARD_REVIEWERS - 1)}
+    assert len(got["reviewers"]) == CARD_REVIEWERS and next(iter(got["reviewers"].items())) == ("ann", 2)
+    assert got["reviewers_left_out"] == {"reviewers": 59_999 - CARD_REVIEWERS,
+                                         "answers": 60_000 - 2 - (CARD_REVIEWERS - 1)}
     assert got["labels"] == 60_000 and got["items"] == 10
-    assert f"and {59_999 - card_store.CARD_REVIEWERS} more reviewers" in (tmp_path / "p" / card_store.CARD_MD).read_text()
+    assert f"and {59_999 - CARD_REVIEWERS} more reviewers" in (tmp_path / "p" / card_store.CARD_MD).read_text()
     with load(tmp_path / "p", model="fake/scripted") as judge:
         assert judge.card["labels"]["reviewers_left_out"] == got["reviewers_left_out"]
 

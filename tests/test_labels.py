@@ -11,7 +11,7 @@ from chateval_dspy.data.spec import DataSpec
 from chateval_dspy.deploy.feedback import resolve
 from chateval_dspy.errors import ConfigError, DataError
 from chateval_dspy.program.task import load_task
-from optim.labels import LabelledData, labels_from_mlflow, parse_source, read_labels
+from optim.tuning.labels import LabelledData, labels_from_mlflow, parse_source, read_labels
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -8,9 +8,10 @@ import dspy
 import pytest
 
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.errors import LMError
+from chateval_dspy.errors import FatalLMError
 from chateval_dspy.lm.adapter import JudgeAdapter
-from chateval_dspy.lm.engine import CallBounds, with_bounds
+from chateval_dspy.lm.call_limits import CallBounds
+from chateval_dspy.lm.engine import with_bounds
 from chateval_dspy.program.chateval import ChatEval
 from chateval_dspy.program.critical_path import critical_path
 from chateval_dspy.testing.fake_lm import default_responder, fake_lm
@@ -56,8 +57,8 @@ def test_the_trace_lists_each_orders_calls_in_sequence():
 
 
 def test_bootstrapped_demos_are_those_of_the_sequential_run():
-    from optim.compile import OptimizerSettings, compile_evaluator
-    from optim.objectives import agreement
+    from optim.tuning.compile import OptimizerSettings, compile_evaluator
+    from optim.tuning.objectives import agreement
 
     train = [dspy.Example(id=str(i), label="2", **item).with_inputs("question", "answer_1", "answer_2")
              for i, item in enumerate(ITEMS * 2)]
@@ -79,7 +80,7 @@ def test_an_lm_error_in_either_order_reaches_the_caller():
             raise dspy.lm15.AuthError("bad key", status=401)
         return default_responder(call)
 
-    with pytest.raises(LMError, match="refused"):
+    with pytest.raises(FatalLMError, match="refused"):
         _judged(ChatEval(DebateConfig(roles=("critic",), turns=1)), fake_lm(refuses_swapped), ITEMS[0])
 
 
@@ -99,13 +100,13 @@ def test_the_item_deadline_covers_both_orders():
 
 def test_critical_path_counts_calls_as_the_config_does():
     for cfg in (DebateConfig(), DebateConfig(strategy="simultaneous_talk_with_summarizer", turns=3),
-                DebateConfig(format="scoring", roles=("critic",)), DebateConfig(calibrate=False, consensus_stop=True)):
+                DebateConfig(format="pointwise", roles=("critic",)), DebateConfig(calibrate=False, consensus_stop=True)):
         path = critical_path(cfg)
         assert path["calls"] == cfg.calls_per_item()
         assert path["chain"] == path["per_order"]["chain"] <= path["per_order"]["calls"]
         assert critical_path(cfg, parallel_orders=False)["chain"] == path["chain"] * cfg.orders
     assert critical_path(DebateConfig(consensus_stop=True))["upper_bound"] is True
-    assert critical_path(DebateConfig(format="scoring"))["parallel_orders"] is False
+    assert critical_path(DebateConfig(format="pointwise"))["parallel_orders"] is False
 
 
 LATENCY = 0.1

@@ -182,7 +182,7 @@ def chat(response: str = "I love that movie too") -> tuple[dspy.Example, dspy.Pr
 
 def test_pointwise_averages_the_criteria_on_their_scales(saved, engine):
     example, prediction = chat()
-    with ce.load(saved(format="scoring"), cache=False) as judge:
+    with ce.load(saved(format="pointwise"), cache=False) as judge:
         every = as_metric(judge, inputs=POINTWISE)
         two = as_metric(judge, inputs=POINTWISE, criteria=("coherence", "engagingness"))
         wider = as_metric(judge, inputs=POINTWISE, scales={"naturalness": (1, 5)})
@@ -194,7 +194,7 @@ def test_pointwise_averages_the_criteria_on_their_scales(saved, engine):
 
 def test_label_scales_count_their_good_labels(saved, engine):
     example, prediction = chat()
-    with ce.load(saved(format="scoring"), cache=False) as judge:
+    with ce.load(saved(format="pointwise"), cache=False) as judge:
         with pytest.raises(ConfigError, match=r"label criteria \['groundedness'\] need their good label"):
             as_metric(judge, inputs=POINTWISE, scales={"groundedness": ["0", "1"]})
         yes = as_metric(judge, inputs=POINTWISE, criteria=("groundedness",), scales={"groundedness": ["0", "1"]},
@@ -209,7 +209,7 @@ def test_label_scales_count_their_good_labels(saved, engine):
 
 def test_a_callable_maps_the_fields(saved, engine):
     example, prediction = chat()
-    with ce.load(saved(format="scoring"), cache=False) as judge:
+    with ce.load(saved(format="pointwise"), cache=False) as judge:
         metric = as_metric(judge, inputs=lambda ex, pred: {"dialogue_history": ex.history, "fact": ex.fact,
                                                            "response": pred.reply.upper()})
         assert metric(example, prediction) == 0.625
@@ -230,13 +230,13 @@ def test_mistakes_are_config_errors_naming_the_fix(saved, engine):
                          reference="example.answer")
         with pytest.raises(ConfigError, match=r"prediction\.answr not found .* it has answer"):
             typo(qa("Which?"), dspy.Prediction(answer="GOOD"))
-    with ce.load(saved(format="scoring"), cache=False) as judge:
+    with ce.load(saved(format="pointwise"), cache=False) as judge:
         with pytest.raises(ConfigError, match="reference= is for pairwise"):
             as_metric(judge, inputs=POINTWISE, reference="example.answer")
         with pytest.raises(ConfigError, match=r"criteria \['fluency'\] have no known scale"):
             as_metric(judge, inputs=POINTWISE, criteria=("fluency",))
         missing = as_metric(judge, inputs={"dialogue_history": "example.history", "fact": "example.fact"})
-        with pytest.raises(ConfigError, match="not a valid scoring item .*response"):
+        with pytest.raises(ConfigError, match="not a valid pointwise item .*response"):
             missing(*chat())
     assert judge_calls(engine) == 0
 
@@ -277,7 +277,7 @@ def test_a_declared_pointwise_task_gives_the_criteria_and_scales():
     task = SimpleNamespace(judged=("answer",), criteria=(
         SimpleNamespace(name="faithful", scale=SimpleNamespace(low=None, high=None, labels=("pass", "fail"))),
         SimpleNamespace(name="relevance", scale=SimpleNamespace(low=1, high=5, labels=()))))
-    judge = StubJudge("scoring", task, scores={"faithful": "pass", "relevance": 4})
+    judge = StubJudge("pointwise", task, scores={"faithful": "pass", "relevance": 4})
     assert scales_of(judge.program) == {"faithful": MetricScale(labels=("pass", "fail")),
                                         "relevance": MetricScale(low=1, high=5)}
     with pytest.raises(ConfigError, match=r"label criteria \['faithful'\] need their good label"):

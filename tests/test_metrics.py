@@ -7,7 +7,6 @@ from collections import Counter
 
 import pytest
 
-from chateval_dspy.run import metrics
 from chateval_dspy.run.metrics import (
     Estimate,
     accuracy,
@@ -15,7 +14,7 @@ from chateval_dspy.run.metrics import (
     kappa,
     kendall,
     pairwise_report,
-    scoring_report,
+    pointwise_report,
     spearman,
 )
 
@@ -23,9 +22,7 @@ HUMAN = ["1", "1", "2", "tie", "1", "2"]
 PRED = ["1", "2", "2", "tie", None, "2"]  # one abstention
 
 
-@pytest.fixture(autouse=True)
-def _fewer_resamples(monkeypatch):
-    monkeypatch.setattr(metrics, "N_RESAMPLES", 300)  # CIs stay meaningful, the suite stays fast
+FEW = 300  # resamples: CIs stay meaningful, the suite stays fast
 
 
 def kappa_by_hand(human, predicted):
@@ -69,7 +66,7 @@ def test_abstention_counts_as_disagreement():
     abstained = ["1", "2", "2", "tie", None, "2"]
     assert accuracy(HUMAN, abstained) < accuracy(HUMAN, right)
     assert kappa(HUMAN, abstained) < kappa(HUMAN, right)
-    report = pairwise_report(HUMAN, abstained)
+    report = pairwise_report(HUMAN, abstained, n_resamples=FEW)
     assert report["n"] == 6 and report["n_abstained"] == 1
     assert report["accuracy"].value == pytest.approx(4 / 6)  # the abstained item stays in the denominator
 
@@ -94,29 +91,31 @@ def test_constant_predictions_have_no_correlation():
 def test_ci_contains_the_point_estimate():
     human = ["1", "2", "tie", "1", "2"] * 4
     predicted = ["1", "2", "1", "1", "1"] * 4
-    for est in (bootstrap(accuracy, human, predicted), bootstrap(kappa, human, predicted)):
+    for est in (bootstrap(accuracy, human, predicted, n_resamples=FEW),
+                bootstrap(kappa, human, predicted, n_resamples=FEW)):
         assert est.n == 20
         assert est.low <= est.value <= est.high
         assert est.low < est.high
-    assert bootstrap(accuracy, human, predicted).value == pytest.approx(0.6)
+    assert bootstrap(accuracy, human, predicted, n_resamples=FEW).value == pytest.approx(0.6)
 
 
 def test_ci_is_nan_below_three_items():
-    est = bootstrap(accuracy, ["1", "2"], ["1", "1"])
+    est = bootstrap(accuracy, ["1", "2"], ["1", "1"], n_resamples=FEW)
     assert est.value == 0.5 and est.n == 2
     assert math.isnan(est.low) and math.isnan(est.high)
     assert str(est) == "0.500 [no CI: n=2]"  # says why there is no interval
-    empty = bootstrap(accuracy, [], [])
+    empty = bootstrap(accuracy, [], [], n_resamples=FEW)
     assert math.isnan(empty.value) and str(empty) == "n/a"
 
 
 def test_ci_is_deterministic_per_seed():
     human, predicted = ["1", "2", "tie", "1", "2"] * 3, ["1", "1", "tie", "2", "2"] * 3
-    assert bootstrap(accuracy, human, predicted, seed=3) == bootstrap(accuracy, human, predicted, seed=3)
+    same = {"seed": 3, "n_resamples": FEW}
+    assert bootstrap(accuracy, human, predicted, **same) == bootstrap(accuracy, human, predicted, **same)
 
 
 def test_kappa_ci_defined_when_point_estimate_is_defined_on_few_items():
-    est = bootstrap(kappa, ["1", "2", "1", "tie"], ["1", "2", "2", "tie"])
+    est = bootstrap(kappa, ["1", "2", "1", "tie"], ["1", "2", "2", "tie"], n_resamples=FEW)
     assert est.value == pytest.approx(kappa_by_hand(["1", "2", "1", "tie"], ["1", "2", "2", "tie"]))
     assert not math.isnan(est.low) and not math.isnan(est.high)
 
@@ -130,7 +129,7 @@ def test_estimate_formatting():
 def test_majority_class_baseline():
     human = ["1"] * 5 + ["2"] * 3 + ["tie"] * 2
     predicted = ["2"] * 10
-    report = pairwise_report(human, predicted)
+    report = pairwise_report(human, predicted, n_resamples=FEW)
     assert report["majority_class"] == "1"
     assert report["majority_accuracy"].value == pytest.approx(0.5)
     assert report["majority_kappa"].value == pytest.approx(0.0)  # a constant guess agrees only by chance
@@ -140,7 +139,7 @@ def test_majority_class_baseline():
 
 def test_faireval_majority_baseline_is_51_25_percent():
     human = ["1"] * 41 + ["2"] * 25 + ["tie"] * 14
-    report = pairwise_report(human, human)
+    report = pairwise_report(human, human, n_resamples=FEW)
     assert report["majority_class"] == "1" and report["majority_accuracy"].value == pytest.approx(0.5125)
     assert report["accuracy"].value == 1.0 and report["kappa"].value == pytest.approx(1.0)
     assert Counter(human)["1"] / len(human) == 0.5125
@@ -153,10 +152,10 @@ def _scores(n, g):
     return {"naturalness": n, "coherence": n, "engagingness": 4 - n, "groundedness": g}
 
 
-def test_scoring_report_per_aspect_and_average():
+def test_pointwise_report_per_aspect_and_average():
     human = [_scores(1, 0), _scores(2, 1), _scores(3, 0), _scores(2.5, 1), _scores(1.5, 0)]
     predicted = [_scores(1, 0), _scores(3, 1), _scores(2, 0), None, _scores(1.5, 1)]
-    report = scoring_report(human, predicted)
+    report = pointwise_report(human, predicted, n_resamples=FEW)
     assert report["n"] == 4 and report["n_abstained"] == 1
     h = [1, 2, 3, 1.5]  # naturalness of the items with a verdict
     p = [1, 3, 2, 1.5]
@@ -168,10 +167,10 @@ def test_scoring_report_per_aspect_and_average():
     assert report["average_kendall"].value == pytest.approx(sum(report[f"{a}_kendall"].value for a in ASPECTS) / 4)
 
 
-def test_scoring_report_average_is_over_the_defined_aspects():
+def test_pointwise_report_average_is_over_the_defined_aspects():
     human = [_scores(1, 0), _scores(2, 1), _scores(3, 0)]
     predicted = [_scores(1, 1), _scores(2, 1), _scores(3, 1)]  # groundedness constant
-    report = scoring_report(human, predicted)
+    report = pointwise_report(human, predicted, n_resamples=FEW)
     assert math.isnan(report["groundedness_spearman"].value)
     assert str(report["groundedness_spearman"]) == "n/a"
     assert report["naturalness_spearman"].value == pytest.approx(1.0)
@@ -181,7 +180,13 @@ def test_scoring_report_average_is_over_the_defined_aspects():
     assert report["average_spearman_criteria"] == 3
 
 
-def test_scoring_report_all_abstained():
-    report = scoring_report([_scores(1, 0)] * 3, [None] * 3)
+def test_pointwise_report_all_abstained():
+    report = pointwise_report([_scores(1, 0)] * 3, [None] * 3, n_resamples=FEW)
     assert report["n"] == 0 and report["n_abstained"] == 3
     assert math.isnan(report["average_kendall"].value)
+
+
+def test_fewer_resamples_keep_the_figure_and_change_only_the_interval():
+    rough = bootstrap(accuracy, HUMAN, PRED, n_resamples=50)
+    fine = bootstrap(accuracy, HUMAN, PRED, n_resamples=FEW)
+    assert rough.value == fine.value and (rough.low, rough.high) != (fine.low, fine.high)

@@ -18,7 +18,7 @@ from chateval_dspy.config import DebateConfig
 from chateval_dspy.data.spec import DataSpec
 from chateval_dspy.deploy.judge import load
 from chateval_dspy.deploy.store import CARD_FILE, CARD_MD, load_program, make_card, save_program
-from chateval_dspy.errors import ConfigError, LMError
+from chateval_dspy.errors import ConfigError, FatalLMError
 from chateval_dspy.lm.spec import LMSpec
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.roles import resolve_roles
@@ -140,7 +140,7 @@ def test_a_bad_referee_is_a_clear_error_before_any_model_starts(monkeypatch, tmp
     # A referee naming a URL nobody answers: the URL is tried first, and the error names the referee and the URL.
     with FakeOpenAIServer() as url:
         dead = url  # closed below: nothing listens there any more
-    with pytest.raises(LMError, match=rf"referee 'scientist': cannot reach the LM server at {re.escape(dead)}"):
+    with pytest.raises(FatalLMError, match=rf"referee 'scientist': cannot reach the LM server at {re.escape(dead)}"):
         evaluate_dataset(DataSpec("faireval", limit=1), DebateConfig(roles=PANEL),
                          LMSpec(referee_models={"scientist": dead}), out=tmp_path / "r.jsonl")
     assert started == [dead]
@@ -160,7 +160,7 @@ def _args(**given):
 
 
 def test_card_and_load_round_trip_the_assignment(two, tmp_path, recwarn):
-    from optim.compile import OptimizerSettings, compile_and_save
+    from optim.tuning.compile import OptimizerSettings, compile_and_save
 
     cfg = DebateConfig(roles=PANEL, turns=1, calibrate=False)
     lm = LMSpec(model=two["a_url"], referee_models={"scientist": two["b_url"]}, cache=False)
@@ -240,7 +240,7 @@ def test_card_refuses_referee_models_that_are_urls_or_off_the_panel(tmp_path):
 def test_a_search_binds_referee_models_in_every_trial_that_seats_them(two, tmp_path):
     from optim.search.run import run_search
     from optim.search.space import SearchSpace
-    from optim.search.study import StudySpec
+    from optim.search.study_spec import StudySpec
 
     lm = LMSpec(model=two["a_url"], referee_models={"scientist": two["b_url"]}, cache=False)
     study = StudySpec("mixed", trials=2, storage=f"sqlite:///{tmp_path / 'o.db'}")

@@ -45,7 +45,7 @@ def evaluators(tmp_path_factory):
     root = tmp_path_factory.mktemp("evaluators")
     out = {}
     for name, cfg in (("pairwise", DebateConfig(roles=("critic", "scientist"), turns=2)),
-                      ("pointwise", DebateConfig(format="scoring", roles=("critic", "scientist"), turns=1))):
+                      ("pointwise", DebateConfig(format="pointwise", roles=("critic", "scientist"), turns=1))):
         program = build_evaluator(cfg)
         out[name] = save_program(program, root / name, make_card(program, model=MODEL))
     return out
@@ -165,8 +165,8 @@ def test_chateval_evaluate_with_tracing_logs_one_trace_per_item_under_its_run(on
     from chateval_dspy.data.spec import DataSpec
     from chateval_dspy.lm.spec import LMSpec
     from chateval_dspy.run.evaluate_dataset import evaluate_dataset
-    from optim import tracking
-    from optim.evaluation import log_evaluation
+    from optim.tracking import runs as tracking
+    from optim.tracking.evaluation import log_evaluation
 
     monkeypatch.chdir(tmp_path)
     data = DataSpec("faireval", limit=3)
@@ -271,7 +271,7 @@ def test_human_feedback_on_traces_becomes_the_labels_of_a_compile_whose_card_lis
 
 def test_align_on_the_mlflow_judge_adds_the_labelled_items_as_demos(reviewed, evaluators, lm_url, monkeypatch):
     from chateval_dspy.lm.adapter import JudgeAdapter
-    from optim.align import CompileAligner
+    from optim.tuning.align import CompileAligner
 
     uri, _, _, traces, labelled = reviewed
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
@@ -325,7 +325,7 @@ def test_nothing_the_tracking_server_stored_holds_the_key(tracking_server, lm_ur
 def test_on_the_default_local_store_too(evaluators, lm_url, tmp_path, monkeypatch, mlflow_db):  # noqa: F811
     import mlflow
 
-    from optim import tracking
+    from optim.tracking import runs as tracking
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

@@ -22,7 +22,7 @@ from chateval_dspy.run import metrics
 from chateval_dspy.run.table import coverage_notes
 from chateval_dspy.testing.fake_lm import fake_lm
 from optim.cli.main import main
-from optim.tracking import metric_values
+from optim.tracking.runs import metric_values
 
 SUMMEVAL = {
     "name": "summeval", "format": "pointwise",
@@ -45,7 +45,6 @@ def fake_model(monkeypatch):
         yield fake_lm()
 
     monkeypatch.setattr(chateval_dspy.lm.resolve, "resolve_lm", resolve)
-    monkeypatch.setattr(metrics, "N_RESAMPLES", 200)
 
 
 @pytest.fixture(autouse=True)
@@ -54,7 +53,7 @@ def _restore_logging(restore_logging):
 
 
 def cli(capsys, *argv):
-    code = main([*argv, "--no-mlflow", "--no-progress", "--no-cache"])
+    code = main([*argv, "--no-mlflow", "--no-progress", "--no-cache", "--resamples", "200"])
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -129,10 +128,10 @@ def test_labels_missing_on_some_rows_are_counted_per_criterion(tmp_path, capsys,
 
 
 def test_missing_counts_reach_mlflow_metrics():
-    report = metrics.scoring_report([{"q": 1}, {"q": 2}, {"q": None}, {"q": 3}], [{"q": 1}, {"q": 2}, {"q": 3},
-                                                                               {"q": 3}],
-                                    task=TaskSpec.from_dict({**SUMMEVAL, "criteria": [
-                                        {"name": "q", "description": "d", "scale": "1-5"}]}), unlabelled=2)
+    report = metrics.pointwise_report([{"q": 1}, {"q": 2}, {"q": None}, {"q": 3}], [{"q": 1}, {"q": 2}, {"q": 3},
+                                                                                 {"q": 3}],
+                                      task=TaskSpec.from_dict({**SUMMEVAL, "criteria": [
+                                          {"name": "q", "description": "d", "scale": "1-5"}]}), unlabelled=2)
     assert report["q_missing"] == 3 and metric_values(report)["q_missing"] == 3.0
 
 
@@ -213,9 +212,9 @@ def test_summeval_summary_and_system_level_match_scipy(tmp_path, capsys, fake_mo
                    columns={"document": "text", "summary": "summ", "coherence": "scores.coherence",
                             "fluency": "scores.fluency"})
     assert all("group_id" not in x.inputs() for x in run.items()[0])  # never shown to the referees
-    report = metrics.scoring_report([r["human"] for r in records], [r["prediction"] for r in records],
-                                    task=TaskSpec.from_dict(SUMMEVAL), groups=[r["group_id"] for r in records],
-                                    systems=[r["system_id"] for r in records])
+    report = metrics.pointwise_report([r["human"] for r in records], [r["prediction"] for r in records],
+                                      task=TaskSpec.from_dict(SUMMEVAL), groups=[r["group_id"] for r in records],
+                                      systems=[r["system_id"] for r in records], n_resamples=200)
     for criterion in ("coherence", "fluency"):
         expected = direct_levels(records, criterion)
         for key in ("spearman_summary", "kendall_summary", "spearman_system", "kendall_system"):

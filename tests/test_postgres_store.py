@@ -21,7 +21,6 @@ from postgres import PG_BIN, postgres  # noqa: F401 - the fixture
 from readme_section import README, subsection_blocks
 
 import chateval_dspy.lm.resolve
-from chateval_dspy.run import metrics
 from chateval_dspy.testing.fake_lm import fake_lm
 
 PLANTED = "pw-planted-Q7x93k"  # a password in every URL: trust auth accepts it, and it must never be shown
@@ -57,11 +56,11 @@ def test_search_runs_on_plain_postgresql_urls_and_never_shows_the_password(postg
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setattr(chateval_dspy.lm.resolve, "resolve_lm", resolve)
-    monkeypatch.setattr(metrics, "N_RESAMPLES", 20)
     storage, uri = postgres.fresh("optuna", PLANTED), postgres.fresh("mlflow", PLANTED)
     assert storage.startswith("postgresql://") and uri.startswith("postgresql://")
     argv = ["search", "--dataset", "faireval", "--limit", "3", "--trials", "2", "--turns", "1", "--roles", "1",
-            "--no-progress", "--no-log-model", "--study", "pg", "--storage", storage, "--tracking-uri", uri]
+            "--no-progress", "--no-log-model", "--study", "pg", "--storage", storage, "--tracking-uri", uri,
+            "--resamples", "20"]
     assert main(argv) == 0
     out, err = capsys.readouterr()
     assert "postgresql://postgres:***@127.0.0.1" in out and not _leaks(out + err)
@@ -83,7 +82,7 @@ RACE = textwrap.dedent("""
     import json, pathlib, sys, time
     from chateval_dspy.lm.offline import ensure_offline
     ensure_offline()
-    from optim import tracking
+    from optim.tracking import runs as tracking
     from optim.search import study
     me, n, plan = sys.argv[1], int(sys.argv[2]), json.loads(pathlib.Path(sys.argv[3]).read_text())
 
@@ -108,7 +107,7 @@ RACE = textwrap.dedent("""
 
 def test_workers_started_at_the_same_moment_on_fresh_stores_all_open_them(postgres, tmp_path):  # noqa: F811
     """Three processes open each fresh store at the same instant, two rounds of Optuna and MLflow stores on SQLite
-    and PostgreSQL. Without ``optim.stores.init_lock`` most rounds crash in table creation or MLflow's migrations
+    and PostgreSQL. Without ``optim.tracking.stores.init_lock`` most rounds crash in table creation or MLflow's migrations
     (``_alembic_tmp_experiments already exists``, duplicate keys); with it every process opens every store."""
     n, rounds = 3, 2
     plan = []
@@ -141,9 +140,8 @@ SHIM = textwrap.dedent("""\
     import contextlib, os, pathlib, sys, time
     from chateval_dspy.lm.offline import ensure_offline
     ensure_offline()
-    import chateval_dspy.lm.resolve, chateval_dspy.run.metrics
+    import chateval_dspy.lm.resolve
     from chateval_dspy.testing.fake_lm import fake_lm
-    chateval_dspy.run.metrics.N_RESAMPLES = 20
 
     @contextlib.contextmanager
     def resolve(*args, **kwargs):
@@ -156,7 +154,8 @@ SHIM = textwrap.dedent("""\
     (ready / str(os.getpid())).touch()
     while len(list(ready.iterdir())) < int(os.environ["SHIM_WORKERS"]):
         time.sleep(0.02)
-    sys.exit(main(sys.argv[1:]))
+    argv = sys.argv[1:]  # fewer bootstrap resamples where a command reports CIs: these are smoke runs
+    sys.exit(main([*argv, "--resamples", "20"] if argv[0] in ("evaluate", "compile", "search", "ablate") else argv))
 """)
 
 

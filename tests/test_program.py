@@ -124,7 +124,7 @@ def test_mean_and_majority_aggregation_differ(run, how, expected):
 
 
 def scoring_panel(call):
-    slug = persona_to_slug(("general_public", "critic", "scientist"), "scoring")[call.inputs["persona"]]
+    slug = persona_to_slug(("general_public", "critic", "scientist"), "pointwise")[call.inputs["persona"]]
     if call.kind != "verdict":
         return default_responder(call)
     scores = {"general_public": (3, 1, 2, 1), "critic": (1, 2, 2, 0), "scientist": (3, 3, 1, 1)}[slug]
@@ -133,7 +133,7 @@ def scoring_panel(call):
 
 
 def test_scoring_mean(run):
-    cfg = DebateConfig(format="scoring", roles=("general_public", "critic", "scientist"), turns=1)
+    cfg = DebateConfig(format="pointwise", roles=("general_public", "critic", "scientist"), turns=1)
     pred = run(build_evaluator(cfg), fake_lm(scoring_panel), **SCORING_ITEM)
     assert pred.naturalness == pytest.approx(7 / 3)
     assert pred.coherence == 2
@@ -143,14 +143,14 @@ def test_scoring_mean(run):
 
 
 def test_scoring_mode(run):
-    cfg = DebateConfig(format="scoring", roles=("general_public", "critic", "scientist"), turns=1, aggregate="majority")
+    cfg = DebateConfig(format="pointwise", roles=("general_public", "critic", "scientist"), turns=1, aggregate="majority")
     pred = run(build_evaluator(cfg), fake_lm(scoring_panel), **SCORING_ITEM)
     # naturalness 3,1,3 -> 3; coherence 1,2,3 all once -> their mean 2; engagingness 2,2,1 -> 2; groundedness 1,0,1 -> 1
     assert (pred.naturalness, pred.coherence, pred.engagingness, pred.groundedness) == (3, 2, 2, 1)
 
 
 def test_scoring_all_abstain(run):
-    pred = run(build_evaluator(DebateConfig(format="scoring", roles=("critic",), turns=1)),
+    pred = run(build_evaluator(DebateConfig(format="pointwise", roles=("critic",), turns=1)),
                fake_lm(lambda call: "nope"), **SCORING_ITEM)
     assert pred.abstained == "parse_failure"
     assert all(pred[a] is None for a in ("naturalness", "coherence", "engagingness", "groundedness"))
@@ -163,7 +163,7 @@ def test_missing_inputs_are_named(run, fake):
     with pytest.raises(TypeError, match=r"missing \['answer_2'\]"):
         run(build_evaluator(DebateConfig()), fake, question="q", answer_1="a")
     with pytest.raises(TypeError, match="dialogue_history"):
-        run(build_evaluator(DebateConfig(format="scoring")), fake, **PAIRWISE_ITEM)
+        run(build_evaluator(DebateConfig(format="pointwise")), fake, **PAIRWISE_ITEM)
     assert fake.engine.calls == []
 
 

@@ -23,7 +23,6 @@ import pytest
 from readme_section import section_span
 
 import chateval_dspy.lm.resolve
-from chateval_dspy.run import metrics
 from chateval_dspy.testing.fake_lm import fake_lm
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,6 +60,10 @@ def test_every_block_is_bash_or_python_or_an_example_file():
             assert yaml.safe_load(code) in examples, f"README.md:{line}: YAML block is not a file in data/examples"
 
 
+# The commands that report figures with bootstrap CIs (their --resamples flag).
+FIGURES = ("evaluate", "compile", "search", "ablate")
+
+
 @pytest.fixture
 def sandbox(tmp_path, monkeypatch):
     """A fresh working directory holding the repository's example files, and a fake LM behind every model spec."""
@@ -68,7 +71,6 @@ def sandbox(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("CHATEVAL_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.setattr(metrics, "N_RESAMPLES", 200)
     asked = []
 
     @contextlib.contextmanager
@@ -140,6 +142,8 @@ def test_readme_runs_as_written(sandbox, monkeypatch):
                 continue
             if words[0] == "chateval":
                 argv = [last_run_id if w == "<mlflow-run-id>" else w for w in words[1:]]
+                if argv[0] in FIGURES:  # fewer bootstrap resamples than a user's 2,000: this checks the commands run
+                    argv += ["--resamples", "200"]
                 if argv[0] == "serve" or argv[:2] == ["review", "serve"]:
                     threading.Thread(target=main, args=(argv,), daemon=True).start()
                     port = argv[argv.index("--port") + 1]

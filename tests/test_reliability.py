@@ -17,7 +17,7 @@ from said import said
 
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.data.loaders import item_from_record, parse_columns, read_rows
-from chateval_dspy.errors import ConfigError, DataError, LMError
+from chateval_dspy.errors import ConfigError, DataError, FatalLMError
 from chateval_dspy.lm.adapter import JudgeAdapter
 from chateval_dspy.lm.engine import OpenAICompatEngine, RestartingEngine
 from chateval_dspy.program.chateval import build_evaluator
@@ -93,7 +93,7 @@ def test_a_dead_server_is_restarted_once_then_a_clear_error():
     assert _run(lm, items=ITEMS[1:2]).abstentions == {}
     assert engine.restarts == 1 and engine.base_url != first
     servers[1].__exit__(None, None, None)  # and dies again
-    with pytest.raises(LMError, match="died again after a restart"):
+    with pytest.raises(FatalLMError, match="died again after a restart"):
         _run(lm, items=ITEMS[2:])
 
 
@@ -207,7 +207,7 @@ _VALUES = st.one_of(st.none(), st.text(max_size=20), st.integers(), st.floats(al
 @given(st.dictionaries(st.sampled_from(["id", "question", "answer_1", "answer_2", "label", "dialogue_history",
                                         "fact", "response", "naturalness", "coherence", "engagingness",
                                         "groundedness", "other"]), _VALUES, max_size=12),
-       st.sampled_from(["pairwise", "scoring"]))
+       st.sampled_from(["pairwise", "pointwise"]))
 def test_item_from_record_accepts_or_names_the_problem(record, fmt):
     try:
         item = item_from_record(record, fmt, source="fuzz", row=7)

@@ -5,7 +5,7 @@ The score's components are checked one by one on hand-made records. Against the 
 judged with traces on a scripted fake LM whose referees are sure, split, biased by position, or fail to answer,
 item by item; ``chateval review`` must then queue the items that are uncertain for those stated reasons, create
 the task's questions as label schemas, add nothing on a rerun, and leave answers (two reviewers on one trace)
-readable as labels by ``optim.labels``.
+readable as labels by ``optim.tuning.labels``.
 """
 
 from __future__ import annotations
@@ -64,12 +64,12 @@ def test_split_counts_referees_who_disagree_in_each_order():
 
 
 def test_split_on_pointwise_criteria_uses_the_scale():
-    record = {"format": "scoring", "referees": {
+    record = {"format": "pointwise", "referees": {
         "a": [{"naturalness": 1, "coherence": 2, "engagingness": 3, "groundedness": 1}],
         "b": [{"naturalness": 3, "coherence": 2, "engagingness": 3, "groundedness": 1}]}}
     value, reason = uncertainty.split(record)
     assert value == pytest.approx((1.0 + 0 + 0 + 0) / 4) and reason == "referees split (naturalness 1/3)"
-    labels = {"format": "scoring", "referees": {"a": [{"faithful": "pass", "relevance": 4}],
+    labels = {"format": "pointwise", "referees": {"a": [{"faithful": "pass", "relevance": 4}],
                                                 "b": [{"faithful": "fail", "relevance": 5}]}}
     value, _ = uncertainty.split(labels, LABELS_TASK)
     assert value == pytest.approx((1.0 + 1 / 4) / 2)  # labels: a 1:1 split of two votes; 1-5: a range of 1 of 4
@@ -89,10 +89,10 @@ def test_margin_is_narrow_where_the_panel_scores_are_close():
                                                                                                          abs=1e-3)
     assert uncertainty.margin({"format": "pairwise", "score_1": None, "score_2": None}) == (0.0, None)
     # Pointwise: a mean halfway between two points is as narrow as it gets; label scales have no margin.
-    value, reason = uncertainty.margin({"format": "scoring", "prediction": {
+    value, reason = uncertainty.margin({"format": "pointwise", "prediction": {
         "naturalness": 2.5, "coherence": 2.0, "engagingness": 3, "groundedness": 0.75}})
     assert value == pytest.approx((1.0 + 0 + 0 + 0.5) / 4) and reason.startswith("between two points (naturalness")
-    assert uncertainty.margin({"format": "scoring", "prediction": {"faithful": "pass", "relevance": 4.0}},
+    assert uncertainty.margin({"format": "pointwise", "prediction": {"faithful": "pass", "relevance": 4.0}},
                               LABELS_TASK) == (0.0, None)
 
 
@@ -136,7 +136,7 @@ def test_the_score_is_the_stated_weighted_sum_and_ranks_most_uncertain_first():
 # ---- questions from the task's criteria -------------------------------------------------------------------------
 
 def test_pairwise_asks_one_preference_question_that_labels_reads():
-    from optim.labels import PAIRWISE_NAMES
+    from optim.tuning.labels import PAIRWISE_NAMES
 
     (question,) = q.questions("pairwise")
     assert question.name == "preference" and question.name in PAIRWISE_NAMES
@@ -149,7 +149,7 @@ def test_scored_tasks_ask_one_question_per_criterion_on_its_scale():
     assert asked["faithful"].options == ("pass", "fail", "unsure") and asked["faithful"].low is None
     assert (asked["relevance"].low, asked["relevance"].high, asked["relevance"].options) == (1, 5, ())
     assert asked["relevance"].instruction == "it answers the question (1-5)"
-    topical = [x.name for x in q.questions(as_task("scoring"))]
+    topical = [x.name for x in q.questions(as_task("pointwise"))]
     assert topical == ["naturalness", "coherence", "engagingness", "groundedness"]
     reserved = TaskSpec.from_dict({**LABELS_TASK.to_dict(), "criteria": [
         {"name": "feedback", "description": "d", "scale": "1-3"}]})
@@ -406,7 +406,7 @@ def test_a_scored_task_gets_one_numeric_question_per_criterion(on_server, lm_url
     assert code == 0, err
     experiment = on_server[3]
     schemas = {s.name: s for s in list_label_schemas(experiment)}
-    task = as_task("scoring")
+    task = as_task("pointwise")
     for criterion in task.criteria:
         s = schemas[criterion.name]
         assert (s.input.min_value, s.input.max_value) == (criterion.scale.low, criterion.scale.high)
@@ -433,7 +433,7 @@ def test_a_budget_tops_the_queue_up_and_skips_answered_items(on_server):
 def test_two_reviewers_answers_on_one_trace_are_both_kept_and_resolved_by_the_labels_rule(on_server):
     import mlflow
 
-    from optim.labels import labels_from_mlflow
+    from optim.tuning.labels import labels_from_mlflow
 
     _, _, results, experiment = on_server
     assert cli("review", str(results), "--queue", "two", "--top", "2", "--reviewer", "ann", "--reviewer", "bo")[0] == 0

@@ -16,6 +16,7 @@ from chateval_dspy.program.roles import (
     SAME_ROLE_PERSONA,
     first_roles,
     load_role_file,
+    persona_keys,
     resolve_roles,
     role_library,
     same_roles,
@@ -42,11 +43,11 @@ roles:
 def test_five_built_in_personas():
     library = role_library()
     assert tuple(library) == BUILT_IN == DEFAULT_ORDER
-    for fmt in ("pairwise", "scoring"):
+    for fmt in ("pairwise", "pointwise"):
         personas = [library[s].persona(fmt) for s in BUILT_IN]
         assert len(set(personas)) == 5 and all(len(p) > 40 for p in personas)
     for slug in BUILT_IN:  # each role has its own text per format
-        assert library[slug].persona("pairwise") != library[slug].persona("scoring")
+        assert library[slug].persona("pairwise") != library[slug].persona("pointwise")
     assert [library[s].name for s in BUILT_IN] == ["General Public", "Critic", "News Author", "Psychologist",
                                                     "Scientist"]
 
@@ -64,21 +65,21 @@ def test_yaml_role_file_adds_and_overrides(tmp_path):
     path.write_text(ROLE_YAML, encoding="utf-8")
     library = role_library(path)
     assert library["lawyer"].persona("pairwise") == "You are a lawyer who reads every word."  # whitespace normalised
-    assert library["lawyer"].persona("scoring") == library["lawyer"].persona("pairwise")  # "*" serves every format
+    assert library["lawyer"].persona("pointwise") == library["lawyer"].persona("pairwise")  # "*" serves every format
     assert library["critic"].name == "Harsh Critic"
     assert library["critic"].persona("pairwise") == "You hate everything."
     assert library["scientist"] == role_library()["scientist"]  # the rest untouched
-    with pytest.raises(ConfigError, match="no persona for the 'scoring' format"):
-        library["critic"].persona("scoring")
+    with pytest.raises(ConfigError, match="no persona for the 'pointwise' format"):
+        library["critic"].persona("pointwise")
 
 
 def test_json_role_file(tmp_path):
     path = tmp_path / "roles.json"
     path.write_text(json.dumps({"roles": [{"slug": "editor", "name": "Editor",
-                                           "persona": {"pairwise": "P text", "scoring": "S text"}}]}),
+                                           "persona": {"pairwise": "P text", "pointwise": "S text"}}]}),
                     encoding="utf-8")
-    (role,) = resolve_roles(["editor"], "scoring", path)
-    assert role.persona("scoring") == "S text" and role.persona("pairwise") == "P text"
+    (role,) = resolve_roles(["editor"], "pointwise", path)
+    assert role.persona("pointwise") == "S text" and role.persona("pairwise") == "P text"
     assert load_role_file(path)["editor"].name == "Editor"
 
 
@@ -94,8 +95,8 @@ def test_custom_role_reaches_the_lm(tmp_path, run):
 def test_custom_role_without_persona_for_the_format_fails_before_any_call(tmp_path):
     path = tmp_path / "roles.yaml"
     path.write_text(ROLE_YAML, encoding="utf-8")
-    with pytest.raises(ConfigError, match="'critic' has no persona for the 'scoring' format"):
-        build_evaluator(DebateConfig(format="scoring", roles=("critic",), role_file=str(path)))
+    with pytest.raises(ConfigError, match="'critic' has no persona for the 'pointwise' format"):
+        build_evaluator(DebateConfig(format="pointwise", roles=("critic",), role_file=str(path)))
 
 
 @pytest.mark.parametrize(("entry", "message"), [
@@ -184,9 +185,9 @@ def test_summarizer_is_a_predictor_only_under_its_strategy():
 
 
 def test_debater_uses_the_format_persona():
-    (role,) = resolve_roles(["critic"], "scoring")
-    debater = Debater(role, "scoring")
-    assert debater.persona == role.persona("scoring") and debater.slug == "critic" and debater.name == "Critic"
+    (role,) = resolve_roles(["critic"], "pointwise")
+    debater = Debater(role, "pointwise")
+    assert debater.persona == role.persona("pointwise") and debater.slug == "critic" and debater.name == "Critic"
     assert [n for n, _ in debater.named_predictors()] == ["argue", "judge"]
 
 
@@ -200,7 +201,7 @@ def _role_file(tmp_path, roles) -> str:
     ([{"slug": f"r{i}", "name": "R", "persona": "p"} for i in range(limits.MAX_ROLE_FILE_ROLES + 1)],
      "limits.MAX_ROLE_FILE_ROLES"),
     ([{"slug": "long", "name": "Long", "persona": "p" * (limits.MAX_PERSONA_CHARS + 1)}], "limits.MAX_PERSONA_CHARS"),
-    ([{"slug": "long", "name": "Long", "persona": {"scoring": "p " * limits.MAX_PERSONA_CHARS}}],
+    ([{"slug": "long", "name": "Long", "persona": {"pointwise": "p " * limits.MAX_PERSONA_CHARS}}],
      "limits.MAX_PERSONA_CHARS"),
     ([{"slug": "long", "name": "N" * (limits.MAX_ROLE_NAME_CHARS + 1), "persona": "p"}], "limits.MAX_ROLE_NAME_CHARS"),
 ])
@@ -229,3 +230,12 @@ def test_a_role_file_at_the_limits_loads(tmp_path):
     library = load_role_file(_role_file(tmp_path, roles))
     assert len(library) == limits.MAX_ROLE_FILE_ROLES
     assert len(library["r0"].persona("pairwise")) == limits.MAX_PERSONA_CHARS
+
+
+def test_a_builtin_task_reads_its_formats_personas_and_any_other_task_only_the_general_one():
+    from chateval_dspy.program.task import TaskSpec, builtin_task
+
+    faireval, topical_chat = builtin_task("pairwise"), builtin_task("pointwise")
+    assert persona_keys(faireval) == ("pairwise", "*")
+    assert persona_keys(topical_chat) == (topical_chat.config_format, "*")
+    assert persona_keys(TaskSpec.from_dict({**faireval.to_dict(), "name": "own"})) == ("*",)

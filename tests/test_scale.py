@@ -33,9 +33,9 @@ def test_a_base_url_selects_an_openai_compatible_server(saved):
 
 
 def test_resolve_lm_reports_a_dead_endpoint_clearly():
-    from chateval_dspy.errors import LMError
+    from chateval_dspy.errors import FatalLMError
 
-    with pytest.raises(LMError, match="cannot reach the LM server at http://127.0.0.1:9/v1"):
+    with pytest.raises(FatalLMError, match="cannot reach the LM server at http://127.0.0.1:9/v1"):
         with resolve_lm("http://127.0.0.1:9/v1"):
             pass
 
@@ -55,8 +55,9 @@ def test_dspy_context_is_untouched_by_loading(saved):
 def test_mlflow_pyfunc_model_judges_without_pickle(saved, tmp_path, monkeypatch):
     import mlflow
 
-    from optim import tracking
-    from optim.mlflow_model import VERDICT_COLUMNS, log_pyfunc_model
+    from chateval_dspy.deploy.verdicts import VERDICT_COLUMNS
+    from optim.tracking import runs as tracking
+    from optim.tracking.models import log_pyfunc_model
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

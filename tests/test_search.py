@@ -25,7 +25,6 @@ from chateval_dspy.lm.adapter import JudgeAdapter
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.roles import DEFAULT_ORDER
 from chateval_dspy.program.strategies import STRATEGIES
-from chateval_dspy.run import metrics
 from chateval_dspy.testing.fake_lm import ScriptedEngine, default_responder, fake_lm
 from optim.search import study as search
 from optim.search.objective import Objective, config_of
@@ -80,7 +79,6 @@ def workdir(tmp_path, monkeypatch, mlflow_db):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setattr(chateval_dspy.lm.resolve, "resolve_lm", resolve)
-    monkeypatch.setattr(metrics, "N_RESAMPLES", RESAMPLES)
     (tmp_path / "mlruns").mkdir()
     shutil.copy(mlflow_db, tmp_path / "mlruns" / "mlflow.db")
     return handed
@@ -89,7 +87,7 @@ def workdir(tmp_path, monkeypatch, mlflow_db):
 def cli(*argv: str) -> int:
     from optim.cli.main import main
 
-    return main(list(argv))
+    return main([*argv, "--resamples", str(RESAMPLES)])
 
 
 def faireval_parts(limit: int) -> dict:
@@ -125,9 +123,9 @@ def test_every_suggestion_is_a_valid_config():
 def test_fixed_parameters_give_the_expected_config():
     params = {"panel": "distinct", "n_roles": 2, "personas_2": "critic+scientist", "turns": 3,
               "strategy": "simultaneous_talk", "aggregate": "majority", "compile": "labeled"}
-    base = DebateConfig(format="scoring", parse_retries=0)
+    base = DebateConfig(format="pointwise", parse_retries=0)
     cfg, choice = suggest_config(optuna.trial.FixedTrial(params), SearchSpace(compile=COMPILE_CHOICES), base)
-    assert cfg == DebateConfig(format="scoring", roles=("critic", "scientist"), turns=3, strategy="simultaneous_talk",
+    assert cfg == DebateConfig(format="pointwise", roles=("critic", "scientist"), turns=3, strategy="simultaneous_talk",
                                aggregate="majority", parse_retries=0)
     assert choice == "labeled"
     all_five = {**params, "n_roles": 5, "compile": "none"}
@@ -163,13 +161,12 @@ def test_panel_flags_fix_dimensions_and_bad_spaces_are_config_errors():
 
 def _run(study, parts, n_trials, lm, **kwargs) -> list[int]:
     objective = Objective(space=SearchSpace(turns=(1, 2)), base=DebateConfig(), parts=parts,
-                                 n_trials=n_trials, **kwargs)
+                          n_trials=n_trials, n_resamples=RESAMPLES, **kwargs)
     with dspy.context(lm=lm, adapter=JudgeAdapter()):
         return search.run_trials(study, objective, n_trials)
 
 
-def test_a_stopped_study_resumes_at_trial_k_and_never_reruns_a_finished_trial(tmp_path, monkeypatch):
-    monkeypatch.setattr(metrics, "N_RESAMPLES", RESAMPLES)
+def test_a_stopped_study_resumes_at_trial_k_and_never_reruns_a_finished_trial(tmp_path):
     storage, parts = f"sqlite:///{tmp_path / 'optuna.db'}", faireval_parts(3)
     study = search.open_study("resume", storage, ("agreement",), seed=1)
     assert _run(study, parts, 3, fake_lm(varied)) == [0, 1, 2]
@@ -223,9 +220,8 @@ WORKER = textwrap.dedent("""
     import contextlib, pathlib, sys, time
     from chateval_dspy.lm.offline import ensure_offline
     ensure_offline()
-    import chateval_dspy.lm.resolve, chateval_dspy.run.metrics
+    import chateval_dspy.lm.resolve
     from chateval_dspy.testing.fake_lm import fake_lm
-    chateval_dspy.run.metrics.N_RESAMPLES = 20
 
     @contextlib.contextmanager
     def resolve(*args, **kwargs):
@@ -237,7 +233,7 @@ WORKER = textwrap.dedent("""
     pathlib.Path("ready-" + sys.argv[1]).touch()
     while len(list(pathlib.Path().glob("ready-*"))) < 2:  # start together, so the two really share the study
         time.sleep(0.02)
-    sys.exit(main(sys.argv[2:]))
+    sys.exit(main([*sys.argv[2:], "--resamples", "20"]))
 """)
 
 
@@ -258,12 +254,12 @@ def test_two_worker_processes_share_one_sqlite_study(tmp_path):
     assert ran == len(done)  # a surplus trial (both workers started the last one) is not counted as run
 
 
-def test_a_panel_drawn_again_is_not_judged_again(monkeypatch):
-    monkeypatch.setattr(metrics, "N_RESAMPLES", RESAMPLES)
+def test_a_panel_drawn_again_is_not_judged_again():
     study = optuna.create_study(direction="maximize")
     one_panel = SearchSpace(panels=("same",), n_roles=(1, 1), turns=(1, 1), strategies=("one_by_one",),
                             aggregates=("mean",))
-    objective = Objective(space=one_panel, base=DebateConfig(), parts=faireval_parts(3), n_trials=3)
+    objective = Objective(space=one_panel, base=DebateConfig(), parts=faireval_parts(3), n_trials=3,
+                          n_resamples=RESAMPLES)
     lm = fake_lm(varied)
     with dspy.context(lm=lm, adapter=JudgeAdapter()):
         assert search.run_trials(study, objective, 3) == [0, 1, 2]
@@ -285,8 +281,7 @@ def test_a_trial_started_past_the_budget_stops_the_worker_quietly(monkeypatch, c
     assert "Trial 1" not in capfd.readouterr().err  # an expected stop, not a logged failure with a traceback
 
 
-def test_pruning_stops_a_trial_after_a_chunk_and_records_what_it_measured(tmp_path, monkeypatch):
-    monkeypatch.setattr(metrics, "N_RESAMPLES", RESAMPLES)
+def test_pruning_stops_a_trial_after_a_chunk_and_records_what_it_measured(tmp_path):
     study = optuna.create_study(pruner=optuna.pruners.ThresholdPruner(lower=1.01), direction="maximize")
     lm = fake_lm(varied)
     _run(study, faireval_parts(3), 1, lm, report_every=1)
@@ -297,12 +292,11 @@ def test_pruning_stops_a_trial_after_a_chunk_and_records_what_it_measured(tmp_pa
     assert per_item == config_of(trial)[0].calls_per_item()  # only the first item was judged
 
 
-def test_undefined_scoring_agreement_counts_as_zero_and_two_objectives_give_a_pareto_front(tmp_path, monkeypatch):
-    monkeypatch.setattr(metrics, "N_RESAMPLES", RESAMPLES)
+def test_undefined_scoring_agreement_counts_as_zero_and_two_objectives_give_a_pareto_front(tmp_path):
     parts = {k: v[:3] for k, v in split(load_topical_chat(), seed=0).items()}
-    study = search.open_study("scoring", f"sqlite:///{tmp_path / 's.db'}", ("agreement", "tokens"))
-    objective = Objective(space=SearchSpace(turns=(1, 1)), base=DebateConfig(format="scoring"), parts=parts,
-                                 objectives=("agreement", "tokens"), n_trials=3)
+    study = search.open_study("pointwise", f"sqlite:///{tmp_path / 's.db'}", ("agreement", "tokens"))
+    objective = Objective(space=SearchSpace(turns=(1, 1)), base=DebateConfig(format="pointwise"), parts=parts,
+                          objectives=("agreement", "tokens"), n_trials=3, n_resamples=RESAMPLES)
     with dspy.context(lm=fake_lm(), adapter=JudgeAdapter()):  # constant scores: Spearman is undefined
         search.run_trials(study, objective, 3)
     trials = study.get_trials(states=(TrialState.COMPLETE,))
@@ -379,7 +373,7 @@ def test_run_search_is_the_search_command_as_a_function(workdir, tmp_path):
     from chateval_dspy.data.spec import DataSpec
     from chateval_dspy.lm.spec import LMSpec
     from optim.search.run import SearchHooks, run_search
-    from optim.search.study import StudySpec
+    from optim.search.study_spec import StudySpec
 
     class Seen(SearchHooks):
         def __init__(self):
@@ -403,16 +397,17 @@ def test_run_search_is_the_search_command_as_a_function(workdir, tmp_path):
     assert not (tmp_path / "mlruns" / "optuna.db").exists()  # nothing outside what the specs named
 
 
-def test_search_flag_defaults_come_from_the_search_space(monkeypatch):
-    """Issue 10: unset panel flags leave SearchSpace's own ranges (no second copy in the CLI)."""
+def test_search_flag_defaults_come_from_the_search_space():
+    """Issue 10: unset panel flags leave the space's own ranges (no second copy in the CLI)."""
     from optim.cli.main import build_parser
     from optim.cli.search import space_from_args
 
-    monkeypatch.setattr(SearchSpace.__dataclass_fields__["turns"], "default", (2, 3))
-    monkeypatch.setattr(SearchSpace.__dataclass_fields__["n_roles"], "default", (2, 4))
     args = build_parser().parse_args(["search", "--dataset", "faireval", "--trials", "1"])
-    space = space_from_args(args)
+    assert space_from_args(args) == SearchSpace()
+    space = space_from_args(args, SearchSpace(turns=(2, 3), n_roles=(2, 4)))
     assert space.turns == (2, 3) and space.n_roles == (2, 4)
+    narrowed = build_parser().parse_args(["search", "--dataset", "faireval", "--trials", "1", "--turns", "1"])
+    assert space_from_args(narrowed, SearchSpace(turns=(2, 3), n_roles=(2, 4))).turns == (1, 1)
 
 
 def test_search_space_bounds_come_from_limits():
@@ -427,13 +422,12 @@ def test_search_space_bounds_come_from_limits():
         SearchSpace(panels=("same",), n_roles=(1, limits.MAX_ROLES + 1))
 
 
-def test_a_trial_streams_all_its_dev_chunks_to_one_resumable_file(tmp_path, monkeypatch):
+def test_a_trial_streams_all_its_dev_chunks_to_one_resumable_file(tmp_path):
     """Issue 11 (item 9): a trial's chunks append to one results file under one run key, so a retry of a
     killed trial can resume it (each chunk used to be keyed apart, and the second was refused)."""
-    monkeypatch.setattr(metrics, "N_RESAMPLES", RESAMPLES)
     study = optuna.create_study(direction="maximize", pruner=optuna.pruners.NopPruner())
     objective = Objective(space=SearchSpace(n_roles=(1, 1), turns=(1, 1)), base=DebateConfig(),
-                          parts=faireval_parts(3), n_trials=1, report_every=1, results_dir=tmp_path)
+                          parts=faireval_parts(3), n_trials=1, report_every=1, results_dir=tmp_path, n_resamples=RESAMPLES)
     with dspy.context(lm=fake_lm(varied), adapter=JudgeAdapter()):
         assert search.run_trials(study, objective, 1) == [0]
     rows = [json.loads(line) for line in (tmp_path / "trial-0000-dev.jsonl").read_text().splitlines()]

@@ -108,9 +108,8 @@ WORKER = textwrap.dedent("""
     import contextlib, pathlib, sys, time
     from chateval_dspy.lm.offline import ensure_offline
     ensure_offline()
-    import chateval_dspy.lm.resolve, chateval_dspy.run.metrics
+    import chateval_dspy.lm.resolve
     from chateval_dspy.testing.fake_lm import fake_lm
-    chateval_dspy.run.metrics.N_RESAMPLES = 20
 
     @contextlib.contextmanager
     def resolve(*args, **kwargs):
@@ -122,7 +121,7 @@ WORKER = textwrap.dedent("""
     pathlib.Path("ready-" + sys.argv[1]).touch()
     while len(list(pathlib.Path().glob("ready-*"))) < 2:  # start together, so the two really share the study
         time.sleep(0.02)
-    sys.exit(main(sys.argv[3:]))
+    sys.exit(main([*sys.argv[3:], "--resamples", "20"]))
 """)
 
 

@@ -20,8 +20,8 @@ from chateval_dspy.testing.fake_lm import Call
 from chateval_dspy.testing.sim_lm import SimKnobs, SimReferees, label_table, prevailing, sim_lm, synthetic_items
 from optim.bench.simulate import SMOKE, Budget, run_sections, theory
 from optim.bench.simulate.world import independent_roles, judge, make_world
-from optim.compile import OptimizerSettings, compile_evaluator
-from optim.objectives import agreement
+from optim.tuning.compile import OptimizerSettings, compile_evaluator
+from optim.tuning.objectives import agreement
 
 
 def within(k: int, n: int, p: float) -> bool:

@@ -151,7 +151,7 @@ def test_string_and_struct_results_of_both_models_in_the_local_env(registered):
     import mlflow
     from pyspark.sql.functions import struct
 
-    from optim.mlflow_model import RESULT_TYPE
+    from chateval_dspy.deploy.verdicts import RESULT_TYPE
 
     here, url, spark, items = registered
     cols = struct(*items.columns)
@@ -182,7 +182,7 @@ def test_verdict_frame_puts_the_verdict_first_for_both_formats_and_invalid_rows(
     """Pairwise: the winner; pointwise: the scores' JSON text; an invalid row: no verdict, zero tokens (not NaN)."""
     import pandas as pd
 
-    from optim.mlflow_model import RESULT_TYPE, VERDICT_COLUMNS, verdict_frame
+    from chateval_dspy.deploy.verdicts import RESULT_TYPE, VERDICT_COLUMNS, verdict_frame
 
     frame = pd.DataFrame([
         {"id": "a", "format": "pairwise", "winner": "2", "scores": '{"answer_1": 3, "answer_2": 8}',
@@ -204,7 +204,7 @@ def test_the_wheel_is_packed_again_from_an_installed_distribution(tmp_path):
     import subprocess
     import zipfile
 
-    from optim.mlflow_model import project_wheel
+    from optim.tracking.models import project_wheel
 
     built = project_wheel(tmp_path)
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(tmp_path / "site"),

@@ -29,6 +29,7 @@ from chateval_dspy.program.task import (
     load_task,
     render,
 )
+from chateval_dspy.renamed import FORMAT_ALIASES
 
 # DSPy's JSONAdapter().format(...) of the hand-written signatures (with one demo each), their JSON schema and saved
 # state, recorded before the signatures were built from specs.
@@ -93,15 +94,15 @@ def test_builtin_spec_prompts_are_byte_identical_to_the_recorded_ones(key):
     if key == "summarize":
         sig = Summarize
     else:
-        fmt, step = key.split(".")
-        sig = signatures_for(fmt)[0 if step == "argue" else 1]
+        fmt, step = key.split(".")  # the recording keys the pointwise built-in by its old name, "scoring"
+        sig = signatures_for(FORMAT_ALIASES.get(fmt, fmt))[0 if step == "argue" else 1]
     assert list(sig.fields) == recorded["fields"]
     assert dspy.JSONAdapter().format(sig, demos=recorded["demos"], inputs=recorded["inputs"]) == recorded["messages"]
     assert _get_structured_outputs_response_format(sig).model_json_schema() == recorded["schema"]
     assert dspy.Predict(sig).dump_state()["signature"] == recorded["state"]
 
 
-@pytest.mark.parametrize("fmt", ["pairwise", "scoring"])
+@pytest.mark.parametrize("fmt", ["pairwise", "pointwise"])
 def test_the_programs_predictors_use_the_builtin_spec_signatures(fmt):
     program = build_evaluator(DebateConfig(format=fmt, roles=("critic",), turns=1))
     argue, verdict = signatures_for(fmt)
@@ -111,7 +112,7 @@ def test_the_programs_predictors_use_the_builtin_spec_signatures(fmt):
 
 
 def test_builtin_specs_are_files_that_round_trip():
-    for name, fmt in (("faireval", "pairwise"), ("topical_chat", "scoring")):
+    for name, fmt in (("faireval", "pairwise"), ("topical_chat", "pointwise")):
         task = load_task(name)
         assert task is builtin_task(fmt) and task.config_format == fmt
         assert TaskSpec.from_dict(task.to_dict()) == task
@@ -130,7 +131,7 @@ def test_a_task_file_and_the_same_python_objects_are_one_spec(tmp_path, suffix):
     path.write_text(SUMMEVAL_YAML if suffix == ".yaml" else json.dumps(data), encoding="utf-8")
     from_file = load_task(str(path))
     assert from_file == summeval_python() == TaskSpec.from_dict(from_file.to_dict())
-    assert from_file.judged == ("summary_text",) and from_file.config_format == "scoring"
+    assert from_file.judged == ("summary_text",) and from_file.config_format == "pointwise"
     # Defaults are written out, so a card or run key states the exact prompts.
     assert from_file.to_dict()["instructions"]["verdict"].startswith("You are one referee")
     assert "coherence (1-5)" in from_file.verdict_instructions
@@ -206,20 +207,22 @@ def test_render_fills_known_placeholders_once():
 def test_config_carries_a_task_as_plain_values():
     task = TaskSpec.from_dict(spec())
     cfg = DebateConfig(task=task, roles=("critic",))
-    assert cfg.format == "scoring" and cfg.task_spec is task
+    assert cfg.format == "pointwise" and cfg.task_spec is task
     assert cfg.to_dict()["task"] == task.to_dict()
     back = DebateConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
     assert back == cfg and back.task == task
     assert cfg.changes()["task"] == task.to_dict()  # a run key tells two tasks apart
-    assert DebateConfig(format="pointwise", task=task, roles=("critic",)) == cfg  # "pointwise" is read as "scoring"
+    with pytest.warns(DeprecationWarning, match="config format 'scoring' is renamed 'pointwise'"):
+        assert DebateConfig(format="scoring", task=task, roles=("critic",)) == cfg  # the old name, still read
 
 
 def test_builtin_task_keeps_todays_config_dicts_and_run_keys():
-    # Run keys of existing results files are built from changes(): a built-in task adds nothing to them.
+    # Run keys of existing results files are built from changes(): a built-in task adds nothing to them, and the
+    # pointwise format keeps the spelling those keys were made with ("scoring").
     assert DebateConfig(task=builtin_task("pairwise")) == DebateConfig()
     assert DebateConfig(task=load_task("topical_chat")).changes() == {"format": "scoring"}
     assert "task" not in DebateConfig().to_dict()
-    assert DebateConfig(format="scoring", turns=3).changes() == {"format": "scoring", "turns": 3}
+    assert DebateConfig(format="pointwise", turns=3).changes() == {"format": "scoring", "turns": 3}
 
 
 def test_config_refuses_a_task_of_another_format_and_a_mean_without_scores():
@@ -238,7 +241,7 @@ def test_a_custom_task_reads_the_any_task_persona():
     critic = role_library()["critic"]
     task = TaskSpec.from_dict(spec())
     assert critic.persona(task) == dict(critic.personas)["*"]
-    assert critic.persona("scoring") == dict(critic.personas)["scoring"] != critic.persona(task)
+    assert critic.persona("pointwise") == dict(critic.personas)["pointwise"] != critic.persona(task)
 
 
 # --- item 6: bad specs, refused with the file and key named --------------------------------------------------------
@@ -321,8 +324,46 @@ def test_unreadable_task_files(tmp_path):
 
 def test_a_task_inside_a_config_dict_is_checked_like_a_file():
     with pytest.raises(ConfigError, match="config key 'task'.*the low end must be below"):
-        DebateConfig.from_dict({"format": "scoring", "task": spec(criteria=[
+        DebateConfig.from_dict({"format": "pointwise", "task": spec(criteria=[
             {"name": "c", "description": "d", "scale": "4-2"}])})
     with pytest.raises(ConfigError, match="must be a TaskSpec or its dict"):
         DebateConfig(task="summeval.yaml")
     assert Preference().combine == ()
+
+
+# --- the file form is read in a fixed order: shape first (keys, lists, mappings), then scales, then values --------
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ([], "t.yaml: a task is a mapping of name, format, inputs, criteria, instructions, evidence, responses, "
+         "preference, material, criteria_in, label_map; got list"),
+    (spec(rubric=1, zeta=2, name=None), "t.yaml: unknown key(s) 'rubric', 'zeta'; a task has: name, format, inputs, "
+                                        "criteria, instructions, evidence, responses, preference, material, "
+                                        "criteria_in, label_map"),
+    ({"format": "pointwise", "inputs": 3}, "t.yaml: missing key 'name'"),
+    (spec(inputs=[{"name": "q"}, "q2"], criteria=[]), "t.yaml: key 'inputs[1]': a mapping with name, description, "
+                                                      "judged, default"),
+    (spec(criteria=[{"name": "c", "description": "d"}, {"name": "e", "scale": "1-3", "weight": 2}]),
+     "t.yaml: key 'criteria[1]': unknown key(s) 'weight'; allowed: name, description, scale"),
+    (spec(criteria=[{"name": "c", "description": "d"}], instructions=[1]),
+     "t.yaml: key 'criteria[0]': missing key 'scale' (an integer range such as '1-5', or a list of labels)"),
+    (spec(instructions={"argue": 1}, responses="answer"), "t.yaml: key 'responses': a list of the two compared inputs"),
+    (spec(instructions={"argue": 1}, name="Bad"), "t.yaml: key 'instructions.argue': expected a text, got int"),
+    (spec(material=2, name="Bad"), "t.yaml: key 'material': expected a text, got int"),
+    (spec(name="Bad", inputs=[{"name": "q", "judged": "yes"}]), "t.yaml: key 'name': a task name must match"),
+])
+def test_a_task_files_first_problem_is_the_one_reported(data, message):
+    with pytest.raises(ConfigError) as err:
+        TaskSpec.from_dict(data, "t.yaml")
+    assert str(err.value).startswith(message), str(err.value)
+
+
+def test_falsy_optional_sections_read_as_absent():
+    """YAML's empty values (``instructions:``, ``responses: []``, ``combine: ""``) mean "the default"."""
+    plain = TaskSpec.from_dict(spec())
+    assert TaskSpec.from_dict(spec(instructions=None, responses=[], material=None)) == plain
+    assert TaskSpec.from_dict(spec(instructions="", responses="")) == plain
+    duel = {"name": "duel", "format": "pairwise", "inputs": [{"name": "a", "judged": True}, {"name": "b", "judged": True}],
+            "criteria": [{"name": "c", "description": "d", "scale": "1-5"}]}
+    assert TaskSpec.from_dict({**duel, "preference": {"combine": ""}}) == TaskSpec.from_dict(duel)
+    assert TaskSpec.from_dict({**duel, "preference": {"combine": "c"}}).preference.combine == ("c",)

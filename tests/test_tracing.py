@@ -16,6 +16,7 @@ import pytest
 from stored_traces import span_tree
 from test_search import mlflow_db  # noqa: F401 - the MLflow store template, shared
 
+from chateval_dspy import scrub
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.data.loaders import load_dataset
 from chateval_dspy.lm.adapter import JudgeAdapter
@@ -23,6 +24,7 @@ from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.roles import resolve_roles
 from chateval_dspy.run import tracing
 from chateval_dspy.run.evaluate import evaluate, judge_item
+from chateval_dspy.run.tracing import emitter
 from chateval_dspy.testing.fake_lm import default_responder, fake_lm
 
 PLANTED = "sk-planted-TRACE-0123456789"
@@ -107,7 +109,7 @@ def test_concurrent_turns_share_their_round_and_a_summary_is_a_turn():
 
 
 def test_a_pointwise_debate_has_one_order_and_scores_per_criterion():
-    cfg = DebateConfig(format="scoring", roles=("critic",), turns=1)
+    cfg = DebateConfig(format="pointwise", roles=("critic",), turns=1)
     tree, record, item = tree_of(cfg)
     assert shape(tree) == [f"chateval topical_chat · {item.id}", [["order 1", [["round 1", ["critic"]]]]]]
     assert list(tree["outputs"])[0] == "scores"  # the verdict first, as the trace's response preview shows it
@@ -172,19 +174,19 @@ def test_secrets_come_from_the_environment_the_key_file_and_registered_tokens(tm
     key_file = tmp_path / "key"
     key_file.write_text("sk-from-file-0002\n")
     monkeypatch.setenv("CHATEVAL_API_KEY_FILE", str(key_file))
-    monkeypatch.setattr(tracing, "_registered", set())
-    tracing.register_secret("bearer-registered-0003")
-    tracing.register_secret("short")  # too short to be a credential: texts keep such words
-    found = tracing.secret_values()
+    monkeypatch.setattr(scrub, "_registered", set())
+    scrub.register_secret("bearer-registered-0003")
+    scrub.register_secret("short")  # too short to be a credential: texts keep such words
+    found = scrub.secret_values()
     assert {"tok-from-env-0001", "sk-from-file-0002", "bearer-registered-0003"} <= set(found)
     assert "short" not in found
     text = "a tok-from-env-0001 b sk-from-file-0002 c bearer-registered-0003 short"
-    assert tracing.scrub({"t": [text]}) == {"t": ["a [REDACTED] b [REDACTED] c [REDACTED] short"]}
+    assert scrub.scrub({"t": [text]}) == {"t": ["a [REDACTED] b [REDACTED] c [REDACTED] short"]}
 
 
 def test_tracking_refuses_the_same_secrets_that_traces_scrub(tmp_path, monkeypatch):
     from chateval_dspy.errors import SecretError
-    from optim.tracking import assert_no_secrets
+    from optim.tracking.runs import assert_no_secrets
 
     key_file = tmp_path / "key"
     key_file.write_text("sk-only-in-a-file-0004")
@@ -200,7 +202,7 @@ def local_store(tmp_path, monkeypatch, mlflow_db):  # noqa: F811 - the shared te
     """The default local store (``sqlite:///mlruns/mlflow.db`` under the working directory), from the template."""
     import mlflow
 
-    from optim import tracking
+    from optim.tracking import runs as tracking
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -223,7 +225,7 @@ def stored_traces(experiment_id: str, **filters):
 def test_a_batch_traces_each_item_once_and_links_them_to_its_run(local_store, tmp_path, monkeypatch):
     import mlflow
 
-    from optim import tracking
+    from optim.tracking import runs as tracking
 
     monkeypatch.setenv("OPENAI_API_KEY", PLANTED)
     cfg = DebateConfig(roles=("critic", "scientist"), turns=2)
@@ -263,7 +265,7 @@ def test_a_tracing_fault_is_logged_and_the_batch_goes_on(local_store, monkeypatc
     def broken(*args, **kwargs):
         raise RuntimeError("tracking store unreachable")
 
-    monkeypatch.setattr(tracing, "emit", broken)
+    monkeypatch.setattr(emitter, "emit", broken)
     cfg = DebateConfig(roles=("critic",), turns=1)
     items, _ = load_dataset("faireval")
     tracer = tracing.Tracer(cfg, items=items[:2])

@@ -81,7 +81,7 @@ def test_evaluate_and_compile_land_in_mlflow_without_secrets(tracked_cli, tmp_pa
 
 
 def test_assert_no_secrets_refuses_a_text_holding_a_key(monkeypatch):
-    from optim.tracking import assert_no_secrets
+    from optim.tracking.runs import assert_no_secrets
 
     monkeypatch.setenv("MY_SERVICE_TOKEN", PLANTED)
     assert_no_secrets("nothing to hide", "x")
@@ -107,8 +107,8 @@ def test_runs_of_a_dead_worker_end_killed_with_their_children_and_nothing_else(t
 
     import mlflow
 
-    from optim import tracking
     from optim.search.worker import Worker
+    from optim.tracking import runs as tracking
 
     _local_store(tmp_path, monkeypatch, mlflow_db)
     tracking.setup()
@@ -138,8 +138,8 @@ def test_a_run_that_raises_ends_failed_and_is_tagged_with_its_worker(tmp_path, m
     """Issue 11 (item 10): an exception ends the run FAILED (never RUNNING), and every run names its worker."""
     import mlflow
 
-    from optim import tracking
     from optim.search.worker import Worker
+    from optim.tracking import runs as tracking
 
     _local_store(tmp_path, monkeypatch, mlflow_db)
     with pytest.raises(RuntimeError), tracking.run("x", params={}) as active:
@@ -166,7 +166,7 @@ def test_ctrl_c_and_sigterm_end_the_run_and_its_open_child_killed(tmp_path, monk
 
     import mlflow
 
-    from optim import tracking
+    from optim.tracking import runs as tracking
 
     _local_store(tmp_path, monkeypatch, mlflow_db)
     monkeypatch.delenv(tracking.URL_SWITCH, raising=False)
@@ -192,7 +192,7 @@ def test_sigterm_is_left_alone_off_the_main_thread_and_under_a_handler_of_ones_o
     import signal
     import threading
 
-    from optim.tracking import sigterm_interrupts
+    from optim.tracking.runs import sigterm_interrupts
 
     seen = []
 
@@ -220,7 +220,7 @@ def test_a_tracking_spec_costs_no_mlflow_import():
     import subprocess
     import sys
 
-    code = "import sys, optim.tracking as t; t.TrackingSpec(enabled=False); print('mlflow' in sys.modules)"
+    code = "import sys, optim.tracking.runs as t; t.TrackingSpec(enabled=False); print('mlflow' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() \
         == "False"
 
@@ -230,7 +230,7 @@ def test_compile_autologging_is_switched_off_on_the_way_out():
     (it would log the next compile to this run's tracking server, and hang retrying when that server is gone)."""
     from mlflow.utils.autologging_utils import autologging_is_disabled
 
-    from optim.tracking import autolog_compiles
+    from optim.tracking.runs import autolog_compiles
 
     with autolog_compiles():
         assert not autologging_is_disabled("dspy")

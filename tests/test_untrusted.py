@@ -389,7 +389,7 @@ def _mutate(data, path, how, key, value):
 @pytest.fixture(scope="module")
 def bases(tmp_path_factory):
     out = {}
-    for fmt in ("pairwise", "scoring"):
+    for fmt in ("pairwise", "pointwise"):
         directory = _save(tmp_path_factory.mktemp(fmt) / "prog", fmt)
         out[fmt] = {name: json.loads((directory / name).read_text()) for name in (PROGRAM_FILE, CARD_FILE)}
     return out
@@ -402,7 +402,7 @@ mutation = st.tuples(st.sampled_from([PROGRAM_FILE, CARD_FILE]), st.randoms(use_
 
 @settings(max_examples=150, deadline=None, database=None,  # no example files left in the working tree
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(fmt=st.sampled_from(["pairwise", "scoring"]), mutations=st.lists(mutation, min_size=1, max_size=3))
+@given(fmt=st.sampled_from(["pairwise", "pointwise"]), mutations=st.lists(mutation, min_size=1, max_size=3))
 def test_fuzz_load_program_returns_a_clean_program_or_a_chateval_error(bases, fmt, mutations):
     files = copy.deepcopy(bases[fmt])
     for name, rnd, how, key, value in mutations:

@@ -21,9 +21,11 @@ from pathlib import Path
 
 import dspy
 
+from chateval_dspy.data.splits import SPLIT_FRACTIONS, SPLITS
 from chateval_dspy.errors import ConfigError, DataError
 from chateval_dspy.limits import MAX_TEXT_CHARS
 from chateval_dspy.program.task import TaskSpec, as_task
+from chateval_dspy.renamed import canonical_format
 
 log = logging.getLogger(__name__)
 
@@ -31,10 +33,8 @@ log = logging.getLogger(__name__)
 DATA_DIR = Path(__file__).resolve().parent
 BUILTIN = {
     "faireval": ("faireval.jsonl", "pairwise"),
-    "topical_chat": ("topical_chat_usr.jsonl", "scoring"),
+    "topical_chat": ("topical_chat_usr.jsonl", "pointwise"),
 }
-SPLITS = ("train", "dev", "test")
-SPLIT_FRACTIONS = (0.4, 0.2, 0.4)
 LABELS = {"1": "1", "2": "2", "tie": "tie", "a": "1", "b": "2", "draw": "tie"}
 FAIREVAL_LABELS = {"chatgpt": "1", "vicuna13b": "2", "tie": "tie"}
 
@@ -291,7 +291,7 @@ def load_faireval(path: str | Path | None = None, task: TaskSpec | str = "pairwi
     return items
 
 
-def load_topical_chat(path: str | Path | None = None, task: TaskSpec | str = "scoring") -> list[dspy.Example]:
+def load_topical_chat(path: str | Path | None = None, task: TaskSpec | str = "pointwise") -> list[dspy.Example]:
     """Topical-Chat USR: 60 contexts x 6 responses with mean human scores per aspect (``human.<aspect>``)."""
     path = Path(path or DATA_DIR / BUILTIN["topical_chat"][0])
     spec = as_task(task)
@@ -341,7 +341,7 @@ def _task(task: TaskSpec | str) -> TaskSpec:
     try:
         return as_task(task)
     except ConfigError as exc:
-        raise DataError(f"unknown format {task!r}: choose pairwise or scoring, or give a task (--task)") from exc
+        raise DataError(f"unknown format {task!r}: choose pairwise or pointwise, or give a task (--task)") from exc
 
 
 def label_fields(task: TaskSpec | str) -> tuple[str, ...]:
@@ -422,7 +422,7 @@ def load_custom(path: str | Path, task: TaskSpec | str, columns: dict[str, str] 
 
     Args:
         path: The file.
-        task: Its task (``TaskSpec``), or a format's built-in task (``pairwise``, ``scoring``).
+        task: Its task (``TaskSpec``), or a format's built-in task (``pairwise``, ``pointwise``).
         columns: Our field -> your column.
         skip_bad_rows: A malformed row (unreadable JSON, a missing question, a label off its scale, a repeated
             id) is skipped and listed in ``Items.skipped`` instead of stopping the load; without it, the first
@@ -549,7 +549,7 @@ def _hinted_rows(path):
 def load_dataset(name_or_path: str, *, fmt: str | None = None, columns: dict[str, str] | None = None,
                  task: TaskSpec | None = None, skip_bad_rows: bool = False, label_map: dict[str, str] | None = None,
                  group_by: str | None = None, system: str | None = None, unlabelled=()) -> tuple[Items, str]:
-    """Items and their format (``pairwise``/``scoring``), from a built-in name (``faireval``, ``topical_chat``)
+    """Items and their format (``pairwise``/``pointwise``), from a built-in name (``faireval``, ``topical_chat``)
     or a file.
 
     Args:
@@ -561,8 +561,7 @@ def load_dataset(name_or_path: str, *, fmt: str | None = None, columns: dict[str
         label_map, group_by, system, unlabelled: A file's label values -> ours, its document and system id
             columns, and the criteria it does not rate (see ``load_custom``).
     """
-    if fmt == "pointwise":
-        fmt = "scoring"
+    fmt = canonical_format(fmt, "--format")
     if task is not None:
         if fmt and fmt != task.config_format:
             raise DataError(f"--format {fmt} does not match task {task.name!r}, which is {task.format}")
@@ -580,7 +579,7 @@ def load_dataset(name_or_path: str, *, fmt: str | None = None, columns: dict[str
         loaded = load_faireval(task=spec) if name_or_path == "faireval" else load_topical_chat(task=spec)
         return Items(loaded), own
     if not fmt:
-        raise DataError(f"{name_or_path}: a custom file needs --format pairwise|scoring or --task "
+        raise DataError(f"{name_or_path}: a custom file needs --format pairwise|pointwise or --task "
                         f"(built-ins: {', '.join(BUILTIN)})")
     return load_custom(name_or_path, task or fmt, columns, skip_bad_rows=skip_bad_rows, label_map=label_map,
                        group_by=group_by, system=system, unlabelled=unlabelled), fmt
@@ -604,7 +603,7 @@ def grouping(task: TaskSpec | str):
     context several responses answer, as Topical-Chat's dialogue history), pairwise items one by one.
 
     Example:
-        >>> grouping("scoring")(dspy.Example(id="7", dialogue_history="h", response="r"))
+        >>> grouping("pointwise")(dspy.Example(id="7", dialogue_history="h", response="r"))
         'h'
     """
     task = as_task(task)

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import dspy
-
-from chateval_dspy.data.loaders import BUILTIN, SPLITS, Items, grouping, load_dataset, select, split
+from chateval_dspy.data.splits import SPLITS
 from chateval_dspy.errors import ConfigError
-from chateval_dspy.program.task import TaskSpec, builtin_task, load_task
+
+if TYPE_CHECKING:  # the loaders and task specs are imported when used: a DataSpec is made before any item is read
+    import dspy
+
+    from chateval_dspy.data.loaders import Items
+    from chateval_dspy.program.task import TaskSpec
 
 
 @dataclass(frozen=True)
@@ -17,10 +21,13 @@ class DataSpec:
 
     Args:
         dataset: ``faireval``, ``topical_chat``, or a JSONL/CSV file of your own.
-        format: The format of a custom file (``pairwise`` or ``scoring``).
+        format: The format of a custom file (``pairwise`` or ``pointwise``; ``scoring``, its old name, is still read).
         columns: Our field name -> your column name, for a custom file.
         split: ``all``, ``train``, ``dev`` or ``test`` of the seeded 40/20/40 split.
         seed: The split's (and the bootstrap's) seed.
+        resamples: The bootstrap's resamples behind each confidence interval (fewer: quicker, rougher intervals);
+            None: ``chateval_dspy.run.metrics.N_RESAMPLES`` (2,000). It changes no item and no verdict, so it is in no
+            run key (``to_dict`` leaves it out).
         limit: Only the first N items (of the split; of each split for ``parts``).
         task: The task of a custom file: a built-in task's name, a task file (YAML/JSON) or a ``TaskSpec``;
             its inputs and criteria name the fields (``columns`` maps them to yours).
@@ -49,12 +56,16 @@ class DataSpec:
     group_by: str | None = None
     system: str | None = None
     unlabelled: tuple[str, ...] = ()
+    resamples: int | None = None
 
     def __post_init__(self) -> None:
         if self.split not in ("all", *SPLITS):
             raise ConfigError(f"unknown split {self.split!r}; choose all, {', '.join(SPLITS)}")
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"limit must be positive, got {self.limit}")
+        if self.resamples is not None and (isinstance(self.resamples, bool) or not isinstance(self.resamples, int)
+                                           or self.resamples < 1):
+            raise ConfigError(f"resamples must be a positive integer, got {self.resamples!r}")
 
     @property
     def name(self) -> str:
@@ -65,6 +76,9 @@ class DataSpec:
 
     def task_spec(self) -> TaskSpec | None:
         """The items' task: ``task``, a built-in dataset's own, or a format's built-in; None when none is known."""
+        from chateval_dspy.data.loaders import BUILTIN
+        from chateval_dspy.program.task import builtin_task, load_task
+
         if self.task is not None:
             return load_task(self.task)
         if self.dataset in BUILTIN:
@@ -73,23 +87,32 @@ class DataSpec:
 
     def load(self) -> tuple[Items, str]:
         """Every item of the dataset, and its format (``Items.skipped``: the malformed rows skipped)."""
+        from chateval_dspy.data.loaders import load_dataset
+        from chateval_dspy.program.task import load_task
+
         task = load_task(self.task) if self.task is not None else None
         return load_dataset(self.dataset, fmt=self.format, columns=dict(self.columns), task=task,
                             skip_bad_rows=self.skip_bad_rows, label_map=dict(self.label_map), group_by=self.group_by,
                             system=self.system, unlabelled=tuple(self.unlabelled))
 
     def _group(self):
+        from chateval_dspy.data.loaders import grouping
+
         task = self.task_spec()
         return grouping(task) if task is not None else None
 
     def items(self) -> tuple[Items, str]:
         """The items of ``split`` (first ``limit``), and the format."""
+        from chateval_dspy.data.loaders import Items, select
+
         items, fmt = self.load()
         return Items(select(items, self.split, seed=self.seed, limit=self.limit, group=self._group()),
                      skipped=items.skipped), fmt
 
     def parts(self, items: list[dspy.Example]) -> dict[str, list[dspy.Example]]:
         """The seeded train/dev/test split of ``items``, each cut to ``limit`` (for compile and search)."""
+        from chateval_dspy.data.loaders import split
+
         return {k: v[: self.limit] if self.limit else v
                 for k, v in split(items, seed=self.seed, group=self._group()).items()}
 

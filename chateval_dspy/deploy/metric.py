@@ -4,7 +4,7 @@
 ``as_metric`` builds that function from a ``Judge`` (``chateval_dspy.load``), so a panel tuned against human
 labels here becomes the yardstick of a program elsewhere. What the number means:
 
-- **pointwise** (any format but ``pairwise``: the built-in ``scoring``, a ``pointwise`` task): each criterion
+- **pointwise** (the built-in Topical-Chat task, or any ``pointwise`` task of your own): each criterion
   the panel scored is put on 0..1 by its scale and the criteria are averaged. A numeric scale ``lo..hi``
   gives ``(score - lo) / (hi - lo)`` (a weighted score such as 2.4 on 1..3 counts as 0.7); a label scale
   gives 1 when the label is one of the criterion's ``good`` labels and 0 otherwise. Scales come from the
@@ -114,7 +114,7 @@ def scales_of(program: dspy.Module) -> dict[str, MetricScale]:
     Example:
         >>> from chateval_dspy.config import DebateConfig
         >>> from chateval_dspy.program.chateval import build_evaluator
-        >>> program = build_evaluator(DebateConfig(format="scoring", roles=("critic",)))
+        >>> program = build_evaluator(DebateConfig(format="pointwise", roles=("critic",)))
         >>> found = scales_of(program)
         >>> found["naturalness"], found["groundedness"].high
         (MetricScale(low=1.0, high=3.0, labels=(), good=frozenset()), 1.0)

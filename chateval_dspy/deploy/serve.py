@@ -44,33 +44,8 @@ def create_app(evaluator, *, token: str | None = None, max_body_bytes: int = 1_0
         queue: Requests handled at once; the next one gets 503 (retry later).
         concurrency: Items of one list judged at once.
     """
-    version = evaluator.card.get("versions", {}).get("chateval-dspy", "?")
-    if token:
-        # FastAPI's own schema and docs routes know nothing of the token: switch them off and serve the schema
-        # from a guarded route. The HTML docs stay off: their page fetches the schema without the header.
-        app = FastAPI(title="chateval-dspy", version=version, openapi_url=None, docs_url=None, redoc_url=None)
-    else:
-        app = FastAPI(title="chateval-dspy", version=version)
+    app = _app(evaluator.card.get("versions", {}).get("chateval-dspy", "?"), token)
     slots = threading.BoundedSemaphore(queue)
-
-    def error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-        return JSONResponse({"error": message}, status_code=status, headers=headers)
-
-    def unauthorised(*, unread_body: bool = False) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"}
-        if unread_body:
-            headers["Connection"] = "close"  # else uvicorn reads and discards the rest of the body
-        return error(401, "missing or wrong bearer token", headers)
-
-    def too_large(message: str) -> JSONResponse:
-        # Closing is what stops the upload; keep-alive would make uvicorn read the rest to find the next request.
-        return error(413, message, {"Connection": "close"})
-
-    def authorised(request: Request) -> bool:
-        if not token:
-            return True
-        given = request.headers.get("authorization", "")
-        return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
 
     @app.get("/health")
     def health():
@@ -79,56 +54,104 @@ def create_app(evaluator, *, token: str | None = None, max_body_bytes: int = 1_0
     if token:
         @app.get("/openapi.json", include_in_schema=False)
         def openapi(request: Request):
-            if not authorised(request):
-                return unauthorised()
+            if not _authorised(request, token):
+                return _unauthorised()
             return app.openapi()
 
     @app.get("/card")
     def card(request: Request):
-        if not authorised(request):
-            return unauthorised()
+        if not _authorised(request, token):
+            return _unauthorised()
         return evaluator.card
 
     @app.post("/evaluate")
     async def evaluate(request: Request):
-        if not authorised(request):
-            return unauthorised(unread_body=True)
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > max_body_bytes:
-            return too_large(f"body is {declared} bytes; the limit is {max_body_bytes}")
-        # Counted as it arrives: a chunked body declares no length, and request.body() would hold all of it.
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > max_body_bytes:
-                return too_large(f"body is over the limit of {max_body_bytes} bytes")
-        too_deep = f"body nests JSON arrays/objects more than {MAX_JSON_DEPTH} levels deep"
-        try:
-            payload = json.loads(body)
-        except RecursionError:
-            return error(400, too_deep)
-        except ValueError as exc:  # also bad UTF-8 and integers past Python's digit limit
-            return error(400, f"body is not valid JSON: {exc}")
-        if _deeper_than(payload, MAX_JSON_DEPTH):
-            return error(400, too_deep)
-        many = isinstance(payload, list)
-        items = payload if many else [payload]
-        if not items or not all(isinstance(x, dict) for x in items):
-            return error(422, "send one item (a JSON object) or a non-empty list of items")
-        if len(items) > max_items:
-            return error(413, f"{len(items)} items in one request; the limit is {max_items}")
+        if not _authorised(request, token):
+            return _unauthorised(unread_body=True)
+        body = await _read_body(request, max_body_bytes)
+        if isinstance(body, JSONResponse):
+            return body
+        parsed = _items(body, max_items)
+        if isinstance(parsed, JSONResponse):
+            return parsed
+        items, many = parsed
         if not slots.acquire(blocking=False):
             return JSONResponse({"error": "server busy: too many requests in flight, retry later"}, status_code=503,
                                 headers={"Retry-After": "5"})
         try:
             verdicts = await run_in_threadpool(_judge, evaluator, items, concurrency)
         except DataError as exc:
-            return error(422, str(exc))
+            return _error(422, str(exc))
         finally:
             slots.release()
         return verdicts if many else verdicts[0]
 
     return app
+
+
+def _app(version: str, token: str | None) -> FastAPI:
+    if token:
+        # FastAPI's own schema and docs routes know nothing of the token: switch them off and serve the schema
+        # from a guarded route. The HTML docs stay off: their page fetches the schema without the header.
+        return FastAPI(title="chateval-dspy", version=version, openapi_url=None, docs_url=None, redoc_url=None)
+    return FastAPI(title="chateval-dspy", version=version)
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def _unauthorised(*, unread_body: bool = False) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"}
+    if unread_body:
+        headers["Connection"] = "close"  # else uvicorn reads and discards the rest of the body
+    return _error(401, "missing or wrong bearer token", headers)
+
+
+def _too_large(message: str) -> JSONResponse:
+    # Closing is what stops the upload; keep-alive would make uvicorn read the rest to find the next request.
+    return _error(413, message, {"Connection": "close"})
+
+
+def _authorised(request: Request, token: str | None) -> bool:
+    if not token:
+        return True
+    given = request.headers.get("authorization", "")
+    return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
+
+
+async def _read_body(request: Request, max_body_bytes: int) -> bytes | JSONResponse:
+    """The request's body, or 413 as soon as it passes the limit (declared, or counted as it arrives)."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > max_body_bytes:
+        return _too_large(f"body is {declared} bytes; the limit is {max_body_bytes}")
+    # Counted as it arrives: a chunked body declares no length, and request.body() would hold all of it.
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > max_body_bytes:
+            return _too_large(f"body is over the limit of {max_body_bytes} bytes")
+    return bytes(body)
+
+
+def _items(body: bytes, max_items: int) -> tuple[list[dict], bool] | JSONResponse:
+    """``(items, whether a list was sent)`` of a body, or the 400/422/413 that refuses it."""
+    too_deep = f"body nests JSON arrays/objects more than {MAX_JSON_DEPTH} levels deep"
+    try:
+        payload = json.loads(body)
+    except RecursionError:
+        return _error(400, too_deep)
+    except ValueError as exc:  # also bad UTF-8 and integers past Python's digit limit
+        return _error(400, f"body is not valid JSON: {exc}")
+    if _deeper_than(payload, MAX_JSON_DEPTH):
+        return _error(400, too_deep)
+    many = isinstance(payload, list)
+    items = payload if many else [payload]
+    if not items or not all(isinstance(x, dict) for x in items):
+        return _error(422, "send one item (a JSON object) or a non-empty list of items")
+    if len(items) > max_items:
+        return _error(413, f"{len(items)} items in one request; the limit is {max_items}")
+    return items, many
 
 
 def _judge(evaluator, items: list[dict], concurrency: int) -> list[dict]:

@@ -1,11 +1,18 @@
 """LM plumbing, entered once at the edge: the offline switches, ``resolve_lm`` (embedded server,
-base URL or LiteLLM string), the OpenAI-compatible engine and the JSON adapter."""
+base URL or LiteLLM string), the OpenAI-compatible engine and the JSON adapter.
 
-from chateval_dspy.lm.offline import ensure_offline
+Names are imported on first use (``chateval_dspy.lazy``): importing a light module of this package,
+such as ``chateval_dspy.lm.offline``, does not import DSPy or the OpenAI client.
+"""
 
-ensure_offline()  # before dspy/litellm are imported below
+import chateval_dspy.lazy as lazy
 
-from chateval_dspy.lm.adapter import JudgeAdapter  # noqa: E402
-from chateval_dspy.lm.resolve import EMBEDDED, configure_cache, resolve_lm  # noqa: E402
+__getattr__, __dir__ = lazy.exports(__name__, {
+    "EMBEDDED": "chateval_dspy.lm.resolve",
+    "JudgeAdapter": "chateval_dspy.lm.adapter",
+    "configure_cache": "chateval_dspy.lm.resolve",
+    "ensure_offline": "chateval_dspy.lm.offline",
+    "resolve_lm": "chateval_dspy.lm.resolve",
+})
 
 __all__ = ["EMBEDDED", "JudgeAdapter", "configure_cache", "ensure_offline", "resolve_lm"]

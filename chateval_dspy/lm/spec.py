@@ -12,13 +12,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import dspy
-
 from chateval_dspy.errors import ConfigError
-from chateval_dspy.lm.breaker import DEFAULT_BREAKER, check_threshold
-from chateval_dspy.lm.engine import DEFAULT_RETRIES, DEFAULT_TIMEOUT, CallBounds
+from chateval_dspy.lm.call_limits import DEFAULT_BREAKER, DEFAULT_RETRIES, DEFAULT_TIMEOUT, CallBounds, check_threshold
 
 if TYPE_CHECKING:
+    import dspy
+
     from chateval_dspy.lm.pricing import Price
 
 
@@ -36,7 +35,7 @@ class LMSpec:
         call_deadline: Seconds one call may take, all attempts and backoff together (None: ``2 * timeout + 10``).
         item_deadline: Seconds all calls of one judged item may take (None: ``4 * call_deadline``).
         breaker: Failed attempts in a row against one endpoint (timeouts, refused or lost connections) after which the
-            run stops with one ``LMError``, its finished results kept (``lm.breaker``; not in batch mode).
+            run stops with one ``FatalLMError``, its finished results kept (``lm.breaker``; not in batch mode).
         cache: DSPy's memory and disk cache of LM answers.
         cache_dir: The cache's directory (default ``$CHATEVAL_CACHE_DIR`` or ``~/.cache/chateval-dspy``).
         referee_models: A mixed panel: ``{role slug: model}`` (each ``embedded``, a base URL or a LiteLLM string);
@@ -183,6 +182,8 @@ class LMSpec:
 
     def _judging(self, slots, threads, journal, on_wave) -> Iterator[dspy.LM]:
         """``judging``'s LM, entered (the batching LM, or the panel's with the JSON adapter and a stated price)."""
+        import dspy
+
         from chateval_dspy.lm import panel
         from chateval_dspy.lm.adapter import JudgeAdapter
         from chateval_dspy.lm.pricing import attach_price

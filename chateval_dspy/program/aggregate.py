@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from statistics import fmean
 
 from chateval_dspy.program.task import TaskSpec, as_task
+from chateval_dspy.renamed import old_names
 
 
 def preference(score_1: float, score_2: float) -> str:
@@ -118,7 +119,7 @@ def panel_scores(verdicts: Sequence[dict | None], how: str, task: TaskSpec | str
 
     Example:
         >>> panel_scores([{"naturalness": 3, "coherence": 2, "engagingness": 1, "groundedness": 1}, None,
-        ...               {"naturalness": 2, "coherence": 2, "engagingness": 2, "groundedness": 0}], "mean", "scoring")
+        ...               {"naturalness": 2, "coherence": 2, "engagingness": 2, "groundedness": 0}], "mean", "pointwise")
         {'naturalness': 2.5, 'coherence': 2.0, 'engagingness': 1.5, 'groundedness': 0.5}
     """
     task = as_task(task)
@@ -157,6 +158,9 @@ def pairwise_verdict(verdicts: Sequence[dict | None], how: str,
     return preference(combined(means, 1, task), combined(means, 2, task)), means
 
 
-def scoring_verdict(verdicts: Sequence[dict | None], how: str, task: TaskSpec | str = "scoring") -> dict | None:
+def pointwise_verdict(verdicts: Sequence[dict | None], how: str, task: TaskSpec | str = "pointwise") -> dict | None:
     """Per-criterion panel scores of one response: the mean (the paper) or the most common rating; labels by majority."""
     return panel_scores(verdicts, how, task)
+
+
+__getattr__ = old_names(__name__, {"scoring_verdict": "pointwise_verdict"}, globals())

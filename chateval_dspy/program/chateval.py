@@ -13,7 +13,7 @@ from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.lm.engine import bounds_of, item_scope
 from chateval_dspy.program import calibration
-from chateval_dspy.program.aggregate import pairwise_verdict, scoring_verdict
+from chateval_dspy.program.aggregate import pairwise_verdict, pointwise_verdict
 from chateval_dspy.program.debate import Debate
 from chateval_dspy.program.roles import Role, resolve_roles
 
@@ -34,7 +34,7 @@ class ChatEval(dspy.Module):
     (a reason or None), ``abstentions`` (per referee turn) and ``calls``.
 
     Each call is one item: its LM calls together end within the LM's ``item_deadline``
-    (``lm.engine.CallBounds``); turns left when it passes abstain as ``lm_error:deadline``.
+    (``lm.call_limits.CallBounds``); turns left when it passes abstain as ``lm_error:deadline``.
     With calibration the two answer orders are independent debates and run at once, unless
     ``parallel_orders`` is False (not part of the config: it changes time, never a verdict).
 
@@ -64,7 +64,7 @@ class ChatEval(dspy.Module):
         with item_scope(bounds_of(dspy.settings.lm)):
             if self.config.format == "pairwise":
                 return self._pairwise(inputs)
-            return self._scoring(inputs)
+            return self._pointwise(inputs)
 
     def _pairwise(self, inputs: dict) -> dspy.Prediction:
         how, task = self.config.aggregate, self.config.task_spec
@@ -110,10 +110,10 @@ class ChatEval(dspy.Module):
                 del trace[:max(0, len(trace) - dspy.settings.max_trace_size)]
         return [pred for pred, _ in done]
 
-    def _scoring(self, inputs: dict) -> dspy.Prediction:
+    def _pointwise(self, inputs: dict) -> dspy.Prediction:
         run = self.debate(**inputs)
         task = self.config.task_spec
-        scores = scoring_verdict(list(run.verdicts.values()), self.config.aggregate, task)
+        scores = pointwise_verdict(list(run.verdicts.values()), self.config.aggregate, task)
         return dspy.Prediction(
             **{name: (scores[name] if scores else None) for name in task.output_fields},
             consistent=None,

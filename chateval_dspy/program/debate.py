@@ -25,7 +25,7 @@ from dspy.utils.exceptions import AdapterParseError, LMAuthError, LMConfiguratio
 
 from chateval_dspy.concurrency import parallel_map
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.errors import LMError, cause_of
+from chateval_dspy.errors import FatalLMError, cause_of
 from chateval_dspy.lm.adapter import placement
 from chateval_dspy.lm.engine import DEADLINE_CAUSE, DeadlineExceeded, bounds_of, deadline_in, within_deadline
 from chateval_dspy.program.aggregate import vote
@@ -45,9 +45,9 @@ RETRY_TEMPERATURE = 0.7
 TOP_LOGPROBS = 10
 
 
-def _fatal_cause(exc: BaseException) -> LMError | None:
-    """Our own LMError (e.g. a server that died twice) inside DSPy's wrapping: it must stop the run."""
-    return cause_of(exc, LMError)
+def _fatal_cause(exc: BaseException) -> FatalLMError | None:
+    """Our own FatalLMError (e.g. a server that died twice) inside DSPy's wrapping: it must stop the run."""
+    return cause_of(exc, FatalLMError)
 
 
 def consensus(task: TaskSpec | str, verdicts: list[dict | None]) -> bool:
@@ -236,7 +236,7 @@ class Debate(dspy.Module):
                 return {"text": "", "scores": None, "abstained": DEADLINE_CAUSE,
                         "calls": attempt + (1 if exc.started else 0)}
             except (LMAuthError, LMConfigurationError) as exc:
-                raise LMError(f"the LM refused the request ({type(exc).__name__}): {exc}") from exc
+                raise FatalLMError(f"the LM refused the request ({type(exc).__name__}): {exc}") from exc
             except (AdapterParseError, ScoreRangeError) as exc:
                 # Only the LM's output can become an abstention; any other error (no LM configured,
                 # a bad config) is the caller's to fix and propagates.

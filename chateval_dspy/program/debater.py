@@ -24,7 +24,7 @@ class Debater(dspy.Module):
 
     Args:
         role: Who this referee is.
-        task: The task (``TaskSpec``), or a format's built-in task (``pairwise``, ``scoring``); picks the
+        task: The task (``TaskSpec``), or a format's built-in task (``pairwise``, ``pointwise``); picks the
             signatures and the persona text.
 
     Example:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dspy
 
 from chateval_dspy.errors import ConfigError
+from chateval_dspy.limits import DEFAULT_DEMOS
 from chateval_dspy.program.task import TaskSpec, as_task
 
 
@@ -65,7 +66,6 @@ class _JudgeOnly(dspy.Module):
         self.judge = judge
 
 
-DEFAULT_DEMOS = 2  # per predictor: the optimizers' default too
 
 
 def with_label_demos(program, items, *, k: int = DEFAULT_DEMOS):

@@ -14,22 +14,24 @@ from pathlib import Path
 
 import chateval_dspy.limits as limits
 from chateval_dspy.errors import ConfigError, shown
-from chateval_dspy.program.task import TaskSpec, as_task
+from chateval_dspy.program.task import TaskSpec, as_task, builtin_task
+from chateval_dspy.renamed import canonical_format
 
 SLUG = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 # The paper's "same role prompt for all agents" ablation: referee_1..referee_N
 # all carry this persona, yet each is its own debater with its own predictors.
 SAME_ROLE_PERSONA = "You are a careful, fair referee judging the text below."
 SAME_ROLE = re.compile(r"^referee_([1-9][0-9]?)$")
-FORMATS = ("*", "pairwise", "scoring")
+FORMATS = ("*", "pairwise", "pointwise")
 
 
 @dataclass(frozen=True)
 class Role:
     """A referee: a stable slug (used in predictor names), a display name and its personas.
 
-    Persona keys: ``pairwise`` and ``scoring`` (the built-in tasks, FairEval and Topical-Chat) and ``*``
-    (any task, and the only one your own task specs read).
+    Persona keys: ``pairwise`` and ``pointwise`` (the built-in tasks, FairEval and Topical-Chat) and ``*``
+    (any task, and the only one your own task specs read); ``scoring``, the old name of ``pointwise``, is still
+    read, with a ``DeprecationWarning``.
     """
 
     slug: str
@@ -40,17 +42,32 @@ class Role:
         """The persona for a task (or a format's built-in task): its format's (built-ins only), else ``*``.
 
         Example:
-            >>> Role("x", "X", (("*", "You judge."), ("scoring", "You chat."))).persona("scoring")
+            >>> Role("x", "X", (("*", "You judge."), ("pointwise", "You chat."))).persona("pointwise")
             'You chat.'
         """
         spec = as_task(task)
         table = dict(self.personas)
-        for key in spec.persona_keys:
+        keys = persona_keys(spec)
+        for key in keys:
             if table.get(key):
                 return table[key]
-        what = f"the {spec.persona_keys[0]!r} format" if len(spec.persona_keys) > 1 else f"task {spec.name!r}"
+        what = f"the {keys[0]!r} format" if len(keys) > 1 else f"task {spec.name!r}"
         raise ConfigError(f"role {self.slug!r} has no persona for {what}: give it one under "
-                          f"{' or '.join(repr(k) for k in spec.persona_keys)} in the role file")
+                          f"{' or '.join(repr(k) for k in keys)} in the role file")
+
+
+def persona_keys(spec: TaskSpec) -> tuple[str, ...]:
+    """Where a role's persona for a task is found: a built-in task's format (``pairwise``, ``pointwise``: personas
+    written for FairEval and Topical-Chat), then ``*`` (any task).
+
+    Example:
+        >>> persona_keys(builtin_task("pairwise")), persona_keys(TaskSpec.from_dict({**builtin_task("pairwise").to_dict(),
+        ...                                                                           "name": "mine"}))
+        (('pairwise', '*'), ('*',))
+    """
+    if spec == builtin_task(spec.config_format):
+        return (spec.config_format, "*")
+    return ("*",)
 
 
 def same_roles(n: int) -> tuple[str, ...]:
@@ -69,13 +86,13 @@ def make_role(slug, name, personas, where: str, *, same_role_slugs: bool = False
     Args:
         slug: Must match ``SLUG``; ``referee_N`` only with ``same_role_slugs`` (a saved card of the ablation).
         name: A non-empty display name of at most ``limits.MAX_ROLE_NAME_CHARS`` characters.
-        personas: A mapping of ``*`` (any task), ``pairwise`` or ``scoring`` -> persona text, each at most
+        personas: A mapping of ``*`` (any task), ``pairwise`` or ``pointwise`` -> persona text, each at most
             ``limits.MAX_PERSONA_CHARS`` characters (after whitespace is collapsed, with ``normalise``).
         normalise: Collapse whitespace in names and personas, as role files are written by hand; a card
             keeps the exact text it was compiled with.
 
     Example:
-        >>> make_role("editor", "Editor", {"*": "You edit."}, "roles.yaml role #1").persona("scoring")
+        >>> make_role("editor", "Editor", {"*": "You edit."}, "roles.yaml role #1").persona("pointwise")
         'You edit.'
     """
     if not isinstance(slug, str) or not SLUG.match(slug):
@@ -91,9 +108,10 @@ def make_role(slug, name, personas, where: str, *, same_role_slugs: bool = False
         raise ConfigError(f"{where}: 'persona' must be a text or a mapping of format -> text")
     texts = {}
     for fmt, text in personas.items():
+        fmt = canonical_format(fmt, f"{where}: persona key")
         if fmt not in FORMATS or not isinstance(text, str) or not text.strip():
             raise ConfigError(f"{where}: persona for {shown(fmt, 40)} must be a non-empty text (keys: * for any task, "
-                              "pairwise, scoring)")
+                              "pairwise, pointwise)")
         text = " ".join(text.split()) if normalise else text
         if len(text) > limits.MAX_PERSONA_CHARS:
             raise ConfigError(f"{where}: persona for {fmt!r} has {len(text)} characters; the limit is "

@@ -34,9 +34,14 @@ class Summarize(dspy.Signature):
     summary: str = dspy.OutputField(desc="at most five sentences")
 
 
+# A built-in task's signature names keep the old "Scoring" for pointwise: a verdict's name is sent to the LM
+# (the JSON schema's name), so renaming it would change every request and miss every cached answer.
+_BUILTIN_NAMES = {"pairwise": "Pairwise", "pointwise": "Scoring"}
+
+
 def _class_name(task: TaskSpec, step: str) -> str:
     if task == builtin_task(task.config_format):
-        return f"{task.config_format.capitalize()}{step}"  # PairwiseVerdict, ScoringArgument: the names they had
+        return f"{_BUILTIN_NAMES[task.config_format]}{step}"  # PairwiseVerdict, ScoringArgument: the names they had
     return "".join(part.capitalize() for part in task.name.split("_")) + step
 
 
@@ -127,16 +132,18 @@ def check_scores(fmt: str, verdict: dict) -> dict:
     return check_verdict(fmt, verdict)
 
 
+_OLD_KEYS = (("pairwise", "pairwise"), ("scoring", "pointwise"))
 _LEGACY = {
     "PairwiseArgument": lambda: signatures_for("pairwise")[0],
     "PairwiseVerdict": lambda: signatures_for("pairwise")[1],
-    "ScoringArgument": lambda: signatures_for("scoring")[0],
-    "ScoringVerdict": lambda: signatures_for("scoring")[1],
-    "SIGNATURES": lambda: {f: signatures_for(f) for f in ("pairwise", "scoring")},
-    "INPUTS": lambda: {f: builtin_task(f).input_names for f in ("pairwise", "scoring")},
-    "SCORE_RANGES": lambda: {f: builtin_task(f).ordinal_ranges for f in ("pairwise", "scoring")},
-    # Topical-Chat's human scales per aspect: the built-in scoring task's criteria.
-    "ASPECTS": lambda: builtin_task("scoring").ordinal_ranges,
+    "ScoringArgument": lambda: signatures_for("pointwise")[0],
+    "ScoringVerdict": lambda: signatures_for("pointwise")[1],
+    # Keyed as they always were ("scoring" for the pointwise built-in), for the code written against them.
+    "SIGNATURES": lambda: {k: signatures_for(f) for k, f in _OLD_KEYS},
+    "INPUTS": lambda: {k: builtin_task(f).input_names for k, f in _OLD_KEYS},
+    "SCORE_RANGES": lambda: {k: builtin_task(f).ordinal_ranges for k, f in _OLD_KEYS},
+    # Topical-Chat's human scales per aspect: the built-in pointwise task's criteria.
+    "ASPECTS": lambda: builtin_task("pointwise").ordinal_ranges,
 }
 
 

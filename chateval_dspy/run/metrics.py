@@ -1,7 +1,7 @@
 """Agreement with people, with 95% bootstrap confidence intervals.
 
 Pairwise: accuracy and Cohen's kappa over three classes (1, 2, tie), as in the paper.
-Pointwise (scoring), per criterion of the task, as its scale allows: turn-level Spearman and
+Pointwise, per criterion of the task, as its scale allows: turn-level Spearman and
 Kendall-Tau for integer scales (``<criterion>_spearman``, ``_kendall``, and their means
 ``average_spearman``, ``average_kendall``), accuracy and Cohen's kappa for label scales
 (``<criterion>_accuracy``, ``_kappa``, and ``average_accuracy``, ``average_kappa``).
@@ -25,9 +25,11 @@ from scipy import stats
 from sklearn.metrics import cohen_kappa_score
 
 from chateval_dspy.program.task import TaskSpec, as_task
+from chateval_dspy.renamed import old_names
 
 PAIRWISE_CLASSES = ["1", "2", "tie"]
 ABSTAIN = "abstain"
+# The bootstrap's default resample count; every function that bootstraps takes ``n_resamples=`` to change it.
 N_RESAMPLES = 2000
 # Below this share of resamples with a defined statistic, no interval is reported.
 MIN_DEFINED = 0.5
@@ -73,7 +75,7 @@ def primary_metric(task: TaskSpec | str) -> str:
     ``average_spearman`` (pointwise with an integer-scale criterion), else ``average_accuracy``.
 
     Example:
-        >>> primary_metric("pairwise"), primary_metric("scoring")
+        >>> primary_metric("pairwise"), primary_metric("pointwise")
         ('accuracy', 'average_spearman')
     """
     task = as_task(task)
@@ -82,8 +84,10 @@ def primary_metric(task: TaskSpec | str) -> str:
     return "average_spearman" if any(c.scale.ordinal for c in task.criteria) else "average_accuracy"
 
 
-def bootstrap(statistic: Callable[..., float], *columns: Sequence, seed: int = 0) -> Estimate:
-    """``statistic(*columns)`` with a paired 95% percentile bootstrap CI over items (scipy)."""
+def bootstrap(statistic: Callable[..., float], *columns: Sequence, seed: int = 0,
+              n_resamples: int | None = None) -> Estimate:
+    """``statistic(*columns)`` with a paired 95% percentile bootstrap CI over items (scipy), from ``n_resamples``
+    resamples (None: ``N_RESAMPLES``; fewer are quicker and give a rougher interval)."""
     arrays = [np.asarray(c, dtype=object) for c in columns]
     n = len(arrays[0])
     value = float(statistic(*arrays)) if n else math.nan
@@ -93,7 +97,7 @@ def bootstrap(statistic: Callable[..., float], *columns: Sequence, seed: int = 0
         # Degenerate resamples (one class only, a constant column) give NaN statistics; scipy warns and we accept.
         warnings.simplefilter("ignore")
         res = stats.bootstrap(tuple(arrays), lambda *a: statistic(*a), paired=True, vectorized=False,
-                              n_resamples=N_RESAMPLES, confidence_level=0.95, method="percentile",
+                              n_resamples=n_resamples or N_RESAMPLES, confidence_level=0.95, method="percentile",
                               random_state=np.random.default_rng(seed))
     # The percentile interval over the resamples where the statistic is defined: with few items some
     # resamples hold one class only (kappa undefined), which would otherwise blank the whole interval.
@@ -121,7 +125,8 @@ def kappa(human, predicted) -> float:
         return float(cohen_kappa_score(list(human), preds, labels=PAIRWISE_CLASSES + [ABSTAIN]))
 
 
-def pairwise_report(human: Sequence[str], predicted: Sequence[str | None], *, seed: int = 0) -> dict:
+def pairwise_report(human: Sequence[str], predicted: Sequence[str | None], *, seed: int = 0,
+                    n_resamples: int | None = None) -> dict:
     """Accuracy and kappa with CIs, beside the majority-class baseline on the same items.
 
     Example:
@@ -132,14 +137,15 @@ def pairwise_report(human: Sequence[str], predicted: Sequence[str | None], *, se
     human, predicted = list(human), list(predicted)
     top = Counter(human).most_common(1)[0][0] if human else None
     baseline = [top] * len(human)
+    ci = {"seed": seed, "n_resamples": n_resamples}
     return {
         "n": len(human),
         "n_abstained": sum(p is None for p in predicted),
-        "accuracy": bootstrap(accuracy, human, predicted, seed=seed),
-        "kappa": bootstrap(kappa, human, predicted, seed=seed),
+        "accuracy": bootstrap(accuracy, human, predicted, **ci),
+        "kappa": bootstrap(kappa, human, predicted, **ci),
         "majority_class": top,
-        "majority_accuracy": bootstrap(accuracy, human, baseline, seed=seed),
-        "majority_kappa": bootstrap(kappa, human, baseline, seed=seed),
+        "majority_accuracy": bootstrap(accuracy, human, baseline, **ci),
+        "majority_kappa": bootstrap(kappa, human, baseline, **ci),
     }
 
 
@@ -205,9 +211,9 @@ def label_kappa(labels: Sequence[str]):
     return statistic
 
 
-def scoring_report(human: Sequence[dict], predicted: Sequence[dict | None], *, seed: int = 0,
-                   task: TaskSpec | str = "scoring", groups: Sequence | None = None,
-                   systems: Sequence | None = None, unlabelled: int = 0) -> dict:
+def pointwise_report(human: Sequence[dict], predicted: Sequence[dict | None], *, seed: int = 0,
+                     task: TaskSpec | str = "pointwise", groups: Sequence | None = None,
+                     systems: Sequence | None = None, unlabelled: int = 0, n_resamples: int | None = None) -> dict:
     """Per-criterion agreement over items with a verdict, and its mean over the criteria of each kind.
 
     Integer scales: Spearman and Kendall-Tau; label scales: accuracy and Cohen's kappa. A criterion
@@ -218,8 +224,8 @@ def scoring_report(human: Sequence[dict], predicted: Sequence[dict | None], *, s
     ``systems`` (a system id per item) adds system-level ones (``_system``: over the per-system mean scores).
 
     Example:
-        >>> r = scoring_report([{"ok": "pass"}, {"ok": "fail"}, {"ok": None}], [{"ok": "pass"}] * 3,
-        ...                    task=TaskSpec.from_dict({"name": "t", "format": "pointwise",
+        >>> r = pointwise_report([{"ok": "pass"}, {"ok": "fail"}, {"ok": None}], [{"ok": "pass"}] * 3,
+        ...                      task=TaskSpec.from_dict({"name": "t", "format": "pointwise",
         ...     "inputs": [{"name": "answer", "judged": True}],
         ...     "criteria": [{"name": "ok", "description": "is it right?", "scale": ["pass", "fail"]}]}))
         >>> r["ok_accuracy"].value, r["ok_missing"], sorted(k for k in r if k.startswith("average"))
@@ -241,39 +247,40 @@ def scoring_report(human: Sequence[dict], predicted: Sequence[dict | None], *, s
         else:
             h, p = [x.get(c.name) for x, _ in pairs], [y[c.name] for _, y in pairs]
             nominal.append((c.name, h, p, c.scale.labels))  # None marks a missing label, as NaN does above
-    out.update(_ordinal_figures(ordinal, seed))
-    out.update(_nominal_figures(nominal, seed))
+    ci = {"seed": seed, "n_resamples": n_resamples}
+    out.update(_ordinal_figures(ordinal, **ci))
+    out.update(_nominal_figures(nominal, **ci))
     for level, keys in (("summary", groups), ("system", systems)):
         if keys is not None and ordinal:
-            out.update(level_report(ordinal, [keys[i] for i in keep], level, seed=seed))
+            out.update(level_report(ordinal, [keys[i] for i in keep], level, **ci))
     return out
 
 
-def _ordinal_figures(ordinal: dict[str, tuple[list, list]], seed: int) -> dict:
-    """Spearman and Kendall per integer-scale criterion over the pooled items, and their averages."""
+def _ordinal_figures(ordinal: dict[str, tuple[list, list]], **ci) -> dict:
+    """Spearman and Kendall per integer-scale criterion over the pooled items, and their averages (``ci``: the
+    bootstrap's ``seed`` and ``n_resamples``)."""
     out = {}
     for name, (h, p) in ordinal.items():
-        out[f"{name}_spearman"] = bootstrap(spearman, *_labelled(h, p), seed=seed)
-        out[f"{name}_kendall"] = bootstrap(kendall, *_labelled(h, p), seed=seed)
+        out[f"{name}_spearman"] = bootstrap(spearman, *_labelled(h, p), **ci)
+        out[f"{name}_kendall"] = bootstrap(kendall, *_labelled(h, p), **ci)
     if ordinal:
         columns = [col for pair in ordinal.values() for col in pair]
         for stat, fn in (("spearman", spearman), ("kendall", kendall)):
-            out[f"average_{stat}"] = bootstrap(_mean_over([fn] * len(ordinal)), *columns, seed=seed)
+            out[f"average_{stat}"] = bootstrap(_mean_over([fn] * len(ordinal)), *columns, **ci)
             out[f"average_{stat}_criteria"] = _count_defined(out, ordinal, stat)
     return out
 
 
-def _nominal_figures(nominal: list, seed: int) -> dict:
-    """Accuracy and kappa per label-scale criterion, and their averages."""
+def _nominal_figures(nominal: list, **ci) -> dict:
+    """Accuracy and kappa per label-scale criterion, and their averages (``ci``: as for ``_ordinal_figures``)."""
     out = {}
     for name, h, p, labels in nominal:
-        out[f"{name}_accuracy"] = bootstrap(label_accuracy, *_labelled(h, p), seed=seed)
-        out[f"{name}_kappa"] = bootstrap(label_kappa(labels), *_labelled(h, p), seed=seed)
+        out[f"{name}_accuracy"] = bootstrap(label_accuracy, *_labelled(h, p), **ci)
+        out[f"{name}_kappa"] = bootstrap(label_kappa(labels), *_labelled(h, p), **ci)
     if nominal:
         columns = [col for _, h, p, _ in nominal for col in (h, p)]
-        out["average_accuracy"] = bootstrap(_mean_over([label_accuracy] * len(nominal)), *columns, seed=seed)
-        out["average_kappa"] = bootstrap(_mean_over([label_kappa(labels) for *_, labels in nominal]), *columns,
-                                         seed=seed)
+        out["average_accuracy"] = bootstrap(_mean_over([label_accuracy] * len(nominal)), *columns, **ci)
+        out["average_kappa"] = bootstrap(_mean_over([label_kappa(labels) for *_, labels in nominal]), *columns, **ci)
         names = [name for name, *_ in nominal]
         for stat in ("accuracy", "kappa"):
             out[f"average_{stat}_criteria"] = _count_defined(out, names, stat)
@@ -308,7 +315,8 @@ def _system_means(h: list, p: list, groups: list[list[int]]) -> tuple[list[float
     return hs, ps
 
 
-def level_report(ordinal: dict[str, tuple[list, list]], keys: Sequence, level: str, *, seed: int = 0) -> dict:
+def level_report(ordinal: dict[str, tuple[list, list]], keys: Sequence, level: str, *, seed: int = 0,
+                 n_resamples: int | None = None) -> dict:
     """Summary-level (``level="summary"``: correlation within each group of ``keys``, averaged over the groups
     where it is defined; the CI resamples groups) or system-level (``"system"``: correlation of the per-system mean
     scores; the CI resamples systems) Spearman and Kendall per criterion, as ``<criterion>_<stat>_<level>``, their
@@ -320,7 +328,7 @@ def level_report(ordinal: dict[str, tuple[list, list]], keys: Sequence, level: s
         >>> r["q_spearman_summary"].value, r["q_spearman_summary"].n, r["n_groups"]
         (0.0, 2, 2)
     """
-    groups = _by_key(keys)
+    groups, ci = _by_key(keys), {"seed": seed, "n_resamples": n_resamples}
     out: dict = {"n_groups" if level == "summary" else "n_systems": len(groups)}
     columns = []
     for stat, fn in (("spearman", spearman), ("kendall", kendall)):
@@ -329,19 +337,22 @@ def level_report(ordinal: dict[str, tuple[list, list]], keys: Sequence, level: s
                 values = _per_group(h, p, groups, fn)
                 columns.append(values)
                 defined = [v for v in values if not math.isnan(v)]
-                out[f"{name}_{stat}_{level}"] = bootstrap(defined_mean, defined, seed=seed)
+                out[f"{name}_{stat}_{level}"] = bootstrap(defined_mean, defined, **ci)
             else:
                 means = _system_means(h, p, groups)
                 columns += list(means)
-                out[f"{name}_{stat}_{level}"] = bootstrap(fn, *_labelled(*means), seed=seed)
-        out[f"average_{stat}_{level}"] = _level_average(columns, level, fn, seed)
+                out[f"{name}_{stat}_{level}"] = bootstrap(fn, *_labelled(*means), **ci)
+        out[f"average_{stat}_{level}"] = _level_average(columns, level, fn, **ci)
         out[f"average_{stat}_{level}_criteria"] = _count_defined(out, ordinal, stat, f"_{level}")
         columns = []
     return out
 
 
-def _level_average(columns: list[list[float]], level: str, fn, seed: int) -> Estimate:
+def _level_average(columns: list[list[float]], level: str, fn, **ci) -> Estimate:
     """The mean over criteria of a level's figure, with a CI that resamples groups (or systems) jointly."""
     if level == "summary":
-        return bootstrap(lambda *cols: defined_mean([defined_mean(c) for c in cols]), *columns, seed=seed)
-    return bootstrap(_mean_over([fn] * (len(columns) // 2)), *columns, seed=seed)
+        return bootstrap(lambda *cols: defined_mean([defined_mean(c) for c in cols]), *columns, **ci)
+    return bootstrap(_mean_over([fn] * (len(columns) // 2)), *columns, **ci)
+
+
+__getattr__ = old_names(__name__, {"scoring_report": "pointwise_report"}, globals())

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.lm.pricing import CACHE_RATES, UNPRICED, add_usd
-from chateval_dspy.run.metrics import pairwise_report, scoring_report
+from chateval_dspy.run.metrics import pairwise_report, pointwise_report
 
 MODEL_FIGURES = ("calls", "cached_calls", "prompt_tokens", "cached_prompt_tokens", "cache_write_tokens",
                  "completion_tokens", "seconds")
@@ -147,18 +147,19 @@ class RunResult:
                     out[f"model/{name}/{key}_per_item"] = float(value) / n
         return out
 
-    def metrics(self, seed: int = 0) -> dict:
-        """Agreement with the human labels (empty when the items carry none)."""
+    def metrics(self, seed: int = 0, n_resamples: int | None = None) -> dict:
+        """Agreement with the human labels (empty when the items carry none); ``seed`` and ``n_resamples``: the
+        bootstrap's (``n_resamples`` None: ``metrics.N_RESAMPLES``)."""
         if not self.human:
             return {}
         if self.config.format == "pairwise":
-            report = pairwise_report(self.human, self.predicted, seed=seed)
+            report = pairwise_report(self.human, self.predicted, seed=seed, n_resamples=n_resamples)
             return {**report, "label_missing": self.unlabelled} if self.unlabelled else report
         # Levels only when every labelled item names its document (system): a partial grouping would mislead.
         groups = self.groups if self.groups and all(g is not None for g in self.groups) else None
         systems = self.systems if self.systems and all(s is not None for s in self.systems) else None
-        return scoring_report(self.human, self.predicted, seed=seed, task=self.config.task_spec, groups=groups,
-                              systems=systems, unlabelled=self.unlabelled)
+        return pointwise_report(self.human, self.predicted, seed=seed, task=self.config.task_spec, groups=groups,
+                                systems=systems, unlabelled=self.unlabelled, n_resamples=n_resamples)
 
     def cost(self) -> dict[str, float | str]:
         """Per-item cost figures of the run; ``cost_usd_per_item`` and ``cost_usd_total`` are US dollars, or the

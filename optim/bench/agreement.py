@@ -16,20 +16,21 @@ from chateval_dspy.config import DebateConfig
 from chateval_dspy.data.loaders import load_dataset, select
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.program.signatures import ASPECTS
-from chateval_dspy.run.metrics import pairwise_report, plain, scoring_report
+from chateval_dspy.run.metrics import pairwise_report, plain, pointwise_report
 from optim.bench import common as bench
 from optim.bench.common import REFERENCE, Entry
 from optim.bench.stats import mcnemar, paired_correlation_delta
 
 
-def _row(entry: Entry, fmt: str, items, predictions: dict, cost: dict | None = None, seed: int = 0) -> dict:
+def _row(entry: Entry, fmt: str, items, predictions: dict, cost: dict | None = None, seed: int = 0,
+         n_resamples: int | None = None) -> dict:
     ids = [str(x.id) for x in items]
     if fmt == "pairwise":
         human = [x.label for x in items]
-        metrics = pairwise_report(human, [predictions.get(i) for i in ids], seed=seed)
+        metrics = pairwise_report(human, [predictions.get(i) for i in ids], seed=seed, n_resamples=n_resamples)
     else:
         human = [x.human for x in items]
-        metrics = scoring_report(human, [predictions.get(i) for i in ids], seed=seed)
+        metrics = pointwise_report(human, [predictions.get(i) for i in ids], seed=seed, n_resamples=n_resamples)
     return {"name": entry.name, "label": entry.label, "kind": entry.kind,
             "config": entry.config.to_dict() if entry.config else None,
             "n": len(ids), "metrics": plain(metrics),
@@ -52,7 +53,7 @@ def _cost(run) -> dict:
     return cost
 
 
-def _significance(rows: list[dict], fmt: str, items, seed: int) -> None:
+def _significance(rows: list[dict], fmt: str, items, seed: int, n_resamples: int | None = None) -> None:
     ref = next(r for r in rows if r["name"] == REFERENCE)
     if fmt == "pairwise":
         labels = {str(x.id): x.label for x in items}
@@ -62,7 +63,8 @@ def _significance(rows: list[dict], fmt: str, items, seed: int) -> None:
         return
     human = {str(x.id): x.human for x in items}
     for r in rows:
-        r["vs_single"] = None if r is ref else paired_correlation_delta(human, ref["predictions"], r["predictions"], seed=seed)
+        r["vs_single"] = None if r is ref else paired_correlation_delta(human, ref["predictions"], r["predictions"],
+                                                                        seed=seed, n_resamples=n_resamples)
 
 
 def agreement_key(entry: Entry, cfg: DebateConfig, model: str, args) -> str:
@@ -100,12 +102,12 @@ def run_agreement(args, factory: bench.LMFactory) -> dict:
                 run = bench.run_config(program, items, cfg, out=base / f"{entry.name}.jsonl", key=key,
                                        concurrency=args.concurrency, meter=meter)
                 preds = {str(r["id"]): r["prediction"] for r in run.records}
-                rows.append(_row(entry, fmt, items, preds, _cost(run), args.seed))
+                rows.append(_row(entry, fmt, items, preds, _cost(run), args.seed, args.resamples))
     for entry in entries:
         if entry.kind == "majority":
             train = select(all_items, "train", seed=args.seed) if args.split != "train" else items
             top = Counter(x.label for x in train).most_common(1)[0][0]
-            rows.append(_row(entry, fmt, items, {str(x.id): top for x in items}, None, args.seed))
+            rows.append(_row(entry, fmt, items, {str(x.id): top for x in items}, None, args.seed, args.resamples))
         elif entry.kind == "text":
             from optim.bench.text import text_scores
 
@@ -114,12 +116,12 @@ def run_agreement(args, factory: bench.LMFactory) -> dict:
                 print(f"bench: skipping {entry.name}: {note}", file=sys.stderr)
                 continue
             preds = {i: {a: s for a in ASPECTS} for i, s in scores.items()}
-            row = _row(entry, fmt, items, preds, None, args.seed)
+            row = _row(entry, fmt, items, preds, None, args.seed, args.resamples)
             row["note"] = note
             rows.append(row)
     order = [e.name for e in entries]
     rows.sort(key=lambda r: order.index(r["name"]))
-    _significance(rows, fmt, items, args.seed)
+    _significance(rows, fmt, items, args.seed, args.resamples)
     report = {"header": bench.header(args, suite="agreement", model=model, data=args.dataset,
                                      split=f"{args.split} (seed {args.seed})", n=len(items), limit=args.limit, format=fmt),
               "rows": rows}

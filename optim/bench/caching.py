@@ -123,8 +123,8 @@ def measure(model: str, name: str, cfg: DebateConfig, layout: str, items, *, pro
 def compiled_panel(items_train, *, demos: int = 4):
     """The default panel compiled with ``bootstrap`` on the scripted fake (``demos`` per predictor, argue and judge)."""
     from chateval_dspy.testing.fake_lm import fake_lm
-    from optim.compile import OptimizerSettings, compile_evaluator
-    from optim.objectives import agreement
+    from optim.tuning.compile import OptimizerSettings, compile_evaluator
+    from optim.tuning.objectives import agreement
 
     cfg = DebateConfig()
     with dspy.context(lm=fake_lm(), adapter=JudgeAdapter()):

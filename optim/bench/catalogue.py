@@ -9,7 +9,7 @@ import dspy
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.data.loaders import load_dataset
 from chateval_dspy.errors import ConfigError
-from chateval_dspy.program.aggregate import pairwise_verdict, scoring_verdict
+from chateval_dspy.program.aggregate import pairwise_verdict, pointwise_verdict
 from chateval_dspy.program.calibration import consistent
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.roles import first_roles, same_roles
@@ -38,7 +38,7 @@ def catalogue(fmt: str, *, mec_k: int = 3) -> dict[str, Entry]:
         entries += [Entry("single_calibrated", "single agent + position calibration", "debate", single.replace(calibrate=True)),
                     Entry("mec_bpc", f"FairEval MEC+BPC (k={mec_k}, T=1)", "mec", single.replace(calibrate=True))]
     else:
-        entries += [Entry("mec_bpc", f"MEC (k={mec_k}, T=1; no BPC in scoring)", "mec", single)]
+        entries += [Entry("mec_bpc", f"MEC (k={mec_k}, T=1; no BPC in pointwise)", "mec", single)]
     entries += [Entry("chateval", "ChatEval one-by-one (2 roles, 2 turns)", "debate", c),
                 Entry("simultaneous_talk", "ChatEval simultaneous-talk", "debate", c.replace(strategy="simultaneous_talk")),
                 Entry("summarizer", "ChatEval simultaneous-talk-with-summarizer", "debate",
@@ -48,7 +48,7 @@ def catalogue(fmt: str, *, mec_k: int = 3) -> dict[str, Entry]:
     entries += [Entry(f"roles_{n}", f"ChatEval, {n} role{'s' * (n > 1)}", "debate", c.replace(roles=first_roles(n)))
                 for n in (1, 3, 4, 5)]
     entries += [Entry(f"turns_{t}", f"ChatEval, {t} turn{'s' * (t > 1)}", "debate", c.replace(turns=t)) for t in (1, 3, 4)]
-    if fmt == "scoring":
+    if fmt == "pointwise":
         entries += [Entry("rouge_l", "ROUGE-L vs the original response (no LM)", "text"),
                     Entry("bleu_4", "BLEU-4 vs the original response (no LM)", "text"),
                     Entry("bertscore", "BERTScore F1, MiniLM-L6 (no LM)", "text")]
@@ -128,7 +128,7 @@ class MultipleEvidence(dspy.Module):
                                    score_2=means["score_2"] if means else None, order_preferences=per_order,
                                    consistent=consistent(*per_order) if len(per_order) == 2 else None,
                                    abstained=None if pref else "no_verdict", **common)
-        scores = scoring_verdict(verdicts, "mean")
+        scores = pointwise_verdict(verdicts, "mean")
         return dspy.Prediction(**{a: (scores[a] if scores else None) for a in ASPECTS}, consistent=None,
                                abstained=None if scores else "no_verdict", **common)
 

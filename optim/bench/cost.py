@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import dspy
@@ -161,56 +162,84 @@ def tracing_overhead(items, cfg: DebateConfig, lm_context, workdir: Path, *, lab
     """
     import mlflow
 
-    from chateval_dspy.run.tracing import Tracer
-    from optim import tracking
+    from optim.tracking import runs as tracking
 
     previous, cache = mlflow.get_tracking_uri(), dspy.cache
     experiment_id = tracking.start_tracing(f"sqlite:///{workdir / 'tracing.db'}")
-    program = build_evaluator(cfg)
-    walls: dict[bool, list[float]] = {False: [], True: []}
-    cpus: dict[bool, list[float]] = {False: [], True: []}
-    tokens: list[int] = []
-    flushes: list[float] = []
-    traces, in_band = 0, 0.0
+    runs = TracingRuns(build_evaluator(cfg), items, cfg, experiment_id)
     try:
         dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=False)
         with lm_context():
-            # Warm-up, untimed: the first calls build the adapter's schemas; the first trace sets MLflow's tracing up.
-            warm = [items[0].copy(question=items[0].question + " (warm-up)")]
-            evaluate(program, warm, cfg, on_item=Tracer(cfg, items=warm, experiment_id=experiment_id).on_item())
-            mlflow.flush_trace_async_logging()
+            runs.warm_up()
             for traced in [False, True, True, False] * (repeats // 2) + [False, True] * (repeats % 2):
-                tracer = Tracer(cfg, items=items, experiment_id=experiment_id) if traced else None
-                start, cpu = time.perf_counter(), time.process_time()
-                result = evaluate(program, items, cfg, on_item=tracer.on_item() if tracer else None)
-                walls[traced].append(time.perf_counter() - start)
-                tokens.append(result.prompt_tokens + result.completion_tokens)
-                if tracer:
-                    start = time.perf_counter()
-                    tracer.flush()
-                    flushes.append(time.perf_counter() - start)
-                    traces += len(tracer.trace_ids)
-                    in_band += tracer.seconds
-                cpus[traced].append(time.process_time() - cpu)
+                runs.timed(traced)
     finally:
         mlflow.flush_trace_async_logging()
         mlflow.set_tracking_uri(previous)
         dspy.cache = cache
-    # The fastest run of each setting: on a shared machine noise only ever adds time (every run lists its wall).
-    off, on = min(walls[False]), min(walls[True])
-    cpu_off, cpu_on = min(cpus[False]), min(cpus[True])
-    flush = min(flushes)
-    n = len(items)
-    return {"label": label, "items": n, "runs_per_setting": len(walls[True]), "traces": traces,
-            "config": f"{len(cfg.roles)} roles, {cfg.turns} turns, {cfg.strategy}, {cfg.orders} order(s)",
-            "wall_seconds_off": off, "wall_seconds_on": on, "seconds_per_item_off": off / n,
-            "overhead_ms_per_item": (on - off) / n * 1000, "overhead_share": (on - off) / off if off else float("nan"),
-            "flush_seconds": flush, "in_band_ms_per_item": in_band / max(traces, 1) * 1000,
-            "in_band_share": in_band / max(traces, 1) / (off / n) if off else float("nan"),
-            "cpu_ms_per_item": (cpu_on - cpu_off) / n * 1000,
-            "cpu_share": (cpu_on - cpu_off) / cpu_off if cpu_off else float("nan"),
-            "walls": {"off": walls[False], "on": walls[True]}, "cpu_seconds": {"off": cpus[False], "on": cpus[True]},
-            "tokens_per_run": sorted(set(tokens))}
+    return runs.figures(label)
+
+
+@dataclass
+class TracingRuns:
+    """``tracing_overhead``'s runs of one batch, tracing off and on, and what each measured."""
+
+    program: object
+    items: list
+    cfg: DebateConfig
+    experiment_id: str
+    walls: dict = field(default_factory=lambda: {False: [], True: []})
+    cpus: dict = field(default_factory=lambda: {False: [], True: []})
+    tokens: list = field(default_factory=list)
+    flushes: list = field(default_factory=list)
+    traces: int = 0
+    in_band: float = 0.0
+
+    def warm_up(self) -> None:
+        """One traced item, untimed: the first calls build the adapter's schemas; the first trace sets MLflow's
+        tracing up."""
+        import mlflow
+
+        from chateval_dspy.run.tracing import Tracer
+
+        warm = [self.items[0].copy(question=self.items[0].question + " (warm-up)")]
+        evaluate(self.program, warm, self.cfg, on_item=Tracer(self.cfg, items=warm, experiment_id=self.experiment_id).on_item())
+        mlflow.flush_trace_async_logging()
+
+    def timed(self, traced: bool) -> None:
+        """One run of the batch: its wall and CPU time and tokens; traced, its flush, traces and in-band seconds."""
+        from chateval_dspy.run.tracing import Tracer
+
+        tracer = Tracer(self.cfg, items=self.items, experiment_id=self.experiment_id) if traced else None
+        start, cpu = time.perf_counter(), time.process_time()
+        result = evaluate(self.program, self.items, self.cfg, on_item=tracer.on_item() if tracer else None)
+        self.walls[traced].append(time.perf_counter() - start)
+        self.tokens.append(result.prompt_tokens + result.completion_tokens)
+        if tracer:
+            start = time.perf_counter()
+            tracer.flush()
+            self.flushes.append(time.perf_counter() - start)
+            self.traces += len(tracer.trace_ids)
+            self.in_band += tracer.seconds
+        self.cpus[traced].append(time.process_time() - cpu)
+
+    def figures(self, label: str) -> dict:
+        """The report's row: the fastest run of each setting (on a shared machine noise only ever adds time; every
+        run lists its wall)."""
+        walls, cpus, cfg, traces, in_band = self.walls, self.cpus, self.cfg, self.traces, self.in_band
+        off, on = min(walls[False]), min(walls[True])
+        cpu_off, cpu_on = min(cpus[False]), min(cpus[True])
+        n = len(self.items)
+        return {"label": label, "items": n, "runs_per_setting": len(walls[True]), "traces": traces,
+                "config": f"{len(cfg.roles)} roles, {cfg.turns} turns, {cfg.strategy}, {cfg.orders} order(s)",
+                "wall_seconds_off": off, "wall_seconds_on": on, "seconds_per_item_off": off / n,
+                "overhead_ms_per_item": (on - off) / n * 1000, "overhead_share": (on - off) / off if off else float("nan"),
+                "flush_seconds": min(self.flushes), "in_band_ms_per_item": in_band / max(traces, 1) * 1000,
+                "in_band_share": in_band / max(traces, 1) / (off / n) if off else float("nan"),
+                "cpu_ms_per_item": (cpu_on - cpu_off) / n * 1000,
+                "cpu_share": (cpu_on - cpu_off) / cpu_off if cpu_off else float("nan"),
+                "walls": {"off": walls[False], "on": walls[True]}, "cpu_seconds": {"off": cpus[False], "on": cpus[True]},
+                "tokens_per_run": sorted(set(self.tokens))}
 
 
 def tracing_rows(args, factory: bench.LMFactory, all_items, model: str, workdir: Path, *,
@@ -307,7 +336,7 @@ def token_target(rows: dict[str, dict]) -> list[dict]:
         measured += f"; prefix reuse alone {(1 - p['computed_tokens_per_item'] / p['tokens_per_item']) * 100:.1f}%"
     within = None
     pm, cm = plain.get("metrics", {}), cons.get("metrics", {})
-    key = primary_metric("pairwise" if "accuracy" in pm else "scoring")
+    key = primary_metric("pairwise" if "accuracy" in pm else "pointwise")
     if pm.get(key) and cm.get(key) and pm[key].get("ci_low") is not None and cm[key].get("value") is not None:
         within = pm[key]["ci_low"] <= cm[key]["value"] <= pm[key]["ci_high"]
         measured += (f"; {key} {cm[key]['value']:.3f} vs plain {pm[key]['value']:.3f} "

@@ -102,7 +102,8 @@ def _margin(record: dict, target: str) -> float | None:
     return d if target == "1" else -d
 
 
-def flip_stats(clean: dict[str, dict], injected: list[tuple[dspy.Example, dict]], seed: int = 0) -> dict:
+def flip_stats(clean: dict[str, dict], injected: list[tuple[dspy.Example, dict]], seed: int = 0,
+               n_resamples: int | None = None) -> dict:
     """Flip rate toward the injected answer (exact 95% CI) and the mean shift of its score margin (bootstrap CI)."""
     import numpy as np
 
@@ -124,7 +125,8 @@ def flip_stats(clean: dict[str, dict], injected: list[tuple[dspy.Example, dict]]
         m0, m1 = _margin(base, variant.target), _margin(record, variant.target)
         if m0 is not None and m1 is not None:
             shifts.append(m1 - m0)
-    shift = bootstrap(lambda s: float(np.mean(s.astype(float))) if len(s) else math.nan, shifts, seed=seed)
+    shift = bootstrap(lambda s: float(np.mean(s.astype(float))) if len(s) else math.nan, shifts, seed=seed,
+                      n_resamples=n_resamples)
     return {"variants": len(injected), "eligible": eligible, "flips": flips, "flip_rate": proportion(flips, eligible),
             "flips_to_win": wins, "win_rate": proportion(wins, eligible),
             "margin_shift": shift.to_dict(), "abstained": abstained}
@@ -154,9 +156,10 @@ def run_injection(args, factory) -> dict:
         records = {str(r["id"]): r for r in run.records}
         clean = {str(x.id): records[str(x.id)] for x in base if str(x.id) in records}
         by_kind = {k: [(v, records[v.id]) for v in variants if v.kind == k and v.id in records] for k in kinds}
-        rows = [{"kind": k, **flip_stats(clean, pairs, args.seed)} for k, pairs in by_kind.items()]
+        rows = [{"kind": k, **flip_stats(clean, pairs, args.seed, args.resamples)} for k, pairs in by_kind.items()]
         if kinds:
-            rows.append({"kind": "any", **flip_stats(clean, [p for pairs in by_kind.values() for p in pairs], args.seed)})
+            rows.append({"kind": "any", **flip_stats(clean, [p for pairs in by_kind.values() for p in pairs], args.seed,
+                                                             args.resamples)})
         if second:
             rows += second_order_rows(args, entry, base, clean, work, key)
     report = {"header": bench.header(args, suite="injection", model=model, data="faireval (items with a human winner)",
@@ -197,7 +200,7 @@ def second_order_rows(args, entry, base: list, clean: dict, work: Path, key: str
                                    key=f"{key}/{SECOND_ORDER}/{tag}/{PLANTED_ARGUMENT}")
         records = {str(r["id"]): r for r in run.records}
         pairs = [(v, records[v.id]) for v in variants if v.id in records]
-        rows.append({"kind": f"{SECOND_ORDER}: {label}", **flip_stats(clean, pairs, args.seed)})
+        rows.append({"kind": f"{SECOND_ORDER}: {label}", **flip_stats(clean, pairs, args.seed, args.resamples)})
     return rows
 
 

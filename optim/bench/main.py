@@ -16,6 +16,7 @@ file of figures, and prints (``--markdown``) a table that states model, data, sp
     python -m optim.bench caching --limit 20 --embedded-limit 8 --threads 1
     python -m optim.bench batch --limit 20
     python -m optim.bench scale --limit 24 --concurrency 8
+    python -m optim.bench startup --runs 5
     python -m optim.bench plots
 
 This module holds the command line and what the suites share: the LM (``LMFactory``), the meter
@@ -24,23 +25,25 @@ around the LM engine and the resumable ``run_config`` (both in ``bench_run``), a
 
 from __future__ import annotations
 
+import argparse
+import json
+import logging
+import shlex
+import sys
+from pathlib import Path
+
+from chateval_dspy.errors import ChatEvalError, ConfigError
 from chateval_dspy.lm.offline import ensure_offline
-
-ensure_offline()  # before dspy / litellm are imported below
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import logging  # noqa: E402
-import shlex  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-from chateval_dspy.errors import ChatEvalError, ConfigError  # noqa: E402
-from optim.bench.common import BENCH_DIR, RAW_DIR, LMFactory, isolate_cache, model_factory  # noqa: E402
+from optim.bench.common import BENCH_DIR, RAW_DIR, LMFactory, isolate_cache, model_factory
 
 log = logging.getLogger(__name__)
 
 # --- command line --------------------------------------------------------------------------------------------------
+
+
+def _resamples(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--resamples", type=int, metavar="N",
+                   help="bootstrap resamples behind each CI (default 2000; fewer: quicker, rougher intervals)")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -50,6 +53,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, help="embedded model: CPU threads (default: all cores)")
     p.add_argument("--split", default="test", choices=["all", "train", "dev", "test"])
     p.add_argument("--seed", type=int, default=0)
+    _resamples(p)
     p.add_argument("--limit", type=int, help="the first N items of the split")
     p.add_argument("--work-dir", default=str(RAW_DIR), help="per-item JSONL results (resumable)")
     p.add_argument("--markdown", action="store_true", help="print Markdown tables (default: plain text)")
@@ -138,6 +142,7 @@ def _own_lm_suites(sub) -> None:
     rv.add_argument("--timeout", type=float, default=120.0)
     rv.add_argument("--threads", type=int, help="embedded model: CPU threads (default: all cores)")
     rv.add_argument("--seed", type=int, default=0, help="the split's seed (the pool is train, the slice test)")
+    _resamples(rv)
     rv.add_argument("--work-dir", default=str(RAW_DIR), help="per-item JSONL results (resumable)")
     rv.add_argument("--markdown", action="store_true", help="print Markdown tables (default: plain text)")
     rv.add_argument("--planted", action="store_true", help="a fake LM with a known signal instead of --model "
@@ -196,7 +201,10 @@ def _provider_suites(sub) -> None:
 
 
 def _utility_parsers(sub) -> None:
-    """The commands that judge nothing: plots, tables and one peak-memory child."""
+    """The commands that judge nothing: start-up time, plots, tables and one peak-memory child."""
+    from optim.bench.startup import add_parser as add_startup
+
+    add_startup(sub, BENCH_DIR)
     pl = sub.add_parser("plots", help="PNG plots from the suites' JSON files")
     pl.add_argument("--dir", default=str(BENCH_DIR))
     tb = sub.add_parser("tables", help="Markdown tables from the suites' JSON files (no rerun)")
@@ -210,7 +218,14 @@ def _utility_parsers(sub) -> None:
 
 
 def _utility(args) -> int | None:
-    """The commands that judge nothing: one peak-memory child, plots, tables. None for the suites."""
+    """The commands that judge nothing: one peak-memory child, start-up time, plots, tables. None for the suites."""
+    if args.suite == "startup":
+        from optim.bench.startup import run_startup, startup_markdown
+
+        report = run_startup(args)
+        print(startup_markdown(report, markdown=args.markdown))
+        print(f"figures: {report['path']}", file=sys.stderr)
+        return 0
     if args.suite == "_rss":
         from optim.bench.cost import rss_child
 
@@ -285,6 +300,7 @@ def _on_model(args, factory: LMFactory) -> dict:
 
 def main(argv: list[str] | None = None, *, lm_factory: LMFactory | None = None) -> int:
     """Run one suite. ``lm_factory`` replaces ``--model`` (tests pass the fake LM this way, never by a flag)."""
+    ensure_offline()  # this process is ours: before any suite imports litellm / mlflow (dspy reads none of these)
     args = build_parser().parse_args(argv)
     args.command_line = "python -m optim.bench " + shlex.join(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

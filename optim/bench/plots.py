@@ -25,7 +25,7 @@ def _pyplot():
 
 
 def _metric(report: dict) -> tuple[str, str]:
-    key = primary_metric(report["header"].get("format") or "scoring")
+    key = primary_metric(report["header"].get("format") or "pointwise")
     return key, key.replace("_", " ").replace("spearman", "Spearman")
 
 

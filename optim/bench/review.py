@@ -40,9 +40,9 @@ from chateval_dspy.run.records import digest
 from chateval_dspy.testing.fake_lm import FIELD, Call, default_responder, fake_lm
 from optim.bench import common as bench
 from optim.bench.stats import proportion
-from optim.compile import OptimizerSettings, compile_evaluator
-from optim.objectives import agreement
 from optim.review.uncertainty import rank
+from optim.tuning.compile import OptimizerSettings, compile_evaluator
+from optim.tuning.objectives import agreement
 
 FRACTIONS = (0.1, 0.2, 0.4)
 HARD = ("fermi", "counterfactual", "roleplay", "coding", "math")  # the planted LM's hard categories (40 of 80 items)
@@ -109,7 +109,7 @@ def auc(scores, is_wrong) -> float:
     return float(((w[:, None] > r[None, :]).sum() + 0.5 * (w[:, None] == r[None, :]).sum()) / (len(w) * len(r)))
 
 
-def flag_precision(records: list[dict], fractions=FRACTIONS, seed: int = 0) -> dict:
+def flag_precision(records: list[dict], fractions=FRACTIONS, seed: int = 0, n_resamples: int | None = None) -> dict:
     """Wrong verdicts among the top ``k`` by ``U`` (queue order) against the rest, for each fraction of items."""
     ranked = rank(records)
     u = [x.score for _, x in ranked]
@@ -127,7 +127,7 @@ def flag_precision(records: list[dict], fractions=FRACTIONS, seed: int = 0) -> d
                      "top_tie_averaged": expected, "tied_at_cut": len(tied), "tied_in_top": k - len(above),
                      "fisher_p": float(p)})
     return {"n": n, "wrong": proportion(sum(bad), n), "distinct_scores": len(set(u)),
-            "auc": bootstrap(auc, u, bad, seed=seed).to_dict(), "rows": rows,
+            "auc": bootstrap(auc, u, bad, seed=seed, n_resamples=n_resamples).to_dict(), "rows": rows,
             "queue": [{"id": r["id"], "u": x.score, "wrong": w} for (r, x), w in zip(ranked, bad)]}
 
 
@@ -185,14 +185,14 @@ def run_review(args, factory: bench.LMFactory | None = None) -> dict:
         plain_runs = {part: judged(build_evaluator(cfg), items, f"uncompiled-{part}", part=part)
                       for part, items in (("pool", pool), ("test", test))}
         records = plain_runs["pool"].records + plain_runs["test"].records
-        flags = flag_precision(records, seed=args.seed)
+        flags = flag_precision(records, seed=args.seed, n_resamples=args.resamples)
         curve = None
         if counts:
             orders = label_orders(plain_runs["pool"].records, args.seeds, args.seed, args.tie_draws)
             wanted = {str(x.id) for x in curve_test}
             zero = [r for r in plain_runs["test"].records if str(r["id"]) in wanted]
             curve = {"counts": counts, "random_counts": random_counts, "orders": {},
-                     "base": _accuracy(zero, curve_test, args.seed, top)}
+                     "base": _accuracy(zero, curve_test, args.seed, top, args.resamples)}
             for name, order in orders.items():
                 points = []
                 for m in counts if name == "queue" else random_counts:  # ties_*: at the random counts too
@@ -202,11 +202,12 @@ def run_review(args, factory: bench.LMFactory | None = None) -> dict:
                                                 settings=OptimizerSettings(max_demos=m, seed=args.seed))
                     run = judged(program, curve_test, f"labels-{args.optimizer}-m{m}-{digest(ids)}",
                                  labels=ids, optimizer=args.optimizer)
-                    points.append({"m": m, "labels": ids, **_accuracy(run.records, curve_test, args.seed, top)})
+                    points.append({"m": m, "labels": ids, **_accuracy(run.records, curve_test, args.seed, top,
+                                                                                 args.resamples)})
                 curve["orders"][name] = points
             for kind in ("random", "ties"):
                 draws = [v for k, v in curve["orders"].items() if k.startswith(f"{kind}_")]
-                curve[kind] = _random_mean(draws, args.seed)
+                curve[kind] = _random_mean(draws, args.seed, args.resamples)
     what = (f"{len(cfg.roles)} referee(s) ({', '.join(cfg.roles)}), {cfg.turns} turn(s), both answer orders, "
             f"aggregate {cfg.aggregate}")
     header = bench.header(args, suite="review", model=model, data="faireval",
@@ -221,22 +222,23 @@ def run_review(args, factory: bench.LMFactory | None = None) -> dict:
     return {**report, "path": str(path), "plots": [str(p) for p in drawn]}
 
 
-def _accuracy(records: list[dict], items, seed: int, top: str) -> dict:
+def _accuracy(records: list[dict], items, seed: int, top: str, n_resamples: int | None = None) -> dict:
     """Accuracy on ``items`` with its bootstrap CI (no kappa: its resampling would dominate the fake LM's runs),
     beside always answering ``top`` (the train split's majority label)."""
     preds = {str(r["id"]): r["prediction"] for r in records}
     human = [x.label for x in items]
     return {"n": len(items), "accuracy": bootstrap(accuracy, human, [preds.get(str(x.id)) for x in items],
-                                                   seed=seed).to_dict(),
-            "majority_accuracy": bootstrap(accuracy, human, [top] * len(human), seed=seed).to_dict()}
+                                                   seed=seed, n_resamples=n_resamples).to_dict(),
+            "majority_accuracy": bootstrap(accuracy, human, [top] * len(human), seed=seed,
+                                           n_resamples=n_resamples).to_dict()}
 
 
-def _random_mean(curves: list[list[dict]], seed: int) -> list[dict]:
+def _random_mean(curves: list[list[dict]], seed: int, n_resamples: int | None = None) -> list[dict]:
     """Per label count: mean accuracy over the random draws, with a bootstrap CI over the draws."""
     out = []
     for points in zip(*curves):  # one tuple of draws per label count
         accs = [p["accuracy"]["value"] for p in points]
-        est = bootstrap(lambda a: float(np.mean(a.astype(float))), accs, seed=seed)
+        est = bootstrap(lambda a: float(np.mean(a.astype(float))), accs, seed=seed, n_resamples=n_resamples)
         out.append({"m": points[0]["m"], "draws": len(accs), "accuracy": est.to_dict()})
     return out
 

@@ -1,7 +1,7 @@
 """Paired significance against a reference row, and how benchmark figures are printed.
 
 Pairwise rows are compared with the exact McNemar test on per-item correct/incorrect
-(a two-sided binomial test on the discordant pairs); scoring rows with a paired
+(a two-sided binomial test on the discordant pairs); pointwise rows with a paired
 bootstrap of the difference in mean correlation over the four aspects (the same
 resampling as ``chateval_dspy.run.metrics``). Both use only the items the two rows share.
 """
@@ -15,12 +15,12 @@ from scipy import stats
 
 from chateval_dspy.program.signatures import ASPECTS
 from chateval_dspy.run.metrics import Estimate, bootstrap, kendall, spearman
-from optim.paired import mcnemar_exact
+from optim.ablation.paired import mcnemar_exact
 
 
 def mcnemar(reference: dict[str, bool], row: dict[str, bool]) -> dict:
     """Exact McNemar test of ``row`` against ``reference`` (item id -> correct), on their shared items
-    (``optim.paired.mcnemar_exact``), with the accuracy difference.
+    (``optim.ablation.paired.mcnemar_exact``), with the accuracy difference.
 
     Example:
         >>> mcnemar({"a": True, "b": False, "c": False}, {"a": True, "b": True, "c": True})["row_only"]
@@ -43,7 +43,7 @@ def _delta(corr):
 
 
 def paired_correlation_delta(human: dict[str, dict], reference: dict[str, dict | None], row: dict[str, dict | None],
-                             *, seed: int = 0) -> dict:
+                             *, seed: int = 0, n_resamples: int | None = None) -> dict:
     """Difference in mean (over aspects) Spearman and Kendall, row minus reference, with a paired bootstrap CI."""
     shared = [i for i in human if reference.get(i) is not None and row.get(i) is not None]
     columns = []
@@ -53,11 +53,13 @@ def paired_correlation_delta(human: dict[str, dict], reference: dict[str, dict |
     out = {"test": "paired bootstrap", "n": len(shared)}
     none = Estimate(math.nan, math.nan, math.nan, 0)
     for name, corr in (("spearman", spearman), ("kendall", kendall)):
-        out[f"delta_average_{name}"] = (bootstrap(_delta(corr), *columns, seed=seed) if shared else none).to_dict()
+        out[f"delta_average_{name}"] = (bootstrap(_delta(corr), *columns, seed=seed, n_resamples=n_resamples) if shared
+                                           else none).to_dict()
     # Per aspect too: a judge with a constant aspect leaves the average undefined, not the other aspects.
     for i, aspect in enumerate(ASPECTS):
         cols = columns[3 * i: 3 * i + 3]
-        out[f"delta_{aspect}_spearman"] = (bootstrap(_delta(spearman), *cols, seed=seed) if shared else none).to_dict()
+        out[f"delta_{aspect}_spearman"] = (bootstrap(_delta(spearman), *cols, seed=seed, n_resamples=n_resamples) if shared
+                                            else none).to_dict()
     return out
 
 

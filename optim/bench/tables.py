@@ -191,6 +191,10 @@ def render_file(path: str | Path, markdown: bool = True) -> str:
         from optim.bench.scale import scale_markdown
 
         return scale_markdown(report, markdown)
+    if suite == "startup":
+        from optim.bench.startup import startup_markdown
+
+        return startup_markdown(report, markdown)
     render = {"agreement": agreement_markdown, "cost": cost_markdown, "injection": injection_markdown,
               "review": review_markdown}
     return render[suite](report, markdown)

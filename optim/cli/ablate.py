@@ -1,4 +1,4 @@
-"""``chateval ablate``: which referee earns its cost (``optim.ablate.ablate``): the panel whole, each referee left
+"""``chateval ablate``: which referee earns its cost (``optim.ablation.run.ablate``): the panel whole, each referee left
 out and each alone, with paired tests against the full panel, cost per item, a plot and MLflow runs."""
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ def add_command(sub) -> None:
 
 
 def run(args) -> int:
-    from optim.ablate import AblationHooks, ablate
-    from optim.tracking import TrackingSpec
+    from optim.ablation.run import AblationHooks, ablate
+    from optim.tracking.runs import TrackingSpec
 
     waves = show.wave_progress(not args.no_progress)
 

@@ -1,15 +1,15 @@
 """``chateval compile``: tune every referee's instructions and demos against the human labels, report test
-before/after with CIs, save the evaluator and log it to MLflow (``optim.compile.compile_and_save``)."""
+before/after with CIs, save the evaluator and log it to MLflow (``optim.tuning.compile.compile_and_save``)."""
 
 from __future__ import annotations
 
-import sys
-
-from optim.cli import flags, show
-from optim.compile import BUDGETS, OPTIMIZERS, CompileHooks, OptimizerSettings, compile_and_save
+from optim.cli import flags
+from optim.tuning.settings import BUDGETS, OPTIMIZERS, OptimizerSettings
 
 
-def add_command(sub) -> None:
+def add_command(sub, settings: OptimizerSettings | None = None) -> None:
+    """The ``compile`` parser; the optimizer flags default to ``settings``' fields (default ``OptimizerSettings()``)."""
+    settings = settings or OptimizerSettings()
     p = sub.add_parser("compile", help="tune every referee's instructions and demos against the human labels",
                        description="Rerunning the same command after an interruption finishes the job: nothing "
                                    "already judged is judged again, and the card and MLflow logging are completed.")
@@ -23,14 +23,14 @@ def add_command(sub) -> None:
                         "--dataset the labelled items are the data, split by --seed")
     g = p.add_argument_group("optimizer")
     g.add_argument("--optimizer", default="bootstrap", choices=list(OPTIMIZERS))
-    g.add_argument("--metric", help="agreement or balanced (pairwise; default agreement); score_error (scoring)")
-    g.add_argument("--max-demos", type=int, default=flags.default(OptimizerSettings, "max_demos"),
+    g.add_argument("--metric", help="agreement or balanced (pairwise; default agreement); score_error (pointwise)")
+    g.add_argument("--max-demos", type=int, default=settings.max_demos,
                    help="demonstrations per predictor (default %(default)s)")
-    g.add_argument("--candidates", type=int, default=flags.default(OptimizerSettings, "candidates"),
+    g.add_argument("--candidates", type=int, default=settings.candidates,
                    help="candidate programs (bootstrap_rs, simba; default %(default)s)")
-    g.add_argument("--auto", default=flags.default(OptimizerSettings, "auto"), choices=list(BUDGETS),
+    g.add_argument("--auto", default=settings.auto, choices=list(BUDGETS),
                    help="MIPROv2/GEPA budget")
-    g.add_argument("--threads", type=int, default=flags.default(OptimizerSettings, "threads"),
+    g.add_argument("--threads", type=int, default=settings.threads,
                    help="items an optimizer evaluates at once (default %(default)s)")
     flags.add_model_flags(g, "the program")
     p.add_argument("--out", required=True, help="directory for the saved evaluator (programs/NAME)")
@@ -38,38 +38,17 @@ def add_command(sub) -> None:
     flags.add_tracking_flags(p)
 
 
-class _Printed(CompileHooks):
-    """Prints what the compile reports: a progress bar per test stage, the optimizer's progress, each summary."""
-
-    def __init__(self, progress: bool):
-        self.show_progress = progress
-
-    def progress(self, stage: str, total: int):
-        return show.progress(total, self.show_progress)
-
-    def compiling(self, optimizer: str, n_train: int, n_dev: int) -> None:
-        print(f"compiling with {optimizer} on {n_train} train / {n_dev} dev items", file=sys.stderr)
-
-    def optimized(self, optimizer: str, metric: str, dev_scores: list) -> None:
-        if dev_scores:
-            print(f"{optimizer}: {len(dev_scores)} dev evaluations, best dev {metric} "
-                  f"{max(v for _, v in dev_scores):.3f} (first {dev_scores[0][1]:.3f})", file=sys.stderr)
-
-    def tested(self, stage: str, result, figures: dict, header: dict) -> None:
-        from chateval_dspy.run.table import summary_table
-
-        print(f"\n== test split, {stage} compiling ==")
-        print(summary_table(figures, result.cost(), header, models=result.model_usage()))
-
-
 def run(args) -> int:
+    from optim.cli.hooks import CompilePrinted
+    from optim.tuning.compile import compile_and_save
+
     data = compile_data(args)
     settings = OptimizerSettings(max_demos=args.max_demos, candidates=args.candidates, auto=args.auto,
                                  threads=args.threads, seed=args.seed)
     done = compile_and_save(data, lambda fmt: flags.debate_config(args, fmt), flags.lm_spec(args),
                             optimizer=args.optimizer, out=args.out, metric=args.metric, settings=settings,
                             tracking=flags.tracking_spec(args), concurrency=flags.concurrency(args),
-                            hooks=_Printed(not args.no_progress))
+                            hooks=CompilePrinted(not args.no_progress))
     print(f"\nsaved evaluator: {done.out} (card: {done.out / 'card.md'})")
     if done.mlflow_run_id:
         print(f"mlflow run: {done.mlflow_run_id}")
@@ -80,7 +59,7 @@ def run(args) -> int:
 def compile_data(args):
     """``--dataset`` and ``--labels`` -> the ``DataSpec``, or the ``LabelledData`` with people's labels on top."""
     from chateval_dspy.errors import ConfigError
-    from optim.labels import LabelledData
+    from optim.tuning.labels import LabelledData
 
     if not args.dataset and not args.labels:
         raise ConfigError("compile needs --dataset, --labels, or both")

@@ -26,7 +26,7 @@ def add_command(sub) -> None:
 def run(args) -> int:
     """Judge, print the figures, and (without ``--no-mlflow``) log it all to an MLflow run that is open, RUNNING,
     from before the first item until the command ends (FINISHED, FAILED or KILLED)."""
-    from optim.tracking import tracer_for
+    from optim.tracking.runs import tracer_for
 
     data = flags.data_spec(args)
     items, fmt = data.items()
@@ -51,11 +51,11 @@ def run(args) -> int:
 
 
 def _tracked(args, data, config, lm, items):
-    """The MLflow run (``optim.evaluation.EvaluationRun``), opened now; a context yielding None with --no-mlflow."""
+    """The MLflow run (``optim.tracking.evaluation.EvaluationRun``), opened now; a context yielding None with --no-mlflow."""
     if args.no_mlflow:
         return contextlib.nullcontext()
     from chateval_dspy.run.evaluate_dataset import results_for
-    from optim.evaluation import evaluation_run
+    from optim.tracking.evaluation import evaluation_run
 
     _, out = results_for(data, config, lm, items, args.out)
     return evaluation_run(data, config, items, out=out, uri=args.tracking_uri)
@@ -76,7 +76,7 @@ def _report(done, data) -> dict:
     """Print what was judged and its figures, and what was resumed, skipped or empty; returns the metrics."""
     if done.result.resumed:
         print(f"resumed: {done.result.resumed} item(s) were already judged in {done.out}", file=sys.stderr)
-    metrics = show.summary(done.result, done.header(), data.seed)
+    metrics = show.summary(done.result, done.header(), data.seed, data.resamples)
     if done.skipped:
         print(f"skipped {len(done.skipped)} malformed row(s) of {data.dataset} (--skip-bad-rows):", file=sys.stderr)
         for error in done.skipped:

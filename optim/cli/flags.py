@@ -1,19 +1,22 @@
 """Flags shared by the commands, and their translation into the frozen specs the library takes.
 
 Defaults and choices come from the dataclasses (``DebateConfig``, ``LMSpec``, ``DataSpec``), so a
-flag can never drift from the Python API's default. Nothing here does work: it parses.
+flag can never drift from the Python API's default. Nothing here does work: it parses. The modules imported at
+the top are light (no DSPy, LiteLLM or pandas): ``chateval --help`` builds every parser from them.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 
 from chateval_dspy.config import AGGREGATES, DebateConfig
-from chateval_dspy.data.loaders import SPLITS, parse_columns, parse_label_map
 from chateval_dspy.data.spec import DataSpec
+from chateval_dspy.data.splits import SPLITS
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.lm.spec import LMSpec
+from chateval_dspy.renamed import FORMAT_ALIASES
 
 
 def default(cls, name: str):
@@ -27,8 +30,9 @@ def add_data_flags(p: argparse.ArgumentParser, *, dataset_required: bool = True)
                    help="faireval, topical_chat, or a .jsonl/.csv file of your own")
     g.add_argument("--task", help="what is judged: a task file (.yaml/.json: inputs, criteria and scales, "
                                   "instructions) or a built-in task (faireval, topical_chat); sets the format")
-    g.add_argument("--format", choices=["pairwise", "scoring", "pointwise"],
-                   help="the format of a custom file without --task (its built-in task's fields)")
+    g.add_argument("--format", choices=["pairwise", "pointwise", "scoring"],
+                   help="the format of a custom file without --task (its built-in task's fields); scoring is the old "
+                        "name of pointwise, still read")
     g.add_argument("--columns", help="custom file: map fields to your columns, e.g. question=prompt,answer_1=a,label=winner "
                                      "(with --task: its inputs, id, and label or each criterion)")
     g.add_argument("--skip-bad-rows", action="store_true",
@@ -48,6 +52,8 @@ def add_data_flags(p: argparse.ArgumentParser, *, dataset_required: bool = True)
                         "that no row has is an error while the file has other label columns)")
     g.add_argument("--split", default=default(DataSpec, "split"), choices=["all", *SPLITS])
     g.add_argument("--seed", type=int, default=default(DataSpec, "seed"), help="split and bootstrap seed")
+    g.add_argument("--resamples", type=int, default=default(DataSpec, "resamples"), metavar="N",
+                   help="bootstrap resamples behind each confidence interval (default 2000; fewer: quicker, rougher)")
     g.add_argument("--limit", type=int, help="judge only the first N items of the split")
 
 
@@ -159,19 +165,24 @@ def add_loaded_flags(p: argparse.ArgumentParser) -> None:
 
 def tracking_spec(args):
     """``--tracking-uri``, ``--no-mlflow``, ``--no-log-model``, ``--register`` -> ``TrackingSpec``."""
-    from optim.tracking import TrackingSpec
+    from optim.tracking.runs import TrackingSpec
 
     return TrackingSpec(enabled=not args.no_mlflow, uri=args.tracking_uri, log_model=not getattr(args, "no_log_model", False),
                         register=getattr(args, "register", None))
 
 
 def data_spec(args) -> DataSpec:
+    from chateval_dspy.data.loaders import parse_columns, parse_label_map
+
+    if args.format in FORMAT_ALIASES:  # said on the terminal: a DeprecationWarning is hidden outside __main__
+        logging.getLogger(__name__).warning("--format %s is renamed %s; the old name still works, for now",
+                                            args.format, FORMAT_ALIASES[args.format])
     return DataSpec(dataset=args.dataset, format=args.format, columns=parse_columns(args.columns),
                     split=args.split or "all", seed=args.seed, limit=args.limit, task=task(args),
                     skip_bad_rows=getattr(args, "skip_bad_rows", False),
                     label_map=parse_label_map(getattr(args, "label_map", None)),
                     group_by=getattr(args, "group_by", None), system=getattr(args, "system", None),
-                    unlabelled=names(getattr(args, "unlabelled", None)))
+                    unlabelled=names(getattr(args, "unlabelled", None)), resamples=getattr(args, "resamples", None))
 
 
 def names(text: str | None) -> tuple[str, ...]:

@@ -2,45 +2,42 @@
 
 from __future__ import annotations
 
+import argparse
+import importlib
+import logging
+import os
+import signal
+import sys
+
+from chateval_dspy.errors import ChatEvalError
 from chateval_dspy.lm.offline import ensure_offline
 
-ensure_offline()  # before dspy/litellm are imported by any command
+# Command -> its module: a parser declaration (light imports only) and a run() that imports what it needs.
+COMMANDS = {"evaluate": "optim.cli.evaluate", "compile": "optim.cli.compile", "search": "optim.cli.search",
+            "report": "optim.cli.report", "score": "optim.cli.score", "serve": "optim.cli.serve",
+            "ablate": "optim.cli.ablate", "review": "optim.cli.review", "review-serve": "optim.cli.review_serve"}
 
-import argparse  # noqa: E402
-import logging  # noqa: E402
-import os  # noqa: E402
-import signal  # noqa: E402
-import sys  # noqa: E402
 
-from chateval_dspy.errors import ChatEvalError  # noqa: E402
-from optim.cli import (  # noqa: E402
-    ablate,  # noqa: E402
-    evaluate,
-    report,
-    review,
-    review_serve,
-    score,
-    search,
-    serve,
-)
-from optim.cli import compile as compile_command  # noqa: E402
-
-COMMANDS = {"evaluate": evaluate, "compile": compile_command, "search": search, "report": report, "score": score,
-            "serve": serve, "ablate": ablate, "review": review,
-            "review-serve": review_serve}
+def command(name: str):
+    """The module of command ``name`` (imported on first use)."""
+    return importlib.import_module(COMMANDS[name])
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="chateval", description="Multi-referee debate evaluation (ChatEval) in DSPy.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log every LM warning")
     sub = parser.add_subparsers(dest="command", required=True)
-    for command in COMMANDS.values():
-        command.add_command(sub)
+    for name in COMMANDS:
+        command(name).add_command(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse, set up logging, dispatch; every ChatEvalError becomes one line on stderr and exit 2."""
+    ensure_offline()  # this process is ours: before any command imports dspy/litellm/mlflow
+    # MLflow draws a progress bar for every artifact it reads back (DSPy autolog does, per optimizer step),
+    # which interleaves with the command's own progress.
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     argv = list(sys.argv[1:] if argv is None else argv)
     at = next((i for i, word in enumerate(argv) if not word.startswith("-")), len(argv))
     if argv[at:at + 2] == ["review", "serve"]:  # a second verb under review; its flags are not the queue's
@@ -52,12 +49,12 @@ def main(argv: list[str] | None = None) -> int:
         for noisy in ("dspy", "httpx", "openai", "LiteLLM", "mlflow", "alembic"):
             logging.getLogger(noisy).setLevel(logging.ERROR)
     try:
-        return COMMANDS[args.command].run(args)
+        return command(args.command).run(args)
     except ChatEvalError as exc:
         print(f"chateval: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
-        # Ctrl-C, or SIGTERM while an MLflow run was open (optim.tracking.Terminated): the exit status a shell gives
+        # Ctrl-C, or SIGTERM while an MLflow run was open (optim.tracking.runs.Terminated): the exit status a shell gives
         # a process that the signal ended, 128 + its number.
         signum = getattr(exc, "signum", signal.SIGINT)
         stopped = "terminated" if signum == signal.SIGTERM else "interrupted"

@@ -6,14 +6,14 @@ import tempfile
 from pathlib import Path
 
 from optim.cli import flags
-from optim.search.study import DEFAULT_STORAGE
+from optim.search.study_spec import DEFAULT_STORAGE
 
 
 def add_command(sub) -> None:
     p = sub.add_parser("report", help="tables and PNG plots for a search study or an MLflow run",
                        description="For a study: the trials table, agreement by panel size and turns, history, "
                                    "importances, Pareto front. For a run id: its metrics and a confusion matrix "
-                                   "(pairwise) or predicted-vs-human scatter (scoring).")
+                                   "(pairwise) or predicted-vs-human scatter (pointwise).")
     p.add_argument("target", metavar="RUN_OR_STUDY", help="a study name (see `chateval search`) or an MLflow run id")
     p.add_argument("--storage", default=DEFAULT_STORAGE, help=f"Optuna storage URL (default {DEFAULT_STORAGE})")
     p.add_argument("--out", help="directory for the PNG files (default reports/<study or run id>)")
@@ -24,7 +24,7 @@ def add_command(sub) -> None:
 
 
 def run(args) -> int:
-    from optim import report
+    from optim.tracking import report
 
     kind, found = report.find(args.target, storage=args.storage, uri=args.tracking_uri)
     out = Path(args.out or Path("reports") / args.target)

@@ -10,7 +10,7 @@ from optim.cli import flags
 
 
 def add_command(sub) -> None:
-    from optim.review.queue import DEFAULT_TOP
+    from optim.review.sizes import DEFAULT_TOP
 
     p = sub.add_parser("review", help="rank judged items by the panel's uncertainty and queue the most uncertain "
                                       "for human review in MLflow (then: chateval review serve, the review page)")
@@ -54,7 +54,7 @@ def run(args) -> int:
 
 def _report(args, result) -> None:
     """What became of the ranked items, and where reviewers answer."""
-    from optim import tracking
+    from optim.tracking import runs as tracking
 
     if args.explain:
         for r in result.ranked:

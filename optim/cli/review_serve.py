@@ -27,7 +27,7 @@ def add_command(sub) -> None:
 def run(args) -> int:
     import uvicorn
 
-    from chateval_dspy.run.tracing import register_secret
+    from chateval_dspy.scrub import register_secret
     from optim.review.server import create_review_app, open_reviewing
 
     token = os.environ.get(args.token_env) or None

@@ -57,11 +57,11 @@ def batch_run(args):
 def traced(judge, args, *, items: int | None, command: str, tags: dict | None = None):
     """``judge`` wrapped so each item becomes an MLflow trace when the tracing rule says so, else ``judge``."""
     from chateval_dspy.run.tracing import tracing_default
-    from optim import tracking
+    from optim.tracking import runs as tracking
 
     if not tracing_default(args.trace, mlflow_target=tracking.tracking_targeted(args.tracking_uri), items=items):
         return judge
-    from chateval_dspy.deploy.mlflow_judge import TracedJudge
+    from chateval_dspy.deploy.traced import TracedJudge
     from chateval_dspy.run.tracing import Tracer
 
     experiment_id = tracking.start_tracing(args.tracking_uri)

@@ -13,17 +13,12 @@ only that strategy, ``--roles 3`` only panels of three, ``--same-role 2`` only t
 
 from __future__ import annotations
 
-import math
-import sys
-
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import ConfigError
 from optim.cli import flags
-from optim.compile import OptimizerSettings
-from optim.report import panel_label, trials_frame
-from optim.search.run import SearchHooks, run_search
 from optim.search.space import COMPILE_CHOICES, SearchSpace, parse_objectives
-from optim.search.study import DEFAULT_STORAGE, StudySpec, default_study_name, redact_url
+from optim.search.study_spec import DEFAULT_STORAGE, StudySpec, default_study_name
+from optim.tuning.settings import OptimizerSettings
 
 SEARCH_HELP = {
     "roles": "search only panels of N distinct personas (default: {n_roles[0]}-{n_roles[1]}, chosen per trial)",
@@ -35,7 +30,6 @@ SEARCH_HELP = {
     "split": "not for search: it uses the seeded train/dev/test split",
     "limit": "use only the first N items of each split (train, dev, test)",
 }
-TOP = 10
 
 
 def add_command(sub) -> None:
@@ -72,20 +66,21 @@ def add_command(sub) -> None:
     flags.add_tracking_flags(p)
 
 
-def space_from_args(args) -> SearchSpace:
-    """The search space, narrowed by any panel flag that was given."""
+def space_from_args(args, defaults: SearchSpace | None = None) -> SearchSpace:
+    """The search space ``defaults`` (default: ``SearchSpace()``'s own ranges), narrowed by any panel flag given."""
     if args.role:
         raise ConfigError("search chooses the personas; use --roles N to fix the panel size or --same-role N for the ablation")
-    panels, n_roles = flags.default(SearchSpace, "panels"), flags.default(SearchSpace, "n_roles")
+    defaults = defaults or SearchSpace()
+    panels, n_roles = defaults.panels, defaults.n_roles
     if args.same_role is not None:
         panels, n_roles = ("same",), (args.same_role, args.same_role)
     elif args.roles is not None:
         n_roles = (args.roles, args.roles)
     return SearchSpace(
         panels=panels, n_roles=n_roles,
-        turns=(args.turns, args.turns) if args.turns is not None else flags.default(SearchSpace, "turns"),
-        strategies=(args.strategy,) if args.strategy else flags.default(SearchSpace, "strategies"),
-        aggregates=(args.aggregate,) if args.aggregate else flags.default(SearchSpace, "aggregates"),
+        turns=(args.turns, args.turns) if args.turns is not None else defaults.turns,
+        strategies=(args.strategy,) if args.strategy else defaults.strategies,
+        aggregates=(args.aggregate,) if args.aggregate else defaults.aggregates,
         compile=tuple(c.strip() for c in args.compile.split(",") if c.strip()),
     )
 
@@ -99,114 +94,12 @@ def base_from_args(args, fmt: str) -> DebateConfig:
                         consensus_stop=args.consensus_stop, weighted_scores=args.weighted_scores, task=flags.task(args))
 
 
-def _fmt(value, digits: int = 3) -> str:
-    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
-
-
-def trial_line(trial, metric: str) -> str:
-    """One printed line per finished trial."""
-    cfg = trial.user_attrs.get("config", {})
-    panel = (f"{panel_label(cfg.get('roles', []))} turns={cfg.get('turns')} {cfg.get('strategy')} "
-             f"{cfg.get('aggregate')} compile={trial.user_attrs.get('compile')}")
-    state = trial.state.name.lower()
-    if state == "pruned":
-        step = max(trial.intermediate_values) if trial.intermediate_values else None
-        said = f"pruned after {step} dev items ({_fmt(trial.intermediate_values[step])})" if step else "pruned"
-    else:
-        figure = trial.user_attrs.get("dev", {}).get(metric) or {}
-        said = f"dev {metric} {_fmt(trial.values[0])} [{_fmt(figure.get('ci_low'))}, {_fmt(figure.get('ci_high'))}]"
-        if trial.user_attrs.get("agreement_undefined"):
-            said = f"dev {metric} undefined (constant scores), counted as 0"
-        if len(trial.values) > 1:
-            said += f", {trial.values[1]:,.0f} tokens/item"
-    if "duplicate_of" in trial.user_attrs:
-        said += f" (same panel as trial {trial.user_attrs['duplicate_of']}: not judged again)"
-    return f"trial {trial.number:>3}  {said}  | {panel}"
-
-
-def trials_table(study, metric: str) -> str:
-    frame = trials_frame(study)
-    done = frame[frame["state"].isin(["complete", "pruned"])]
-    if done.empty:
-        return "(no finished trials)"
-    # Complete trials first: a pruned trial's value is its agreement on the items judged before it stopped.
-    top = done.assign(pruned=done.state == "pruned").sort_values(
-        ["pruned", "agreement", "tokens_per_item"], ascending=[True, False, True], na_position="last").head(TOP)
-    shown = top.assign(
-        roles=[panel_label(r.split(",")) for r in top.roles],
-        **{metric: ["-" if p else f"{_fmt(a)} [{_fmt(lo)}, {_fmt(hi)}]"
-                    for a, lo, hi, p in zip(top.agreement, top.ci_low, top.ci_high, top.pruned)],
-           "tokens/item": [_fmt(t, 0) for t in top.tokens_per_item]},
-    )[["trial", "state", "roles", "turns", "strategy", "aggregate", "compile", metric, "tokens/item", "note"]]
-    title = f"top {len(top)} of {len(done)} finished trials by dev {metric}" if len(done) > TOP else \
-        f"{len(done)} finished trials by dev {metric}"
-    return title + "\n" + shown.to_string(index=False)
-
-
-class _Printed(SearchHooks):
-    """Prints what the search reports: a line per trial (with a progress bar while it runs), the trials
-    table, the final test's summary, and why anything was left out."""
-
-    def __init__(self, progress: bool):
-        self.enabled, self.bar, self.metric, self.dev = progress, None, "accuracy", 0
-
-    def note(self, text: str) -> None:
-        print(text, file=sys.stderr)
-
-    def started(self, study, spec, parts) -> None:
-        from chateval_dspy.run.metrics import primary_metric
-        from optim.search.study import count
-
-        self.metric, self.dev = primary_metric(study.user_attrs["settings"]["format"]), len(parts["dev"])
-        print(f"study {spec.name!r} in {redact_url(spec.storage)}: {count(study)} of {spec.trials} trials finished; "
-              f"{len(parts['dev'])} dev items per trial ({'; '.join(f'{k} {len(v)}' for k, v in parts.items())})")
-
-    def item(self, record: dict) -> None:
-        if not self.enabled:
-            return
-        if self.bar is None:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=self.dev, unit="item", leave=False, file=sys.stderr)
-        self.bar.update(1)
-
-    def _close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
-
-    def trial(self, study, trial) -> None:
-        self._close()
-        print(trial_line(trial, self.metric), flush=True)
-
-    def waiting(self, running: int) -> None:
-        print(f"waiting for {running} trial(s) still running in other workers, then testing the best panel",
-              flush=True)
-
-    def trials_done(self, study, ran, finished) -> None:
-        self._close()
-        print(f"\nran {len(ran)} trial(s) here; the study holds {finished} finished trial(s)\n")
-        print(trials_table(study, self.metric))
-
-    def final(self, reason: str) -> None:
-        print(f"\n{reason}")
-
-    def progress(self, total: int):
-        from optim.cli import show
-
-        return show.progress(total, self.enabled)
-
-    def tested(self, trial, result, figures, header) -> None:
-        from chateval_dspy.run.table import summary_table
-
-        print(f"\n== best trial {trial.number} on the test split ==")
-        print(summary_table(figures, result.cost(), header, models=result.model_usage()))
-        if result.abstentions:
-            print("abstentions by cause: " + ", ".join(f"{k}={v}" for k, v in result.abstentions.most_common()))
-
-
 def run(args) -> int:
     import optuna
+
+    from optim.cli.hooks import SearchPrinted
+    from optim.search.run import run_search
+    from optim.tracking.stores import redact_url
 
     if args.split is not None:
         raise ConfigError("search uses the seeded train/dev/test split itself: drop --split")
@@ -218,7 +111,7 @@ def run(args) -> int:
     done = run_search(flags.data_spec(args), lambda fmt: base_from_args(args, fmt), flags.lm_spec(args), study=spec,
                       space=space_from_args(args), settings=OptimizerSettings(max_demos=args.max_demos, seed=args.seed),
                       out=args.out, test=not args.no_test, tracking=flags.tracking_spec(args),
-                      concurrency=flags.concurrency(args), hooks=_Printed(not args.no_progress))
+                      concurrency=flags.concurrency(args), hooks=SearchPrinted(not args.no_progress))
     if done.saved:
         print(f"\nsaved evaluator: {done.out} (card: {done.out / 'card.md'})")
     if done.mlflow_run_id:

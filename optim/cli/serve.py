@@ -32,7 +32,7 @@ def run(args) -> int:
     import uvicorn
 
     from chateval_dspy.deploy.serve import create_app
-    from chateval_dspy.run.tracing import register_secret
+    from chateval_dspy.scrub import register_secret
 
     if args.batch or args.batch_dir:
         raise ConfigError("serve answers each request live: batch mode (--batch, --batch-dir) is for evaluate, "

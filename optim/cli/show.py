@@ -6,11 +6,11 @@ import contextlib
 import sys
 
 
-def summary(result, header: dict, seed: int) -> dict:
+def summary(result, header: dict, seed: int, n_resamples: int | None = None) -> dict:
     """Print agreement (with CIs, beside the baseline), cost (with US dollars, per model too); returns the metrics."""
     from chateval_dspy.run.table import summary_table
 
-    metrics = result.metrics(seed=seed)
+    metrics = result.metrics(seed=seed, n_resamples=n_resamples)
     print(summary_table(metrics, result.cost(), header, abstentions=result.abstention_counts(),
                         models=result.model_usage()))
     return metrics

@@ -1,7 +1,7 @@
 """The questions a reviewer answers, made from the task's criteria (MLflow label schemas).
 
 A question's name is the name its answers carry as Feedback on the trace, so it is exactly what
-``optim.labels`` reads as a label: pairwise tasks ask one question, ``preference`` (1, 2 or tie); pointwise tasks
+``optim.tuning.labels`` reads as a label: pairwise tasks ask one question, ``preference`` (1, 2 or tie); pointwise tasks
 ask one question per criterion, named after it, on its scale (a number between the ends of an integer scale, or
 one of a label scale's labels), with the criterion's description as the reviewer's instruction.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.program.task import TaskSpec, as_task
 
-PREFERENCE = "preference"  # one of optim.labels.PAIRWISE_NAMES, so an answer is a label
+PREFERENCE = "preference"  # one of optim.tuning.labels.PAIRWISE_NAMES, so an answer is a label
 # MLflow's own limits on a question (mlflow.genai.label_schemas.validation).
 MAX_OPTIONS, MAX_OPTION_CHARS, MAX_INSTRUCTION_CHARS = 10, 64, 1000
 RESERVED = "feedback"  # the experiment's default question in MLflow
@@ -56,7 +56,7 @@ def questions(task: TaskSpec | str) -> list[Question]:
     Example:
         >>> [(q.name, q.options) for q in questions("pairwise")]
         [('preference', ('1', '2', 'tie'))]
-        >>> q = questions("scoring")[0]
+        >>> q = questions("pointwise")[0]
         >>> q.name, q.low, q.high, q.instruction
         ('naturalness', 1, 3, 'does it sound like a person? (1-3)')
     """

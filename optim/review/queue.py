@@ -3,7 +3,7 @@
 ``build_queue`` ranks a results file's items (or an experiment's traced debates) by ``uncertainty.U``, makes the
 task's questions as label schemas in the traces' experiment, creates the named queue (or finds it) with its
 reviewers, and attaches the chosen items' traces. Reviewers answer in the MLflow UI's Review page; each answer
-is a Feedback on the trace, named as ``optim.labels`` reads it, so ``chateval compile --labels
+is a Feedback on the trace, named as ``optim.tuning.labels`` reads it, so ``chateval compile --labels
 mlflow:<experiment>`` learns from it.
 
 Which items: ``top=N`` takes the N most uncertain items that have a trace; ``budget=N`` keeps the queue at N
@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 
 from chateval_dspy.errors import ChatEvalError, ConfigError
 from chateval_dspy.program.task import TaskSpec, as_task, load_task
+from chateval_dspy.renamed import FORMAT_ALIASES
 from optim.review import sources
 from optim.review.desk import SHOW_PANEL_TAG, find_queue, queue_items
 from optim.review.questions import Question, questions
+from optim.review.sizes import DEFAULT_TOP, MAX_REVIEWERS
 from optim.review.uncertainty import Uncertainty, rank
 
-DEFAULT_TOP = 20
-MAX_REVIEWERS = 10  # MLflow's limit on a queue's assigned users
 PREFIX = "mlflow:"
 
 
@@ -68,7 +68,8 @@ def resolve_task(task, records: list[dict]) -> TaskSpec:
         return task
     if task:
         return load_task(task)
-    formats = {r.get("format") or "pairwise" for r in records}
+    # Results written before the rename say "scoring" for "pointwise": one format, whichever name it carries.
+    formats = {FORMAT_ALIASES.get(r.get("format"), r.get("format")) or "pairwise" for r in records}
     if len(formats) > 1:
         raise ConfigError(f"the items are of several formats ({sorted(formats)}); review one task at a time")
     return as_task(formats.pop() if formats else "pairwise")
@@ -164,8 +165,8 @@ def _candidates(source: str, task, experiment: str | None):
     counted by where they came from (``origin``; empty for a results file))."""
     import mlflow
 
-    from optim import tracking
-    from optim.labels import parse_source
+    from optim.tracking import runs as tracking
+    from optim.tuning.labels import parse_source
 
     if source.startswith(PREFIX):
         name, filter_string = parse_source(source)
@@ -205,7 +206,7 @@ def rank_source(source: str, task=None) -> tuple[list[Ranked], TaskSpec]:
 
 def _checked(queue: str, reviewers, top: int | None, budget: int | None) -> tuple[int, list[str]]:
     """(the queue's size rule, the reviewers' names), refused with the reason when they cannot make a queue."""
-    from optim import tracking
+    from optim.tracking import runs as tracking
 
     if top is not None and budget is not None:
         raise ConfigError("give either top or budget, not both")
@@ -295,8 +296,8 @@ def build_queue(source: str, *, queue: str, task=None, top: int | None = None, b
         top: Take the ``top`` most uncertain items that have a trace (default ``DEFAULT_TOP``).
         budget: Instead of ``top``: keep the queue at ``budget`` items in all, adding the most uncertain new ones.
         reviewers: Users assigned to the queue (added to an existing queue's reviewers).
-        experiment: Where a results file's traces are (default ``optim.tracking.EXPERIMENT``).
-        tracking_uri: The MLflow tracking store (default: as ``optim.tracking`` resolves it).
+        experiment: Where a results file's traces are (default ``optim.tracking.runs.EXPERIMENT``).
+        tracking_uri: The MLflow tracking store (default: as ``optim.tracking.runs`` resolves it).
         show_panel: Whether the review page shows the panel's verdict before a reviewer answers (None: as the
             queue says already; a new queue is blind).
 
@@ -306,7 +307,7 @@ def build_queue(source: str, *, queue: str, task=None, top: int | None = None, b
     """
     import mlflow
 
-    from optim import tracking
+    from optim.tracking import runs as tracking
 
     size, reviewers = _checked(queue, reviewers, top, budget)
     uri = tracking.tracking_uri(tracking_uri)

@@ -129,8 +129,8 @@ def open_reviewing(queue: str, *, experiment: str | None = None, task=None, trac
     random one), and the MLflow UI the trace links open (default: the tracking server, else ``mlflow ui``'s)."""
     import mlflow
 
-    from optim import tracking
     from optim.review.desk import open_desk
+    from optim.tracking import runs as tracking
 
     uri = tracking.tracking_uri(tracking_uri)
     mlflow.set_tracking_uri(uri)

@@ -115,7 +115,7 @@ def record_from_trace(trace, task: TaskSpec | str | None = None) -> dict | None:
     spans = trace.data.spans
     outputs = root.outputs if isinstance(root.outputs, dict) else {}
     attributes = root.attributes or {}
-    fmt = attributes.get("chateval.format") or ("pairwise" if "winner" in outputs else "scoring")
+    fmt = attributes.get("chateval.format") or ("pairwise" if "winner" in outputs else "pointwise")
     task = task if isinstance(task, TaskSpec) else as_task(task or fmt)
     record = {"id": str(attributes.get(ITEM_TAG)), "format": fmt, "abstained": outputs.get("abstained"),
               "trace_id": trace.info.trace_id}

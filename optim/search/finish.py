@@ -22,10 +22,10 @@ from chateval_dspy.program.chateval import ChatEval
 from chateval_dspy.run import records
 from chateval_dspy.run.evaluate import evaluate
 from chateval_dspy.run.result import RunResult
-from optim.compile import OptimizerSettings
 from optim.search.objective import build_for_trial, config_of
 from optim.search.study import best_trial, claim_attr, count
 from optim.search.worker import Worker, dead
+from optim.tuning.compile import OptimizerSettings
 
 OWNER_FILE = "search.json"  # under <out>/results/
 
@@ -94,8 +94,8 @@ class Tested:
 
 
 def final_test(study: optuna.Study, trial: FrozenTrial, parts: dict, out: Path, *,
-               settings: OptimizerSettings | None = None, seed: int = 0, concurrency: int = 1,
-               on_item=None) -> Tested:
+               settings: OptimizerSettings | None = None, seed: int = 0, n_resamples: int | None = None,
+               concurrency: int = 1, on_item=None) -> Tested:
     """Rebuild the trial's panel (compiling again on train if it did) and judge the test split once.
 
     Runs under the LM of the current DSPy context; the results file resumes what a killed test left.
@@ -112,7 +112,7 @@ def final_test(study: optuna.Study, trial: FrozenTrial, parts: dict, out: Path, 
     except ValueError:  # an earlier best panel's test (ConfigError) or a damaged file: this test starts afresh
         results.write_text("", encoding="utf-8")
     result = evaluate(program, parts["test"], cfg, out=results, concurrency=concurrency, on_item=on_item, run_key=key)
-    return Tested(trial, program, result, result.metrics(seed=seed), results)
+    return Tested(trial, program, result, result.metrics(seed=seed, n_resamples=n_resamples), results)
 
 
 def save_final(study: optuna.Study, tested: Tested, out: Path, *, model: str, card: dict, tracking=None,
@@ -123,7 +123,7 @@ def save_final(study: optuna.Study, tested: Tested, out: Path, *, model: str, ca
     """
     from chateval_dspy.deploy.store import make_card, save_program
     from chateval_dspy.run.metrics import plain, primary_metric
-    from optim.evaluation import unpriced_marks
+    from optim.tracking.evaluation import unpriced_marks
 
     trial, program = tested.trial, tested.program
     cfg, choice = config_of(trial)
@@ -134,7 +134,7 @@ def save_final(study: optuna.Study, tested: Tested, out: Path, *, model: str, ca
                         **card)
     save_program(program, out, written)
     if tracking is not None and tracking.enabled:
-        from optim import tracking as mlflow_tracking
+        from optim.tracking import runs as mlflow_tracking
 
         objectives = written.get("search", {}).get("objectives", ["agreement"])
         mlflow_tracking.log_metrics({"best_trial": trial.number,
@@ -144,7 +144,7 @@ def save_final(study: optuna.Study, tested: Tested, out: Path, *, model: str, ca
         mlflow_tracking.log_file(out, "evaluator")
         mlflow_tracking.log_file(tested.results, "results")
         if tracking.log_model:
-            from optim.mlflow_model import log_models
+            from optim.tracking.models import log_models
 
             # outside the LM context: no client or key travels with it
             log_models(program, out, registered_name=tracking.register)

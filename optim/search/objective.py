@@ -26,11 +26,11 @@ from chateval_dspy.run import records
 from chateval_dspy.run.evaluate import evaluate
 from chateval_dspy.run.metrics import primary_metric
 from chateval_dspy.run.result import RunResult
-from optim.compile import OptimizerSettings
-from optim.evaluation import config_params
 from optim.search.space import SearchSpace, suggest_config
 from optim.search.study import FINISHED, SurplusTrial, make_sampler
 from optim.search.worker import Worker
+from optim.tracking.evaluation import config_params
+from optim.tuning.compile import OptimizerSettings
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +76,8 @@ def build_for_trial(config: DebateConfig, compile_choice: str, trainset: Sequenc
     program = build_evaluator(config)
     if compile_choice == "none":
         return program
-    from optim.compile import compile_evaluator
-    from optim.objectives import make_metric
+    from optim.tuning.compile import compile_evaluator
+    from optim.tuning.objectives import make_metric
 
     if not trainset:
         raise ConfigError("compiling needs a non-empty train split: use more items or a larger --limit")
@@ -107,7 +107,7 @@ class Objective:
     """One trial: suggest a panel, build (and maybe compile) it, judge the dev split in chunks.
 
     Returns dev agreement, or ``(agreement, tokens per dev item)`` for two objectives. An
-    undefined agreement (scoring: a constant column has no Spearman) counts as 0.0, the
+    undefined agreement (pointwise: a constant column has no Spearman) counts as 0.0, the
     value of a panel whose scores carry no ranking, and the trial is marked
     ``agreement_undefined``; failing the trial instead would hide it from the sampler and
     never count toward ``--trials``.
@@ -119,6 +119,7 @@ class Objective:
         objectives: ``("agreement",)`` or ``("agreement", "tokens")``.
         n_trials: The study's budget; a trial started past it (a race between workers) stops.
         seed: The search's seed (sampling and bootstrap CIs).
+        n_resamples: The bootstrap's resamples behind each CI (None: ``metrics.N_RESAMPLES``).
         settings: How trials that compile do it (demos per predictor; its seed is the search's).
         report_every: Dev items per chunk; pruning may stop a trial after any chunk but the last.
         results_dir: Where each trial's dev results JSONL goes (``trial-0007-dev.jsonl``).
@@ -137,6 +138,7 @@ class Objective:
     objectives: tuple[str, ...] = ("agreement",)
     n_trials: int | None = None
     seed: int = 0
+    n_resamples: int | None = None
     settings: OptimizerSettings = field(default_factory=OptimizerSettings)
     report_every: int = 4
     concurrency: int = 1
@@ -162,7 +164,7 @@ class Objective:
         same = self._duplicate_of(trial)
         if not self.track:
             return self._reuse(trial, same) if same else self._run(trial, config, compile_choice)
-        from optim import tracking
+        from optim.tracking import runs as tracking
 
         tags = {"optuna.study": trial.study.study_name, "optuna.trial": str(trial.number)}
         if same:
@@ -260,7 +262,7 @@ class Objective:
                 if start + step < len(dev) and trial.should_prune():
                     trial.set_user_attr("cost", result.cost())
                     raise optuna.TrialPruned(f"dev agreement {value:.3f} after {result.n} of {len(dev)} items")
-        metrics, cost = result.metrics(seed=self.seed), result.cost()
+        metrics, cost = result.metrics(seed=self.seed, n_resamples=self.n_resamples), result.cost()
         agreement = agreement_of(config.task_spec, metrics)
         undefined = math.isnan(agreement)
         trial.set_user_attr("dev", plain(metrics))

@@ -19,13 +19,15 @@ from pathlib import Path
 import optuna
 
 from chateval_dspy.config import DebateConfig
+from chateval_dspy.data.splits import SPLIT_FRACTIONS
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.run.evaluate_dataset import lm_slots, run_header
-from optim.compile import OptimizerSettings
 from optim.search import study as studies
 from optim.search.finish import check_out, choose_final, final_test, save_final
 from optim.search.objective import Objective
 from optim.search.space import SearchSpace
+from optim.search.study_spec import StudySpec
+from optim.tuning.compile import OptimizerSettings
 
 SEARCHED = ("roles", "turns", "strategy", "aggregate")
 
@@ -36,7 +38,7 @@ class SearchHooks:
     def note(self, text: str) -> None:
         """A remark about how the search runs (the CLI prints it on stderr)."""
 
-    def started(self, study: optuna.Study, spec: studies.StudySpec, parts: dict) -> None:
+    def started(self, study: optuna.Study, spec: StudySpec, parts: dict) -> None:
         """The study is open and its settings checked; trials start next."""
 
     def item(self, record: dict) -> None:
@@ -84,7 +86,134 @@ def base_settings(base: DebateConfig) -> dict:
     return {k: v for k, v in base.changes().items() if k not in (*SEARCHED, "format")}
 
 
-def run_search(data, base: DebateConfig | Callable[[str], DebateConfig], lm, *, study: studies.StudySpec,
+@dataclass
+class SearchPlan:
+    """What a search runs on, checked before any study opens or any LM starts."""
+
+    items: list
+    fmt: str
+    base: DebateConfig
+    parts: dict
+    out: Path
+    lm: object
+    settings: OptimizerSettings
+
+
+def plan_search(data, base, lm, *, spec: StudySpec, settings: OptimizerSettings | None, out, test: bool,
+                concurrency: int, hooks: SearchHooks) -> SearchPlan:
+    """The items, fixed config, split, output folder, LM and optimizer settings of a search; ConfigError for
+    anything it cannot run."""
+    import chateval_dspy.limits as limits
+    from chateval_dspy.program.roles import DEFAULT_ORDER, same_roles
+    from chateval_dspy.run.evaluate_dataset import check_task
+
+    if data.split != "all":
+        raise ConfigError("search uses the seeded train/dev/test split itself: drop --split")
+    if concurrency < 1:
+        raise ConfigError(f"concurrency must be positive, got {concurrency}")
+    items, fmt = data.load()
+    base = base(fmt) if callable(base) else base
+    check_task(data, base)
+    # A mixed panel binds models by role slug: each must be a referee some trial can seat (checked before any model starts).
+    lm.check_panel(DEFAULT_ORDER + same_roles(limits.MAX_ROLES))
+    parts = data.parts(items)
+    if not parts["dev"] or all(x.get("label" if fmt == "pairwise" else "human") is None for x in parts["dev"]):
+        raise ConfigError("search needs labelled dev items: use a dataset with human labels, more items or a larger --limit")
+    if test and not parts["test"]:
+        raise ConfigError("the test split is empty: use more items or a larger --limit (or --no-test)")
+    out = Path(out or Path("programs") / spec.name)
+    if test:
+        check_out(out, spec.name)
+    if "tokens" in spec.objectives and lm.cache:
+        # A cached answer reports no usage, which would make a panel look free.
+        hooks.note("note: tokens is an objective, so DSPy's LM cache is off for this search")
+        lm = dataclasses.replace(lm, cache=False)
+    settings = dataclasses.replace(settings or OptimizerSettings(), seed=data.seed)
+    return SearchPlan(items, fmt, base, parts, out, lm, settings)
+
+
+def study_settings(data, plan: SearchPlan, spec: StudySpec, space: SearchSpace) -> dict:
+    """What the study records of its search: a worker that would search otherwise is refused (``check_settings``)."""
+    from chateval_dspy.data.loaders import dataset_hash
+
+    lm = plan.lm
+    return {"dataset": data.dataset, "format": plan.fmt, "dataset_hash": dataset_hash(plan.items), "seed": data.seed,
+            "limit": data.limit, "objectives": list(spec.objectives), "space": space.to_dict(),
+            "model_spec": lm.model, "base": base_settings(plan.base),
+            "max_demos": plan.settings.max_demos if space.compile != ("none",) else None,
+            # Only a mixed panel records its referees' models, so that existing studies resume as they were.
+            **({"referee_models": lm.referee_map} if lm.referee_models else {})}
+
+
+def parent_run(opened: optuna.Study, spec: StudySpec, recorded: dict, base: DebateConfig, tracking):
+    """The study's MLflow parent run, shared by its workers; the trial runs of its killed workers (on this host)
+    end as KILLED first."""
+    from optim.tracking import runs as mlflow_tracking
+
+    mlflow_tracking.end_dead_runs({"optuna.study": spec.name}, tracking.uri)
+    params = {"study": spec.name, "storage": studies.redact_url(spec.storage), **recorded}
+    if base.task is not None:  # MLflow keeps 6,000 characters a param: the task's compact form
+        params["base"] = {**recorded["base"], "task": base.task.params()}
+    return studies.study_run(opened, params=params, uri=tracking.uri)
+
+
+def slot_config(base: DebateConfig, space: SearchSpace) -> DebateConfig:
+    """The panel the LM is laid out for, once for every trial: parallel referees only when every trial has them
+    (on a small CPU, servers split for parallel requests run a one-by-one trial on a fraction of the cores)."""
+    return base.replace(roles=tuple(f"referee_{i + 1}" for i in range(space.n_roles[1])),
+                        strategy="one_by_one" if "one_by_one" in space.strategies else "simultaneous_talk")
+
+
+def tested_best(opened: optuna.Study, trial, data, plan: SearchPlan, *, model: str, referees: dict, concurrency: int,
+              hooks: SearchHooks):
+    """The chosen trial's panel judged on the test split (resuming its file) and told to ``hooks``; with the
+    referees' models of that panel's own referees."""
+    with hooks.progress(len(plan.parts["test"])) as on_item:
+        tested = final_test(opened, trial, plan.parts, plan.out, settings=plan.settings, seed=data.seed,
+                            n_resamples=data.resamples, concurrency=concurrency, on_item=on_item)
+    cfg = tested.program.config
+    referees = {k: v for k, v in referees.items() if k in cfg.roles}  # the best panel's own
+    hooks.tested(tested.trial, tested.result, tested.figures,
+                 run_header(data, cfg, model, tested.result.n, "test", referee_models=referees))
+    return tested, referees
+
+
+def search_card(data, plan: SearchPlan, spec: StudySpec, space: SearchSpace, recorded: dict, tested,
+                finished: int) -> dict:
+    """What the saved evaluator's card says of the data, the split and the search that chose it."""
+    from chateval_dspy.run.evaluate_dataset import skipped_rows
+
+    items = plan.items
+    return {
+        "dataset": data.dataset, "dataset_hash": recorded["dataset_hash"],
+        "split": {"seed": data.seed, "fractions": list(SPLIT_FRACTIONS), "limit": data.limit,
+                  "sizes": {k: len(v) for k, v in plan.parts.items()}},
+        "search": {"study": spec.name, "storage": studies.redact_url(spec.storage),
+                   "trial": tested.trial.number, "objectives": list(spec.objectives),
+                   "trials_finished": finished, "space": space.to_dict(), "values": list(tested.trial.values)},
+        **({"skipped_rows": skipped_rows(items.skipped)} if getattr(items, "skipped", None) else {})}
+
+
+def objective_for(data, plan: SearchPlan, spec: StudySpec, space: SearchSpace, *, concurrency: int, track: bool,
+                  hooks: SearchHooks) -> Objective:
+    """One trial of the study: a panel drawn from ``space``, judged (and compiled) on the dev split."""
+    return Objective(space=space, base=plan.base, parts=plan.parts, objectives=spec.objectives, n_trials=spec.trials,
+                     seed=data.seed, n_resamples=data.resamples, settings=plan.settings, report_every=spec.report_every,
+                     concurrency=concurrency, results_dir=Path("results") / spec.name, track=track, on_item=hooks.item)
+
+
+def trials(opened: optuna.Study, objective: Objective, spec: StudySpec, *, wait: bool, poll: float,
+           hooks: SearchHooks) -> tuple[list[int], int]:
+    """This worker's trials run (waiting for the other workers' when it tests): ``(trials it ran, finished in the
+    study)``."""
+    ran = studies.run_trials(opened, objective, spec.trials, callbacks=[hooks.trial], wait=wait, poll=poll,
+                             on_wait=hooks.waiting)
+    finished = studies.count(opened)
+    hooks.trials_done(opened, ran, finished)
+    return ran, finished
+
+
+def run_search(data, base: DebateConfig | Callable[[str], DebateConfig], lm, *, study: StudySpec,
                space: SearchSpace | None = None, settings: OptimizerSettings | None = None,
                out: str | Path | None = None, test: bool = True, tracking=None, concurrency: int = 1,
                hooks: SearchHooks | None = None, poll: float = 1.0) -> SearchRun:
@@ -110,102 +239,44 @@ def run_search(data, base: DebateConfig | Callable[[str], DebateConfig], lm, *, 
         ...                  study=StudySpec("demo", trials=3), space=SearchSpace(turns=(1, 1)))
         >>> run.card["search"]["trial"]  # doctest: +SKIP
     """
-    import chateval_dspy.limits as limits
-    from chateval_dspy.data.loaders import dataset_hash
     from chateval_dspy.lm.panel import referee_names
-    from chateval_dspy.program.roles import DEFAULT_ORDER, same_roles
-    from chateval_dspy.run.evaluate_dataset import check_task, skipped_rows
 
-    hooks, space = hooks or SearchHooks(), space or SearchSpace()
-    spec = study
-    if data.split != "all":
-        raise ConfigError("search uses the seeded train/dev/test split itself: drop --split")
-    if concurrency < 1:
-        raise ConfigError(f"concurrency must be positive, got {concurrency}")
-    items, fmt = data.load()
-    base = base(fmt) if callable(base) else base
-    check_task(data, base)
-    # A mixed panel binds models by role slug: each must be a referee some trial can seat (checked before any model starts).
-    lm.check_panel(DEFAULT_ORDER + same_roles(limits.MAX_ROLES))
-    parts = data.parts(items)
-    if not parts["dev"] or all(x.get("label" if fmt == "pairwise" else "human") is None for x in parts["dev"]):
-        raise ConfigError("search needs labelled dev items: use a dataset with human labels, more items or a larger --limit")
-    if test and not parts["test"]:
-        raise ConfigError("the test split is empty: use more items or a larger --limit (or --no-test)")
-    out = Path(out or Path("programs") / spec.name)
-    if test:
-        check_out(out, spec.name)
-    if "tokens" in spec.objectives and lm.cache:
-        # A cached answer reports no usage, which would make a panel look free.
-        hooks.note("note: tokens is an objective, so DSPy's LM cache is off for this search")
-        lm = dataclasses.replace(lm, cache=False)
-    settings = dataclasses.replace(settings or OptimizerSettings(), seed=data.seed)
-
+    hooks, space, spec = hooks or SearchHooks(), space or SearchSpace(), study
+    plan = plan_search(data, base, lm, spec=spec, settings=settings, out=out, test=test, concurrency=concurrency,
+                       hooks=hooks)
     opened = studies.open_study(spec.name, spec.storage, spec.objectives, seed=data.seed, prune=spec.prune,
                                 warmup_steps=2 * spec.report_every)
-    recorded = {"dataset": data.dataset, "format": fmt, "dataset_hash": dataset_hash(items), "seed": data.seed,
-                "limit": data.limit, "objectives": list(spec.objectives), "space": space.to_dict(),
-                "model_spec": lm.model, "base": base_settings(base),
-                "max_demos": settings.max_demos if space.compile != ("none",) else None,
-                # Only a mixed panel records its referees' models, so that existing studies resume as they were.
-                **({"referee_models": lm.referee_map} if lm.referee_models else {})}
+    recorded = study_settings(data, plan, spec, space)
     studies.check_settings(opened, recorded)
-    hooks.started(opened, spec, parts)
+    hooks.started(opened, spec, plan.parts)
     tracked = tracking is not None and tracking.enabled
-    objective = Objective(space=space, base=base, parts=parts, objectives=spec.objectives, n_trials=spec.trials,
-                          seed=data.seed, settings=settings, report_every=spec.report_every, concurrency=concurrency,
-                          results_dir=Path("results") / spec.name, track=tracked, on_item=hooks.item)
-    mlflow_tracking = parent = None
+    objective = objective_for(data, plan, spec, space, concurrency=concurrency, track=tracked, hooks=hooks)
+    mlflow_tracking = None
     if tracked:
-        from optim import tracking as mlflow_tracking
-
-        # Trial runs of this study's killed workers (on this host) end as KILLED; the shared parent is joined.
-        mlflow_tracking.end_dead_runs({"optuna.study": spec.name}, tracking.uri)
-        params = {"study": spec.name, "storage": studies.redact_url(spec.storage), **recorded}
-        if base.task is not None:  # MLflow keeps 6,000 characters a param: the task's compact form
-            params["base"] = {**recorded["base"], "task": base.task.params()}
-        parent = studies.study_run(opened, params=params, uri=tracking.uri)
-    # The LM is laid out once for every trial. Lay it out for parallel referees only when every trial has them:
-    # on a small CPU, servers split for parallel requests run a one-by-one trial on a fraction of the cores.
-    slot_cfg = base.replace(roles=tuple(f"referee_{i + 1}" for i in range(space.n_roles[1])),
-                            strategy="one_by_one" if "one_by_one" in space.strategies else "simultaneous_talk")
+        from optim.tracking import runs as mlflow_tracking
     tested = card = None
-    with parent or contextlib.nullcontext() as active:
-        with lm.judging(lm_slots(slot_cfg, concurrency)) as judging_lm:
+    with parent_run(opened, spec, recorded, plan.base, tracking) if tracked else contextlib.nullcontext() as active:
+        with plan.lm.judging(lm_slots(slot_config(plan.base, space), concurrency)) as judging_lm:
             model, referees = judging_lm.model, referee_names()
             if tracked:
                 mlflow_tracking.log_params({"model": model, **({"referee_models": referees} if referees else {})})
-            ran = studies.run_trials(opened, objective, spec.trials, callbacks=[hooks.trial], wait=test, poll=poll,
-                                     on_wait=hooks.waiting)
-            finished = studies.count(opened)
-            hooks.trials_done(opened, ran, finished)
-            final = choose_final(opened, out, test=test)
+            ran, finished = trials(opened, objective, spec, wait=test, poll=poll, hooks=hooks)
+            final = choose_final(opened, plan.out, test=test)
             if final.trial is None:
                 hooks.final(final.reason)
             else:
-                with hooks.progress(len(parts["test"])) as on_item:
-                    tested = final_test(opened, final.trial, parts, out, settings=settings, seed=data.seed,
-                                        concurrency=concurrency, on_item=on_item)
-                cfg = tested.program.config
-                referees = {k: v for k, v in referees.items() if k in cfg.roles}  # the best panel's own
-                hooks.tested(tested.trial, tested.result, tested.figures,
-                             run_header(data, cfg, model, tested.result.n, "test", referee_models=referees))
+                tested, referees = tested_best(opened, final.trial, data, plan, model=model, referees=referees,
+                                             concurrency=concurrency, hooks=hooks)
         _trials_table(opened, spec.name, mlflow_tracking, finished)
         if tested is not None:
-            card = save_final(opened, tested, out, model=model, referee_models=referees, tracking=tracking, card={
-                "dataset": data.dataset, "dataset_hash": recorded["dataset_hash"],
-                "split": {"seed": data.seed, "fractions": [0.4, 0.2, 0.4], "limit": data.limit,
-                          "sizes": {k: len(v) for k, v in parts.items()}},
-                "search": {"study": spec.name, "storage": studies.redact_url(spec.storage),
-                           "trial": tested.trial.number, "objectives": list(spec.objectives),
-                           "trials_finished": finished, "space": space.to_dict(), "values": list(tested.trial.values)},
-                **({"skipped_rows": skipped_rows(items.skipped)} if getattr(items, "skipped", None) else {})})
-    return SearchRun(opened, ran, finished, out, saved=card is not None, card=card,
+            card = save_final(opened, tested, plan.out, model=model, referee_models=referees, tracking=tracking,
+                              card=search_card(data, plan, spec, space, recorded, tested, finished))
+    return SearchRun(opened, ran, finished, plan.out, saved=card is not None, card=card,
                      mlflow_run_id=active.info.run_id if tracked else None)
 
 
 def _trials_table(study: optuna.Study, name: str, mlflow_tracking, finished: int) -> None:
-    from optim.report import trials_frame
+    from optim.tracking.report import trials_frame
 
     table = Path("results") / name / "trials.csv"
     table.parent.mkdir(parents=True, exist_ok=True)

@@ -11,14 +11,16 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-
-import optuna
+from typing import TYPE_CHECKING
 
 from chateval_dspy import limits
 from chateval_dspy.config import AGGREGATES, DebateConfig
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.program.roles import DEFAULT_ORDER, same_roles
 from chateval_dspy.program.strategies import STRATEGIES
+
+if TYPE_CHECKING:  # Optuna is imported by whoever runs trials: the parser and SearchSpace do without it
+    import optuna
 
 OBJECTIVES = {"agreement": "maximize", "tokens": "minimize"}
 COMPILE_CHOICES = ("none", "labeled", "bootstrap")
@@ -93,6 +95,7 @@ def suggest_config(trial: optuna.Trial, space: SearchSpace, base: DebateConfig) 
     panel size, so ``n_roles`` stays a parameter of its own (the paper's Figure 3 axis).
 
     Example:
+        >>> import optuna
         >>> trial = optuna.trial.FixedTrial({"panel": "same", "n_roles": 3, "turns": 2, "strategy": "one_by_one",
         ...                                  "aggregate": "mean", "compile": "none"})
         >>> suggest_config(trial, SearchSpace(), DebateConfig())[0].roles

@@ -15,70 +15,28 @@ import logging
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from chateval_dspy.errors import ConfigError
-from optim import stores
-from optim.search.space import OBJECTIVES, parse_objectives
+from optim.search.space import OBJECTIVES
 from optim.search.worker import Worker, dead
-from optim.stores import redact_url  # noqa: F401 - where callers have imported it from
+from optim.tracking import stores
+from optim.tracking.stores import redact_url  # noqa: F401 - where callers have imported it from
 
 log = logging.getLogger(__name__)
 
-DEFAULT_STORAGE = "sqlite:///mlruns/optuna.db"
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 HEARTBEAT_S, GRACE_S = 60, 180
-
-
-@dataclass(frozen=True)
-class StudySpec:
-    """Which study a search runs and how.
-
-    Args:
-        name: The study's name in the storage.
-        trials: Run until the study holds this many finished (complete or pruned) trials.
-        storage: The Optuna storage URL shared by workers.
-        objectives: ``("agreement",)`` or ``("agreement", "tokens")`` (a Pareto front).
-        prune: Stop trials that cannot beat the median after a chunk of dev items (one objective only).
-        report_every: Dev items per chunk between pruning checks.
-
-    Example:
-        >>> StudySpec("faireval-agreement", trials=20).objectives
-        ('agreement',)
-    """
-
-    name: str
-    trials: int
-    storage: str = DEFAULT_STORAGE
-    objectives: tuple[str, ...] = ("agreement",)
-    prune: bool = True
-    report_every: int = 4
-
-    def __post_init__(self) -> None:
-        if not self.name:
-            raise ConfigError("a study needs a name")
-        if self.trials < 1:
-            raise ConfigError(f"--trials must be positive, got {self.trials}")
-        if self.report_every < 1:
-            raise ConfigError(f"--report-every must be positive, got {self.report_every}")
-        object.__setattr__(self, "objectives", parse_objectives(self.objectives))
-
-
-def default_study_name(dataset: str, objectives: Sequence[str]) -> str:
-    stem = Path(dataset).stem if Path(dataset).suffix else dataset
-    return f"{stem}-{'-'.join(objectives)}"
 
 
 def open_storage(url: str):
     """An RDB storage with heartbeats (a crashed worker's trial is failed after 3 minutes), or ``url`` as given.
 
     A SQLite file or PostgreSQL database gets its tables from the first worker to open it; workers that start at the
-    same moment wait for that one (``optim.stores.init_lock``) instead of racing it to create them.
+    same moment wait for that one (``optim.tracking.stores.init_lock``) instead of racing it to create them.
     """
     kind = stores.backend(url)
     if kind is None:
@@ -292,7 +250,7 @@ def study_run(study: optuna.Study, *, params: dict, uri: str | None = None) -> I
     has one parent run. The run carries no worker tag: it is shared, and ends when its last
     worker leaves it.
     """
-    from optim import tracking
+    from optim.tracking import runs as tracking
 
     uri_key = tracking.tracking_uri(uri)
     shown = redact_url(uri_key)  # a password in the tracking URI stays out of the study's attributes and the log

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from chateval_dspy.errors import ConfigError, LMError
+from chateval_dspy.errors import ConfigError, FatalLMError
 from chateval_dspy.lm.batch.provider import BatchRequest, BatchState, Outcome
 from chateval_dspy.lm.layout import REFEREE_FIELDS, TURN_FIELDS
 
@@ -220,7 +220,7 @@ def _batch_state(batch: dict) -> BatchState:
     elif status_word in ("in_progress", "canceling"):
         status = "in_progress"
     else:
-        raise LMError(f"Anthropic batch {batch.get('id')}: unknown processing_status {_short(status_word, 40)!r}")
+        raise FatalLMError(f"Anthropic batch {batch.get('id')}: unknown processing_status {_short(status_word, 40)!r}")
     return BatchState(batch["id"], status, {"total": sum(n.values()), "completed": n["succeeded"],
                                             "failed": n["errored"]}, status_word)
 
@@ -234,6 +234,7 @@ class AnthropicBatches:
         timeout: Seconds for each HTTP operation.
         retries: Extra tries for a read (state, results) that met a transient fault (429, 5xx, 529, no
             connection); a submission is never retried, as that could submit the batch twice.
+        max_results_bytes: The cap on one batch's results download (default ``MAX_RESULTS_BYTES``, 512 MiB).
 
     Example:
         >>> AnthropicBatches(api_key="sk-ant-secret", base_url="http://127.0.0.1:9")
@@ -243,13 +244,14 @@ class AnthropicBatches:
     name = "anthropic"
 
     def __init__(self, api_key: str | None = None, base_url: str | None = None, timeout: float = 60.0,
-                 retries: int = 2):
+                 retries: int = 2, max_results_bytes: int = MAX_RESULTS_BYTES):
         key = api_key or os.environ.get("ANTHROPIC_API_KEY")
         if not key:
             raise ConfigError("Anthropic batches need an API key: set ANTHROPIC_API_KEY")
         base = (base_url or os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
         self.base_url = base.removesuffix("/v1")  # a LiteLLM-style base ending in /v1 means the same API
         self.retries = max(0, retries)
+        self.max_results_bytes = max_results_bytes
         self._client = httpx.Client(timeout=timeout, follow_redirects=False,
                                     headers={"x-api-key": key, "anthropic-version": API_VERSION})
 
@@ -285,7 +287,7 @@ class AnthropicBatches:
                               content=payload, headers={"content-type": "application/json"})
         batch_id = self._json(response, "(new)").get("id")
         if not isinstance(batch_id, str) or not _BATCH_ID.fullmatch(batch_id):
-            raise LMError(f"Anthropic answered a batch submission without a usable id: {_short(batch_id, 80)!r}")
+            raise FatalLMError(f"Anthropic answered a batch submission without a usable id: {_short(batch_id, 80)!r}")
         return batch_id
 
     def find(self, label: str) -> str | None:
@@ -301,15 +303,15 @@ class AnthropicBatches:
         batch = self._batch(batch_id)
         url = batch.get("results_url")
         if batch.get("processing_status") != "ended" or not isinstance(url, str):
-            raise LMError(f"Anthropic batch {batch_id} has no results yet ({_short(batch.get('processing_status'))})")
+            raise FatalLMError(f"Anthropic batch {batch_id} has no results yet ({_short(batch.get('processing_status'))})")
         if urlsplit(url)[:2] != urlsplit(self.base_url)[:2]:
             # The key goes with the download: only to the API's own host.
-            raise LMError(f"Anthropic batch {batch_id}: results_url {_short(url, 120)!r} is not on {self.base_url}")
+            raise FatalLMError(f"Anthropic batch {batch_id}: results_url {_short(url, 120)!r} is not on {self.base_url}")
         out, seen = [], set()
         for number, line in self._result_lines(url, batch_id):
             custom_id, result = self._parse_line(line, batch_id, number)
             if custom_id in seen:
-                raise LMError(f"Anthropic batch {batch_id} results line {number}: custom_id {custom_id!r} again")
+                raise FatalLMError(f"Anthropic batch {batch_id} results line {number}: custom_id {custom_id!r} again")
             seen.add(custom_id)
             outcome = _outcome(custom_id, result)
             if outcome is not None:
@@ -318,10 +320,10 @@ class AnthropicBatches:
 
     def _batch(self, batch_id: str) -> dict:
         if not isinstance(batch_id, str) or not _BATCH_ID.fullmatch(batch_id):
-            raise LMError(f"{_short(batch_id, 80)!r} is not an Anthropic batch id")
+            raise FatalLMError(f"{_short(batch_id, 80)!r} is not an Anthropic batch id")
         batch = self._json(self._send("GET", f"{self.base_url}/v1/messages/batches/{batch_id}", batch_id), batch_id)
         if batch.get("id") != batch_id:
-            raise LMError(f"Anthropic answered for batch {_short(batch.get('id'), 80)!r} when asked for {batch_id}")
+            raise FatalLMError(f"Anthropic answered for batch {_short(batch.get('id'), 80)!r} when asked for {batch_id}")
         return batch
 
     @staticmethod
@@ -332,22 +334,22 @@ class AnthropicBatches:
             row = None
         custom_id = row.get("custom_id") if isinstance(row, dict) else None
         if not isinstance(custom_id, str) or not _CUSTOM_ID.fullmatch(custom_id):
-            raise LMError(f"Anthropic batch {batch_id} results line {number} is not a JSON object with a custom_id")
+            raise FatalLMError(f"Anthropic batch {batch_id} results line {number} is not a JSON object with a custom_id")
         return custom_id, row.get("result")
 
     def _send(self, method: str, url: str, batch_id: str, retry: bool = True, **kwargs) -> httpx.Response:
-        """The response to one call (2xx); LMError naming the status and batch otherwise."""
+        """The response to one call (2xx); FatalLMError naming the status and batch otherwise."""
         for attempt in range(self.retries + 1 if retry else 1):
             if attempt:
                 time.sleep(0.5 * 2**attempt)
             try:
                 response = self._client.request(method, url, **kwargs)
             except httpx.HTTPError as exc:
-                fault = LMError(f"Anthropic batch {batch_id}: {method} failed: {type(exc).__name__}: {_short(exc)}")
+                fault = FatalLMError(f"Anthropic batch {batch_id}: {method} failed: {type(exc).__name__}: {_short(exc)}")
                 continue
             if response.is_success:
                 return response
-            fault = LMError(f"Anthropic batch {batch_id}: {method} answered HTTP {response.status_code}: "
+            fault = FatalLMError(f"Anthropic batch {batch_id}: {method} answered HTTP {response.status_code}: "
                             f"{_short(_error_message(response))}")
             if response.status_code not in _RETRY_STATUS:
                 break
@@ -359,23 +361,23 @@ class AnthropicBatches:
         except ValueError:
             data = None
         if not isinstance(data, dict):
-            raise LMError(f"Anthropic batch {batch_id}: the API answered something other than a JSON object")
+            raise FatalLMError(f"Anthropic batch {batch_id}: the API answered something other than a JSON object")
         return data
 
     def _result_lines(self, url: str, batch_id: str) -> list[tuple[int, bytes]]:
-        """(line number, bytes) of the results file, refusing more than ``MAX_RESULTS_BYTES`` in all."""
+        """(line number, bytes) of the results file, refusing more than ``max_results_bytes`` in all."""
         for attempt in range(self.retries + 1):
             if attempt:
                 time.sleep(0.5 * 2**attempt)
             try:
                 with self._client.stream("GET", url) as response:
                     if response.is_success:
-                        return list(_capped_lines(response, batch_id))
+                        return list(_capped_lines(response, batch_id, self.max_results_bytes))
                     response.read()  # an error body, read only to report it
             except httpx.HTTPError as exc:
-                fault = LMError(f"Anthropic batch {batch_id}: results download failed: {type(exc).__name__}")
+                fault = FatalLMError(f"Anthropic batch {batch_id}: results download failed: {type(exc).__name__}")
                 continue
-            fault = LMError(f"Anthropic batch {batch_id}: results download answered HTTP {response.status_code}: "
+            fault = FatalLMError(f"Anthropic batch {batch_id}: results download answered HTTP {response.status_code}: "
                             f"{_short(_error_message(response))}")
             if response.status_code not in _RETRY_STATUS:
                 break
@@ -390,15 +392,15 @@ def _error_message(response: httpx.Response) -> str:
         return response.text[:300]
 
 
-def _capped_lines(response: httpx.Response, batch_id: str):
+def _capped_lines(response: httpx.Response, batch_id: str, cap: int):
     declared = response.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_RESULTS_BYTES:
-        raise LMError(f"Anthropic batch {batch_id}: results are {declared} bytes, over the {MAX_RESULTS_BYTES}-byte cap")
+    if declared.isdigit() and int(declared) > cap:
+        raise FatalLMError(f"Anthropic batch {batch_id}: results are {declared} bytes, over the {cap}-byte cap")
     pending, total, number = bytearray(), 0, 0
     for chunk in response.iter_bytes():
         total += len(chunk)
-        if total > MAX_RESULTS_BYTES:
-            raise LMError(f"Anthropic batch {batch_id}: results exceed the {MAX_RESULTS_BYTES}-byte cap")
+        if total > cap:
+            raise FatalLMError(f"Anthropic batch {batch_id}: results exceed the {cap}-byte cap")
         *complete, rest = chunk.split(b"\n")
         for part in complete:  # the first completes the pending line; a long line is never copied twice
             pending += part

@@ -29,7 +29,7 @@ import shlex
 from collections.abc import Iterator
 from pathlib import Path
 
-from chateval_dspy.errors import ConfigError, LMError
+from chateval_dspy.errors import ConfigError, FatalLMError
 from chateval_dspy.files import write_atomic
 from chateval_dspy.lm.batch.provider import BatchRequest, BatchState, Outcome, outcome_of
 
@@ -52,13 +52,17 @@ class FolderBatches:
         directory: Where the input and output files live (created on the first submit).
         model: The model name the engine serves; it replaces each body's ``model`` (vLLM answers 404 to a
             request naming any other) and goes into ``command``. None keeps the bodies' own.
+        max_file_bytes: The most a wave's input or output file may hold (default ``MAX_FILE_BYTES``, 512 MiB).
+        max_line_bytes: The most one request or answer line may hold (default ``MAX_LINE_BYTES``, 16 MiB).
     """
 
     name = "folder"
 
-    def __init__(self, directory: str | Path, model: str | None = None):
+    def __init__(self, directory: str | Path, model: str | None = None, *, max_file_bytes: int = MAX_FILE_BYTES,
+                 max_line_bytes: int = MAX_LINE_BYTES):
         self.directory = Path(directory)
         self.model = model
+        self.max_file_bytes, self.max_line_bytes = max_file_bytes, max_line_bytes
         self._ids: dict[str, list[str]] = {}  # an input never changes once written, so it is read once
 
     def input_path(self, batch_id: str) -> Path:
@@ -104,7 +108,7 @@ class FolderBatches:
             # Said at every look, so that whoever runs the engine sees which command answers the wave.
             return BatchState(batch_id, "in_progress", counts, f"waiting for {out}; run: {self.command(batch_id)}")
         wanted, seen = set(ids), set()
-        for number, record in _records(out):
+        for number, record in self._read(out):
             custom_id = _custom_id(out, number, record)
             if custom_id in wanted and custom_id not in seen:
                 seen.add(custom_id)
@@ -119,7 +123,7 @@ class FolderBatches:
         found: dict[str, Outcome] = {}
         if not out.exists():
             return []
-        for number, record in _records(out):
+        for number, record in self._read(out):
             custom_id = _custom_id(out, number, record)
             if custom_id not in wanted:
                 log.warning("%s line %d: custom_id %r is no request of this wave; ignored", out, number, custom_id[:200])
@@ -129,6 +133,9 @@ class FolderBatches:
                 found[custom_id] = outcome_of(custom_id, record, NO_STATUS)
         return list(found.values())
 
+    def _read(self, path: Path) -> Iterator[tuple[int, dict]]:
+        return _records(path, self.max_file_bytes, self.max_line_bytes)
+
     def _input_bytes(self, requests: list[BatchRequest]) -> bytes:
         lines, seen = [], set()
         for request in requests:
@@ -137,23 +144,25 @@ class FolderBatches:
             seen.add(request.custom_id)
             body = {**request.body, "model": self.model} if self.model else request.body
             line = json.dumps({"custom_id": request.custom_id, "method": "POST", "url": _URL, "body": body}) + "\n"
-            if len(line) > MAX_LINE_BYTES:  # ASCII (json.dumps escapes the rest), so characters are bytes
-                raise ConfigError(f"request {request.custom_id!r} is {len(line)} bytes, over the {MAX_LINE_BYTES}-byte limit")
+            if len(line) > self.max_line_bytes:  # ASCII (json.dumps escapes the rest), so characters are bytes
+                raise ConfigError(f"request {request.custom_id!r} is {len(line)} bytes, over the {self.max_line_bytes}-byte "
+                                  "limit")
             lines.append(line)
         data = "".join(lines).encode("ascii")
-        if len(data) > MAX_FILE_BYTES:  # state() could not read it back
-            raise ConfigError(f"the wave is {len(data)} bytes, over the {MAX_FILE_BYTES}-byte limit: submit smaller waves")
+        if len(data) > self.max_file_bytes:  # state() could not read it back
+            raise ConfigError(f"the wave is {len(data)} bytes, over the {self.max_file_bytes}-byte limit: submit smaller "
+                              "waves")
         return data
 
     def _input_ids(self, batch_id: str) -> list[str]:
         if batch_id not in self._ids:
             path = self._existing_input(batch_id)
-            self._ids[batch_id] = [_custom_id(path, number, record) for number, record in _records(path)]
+            self._ids[batch_id] = [_custom_id(path, number, record) for number, record in self._read(path)]
         return self._ids[batch_id]
 
     def _input_model(self, batch_id: str) -> str:
         path = self._existing_input(batch_id)
-        models = {(record.get("body") or {}).get("model") for _, record in _records(path)}
+        models = {(record.get("body") or {}).get("model") for _, record in self._read(path)}
         model = models.pop() if len(models) == 1 else None
         if not isinstance(model, str) or not model:
             raise ConfigError(f"the requests in {path} do not name one model: give FolderBatches the model the engine serves")
@@ -174,21 +183,22 @@ def _checked(label: str) -> str:
     return label
 
 
-def _records(path: Path) -> Iterator[tuple[int, dict]]:
+def _records(path: Path, max_file_bytes: int = MAX_FILE_BYTES,
+             max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[int, dict]]:
     """(line number, object) for each line of ``path``; a last line the engine is still writing is left out."""
     size = path.stat().st_size
-    if size > MAX_FILE_BYTES:
-        raise LMError(f"{path} is {size} bytes, over the {MAX_FILE_BYTES}-byte limit on a batch file")
+    if size > max_file_bytes:
+        raise FatalLMError(f"{path} is {size} bytes, over the {max_file_bytes}-byte limit on a batch file")
     total = 0
     with open(path, "rb") as f:
         number = 0
-        while line := f.readline(MAX_LINE_BYTES + 1):
+        while line := f.readline(max_line_bytes + 1):
             number, total = number + 1, total + len(line)
             whole = line.endswith(b"\n")
-            if total > MAX_FILE_BYTES:  # it grew while we read it
-                raise LMError(f"{path} grew past the {MAX_FILE_BYTES}-byte limit on a batch file (line {number})")
-            if not whole and len(line) > MAX_LINE_BYTES:
-                raise LMError(f"{path} line {number} is over the {MAX_LINE_BYTES}-byte limit on one line")
+            if total > max_file_bytes:  # it grew while we read it
+                raise FatalLMError(f"{path} grew past the {max_file_bytes}-byte limit on a batch file (line {number})")
+            if not whole and len(line) > max_line_bytes:
+                raise FatalLMError(f"{path} line {number} is over the {max_line_bytes}-byte limit on one line")
             if not line.strip():
                 continue
             try:
@@ -196,9 +206,9 @@ def _records(path: Path) -> Iterator[tuple[int, dict]]:
             except (ValueError, RecursionError) as exc:
                 if not whole:
                     return  # torn: the engine has written only part of it so far
-                raise LMError(f"{path} line {number} is not JSON: {exc}") from None
+                raise FatalLMError(f"{path} line {number} is not JSON: {exc}") from None
             if not isinstance(record, dict):
-                raise LMError(f"{path} line {number} is not a JSON object")
+                raise FatalLMError(f"{path} line {number} is not a JSON object")
             yield number, record
 
 
@@ -206,5 +216,5 @@ def _custom_id(path: Path, number: int, record: dict) -> str:
     custom_id = record.get("custom_id")
     if not isinstance(custom_id, str):
         # Without it the line answers no request, and the wave would wait for it forever.
-        raise LMError(f"{path} line {number} has no string custom_id")
+        raise FatalLMError(f"{path} line {number} has no string custom_id")
     return custom_id

@@ -11,7 +11,7 @@ import json
 
 import openai
 
-from chateval_dspy.errors import LMError
+from chateval_dspy.errors import FatalLMError
 from chateval_dspy.lm.batch.provider import BatchRequest, BatchState, Outcome, outcome_of
 
 LABEL_KEY = "chateval_label"
@@ -42,7 +42,7 @@ class OpenAIBatches:
             batch = self.client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
                                                completion_window="24h", metadata={LABEL_KEY: label})
         except openai.APIError as exc:
-            raise LMError(f"{self.base_url}: could not submit batch {label}: {_reason(exc)}") from exc
+            raise FatalLMError(f"{self.base_url}: could not submit batch {label}: {_reason(exc)}") from exc
         return batch.id
 
     def find(self, label: str) -> str | None:
@@ -51,7 +51,7 @@ class OpenAIBatches:
                 if (batch.metadata or {}).get(LABEL_KEY) == label:
                     return batch.id
         except openai.APIError as exc:
-            raise LMError(f"{self.base_url}: could not list batches: {_reason(exc)}") from exc
+            raise FatalLMError(f"{self.base_url}: could not list batches: {_reason(exc)}") from exc
         return None
 
     def state(self, batch_id: str) -> BatchState:
@@ -75,7 +75,7 @@ class OpenAIBatches:
         try:
             return self.client.batches.retrieve(batch_id)
         except openai.APIError as exc:
-            raise LMError(f"{self.base_url}: could not read batch {batch_id}: {_reason(exc)}") from exc
+            raise FatalLMError(f"{self.base_url}: could not read batch {batch_id}: {_reason(exc)}") from exc
 
     def _content(self, batch_id: str, file_id: str) -> str:
         try:
@@ -84,10 +84,10 @@ class OpenAIBatches:
                 for chunk in response.iter_bytes():
                     data.extend(chunk)
                     if len(data) > MAX_OUTPUT_BYTES:
-                        raise LMError(f"{self.base_url}: batch {batch_id}'s file {file_id} is larger than "
+                        raise FatalLMError(f"{self.base_url}: batch {batch_id}'s file {file_id} is larger than "
                                       f"{MAX_OUTPUT_BYTES} bytes; refusing to read it")
         except openai.APIError as exc:
-            raise LMError(f"{self.base_url}: could not read file {file_id} of batch {batch_id}: {_reason(exc)}") from exc
+            raise FatalLMError(f"{self.base_url}: could not read file {file_id} of batch {batch_id}: {_reason(exc)}") from exc
         return bytes(data).decode("utf-8", errors="replace")
 
 
@@ -100,7 +100,7 @@ def _outcome(line: str, where: str) -> Outcome:
     try:
         record = json.loads(line)
     except (ValueError, RecursionError) as exc:
-        raise LMError(f"{where}: not JSON ({exc})") from None
+        raise FatalLMError(f"{where}: not JSON ({exc})") from None
     if not isinstance(record, dict) or not isinstance(record.get("custom_id"), str):
-        raise LMError(f"{where}: not a batch output line (no string custom_id)")
+        raise FatalLMError(f"{where}: not a batch output line (no string custom_id)")
     return outcome_of(record["custom_id"], record)

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from chateval_dspy.concurrency import Gate, current_gate
-from chateval_dspy.errors import LMError
+from chateval_dspy.errors import FatalLMError
 from chateval_dspy.lm.batch.journal import Journal
 from chateval_dspy.lm.batch.provider import BatchProvider, BatchRequest, BatchState, Outcome
 from chateval_dspy.lm.pricing import Price, token_counts
@@ -113,7 +113,7 @@ class Waves:
 
     def _result(self, call: _Call) -> dict:
         if call.error is not None and call.error.get("fatal"):
-            raise LMError(f"batch mode stopped: {self._failure}") from self._failure
+            raise FatalLMError(f"batch mode stopped: {self._failure}") from self._failure
         if call.body is None:
             raise BatchCallError(call.error or {"status": None, "code": "unknown", "message": "no answer"})
         return call.body

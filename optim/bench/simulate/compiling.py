@@ -5,7 +5,7 @@ predictor can gain ``demo_gain`` per right demonstration (up to ``max_demos``) a
 ``instruction_gain`` from instructions holding the key phrase, so the planted ceiling is
 ``knobs.p("general_public", right_demos=max_demos, keyed=True)``: demos alone reach
 ``p(right_demos=max_demos)``, instructions alone ``p(keyed=True)``. Optimizers run as
-``optim.compile.compile_evaluator`` runs them for ``chateval compile``: train on the first ``n``
+``optim.tuning.compile.compile_evaluator`` runs them for ``chateval compile``: train on the first ``n``
 train items, select on the dev split, figures on a held-out test split; the gain is paired by seed.
 """
 
@@ -18,8 +18,8 @@ from chateval_dspy.lm.adapter import JudgeAdapter
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.testing.sim_lm import SimKnobs
 from optim.bench.simulate.world import across, judge, make_world
-from optim.compile import OptimizerSettings, compile_evaluator
-from optim.objectives import agreement
+from optim.tuning.compile import OptimizerSettings, compile_evaluator
+from optim.tuning.objectives import agreement
 
 TUNABLE = SimKnobs()
 REFEREE = "general_public"

@@ -103,65 +103,75 @@ def _save(fig, path: Path, plt) -> Path:
 
 
 def plots(report: dict, directory: Path, prefix: str = "simulate") -> list[Path]:
-    """PNG plots of the sections present: aggregation, calibration, compile, search."""
+    """PNG plots of the sections present: aggregation, compile, search."""
     plt, s, out = _pyplot(), report["sections"], []
     directory.mkdir(parents=True, exist_ok=True)
-    if "aggregation" in s:
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-        for ax, kind, series in ((axes[0], "independent", ("majority", "mean")), (axes[1], "herding", None)):
-            rows = [r for r in s["aggregation"]["rows"] if r["kind"] == kind]
-            groups = series or tuple(dict.fromkeys(r["strategy"] for r in rows))
-            for i, g in enumerate(groups):
-                pts = [r for r in rows if (r["aggregate"] if series else r["strategy"]) == g]
-                for r in pts:
-                    v, e = _err(r["accuracy"])
-                    ax.errorbar([r["n"] + 0.08 * i], [v], yerr=e, fmt="o", color=f"C{i}", capsize=3)
-                ax.plot([r["n"] for r in pts], [r["theory"] for r in pts], "x--", color=f"C{i}",
-                        label=f"{g} (o measured, x-- theory)")
-            ax.set_xlabel("referees")
-            ax.set_xticks(sorted({r["n"] for r in rows}))
-            ax.set_title(f"{kind} referees" + ("" if series else " (herding, 2 turns, majority)"), fontsize=9)
-            ax.legend(fontsize=7)
-        axes[0].set_ylabel("panel accuracy (mean over seeds, 95% CI)")
-        axes[0].set_ylim(0, 1)
-        out.append(_save(fig, directory / f"{prefix}-aggregation.png", plt))
-    if "compile" in s:
-        c = s["compile"]
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for i, opt in enumerate(dict.fromkeys(r["optimizer"] for r in c["rows"])):
-            rows = [r for r in c["rows"] if r["optimizer"] == opt]
-            xs = [r["n_train"] * (1 + 0.03 * i) for r in rows]
-            ax.errorbar(xs, [r["after"]["value"] for r in rows],
-                        yerr=[[_err(r["after"])[1][0][0] for r in rows], [_err(r["after"])[1][1][0] for r in rows]],
-                        fmt="o-", capsize=3, label=opt, color=f"C{i}")
-        for name, style in (("untuned", ":"), ("demos", "-."), ("instructions", "-."), ("ceiling", "--")):
-            ax.axhline(c["planted"][name], color="grey", ls=style, lw=1)
-            ax.text(1.01, c["planted"][name], f"planted: {name}", transform=ax.get_yaxis_transform(), fontsize=7,
-                    color="grey", va="center")
-        ax.set_ylim(0, 1)
-        ax.set_xscale("log", base=2)
-        sizes = sorted({r["n_train"] for r in c["rows"]})
-        ax.set_xticks(sizes, [str(n) for n in sizes])
-        ax.set_xlabel("training labels")
-        ax.set_ylabel("test accuracy after compiling (95% CI over seeds)")
-        ax.legend(fontsize=7)
-        out.append(_save(fig, directory / f"{prefix}-compile.png", plt))
-    if "search" in s:
-        q = s["search"]
-        fig, axes = plt.subplots(1, 3, figsize=(13, 4))
-        for ax, field, label in ((axes[0], "strong_on_winner", "Scientist on the winning panel"),
-                                 (axes[1], "regret", "regret vs oracle (expected accuracy)"),
-                                 (axes[2], "winners_curse", "winner's curse: dev - expected accuracy")):
-            for i, (dev, sampler) in enumerate(dict.fromkeys((r["dev"], r["sampler"]) for r in q["rows"])):
-                rows = [r for r in q["rows"] if r["dev"] == dev and r["sampler"] == sampler]
-                ax.errorbar([r["trials"] * (1 + 0.03 * i) for r in rows], [r[field]["value"] for r in rows],
-                            yerr=[[_err(r[field])[1][0][0] for r in rows], [_err(r[field])[1][1][0] for r in rows]],
-                            fmt="o-" if sampler == "tpe" else "s--", capsize=3, label=f"{sampler}, dev {dev}")
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(sorted({r["trials"] for r in q["rows"]}), [str(k) for k in sorted({r["trials"] for r in q["rows"]})])
-            ax.set_xlabel("trials K")
-            ax.set_title(label, fontsize=9)
-        axes[0].axhline(q["strong_share_of_space"], color="grey", ls=":", lw=1, label="share of the space")
-        axes[0].legend(fontsize=7)
-        out.append(_save(fig, directory / f"{prefix}-search.png", plt))
+    for name, draw in (("aggregation", _aggregation_plot), ("compile", _compile_plot), ("search", _search_plot)):
+        if name in s:
+            out.append(_save(draw(s[name], plt), directory / f"{prefix}-{name}.png", plt))
     return out
+
+
+def _aggregation_plot(a: dict, plt):
+    """Panel accuracy against referees, measured and in theory: independent referees, and herding ones."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, kind, series in ((axes[0], "independent", ("majority", "mean")), (axes[1], "herding", None)):
+        rows = [r for r in a["rows"] if r["kind"] == kind]
+        groups = series or tuple(dict.fromkeys(r["strategy"] for r in rows))
+        for i, g in enumerate(groups):
+            pts = [r for r in rows if (r["aggregate"] if series else r["strategy"]) == g]
+            for r in pts:
+                v, e = _err(r["accuracy"])
+                ax.errorbar([r["n"] + 0.08 * i], [v], yerr=e, fmt="o", color=f"C{i}", capsize=3)
+            ax.plot([r["n"] for r in pts], [r["theory"] for r in pts], "x--", color=f"C{i}",
+                    label=f"{g} (o measured, x-- theory)")
+        ax.set_xlabel("referees")
+        ax.set_xticks(sorted({r["n"] for r in rows}))
+        ax.set_title(f"{kind} referees" + ("" if series else " (herding, 2 turns, majority)"), fontsize=9)
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("panel accuracy (mean over seeds, 95% CI)")
+    axes[0].set_ylim(0, 1)
+    return fig
+
+
+def _compile_plot(c: dict, plt):
+    """Test accuracy after compiling against training labels, per optimizer, beside the planted levels."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, opt in enumerate(dict.fromkeys(r["optimizer"] for r in c["rows"])):
+        rows = [r for r in c["rows"] if r["optimizer"] == opt]
+        xs = [r["n_train"] * (1 + 0.03 * i) for r in rows]
+        ax.errorbar(xs, [r["after"]["value"] for r in rows],
+                    yerr=[[_err(r["after"])[1][0][0] for r in rows], [_err(r["after"])[1][1][0] for r in rows]],
+                    fmt="o-", capsize=3, label=opt, color=f"C{i}")
+    for name, style in (("untuned", ":"), ("demos", "-."), ("instructions", "-."), ("ceiling", "--")):
+        ax.axhline(c["planted"][name], color="grey", ls=style, lw=1)
+        ax.text(1.01, c["planted"][name], f"planted: {name}", transform=ax.get_yaxis_transform(), fontsize=7,
+                color="grey", va="center")
+    ax.set_ylim(0, 1)
+    ax.set_xscale("log", base=2)
+    sizes = sorted({r["n_train"] for r in c["rows"]})
+    ax.set_xticks(sizes, [str(n) for n in sizes])
+    ax.set_xlabel("training labels")
+    ax.set_ylabel("test accuracy after compiling (95% CI over seeds)")
+    ax.legend(fontsize=7)
+    return fig
+
+
+def _search_plot(q: dict, plt):
+    """The search's winner, regret and winner's curse against trials, per dev size and sampler."""
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    for ax, field, label in ((axes[0], "strong_on_winner", "Scientist on the winning panel"),
+                             (axes[1], "regret", "regret vs oracle (expected accuracy)"),
+                             (axes[2], "winners_curse", "winner's curse: dev - expected accuracy")):
+        for i, (dev, sampler) in enumerate(dict.fromkeys((r["dev"], r["sampler"]) for r in q["rows"])):
+            rows = [r for r in q["rows"] if r["dev"] == dev and r["sampler"] == sampler]
+            ax.errorbar([r["trials"] * (1 + 0.03 * i) for r in rows], [r[field]["value"] for r in rows],
+                        yerr=[[_err(r[field])[1][0][0] for r in rows], [_err(r[field])[1][1][0] for r in rows]],
+                        fmt="o-" if sampler == "tpe" else "s--", capsize=3, label=f"{sampler}, dev {dev}")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted({r["trials"] for r in q["rows"]}), [str(k) for k in sorted({r["trials"] for r in q["rows"]})])
+        ax.set_xlabel("trials K")
+        ax.set_title(label, fontsize=9)
+    axes[0].axhline(q["strong_share_of_space"], color="grey", ls=":", lw=1, label="share of the space")
+    axes[0].legend(fontsize=7)
+    return fig

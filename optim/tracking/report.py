@@ -4,7 +4,7 @@ A study gets its trials table and PNGs: agreement against panel size and turns (
 paper's Figure 3), the optimisation history, parameter importances, the intermediate
 values that drove pruning, and the Pareto front of a two-objective study. A run gets its
 metrics table and, from its results JSONL, a confusion matrix (pairwise) or a scatter
-of predicted against human scores per aspect (scoring).
+of predicted against human scores per aspect (pointwise).
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def load_study(name: str, storage: str):
 
 def mlflow_client(uri: str | None):
     """An MLflow client on the tracking store, or None when the default local store was never created."""
-    from optim import tracking
+    from optim.tracking import runs as tracking
 
     resolved = tracking.tracking_uri(uri)
     if _sqlite_missing(resolved):
@@ -111,7 +111,7 @@ def find(target: str, *, storage: str, uri: str | None = None):
         client, resolved = mlflow_client(uri)
         if client is None:
             raise ConfigError(f"no study or MLflow run {target!r}: there is no MLflow store at {resolved} ({where})")
-        from optim import tracking
+        from optim.tracking import runs as tracking
 
         try:
             return "run", (client, client.get_run(target))
@@ -133,7 +133,7 @@ def trials_frame(study):
     for t in study.get_trials(deepcopy=False):
         cfg = t.user_attrs.get("config") or {}
         dev = t.user_attrs.get("dev") or {}
-        metric = metric or next((k for k in map(primary_metric, ("pairwise", "scoring")) if k in dev), None)
+        metric = metric or next((k for k in map(primary_metric, ("pairwise", "pointwise")) if k in dev), None)
         figure = dev.get(metric) if metric else None
         cost = t.user_attrs.get("cost") or {}
         tokens = (cost.get("prompt_tokens_per_item", math.nan) + cost.get("completion_tokens_per_item", math.nan)
@@ -222,7 +222,7 @@ def figure3(study, path: Path, files: list[Path]) -> None:
 
 def _metric_name(study) -> str:
     settings = study.user_attrs.get("settings", {})
-    return "average Spearman" if settings.get("format") == "scoring" else "accuracy"
+    return "average Spearman" if settings.get("format") in ("pointwise", "scoring") else "accuracy"  # old runs: scoring
 
 
 def _agreement_target(study):
@@ -298,8 +298,8 @@ def study_report(study, out: Path) -> Report:
 
 def study_run_id(study, uri: str | None) -> str | None:
     """The study's MLflow parent run in this tracking store, if one was recorded."""
-    from optim import tracking
-    from optim.stores import redact_url
+    from optim.tracking import runs as tracking
+    from optim.tracking.stores import redact_url
 
     return (study.user_attrs.get("mlflow_runs") or {}).get(redact_url(tracking.tracking_uri(uri)))
 

@@ -39,7 +39,7 @@ def score_error_for(task: TaskSpec | str) -> Metric:
     left out; abstention (or no label at all) is 0.
 
     Example:
-        >>> metric = score_error_for("scoring")
+        >>> metric = score_error_for("pointwise")
         >>> metric(dspy.Example(human={"naturalness": 3, "coherence": 1, "engagingness": 2, "groundedness": None}),
         ...        dspy.Prediction(abstained=None, naturalness=2, coherence=1, engagingness=2, groundedness=0))
         0.8333333333333334
@@ -65,9 +65,9 @@ def score_error_for(task: TaskSpec | str) -> Metric:
 
 def score_error(example: dspy.Example, pred: dspy.Prediction, trace=None) -> float:
     """1 - mean absolute error over Topical-Chat's aspects, each scaled to 0..1 by its range; abstention is 0."""
-    return score_error_for("scoring")(example, pred, trace)
+    return score_error_for("pointwise")(example, pred, trace)
 
-METRICS = {"pairwise": ("agreement", "balanced"), "scoring": ("score_error",)}
+METRICS = {"pairwise": ("agreement", "balanced"), "pointwise": ("score_error",)}
 
 
 def make_metric(name: str, task: TaskSpec | str, trainset: Sequence[dspy.Example]) -> Metric:
@@ -93,7 +93,7 @@ def with_feedback(metric: Metric, task: TaskSpec | str | None = None) -> Callabl
             feedback = (f"The human referees preferred {gold.label!r}; the panel said {pred.preference!r}"
                         f" (consistent across answer orders: {pred.consistent}).")
         else:
-            spec = as_task(task or "scoring")
+            spec = as_task(task or "pointwise")
             human = gold.get("human") or {}
             given = [c.name for c in spec.criteria if human.get(c.name) is not None]
             feedback = "Human scores: " + ", ".join(f"{a} {_shown(human[a])}" for a in given) + \

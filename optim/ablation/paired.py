@@ -56,7 +56,7 @@ def agreement_statistic(task: TaskSpec | str) -> Callable[[Sequence, Sequence], 
     Example:
         >>> agreement_statistic("pairwise")(["1", "2", "tie"], ["1", "1", "tie"])
         0.6666666666666666
-        >>> round(agreement_statistic("scoring")([{"naturalness": 1, "coherence": 1, "engagingness": 1, "groundedness": 0},
+        >>> round(agreement_statistic("pointwise")([{"naturalness": 1, "coherence": 1, "engagingness": 1, "groundedness": 0},
         ...                                 {"naturalness": 3, "coherence": 3, "engagingness": 3, "groundedness": 1}],
         ...                                [{"naturalness": 1, "coherence": 2, "engagingness": 1, "groundedness": 0},
         ...                                 {"naturalness": 2, "coherence": 3, "engagingness": 2, "groundedness": 1}]), 6)
@@ -75,7 +75,7 @@ def agreement_statistic(task: TaskSpec | str) -> Callable[[Sequence, Sequence], 
 
 
 def paired_delta(task: TaskSpec | str, human: Sequence, row: Sequence, reference: Sequence, *,
-                 seed: int = 0) -> Estimate:
+                 seed: int = 0, n_resamples: int | None = None) -> Estimate:
     """``row``'s agreement minus ``reference``'s on the same items, with a paired 95% bootstrap CI.
 
     Args:
@@ -84,6 +84,7 @@ def paired_delta(task: TaskSpec | str, human: Sequence, row: Sequence, reference
         row: One panel's verdicts on those items (None: abstained).
         reference: The other panel's verdicts on the same items, in the same order.
         seed: The bootstrap's seed.
+        n_resamples: The bootstrap's resamples (None: ``metrics.N_RESAMPLES``).
 
     Example:
         >>> d = paired_delta("pairwise", ["1", "2", "1", "2"], ["1", "2", "1", "2"], ["1", "1", "1", "1"])
@@ -92,4 +93,4 @@ def paired_delta(task: TaskSpec | str, human: Sequence, row: Sequence, reference
     """
     statistic = agreement_statistic(task)
     return bootstrap(lambda h, r, f: statistic(h, r) - statistic(h, f), list(human), list(row), list(reference),
-                     seed=seed)
+                     seed=seed, n_resamples=n_resamples)

@@ -13,61 +13,22 @@ import json
 import logging
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import dspy
 
-from chateval_dspy import limits
+from chateval_dspy.config import DebateConfig
+from chateval_dspy.data.splits import SPLIT_FRACTIONS
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.program.chateval import ChatEval
-from chateval_dspy.program.demos import DEFAULT_DEMOS, label_demo, with_label_demos  # noqa: F401 - label_demo: this API's
-from optim import mlflow_model
-from optim.labels import LabelledData
-from optim.objectives import Metric, with_feedback
+from chateval_dspy.program.demos import label_demo, with_label_demos  # noqa: F401 - label_demo: this API's
+from optim.tracking import models as mlflow_model
+from optim.tuning.labels import LabelledData
+from optim.tuning.objectives import Metric, with_feedback
+from optim.tuning.settings import OPTIMIZERS, OptimizerSettings
 
 log = logging.getLogger(__name__)
-
-OPTIMIZERS = ("labeled", "bootstrap", "bootstrap_rs", "mipro", "gepa", "simba")
-BUDGETS = ("light", "medium", "heavy")
-
-
-@dataclass(frozen=True)
-class OptimizerSettings:
-    """Knobs shared by the optimizers (each uses those that apply to it); logged and put on the card.
-
-    Args:
-        max_demos: Demonstrations per predictor (at most ``limits.MAX_DEMOS_PER_PREDICTOR``).
-        candidates: Candidate programs (bootstrap_rs, simba; simba's steps too).
-        auto: MIPROv2/GEPA budget, one of ``BUDGETS``.
-        threads: Items an optimizer evaluates at once.
-        seed: The optimizer's seed.
-
-    Example:
-        >>> OptimizerSettings(max_demos=1).to_dict()["max_demos"]
-        1
-    """
-
-    max_demos: int = DEFAULT_DEMOS
-    candidates: int = 4
-    auto: str = "light"
-    threads: int = 1
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.max_demos <= limits.MAX_DEMOS_PER_PREDICTOR:
-            raise ConfigError(f"max_demos must lie in 0..{limits.MAX_DEMOS_PER_PREDICTOR} "
-                              f"(limits.MAX_DEMOS_PER_PREDICTOR), got {self.max_demos}")
-        if self.candidates < 1:
-            raise ConfigError(f"candidates must be positive, got {self.candidates}")
-        if self.auto not in BUDGETS:
-            raise ConfigError(f"unknown auto budget {self.auto!r}; choose one of: {', '.join(BUDGETS)}")
-        if self.threads < 1:
-            raise ConfigError(f"threads must be positive, got {self.threads}")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
 
 def _labeled(student: ChatEval, trainset, settings: OptimizerSettings) -> ChatEval:
     return with_label_demos(student, trainset, k=settings.max_demos)
@@ -84,7 +45,7 @@ def compile_evaluator(student: ChatEval, *, optimizer: str, trainset: Sequence[d
         optimizer: One of ``OPTIMIZERS``.
         trainset: Labelled items to learn from.
         valset: Labelled items to select candidates on (optimizers that select).
-        metric: ``metric(example, pred, trace=None) -> float`` (see ``optim.objectives``).
+        metric: ``metric(example, pred, trace=None) -> float`` (see ``optim.tuning.objectives``).
         settings: Demo counts, candidate counts, MIPRO/GEPA budget, threads, seed.
         reflection_lm: GEPA's reflection model; defaults to the LM in the current context.
 
@@ -249,6 +210,142 @@ def _compiled_once(folder: CompileFolder, student: ChatEval, optimizer: str, par
     return compiled, dev_scores
 
 
+@dataclass
+class CompilePlan:
+    """What a compile judges and learns from, checked before any LM starts or any file is written."""
+
+    items: list
+    config: DebateConfig
+    parts: dict
+    metric_name: str
+    metric: Metric
+    skipped: list
+
+
+def plan_compile(data, config, lm, *, optimizer: str, metric: str | None, concurrency: int) -> CompilePlan:
+    """The items, panel, split and metric of a compile; ConfigError for anything it cannot run."""
+    from chateval_dspy.run.evaluate_dataset import check_task, skipped_rows
+    from optim.tuning.objectives import make_metric
+
+    if optimizer not in OPTIMIZERS:
+        raise ConfigError(f"unknown optimizer {optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}")
+    if concurrency < 1:
+        raise ConfigError(f"concurrency must be positive, got {concurrency}")
+    items, fmt = data.load()
+    cfg = config(fmt) if callable(config) else config
+    check_task(data, cfg)
+    lm.check_panel(cfg.roles)  # a mixed panel's referees must sit on it: checked before any model starts
+    parts = data.parts(items)
+    if not parts["train"] or not parts["test"]:
+        raise ConfigError("the train or test split is empty: use more items or a larger --limit")
+    metric_name = metric or ("agreement" if fmt == "pairwise" else "score_error")
+    return CompilePlan(items, cfg, parts, metric_name, make_metric(metric_name, cfg.task_spec, parts["train"]),
+                       skipped_rows(getattr(items, "skipped", [])))
+
+
+@dataclass
+class CompileJob:
+    """One ``compile_and_save`` call's steps over its plan: the MLflow run, the two test stages, the card, the save.
+
+    ``mlflow`` is ``optim.tracking.runs`` when the compile is tracked, else None (nothing goes to MLflow).
+    """
+
+    data: object
+    plan: CompilePlan
+    lm: object
+    optimizer: str
+    settings: OptimizerSettings
+    out: Path
+    folder: CompileFolder
+    hooks: CompileHooks
+    concurrency: int
+    tracking: object = None
+    mlflow: object = None
+
+    def track(self) -> None:
+        """Send the compile to MLflow when ``tracking`` is enabled, ending this folder's runs a killed compile left."""
+        if self.tracking is None or not self.tracking.enabled:
+            return
+        from optim.tracking import runs as mlflow_tracking
+
+        self.mlflow = mlflow_tracking
+        # A killed compile of this folder left its MLflow run (and the optimizer's child runs) RUNNING.
+        mlflow_tracking.end_dead_runs({"chateval.out": str(self.out.resolve())}, self.tracking.uri)
+
+    def runs(self) -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
+        """The compile's MLflow run and the autologging of the optimizer's runs (no-ops when untracked)."""
+        from optim.tracking.evaluation import run_params
+
+        if self.mlflow is None:
+            return contextlib.nullcontext(), contextlib.nullcontext()
+        plan, parts = self.plan, self.plan.parts
+        params = run_params(self.data, plan.config, "", plan.items, optimizer=self.optimizer,
+                            optimizer_settings=self.settings.to_dict(), metric=plan.metric_name,
+                            n_train=len(parts["train"]), n_dev=len(parts["dev"]), n_test=len(parts["test"]))
+        params.pop("model")  # known once the LM is up: logged then (with a mixed panel's referee models)
+        run = self.mlflow.run("compile", params=params, uri=self.tracking.uri,
+                              tags={"command": "compile", "optimizer": self.optimizer,
+                                    "chateval.out": str(self.out.resolve())})
+        return run, self.mlflow.autolog_compiles()
+
+    def compiled(self, student: ChatEval) -> ChatEval:
+        """The compiled program (kept by a killed run, or compiled now), its progress told and logged."""
+        compiled, dev_scores = _compiled_once(self.folder, student, self.optimizer, self.plan.parts, self.plan.metric,
+                                              self.settings, self.hooks)
+        self.hooks.optimized(self.optimizer, self.plan.metric_name, dev_scores)
+        if self.mlflow is not None:
+            for step, value in dev_scores:
+                self.mlflow.log_metrics({"optimizer.dev_score": value}, step=step)
+        return compiled
+
+    def test(self, stage: str, program: ChatEval, model: str, referees) -> tuple[dict, dict]:
+        """One test stage (``before``/``after``) judged (resuming its file): its figures and cost, told and logged."""
+        from chateval_dspy.run import records
+        from chateval_dspy.run.evaluate import evaluate
+        from chateval_dspy.run.evaluate_dataset import run_header
+        from optim.tracking.evaluation import unpriced_marks
+
+        cfg, test = self.plan.config, self.plan.parts["test"]
+        stage_key = records.run_key(cfg, self.lm.identity(), test, program.dump_state())
+        with self.hooks.progress(stage, len(test)) as on_item:
+            result = evaluate(program, test, cfg, out=self.folder.work / f"test_{stage}.jsonl",
+                              concurrency=self.concurrency, on_item=on_item, run_key=stage_key)
+        figures, cost = result.metrics(seed=self.data.seed, n_resamples=self.data.resamples), result.card_cost()
+        self.hooks.tested(stage, result, figures, run_header(self.data, cfg, model, result.n, "test",
+                                                             referee_models=referees))
+        if self.mlflow is not None:
+            self.mlflow.log_metrics(figures, {**cost, **result.model_metrics()}, prefix=f"test_{stage}.")
+            self.mlflow.log_params(unpriced_marks(cost, prefix=f"test_{stage}."))
+        return figures, cost
+
+    def card(self, compiled: ChatEval, model: str, referees, figures: dict, costs: dict) -> dict:
+        """The saved evaluator's card: its model, data and split, optimizer, test figures and cost (and labels)."""
+        from chateval_dspy.data.loaders import dataset_hash
+        from chateval_dspy.deploy.store import make_card
+        from chateval_dspy.run.metrics import plain
+
+        data, plan = self.data, self.plan
+        return make_card(compiled, model=model, referee_models=referees, dataset=data.dataset,
+                         dataset_hash=dataset_hash(plan.items),
+                         split={"seed": data.seed, "fractions": list(SPLIT_FRACTIONS), "limit": data.limit,
+                                "sizes": {k: len(v) for k, v in plan.parts.items()}},
+                         optimizer=self.optimizer, optimizer_settings=self.settings.to_dict(),
+                         metric=plan.metric_name, test_metrics={s: plain(figures[s]) for s in figures},
+                         cost=costs["after"],
+                         **({"skipped_rows": plan.skipped} if plan.skipped else {}),
+                         **({"labels": data.label_set().card()} if isinstance(data, LabelledData) else {}))
+
+    def save(self, compiled: ChatEval, card: dict) -> None:
+        """The evaluator written to ``out``, then logged to the run (its models registered if asked)."""
+        from chateval_dspy.deploy.store import save_program
+
+        save_program(compiled, self.out, card)
+        if self.mlflow is not None:
+            self.mlflow.log_file(self.out, "evaluator")
+            if self.tracking.log_model:
+                mlflow_model.log_models(compiled, self.out, registered_name=self.tracking.register)
+
+
 def compile_and_save(data, config, lm, *, optimizer: str, out: str | Path, metric: str | None = None,
                      settings: OptimizerSettings = OptimizerSettings(), tracking=None, concurrency: int = 1,
                      hooks: CompileHooks | None = None) -> CompileRun:
@@ -261,7 +358,7 @@ def compile_and_save(data, config, lm, *, optimizer: str, out: str | Path, metri
 
     Args:
         data: Which items (``DataSpec``: dataset, seed and limit of the train/dev/test split), or a
-            ``optim.labels.LabelledData``: a dataset (or none) with people's labels on top, which train (the card's
+            ``optim.tuning.labels.LabelledData``: a dataset (or none) with people's labels on top, which train (the card's
             ``labels`` records the sources, the traces learned from, and how many labels came from whom).
         config: The panel (``DebateConfig``), or a function of the dataset's format that returns it.
         lm: Which LM (``LMSpec``).
@@ -279,95 +376,43 @@ def compile_and_save(data, config, lm, *, optimizer: str, out: str | Path, metri
         ...                        LMSpec(model=url), optimizer="labeled", out="programs/p")
         >>> run.card["test_metrics"]["after"]["accuracy"]  # doctest: +SKIP
     """
-    from chateval_dspy.data.loaders import dataset_hash
-    from chateval_dspy.deploy.store import make_card, save_program
     from chateval_dspy.lm.panel import referee_names
     from chateval_dspy.program.chateval import build_evaluator
-    from chateval_dspy.run import records
-    from chateval_dspy.run.evaluate import evaluate
-    from chateval_dspy.run.evaluate_dataset import check_task, lm_slots, run_header, skipped_rows
-    from chateval_dspy.run.metrics import plain
-    from optim.evaluation import run_params, unpriced_marks
-    from optim.objectives import make_metric
+    from chateval_dspy.run.evaluate_dataset import lm_slots
 
-    hooks = hooks or CompileHooks()
-    if optimizer not in OPTIMIZERS:
-        raise ConfigError(f"unknown optimizer {optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}")
-    if concurrency < 1:
-        raise ConfigError(f"concurrency must be positive, got {concurrency}")
-    items, fmt = data.load()
-    cfg = config(fmt) if callable(config) else config
-    check_task(data, cfg)
-    lm.check_panel(cfg.roles)  # a mixed panel's referees must sit on it: checked before any model starts
-    parts = data.parts(items)
-    if not parts["train"] or not parts["test"]:
-        raise ConfigError("the train or test split is empty: use more items or a larger --limit")
-    metric_name = metric or ("agreement" if fmt == "pairwise" else "score_error")
-    metric_fn = make_metric(metric_name, cfg.task_spec, parts["train"])
-    skipped = skipped_rows(getattr(items, "skipped", []))
-    out = Path(out)
-    tracked = tracking is not None and tracking.enabled
-    if tracked:
-        from optim import tracking as mlflow_tracking
-
-        # A killed compile of this folder left its MLflow run (and the optimizer's child runs) RUNNING.
-        mlflow_tracking.end_dead_runs({"chateval.out": str(out.resolve())}, tracking.uri)
-    folder = CompileFolder(out)
-    what = {"dataset": data.dataset, "seed": data.seed, "limit": data.limit, "config": cfg.changes(),
-            "lm": lm.identity(), "optimizer": optimizer, "settings": settings.to_dict(), "metric": metric_name}
-    key = records.digest({**what, "dataset_hash": dataset_hash(items)})
-    folder.claim(key, what)
-
-    student = build_evaluator(cfg)
+    plan = plan_compile(data, config, lm, optimizer=optimizer, metric=metric, concurrency=concurrency)
+    job = CompileJob(data, plan, lm, optimizer, settings, Path(out), CompileFolder(Path(out)), hooks or CompileHooks(),
+                     concurrency, tracking)
+    job.track()
+    job.folder.claim(compile_key(data, plan, lm, optimizer, settings), compile_what(data, plan, lm, optimizer, settings))
+    student = build_evaluator(plan.config)
     figures, costs = {}, {}
-    params = run_params(data, cfg, "", items, optimizer=optimizer, optimizer_settings=settings.to_dict(),
-                        metric=metric_name, n_train=len(parts["train"]), n_dev=len(parts["dev"]),
-                        n_test=len(parts["test"]))
-    params.pop("model")  # known once the LM is up: logged then (with a mixed panel's referee models)
-    run = mlflow_tracking.run("compile", params=params, uri=tracking.uri,
-                              tags={"command": "compile", "optimizer": optimizer,
-                                    "chateval.out": str(out.resolve())}) if tracked else contextlib.nullcontext()
-    autolog = mlflow_tracking.autolog_compiles() if tracked else contextlib.nullcontext()
+    run, autolog = job.runs()
     with run as active, autolog:
-        with lm.judging(lm_slots(cfg, max(concurrency, settings.threads))) as judging_lm:
+        with lm.judging(lm_slots(plan.config, max(concurrency, settings.threads))) as judging_lm:
             model, referees = judging_lm.model, referee_names()
-            if tracked:
-                mlflow_tracking.log_params({"model": model, **({"referee_models": referees} if referees else {})})
-            compiled = None
-            for stage in ("before", "after"):
-                if stage == "after":
-                    compiled, dev_scores = _compiled_once(folder, student, optimizer, parts, metric_fn, settings,
-                                                          hooks)
-                    hooks.optimized(optimizer, metric_name, dev_scores)
-                    if tracked:
-                        for step, value in dev_scores:
-                            mlflow_tracking.log_metrics({"optimizer.dev_score": value}, step=step)
-                program = compiled or student
-                stage_key = records.run_key(cfg, lm.identity(), parts["test"], program.dump_state())
-                with hooks.progress(stage, len(parts["test"])) as on_item:
-                    result = evaluate(program, parts["test"], cfg, out=folder.work / f"test_{stage}.jsonl",
-                                      concurrency=concurrency, on_item=on_item, run_key=stage_key)
-                figures[stage], costs[stage] = result.metrics(seed=data.seed), result.card_cost()
-                hooks.tested(stage, result, figures[stage],
-                             run_header(data, cfg, model, result.n, "test", referee_models=referees))
-                if tracked:
-                    mlflow_tracking.log_metrics(figures[stage], {**costs[stage], **result.model_metrics()},
-                                                prefix=f"test_{stage}.")
-                    mlflow_tracking.log_params(unpriced_marks(costs[stage], prefix=f"test_{stage}."))
-        card = make_card(compiled, model=model, referee_models=referees, dataset=data.dataset,
-                         dataset_hash=dataset_hash(items),
-                         split={"seed": data.seed, "fractions": [0.4, 0.2, 0.4], "limit": data.limit,
-                                "sizes": {k: len(v) for k, v in parts.items()}},
-                         optimizer=optimizer, optimizer_settings=settings.to_dict(), metric=metric_name,
-                         test_metrics={s: plain(figures[s]) for s in figures},
-                         cost=costs["after"],
-                         **({"skipped_rows": skipped} if skipped else {}),
-                         **({"labels": data.label_set().card()} if isinstance(data, LabelledData) else {}))
-        save_program(compiled, out, card)
-        if tracked:
-            mlflow_tracking.log_file(out, "evaluator")
-            if tracking.log_model:
-                mlflow_model.log_models(compiled, out, registered_name=tracking.register)
+            if job.mlflow is not None:
+                job.mlflow.log_params({"model": model, **({"referee_models": referees} if referees else {})})
+            figures["before"], costs["before"] = job.test("before", student, model, referees)
+            compiled = job.compiled(student)
+            figures["after"], costs["after"] = job.test("after", compiled, model, referees)
+        card = job.card(compiled, model, referees, figures, costs)
+        job.save(compiled, card)
         # Done once everything is logged: a kill before this line leaves a folder the rerun completes.
-        folder.update(done=True, mlflow_run_id=active.info.run_id if tracked else None)
-    return CompileRun(compiled, card, out, model, active.info.run_id if tracked else None)
+        run_id = active.info.run_id if job.mlflow is not None else None
+        job.folder.update(done=True, mlflow_run_id=run_id)
+    return CompileRun(compiled, card, job.out, model, run_id)
+
+
+def compile_what(data, plan: CompilePlan, lm, optimizer: str, settings: OptimizerSettings) -> dict:
+    """What binds an output folder to one compile (and names the difference when another one finds it)."""
+    return {"dataset": data.dataset, "seed": data.seed, "limit": data.limit, "config": plan.config.changes(),
+            "lm": lm.identity(), "optimizer": optimizer, "settings": settings.to_dict(), "metric": plan.metric_name}
+
+
+def compile_key(data, plan: CompilePlan, lm, optimizer: str, settings: OptimizerSettings) -> str:
+    """The digest of ``compile_what`` and the items' contents: the folder's compile, whatever the file names."""
+    from chateval_dspy.data.loaders import dataset_hash
+    from chateval_dspy.run import records
+
+    return records.digest({**compile_what(data, plan, lm, optimizer, settings), "dataset_hash": dataset_hash(plan.items)})

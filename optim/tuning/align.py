@@ -3,7 +3,7 @@
 MLflow aligns a judge with ``judge.align(traces, optimizer)``, where the optimizer learns from the human feedback
 on the traces. ``CompileAligner`` is such an optimizer for a ChatEval panel (``chateval_dspy.mlflow_judge``): it
 reads the labels by the rule of ``chateval_dspy.deploy.feedback``, splits them into train and dev by its seed,
-and runs one of ``optim.compile.OPTIMIZERS`` over every referee's instructions and demonstrations on the judge's
+and runs one of ``optim.tuning.compile.OPTIMIZERS`` over every referee's instructions and demonstrations on the judge's
 own LM. Held-out figures before and after are ``chateval compile --labels mlflow:<experiment>``'s job.
 """
 
@@ -15,15 +15,15 @@ from chateval_dspy.data.loaders import grouping, split
 from chateval_dspy.deploy.feedback import labels_from_traces
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.lm.adapter import JudgeAdapter
-from optim.compile import OPTIMIZERS, OptimizerSettings, compile_evaluator
-from optim.objectives import make_metric
+from optim.tuning.compile import OPTIMIZERS, OptimizerSettings, compile_evaluator
+from optim.tuning.objectives import make_metric
 
 
 class CompileAligner:
     """An MLflow alignment optimizer (``align(judge, traces) -> judge``) that compiles the panel.
 
     Args:
-        optimizer: One of ``optim.compile.OPTIMIZERS``.
+        optimizer: One of ``optim.tuning.compile.OPTIMIZERS``.
         settings: The optimizer's settings.
         metric: ``agreement``/``balanced`` (pairwise) or ``score_error`` (pointwise); default the first.
         dev: Share of the labelled items held out to select on (optimizers that select), by ``settings.seed``.

@@ -1,7 +1,7 @@
 """The saved evaluator as MLflow models: a batch-capable pyfunc (registered; serving and Spark) and the dspy flavour.
 
-The pyfunc is logged as code (``optim/pyfunc_model.py``, no pickle) with two artifacts: ``evaluator`` (the saved
-evaluator directory, which ``chateval_dspy.load("models:/...")`` also reads) and ``wheel`` (this project's own
+The pyfunc is logged as code (``chateval_dspy/deploy/pyfunc.py``, no pickle) with two artifacts: ``evaluator``
+(the saved evaluator directory, which ``chateval_dspy.load("models:/...")`` also reads) and ``wheel`` (this project's own
 wheel). Its requirements are the wheel's runtime dependencies pinned to the versions installed here, plus the
 wheel itself by its path inside the model, so ``spark_udf(..., env_manager="uv")`` rebuilds the environment on
 a node from the model alone and PyPI. The wheel is the only copy of the package the model carries.
@@ -9,7 +9,7 @@ a node from the model alone and PyPI. The wheel is the only copy of the package 
 Each prediction row is a verdict whose first column is ``verdict`` (what ``result_type="string"`` returns):
 pairwise, the winner (``"1"``, ``"2"``, ``"tie"``); pointwise, the criteria's scores as JSON text
 (``{"overall": 4}``); None when every referee abstained or the row was invalid (see ``error``).
-``RESULT_TYPE`` is the Spark DDL of the struct of the named columns.
+The columns and ``RESULT_TYPE``, the Spark DDL of their struct, are ``chateval_dspy.deploy.verdicts``'.
 """
 
 from __future__ import annotations
@@ -25,41 +25,14 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from chateval_dspy import deploy
+from chateval_dspy.deploy.verdicts import VERDICT_COLUMNS
 from chateval_dspy.errors import ConfigError
 
 DIST = "chateval-dspy"
-PYFUNC_CODE = Path(__file__).with_name("pyfunc_model.py")
-# Name and Spark type of each leading output column; the struct result type names them, in this order.
-VERDICT_COLUMNS = (("verdict", "string"), ("id", "string"), ("format", "string"), ("winner", "string"),
-                   ("scores", "string"), ("criteria", "string"), ("rationales", "string"), ("abstained", "string"),
-                   ("error", "string"), ("prompt_tokens", "long"), ("completion_tokens", "long"),
-                   ("seconds", "double"), ("cost_usd", "double"))
-RESULT_TYPE = ", ".join(f"{name} {kind}" for name, kind in VERDICT_COLUMNS)
-_FILLED = {"prompt_tokens": 0, "completion_tokens": 0, "seconds": 0.0}  # an invalid row spent nothing
-_DTYPES = {"long": "int64", "double": "float64"}
+PYFUNC_CODE = Path(deploy.__file__).with_name("pyfunc.py")  # by path: importing it would set MLflow's model
 SOURCES = ("pyproject.toml", "README.md", "chateval_dspy", "optim")  # what the wheel is built from
 _BUILT: dict[str, Path] = {}  # source fingerprint -> the wheel built from it in this process
-
-
-def verdict_frame(frame):
-    """``Judge.evaluate_batch(..., flat=True)``'s frame with the ``verdict`` column first, then ``VERDICT_COLUMNS``
-    in order (missing ones null) and the rest as they were. Numbers get fixed dtypes, so that Spark's struct
-    conversion never meets a float NaN in a ``long`` field."""
-    import pandas as pd
-
-    out = frame.copy()
-    for name, kind in VERDICT_COLUMNS[1:]:
-        if name not in out:
-            out[name] = None
-        if name in _FILLED:
-            out[name] = out[name].fillna(_FILLED[name]).astype(_DTYPES[kind])
-        elif kind == "double":
-            out[name] = pd.to_numeric(out[name], errors="coerce").astype("float64")
-    pairwise = out["format"] == "pairwise"
-    out["verdict"] = out["winner"].where(pairwise, out["scores"]).astype(object)
-    out["verdict"] = out["verdict"].where(out["verdict"].notna(), None)
-    names = [name for name, _ in VERDICT_COLUMNS]
-    return out[names + [c for c in out.columns if c not in names]]
 
 
 def signature():
@@ -190,7 +163,7 @@ def pinned_requirements(wheel: Path) -> list[str]:
 
 def _refuse_secrets(wheel: Path, evaluator_dir: Path) -> None:
     """Neither the wheel's files (a key pasted into the source tree) nor the evaluator's may hold a secret."""
-    from optim.tracking import assert_no_secrets
+    from optim.tracking.runs import assert_no_secrets
 
     with zipfile.ZipFile(wheel) as zf:
         for name in zf.namelist():
@@ -201,7 +174,7 @@ def _refuse_secrets(wheel: Path, evaluator_dir: Path) -> None:
 
 
 def log_pyfunc_model(evaluator_dir: str | Path, name: str = "pyfunc", registered_name: str | None = None):
-    """The saved evaluator as the pyfunc model (``optim/pyfunc_model.py``, logged as code), with the project's
+    """The saved evaluator as the pyfunc model (``chateval_dspy/deploy/pyfunc.py``, logged as code), with the project's
     wheel and pinned requirements; registered as ``registered_name`` when given. Returns MLflow's ModelInfo."""
     import mlflow
 

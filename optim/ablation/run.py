@@ -2,7 +2,7 @@
 
 Every variant is the full panel's ``DebateConfig`` with other ``roles`` (nothing else changes), judged on the
 same items under the same LM, so each one's agreement can be compared with the full panel's item by item
-(``optim.paired``: exact McNemar for pairwise, a paired bootstrap for scored tasks) and set against its
+(``optim.ablation.paired``: exact McNemar for pairwise, a paired bootstrap for scored tasks) and set against its
 tokens and US dollars per item. A panel of two has no leave-one-out beyond its referees alone, so each of its
 variants is judged once, under both names.
 
@@ -28,7 +28,7 @@ from chateval_dspy.errors import ConfigError
 from chateval_dspy.lm.spec import LMSpec
 from chateval_dspy.run.metrics import Estimate, plain, primary_metric
 from chateval_dspy.run.result import RunResult
-from optim.paired import mcnemar_exact, paired_delta
+from optim.ablation.paired import mcnemar_exact, paired_delta
 
 SUMMARY_FILE = "ablation.json"
 PLOT_FILE = "ablation.png"
@@ -138,7 +138,7 @@ class AblationResult:
     def table(self) -> str:
         """The printed table: what was judged, then one line per variant (agreement with its 95% CI, the
         difference from the full panel with its paired 95% CI and test, calls, tokens and dollars per item)."""
-        from optim.ablation_report import ablation_table
+        from optim.ablation.report import ablation_table
 
         return ablation_table(self.to_dict())
 
@@ -161,7 +161,8 @@ def _correct(records: list[dict]) -> dict[str, bool]:
     return {str(r["id"]): r["prediction"] == r["human"] for r in records if r.get("human") is not None}
 
 
-def compare(full: list[dict], row: list[dict], config: DebateConfig, *, seed: int = 0) -> dict:
+def compare(full: list[dict], row: list[dict], config: DebateConfig, *, seed: int = 0,
+            n_resamples: int | None = None) -> dict:
     """``row``'s agreement against the full panel's on the items both judged (their results records).
 
     Pairwise: the exact McNemar test and the difference in accuracy with a paired bootstrap CI; scored tasks:
@@ -174,7 +175,7 @@ def compare(full: list[dict], row: list[dict], config: DebateConfig, *, seed: in
     if not pairwise:  # a correlation is over verdicts: an item either panel abstained on is left out of both
         pairs = [(f, r) for f, r in pairs if f["prediction"] is not None and r["prediction"] is not None]
     delta = paired_delta(task, [f["human"] for f, _ in pairs], [r["prediction"] for _, r in pairs],
-                         [f["prediction"] for f, _ in pairs], seed=seed)
+                         [f["prediction"] for f, _ in pairs], seed=seed, n_resamples=n_resamples)
     if pairwise:
         test = mcnemar_exact(_correct([f for f, _ in pairs]), _correct([r for _, r in pairs]))
         return {**test, "delta": delta}
@@ -214,7 +215,7 @@ def ablate(data: DataSpec, config: DebateConfig | Callable[[str], DebateConfig],
         lm: The LM every variant runs on (started once).
         out: The folder for each variant's results file, ``ablation.json`` and ``ablation.png`` (default
             ``results/ablate-<dataset>-<the full panel's run key>``); the same call resumes it.
-        tracking: An ``optim.tracking.TrackingSpec``; None or disabled: nothing goes to MLflow.
+        tracking: An ``optim.tracking.runs.TrackingSpec``; None or disabled: nothing goes to MLflow.
         concurrency: Items judged at once (batch mode, ``lm.batch``: a variant's items in one set of waves).
         overwrite: Start every variant's file afresh instead of resuming it.
         hooks: Told about progress (the CLI draws it).
@@ -232,7 +233,7 @@ def ablate(data: DataSpec, config: DebateConfig | Callable[[str], DebateConfig],
     plan = _plan(data, config, lm, out, overwrite)
     runs = AblationRuns(tracking)
     with runs.parent(data, plan):
-        model, referees, rows = _judge_variants(plan, data.seed, lm, concurrency, hooks, runs)
+        model, referees, rows = _judge_variants(plan, data, lm, concurrency, hooks, runs)
         done = _finish(AblationResult(data, plan.config, model, plan.metric, paired_test(plan.config), plan.out, rows,
                                       referees))
         runs.finish(done)
@@ -276,7 +277,7 @@ def _plan(data: DataSpec, config, lm: LMSpec, out, overwrite: bool) -> AblationP
     return AblationPlan(items, cfg, panels, configs, keys, out, paths, primary_metric(cfg.task_spec))
 
 
-def _judge_variants(plan: AblationPlan, seed: int, lm: LMSpec, concurrency: int, hooks: AblationHooks,
+def _judge_variants(plan: AblationPlan, data: DataSpec, lm: LMSpec, concurrency: int, hooks: AblationHooks,
                     runs: AblationRuns) -> tuple[str, dict[str, str], list[VariantResult]]:
     """Judge every variant in turn on one LM; returns the model's name, a mixed panel's referee models, the rows."""
     from chateval_dspy.lm.panel import referee_names
@@ -298,24 +299,26 @@ def _judge_variants(plan: AblationPlan, seed: int, lm: LMSpec, concurrency: int,
                 result = evaluate(build_evaluator(config), plan.items, config, out=path, concurrency=at_once,
                                   on_item=on_item, run_key=key, waves=lm.batch)
                 judged[v.slug] = [r for r in records.finished_records(path, key) if not records.is_error(r)]
-                rows.append(_variant_result(v, config, path, key, result, judged, plan.config, plan.metric, seed))
+                rows.append(_variant_result(v, config, path, key, result, judged, plan.config, plan.metric, data))
                 runs.variant_done(rows[-1])
             hooks.judged(rows[-1])
     return model, referees, rows
 
 
 def _variant_result(v: Variant, config: DebateConfig, path: Path, key: str, result: RunResult, judged: dict,
-                    full: DebateConfig, metric: str, seed: int) -> VariantResult:
-    """A variant's figures, and (but for the full panel's) its paired comparison with the full panel."""
-    figures = result.metrics(seed=seed)
+                    full: DebateConfig, metric: str, data: DataSpec) -> VariantResult:
+    """A variant's figures, and (but for the full panel's) its paired comparison with the full panel (the bootstrap's
+    seed and resamples are ``data``'s)."""
+    ci = {"seed": data.seed, "n_resamples": data.resamples}
+    figures = result.metrics(**ci)
     agreement = figures.get(metric) or Estimate(math.nan, math.nan, math.nan, 0)
-    vs_full = None if v.slug == "full" else compare(judged["full"], judged[v.slug], full, seed=seed)
+    vs_full = None if v.slug == "full" else compare(judged["full"], judged[v.slug], full, **ci)
     return VariantResult(v, config, path, key, result, figures, agreement, vs_full)
 
 
 def _finish(done: AblationResult) -> AblationResult:
     """Write the summary and its plot beside the results."""
-    from optim.ablation_report import ablation_plot
+    from optim.ablation.report import ablation_plot
 
     summary = done.to_dict()
     (done.out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, ensure_ascii=False, default=str),
@@ -331,7 +334,7 @@ class AblationRuns:
     each variant's difference and p-value, the summary and plot at the end) and one child run per variant, open
     while that variant is judged (its config; its figures with CIs, paired test, cost and results file once it
     is done). Dollars MLflow cannot hold (``unpriced``) become tags, as for ``chateval evaluate``. Runs end
-    FINISHED, FAILED or KILLED (``optim.tracking.run``).
+    FINISHED, FAILED or KILLED (``optim.tracking.runs.run``).
     """
 
     def __init__(self, tracking=None):
@@ -343,8 +346,8 @@ class AblationRuns:
         if self.spec is None:
             yield
             return
-        from optim import tracking
-        from optim.evaluation import run_params
+        from optim.tracking import runs as tracking
+        from optim.tracking.evaluation import run_params
 
         scope = {"command": "ablate", "chateval.out": str(plan.out.resolve())}
         # A SIGKILL (nothing can catch it) leaves the runs of this folder RUNNING: the rerun that resumes it ends them.
@@ -358,15 +361,15 @@ class AblationRuns:
 
     def judging(self, model: str, referee_models: dict[str, str]) -> None:
         if self.spec is not None:
-            from optim import tracking
+            from optim.tracking import runs as tracking
 
             tracking.log_params({"model": model, **({"referee_models": referee_models} if referee_models else {})})
 
     def variant(self, v: Variant, config: DebateConfig) -> contextlib.AbstractContextManager:
         if self.spec is None:
             return contextlib.nullcontext()
-        from optim import tracking
-        from optim.evaluation import config_params
+        from optim.tracking import runs as tracking
+        from optim.tracking.evaluation import config_params
 
         params = {"config": config_params(config), "variant": v.name, "slug": v.slug,
                   "left_out": v.left_out or "none", "alone": v.alone or "none"}
@@ -377,8 +380,8 @@ class AblationRuns:
         """Inside the variant's run: its figures, paired test, cost and results file."""
         if self.spec is None:
             return
-        from optim import tracking
-        from optim.evaluation import unpriced_marks
+        from optim.tracking import runs as tracking
+        from optim.tracking.evaluation import unpriced_marks
 
         cost = row.cost()
         tracking.set_tags(unpriced_marks(cost))
@@ -396,8 +399,8 @@ class AblationRuns:
         """Inside the parent run: the full panel's figures, every variant's difference, the summary and plot."""
         if self.spec is None:
             return
-        from optim import tracking
-        from optim.evaluation import unpriced_marks
+        from optim.tracking import runs as tracking
+        from optim.tracking.evaluation import unpriced_marks
 
         full = done.full
         tracking.set_tags(unpriced_marks(full.cost()))

@@ -1,6 +1,6 @@
 """An evaluate run in MLflow: its config, model, data and split as params, figures with CIs, the results file.
 
-The run is opened before the items are judged and ended by how the command ends (``optim.tracking.run``)."""
+The run is opened before the items are judged and ended by how the command ends (``optim.tracking.runs.run``)."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ class EvaluationRun:
     """``chateval evaluate``'s MLflow run, opened before anything is judged (``evaluation_run``).
 
     It is RUNNING while the items are judged, so a long run shows in the MLflow UI as it goes, and ends FINISHED,
-    FAILED or KILLED (``optim.tracking.run``). The panel, data, split and results file are logged when it opens,
+    FAILED or KILLED (``optim.tracking.runs.run``). The panel, data, split and results file are logged when it opens,
     the model once the LM is up (``judging``), figures, cost and files at the end (``log``).
     """
 
@@ -73,7 +73,7 @@ class EvaluationRun:
 
     def judging(self, out: Path, model: str, referee_models: dict[str, str] | None = None) -> None:
         """The LM is up (``evaluate_dataset``'s ``on_start``): log the model, and a mixed panel's referee models."""
-        from optim import tracking
+        from optim.tracking import runs as tracking
 
         tracking.log_params({"model": model, **({"referee_models": dict(referee_models)} if referee_models else {})})
 
@@ -85,7 +85,7 @@ class EvaluationRun:
         ``cost_usd_per_item`` and ``cost_usd_total`` when every model used is priced, else as the tag
         ``cost_usd: unpriced``; per-model figures as ``model/<name>/<figure>_per_item``.
         """
-        from optim import tracking
+        from optim.tracking import runs as tracking
 
         cost, batch = done.result.cost(), getattr(done, "batch", None)
         tracking.set_tags({**unpriced_marks(cost), **batch_tags(batch)})
@@ -99,7 +99,7 @@ class EvaluationRun:
 
 def _log_task_and_skipped(done) -> None:
     from chateval_dspy.run.evaluate_dataset import skipped_rows
-    from optim import tracking
+    from optim.tracking import runs as tracking
 
     with tempfile.TemporaryDirectory() as tmp:
         if done.config.task is not None:
@@ -121,7 +121,7 @@ def evaluation_run(data, config, items, *, out: str | Path, uri: str | None = No
     A SIGKILL leaves a run RUNNING (nothing can catch it): an earlier run of the same file whose process is gone
     (on this host) is ended KILLED first, when the same command is rerun to resume it.
     """
-    from optim import tracking
+    from optim.tracking import runs as tracking
 
     scope = {"command": "evaluate", "chateval.out": str(Path(out).resolve())}
     tracking.end_dead_runs(scope, uri)

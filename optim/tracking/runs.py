@@ -1,9 +1,9 @@
-"""MLflow runs, metrics, params and artifacts (the models are ``optim.mlflow_model``'s).
+"""MLflow runs, metrics, params and artifacts (the models are ``optim.tracking.models``'s).
 
 Default store: ``sqlite:///mlruns/mlflow.db`` with artifacts under ``mlruns/`` in the
 working directory; ``--tracking-uri`` or ``MLFLOW_TRACKING_URI`` choose another (``postgresql://...``, or an
 ``http://`` tracking server shared by workers on many hosts). A database store is created by the first process to
-open it while any others starting with it wait (``optim.stores``).
+open it while any others starting with it wait (``optim.tracking.stores``).
 Params are the run's ``DebateConfig`` plus model, data and split: no secret has a way in,
 and ``assert_no_secrets`` double-checks every text before it is logged. Traces (``--trace``) are
 built by ``chateval_dspy.run.tracing``, which scrubs the same secrets from every span.
@@ -25,16 +25,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from chateval_dspy.lm.offline import ensure_offline
+from chateval_dspy.errors import SecretError
 from chateval_dspy.run.metrics import Estimate
-
-ensure_offline()
-# MLflow draws a progress bar for every artifact it reads back (DSPy autolog does, per optimizer step),
-# which interleaves with the command's own progress.
-os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-
-from chateval_dspy.errors import SecretError  # noqa: E402
-from chateval_dspy.run.tracing import secret_values, secrets_in_environment  # noqa: E402, F401 - one check for all
+from chateval_dspy.scrub import secret_values, secrets_in_environment  # noqa: F401 - one check for all
 
 DEFAULT_DIR = "mlruns"
 EXPERIMENT = "chateval-dspy"
@@ -88,12 +81,12 @@ _OPENED: set[str] = set()
 def setup(uri: str | None = None, experiment: str = EXPERIMENT) -> str:
     """Point MLflow at the store and experiment; artifacts of the local store live under ``mlruns/``.
 
-    A database store (SQLite, PostgreSQL) is first opened under ``optim.stores.init_lock``: MLflow creates its
+    A database store (SQLite, PostgreSQL) is first opened under ``optim.tracking.stores.init_lock``: MLflow creates its
     tables on first use, and workers that start together on a fresh store would each run the migrations.
     """
     import mlflow
 
-    from optim import stores
+    from optim.tracking import stores
 
     uri = tracking_uri(uri)
     mlflow.set_tracking_uri(uri)
@@ -105,7 +98,7 @@ def setup(uri: str | None = None, experiment: str = EXPERIMENT) -> str:
 
 def assert_no_secrets(text: str, where: str) -> None:
     """Refuse (``SecretError``) a text holding a credential: a key or token from the environment, the key
-    file's key, or a registered token (``chateval_dspy.run.tracing.secret_values``, which traces use too)."""
+    file's key, or a registered token (``chateval_dspy.scrub.secret_values``, which traces use too)."""
     for secret in secret_values():
         if secret in text:
             raise SecretError(f"refusing to log {where}: it contains the value of a credential variable "

@@ -1,10 +1,10 @@
-"""The saved evaluator as an MLflow pyfunc model, logged as code (no pickle) by ``optim.mlflow_model``.
+"""The saved evaluator as an MLflow pyfunc model, logged as code (no pickle) by ``optim.tracking.models``.
 
 MLflow runs this file when it loads the model: the artifact ``evaluator`` is the saved evaluator
 directory (JSON state + card), and the LM comes from ``CHATEVAL_MODEL`` (default: the card's
 model), so ``mlflow models serve`` and ``mlflow.pyfunc.spark_udf`` judge with the LM of the
 machine they run on. Input: a DataFrame with the format's fields; output: one verdict row per item,
-``verdict`` first (``optim.mlflow_model.VERDICT_COLUMNS``; ``RESULT_TYPE`` is its Spark struct).
+``verdict`` first (``chateval_dspy.deploy.verdicts``). Only MLflow runs this file: nothing imports it.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ class ChatEvalPyfunc(PythonModel):
         self.judge = load(context.artifacts["evaluator"], model=os.environ.get("CHATEVAL_MODEL") or None)
 
     def predict(self, context, model_input, params=None):
-        from optim.mlflow_model import verdict_frame
+        from chateval_dspy.deploy.verdicts import verdict_frame
 
         concurrency = int((params or {}).get("concurrency", 2))
         return verdict_frame(self.judge.evaluate_batch(model_input, concurrency=concurrency, flat=True))

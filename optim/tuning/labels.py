@@ -32,8 +32,8 @@ import dspy
 from chateval_dspy import limits
 from chateval_dspy.data.loaders import Items, grouping, read_rows, split
 from chateval_dspy.data.spec import DataSpec
+from chateval_dspy.deploy.card_md import UNPRINTABLE
 from chateval_dspy.deploy.feedback import PAIRWISE_NAMES, LabelSet, add_traces, human_answers, labelled
-from chateval_dspy.deploy.store import UNPRINTABLE
 from chateval_dspy.errors import ConfigError, DataError, shown
 from chateval_dspy.program.task import TaskSpec, as_task, load_task
 
@@ -45,7 +45,7 @@ REVIEWER_COLUMN = "reviewer"
 
 
 def unprintable(text: str) -> str | None:
-    """The first character of ``text`` that would act rather than show (``store.UNPRINTABLE``: a control, a line
+    """The first character of ``text`` that would act rather than show (``card_md.UNPRINTABLE``: a control, a line
     break, a bidi override).
 
     Example:
@@ -125,7 +125,7 @@ def traces_of(source: str, *, tracking_uri: str | None = None) -> list:
     """The traces of ``mlflow:<experiment>[?filter=...]`` (at most ``MAX_TRACES``)."""
     import mlflow
 
-    from optim import tracking
+    from optim.tracking import runs as tracking
 
     experiment, filter_string = parse_source(source)
     mlflow.set_tracking_uri(tracking.tracking_uri(tracking_uri))
@@ -213,7 +213,7 @@ def read_labels(sources, task=None, *, base: list[dspy.Example] | None = None,
         sources: ``mlflow:<experiment>[?filter=...]`` and label file paths.
         task: The task the labels belong to (a ``TaskSpec``, a task file or a built-in name; default pairwise).
         base: The dataset's items: labels of their ids relabel them (their full texts are kept).
-        tracking_uri: The MLflow tracking store (default: as ``optim.tracking`` resolves it).
+        tracking_uri: The MLflow tracking store (default: as ``optim.tracking.runs`` resolves it).
 
     Example:
         >>> got = read_labels(["labels.csv"], "pairwise", base=items)  # doctest: +SKIP
@@ -293,6 +293,11 @@ class LabelledData:
     @property
     def split(self) -> str:
         return "all"
+
+    @property
+    def resamples(self) -> int | None:
+        """The bootstrap's resamples behind each CI: the dataset's (None: ``metrics.N_RESAMPLES``)."""
+        return self.base.resamples if self.base is not None else None
 
     def task_spec(self) -> TaskSpec:
         if self.base is not None:

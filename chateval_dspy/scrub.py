@@ -1,0 +1,83 @@
+"""Secret scrubbing: the credential values that no trace, MLflow param, tag, artifact or assessment may hold.
+
+The values (``secret_values``) are those of environment variables named like a key or token, the key in the file
+that ``CHATEVAL_API_KEY_FILE`` names, and values a command registers (``chateval serve``'s token). Traces, the
+MLflow judge's feedback and ``chateval serve`` replace them with ``[REDACTED]`` (``scrub``); MLflow tracking refuses
+a text that holds one (``optim.tracking.runs.assert_no_secrets``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+REDACTED = "[REDACTED]"
+_SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD)", re.I)
+_MIN_SECRET_CHARS = 8
+_registered: set[str] = set()
+
+
+def secrets_in_environment() -> list[str]:
+    """Values of environment variables that look like credentials (long enough to be one).
+
+    Example:
+        >>> import os
+        >>> os.environ["DOCTEST_API_KEY"] = "sk-doctest-123456"
+        >>> "sk-doctest-123456" in secrets_in_environment()
+        True
+        >>> del os.environ["DOCTEST_API_KEY"]
+    """
+    return [v for k, v in os.environ.items() if _SECRET_NAME.search(k) and len(v) >= _MIN_SECRET_CHARS]
+
+
+def register_secret(value: str | None) -> None:
+    """Treat ``value`` as a secret from now on (a token read from a variable of any name)."""
+    if value and len(value) >= _MIN_SECRET_CHARS:
+        _registered.add(value)
+
+
+def secret_values() -> list[str]:
+    """Every value no trace, param, tag or artifact may hold: credential variables, the key in the file that
+    ``CHATEVAL_API_KEY_FILE`` names, and registered values; longest first, so a key inside another is not
+    left half-masked."""
+    found = set(secrets_in_environment()) | _registered
+    key_file = os.environ.get("CHATEVAL_API_KEY_FILE")
+    if key_file:
+        try:
+            key = Path(key_file).read_text(encoding="utf-8").strip()
+        except OSError:
+            key = ""
+        if len(key) >= _MIN_SECRET_CHARS:
+            found.add(key)
+    return sorted(found, key=len, reverse=True)
+
+
+def scrub(value, secrets: Iterable[str] | None = None):
+    """``value`` (texts, and dicts and lists of them) with every secret replaced by ``[REDACTED]``.
+
+    ``secrets``: the values to replace (default: ``secret_values()``, read now); a caller scrubbing many values
+    reads them once and passes them.
+
+    Example:
+        >>> scrub({"said": "my key is sk-12345678", "n": [1, "sk-12345678"]}, secrets=["sk-12345678"])
+        {'said': 'my key is [REDACTED]', 'n': [1, '[REDACTED]']}
+    """
+    secrets = secret_values() if secrets is None else list(secrets)
+    if not secrets:
+        return value
+    return _scrub(value, secrets)
+
+
+def _scrub(value, secrets: list[str]):
+    if isinstance(value, str):
+        for secret in secrets:
+            if secret in value:
+                value = value.replace(secret, REDACTED)
+        return value
+    if isinstance(value, Mapping):
+        return {_scrub(k, secrets) if isinstance(k, str) else k: _scrub(v, secrets) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_scrub(v, secrets) for v in value]
+    return value
