@@ -38,6 +38,11 @@ def register_secret(value: str | None) -> None:
         _registered.add(value)
 
 
+def forget_secret(value: str) -> None:
+    """Stop treating ``value`` as a secret (a token revoked, or a test's own value cleaned up)."""
+    _registered.discard(value)
+
+
 def secret_values() -> list[str]:
     """Every value no trace, param, tag or artifact may hold: credential variables, the key in the file that
     ``CHATEVAL_API_KEY_FILE`` names, and registered values; longest first, so a key inside another is not

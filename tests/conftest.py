@@ -117,3 +117,10 @@ def restore_logging():
     yield
     for name, level in levels.items():
         logging.getLogger(name).setLevel(level)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The real-model tests are slow ones too: ``-m "not slow"`` is the quick suite, ``-m slow`` the rest."""
+    for item in items:
+        if item.get_closest_marker("embedded"):
+            item.add_marker(pytest.mark.slow)

@@ -126,6 +126,7 @@ def test_leaving_out_the_always_wrong_referee_raises_agreement_with_the_paired_t
     assert summary["rows"][3]["cost"]["cost_usd_per_item"] == "unpriced"
 
 
+@pytest.mark.slow
 def test_a_rerun_judges_nothing_new_and_an_interrupted_variant_finishes_its_rest(scripted, tmp_path):
     first = ablate(DATA, PANEL, LMSpec("embedded"), out=tmp_path / "a")
     calls = len(scripted.calls)
@@ -147,6 +148,7 @@ def test_a_rerun_judges_nothing_new_and_an_interrupted_variant_finishes_its_rest
     assert len(scripted.calls) == calls + 7 * 2
 
 
+@pytest.mark.slow
 def test_mlflow_gets_one_parent_run_and_a_child_per_variant(scripted, tmp_path, monkeypatch,
                                                            mlflow_db):  # noqa: F811
     import shutil
@@ -228,6 +230,7 @@ def test_a_scored_task_gets_a_paired_bootstrap(monkeypatch, tmp_path):
     assert "Δ vs full [95% CI]" in done.table() and "McNemar" not in done.table()
 
 
+@pytest.mark.slow
 @pytest.mark.embedded
 def test_embedded_model_runs_ablate_from_the_cli(tmp_path):
     env = dict(os.environ, CHATEVAL_CACHE_DIR=str(tmp_path / "cache"))
@@ -246,6 +249,7 @@ def test_embedded_model_runs_ablate_from_the_cli(tmp_path):
     assert (tmp_path / "a" / "ablation.png").exists()
 
 
+@pytest.mark.slow
 def test_with_the_lm_cache_on_no_variant_is_billed_less_for_prompts_another_variant_made(monkeypatch, tmp_path):
     """The first referee opens every panel it sits on with the same prompt: under one shared cache only the first
     variant would pay for it. Each variant has a cache of its own, which still replays that variant's calls."""

@@ -153,6 +153,7 @@ def _events(journal: Path, kind: str) -> int:
     return path.read_text().count(f'"event": "{kind}"') if path.exists() else 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["during a wave", "during a submission"])
 def test_sigkill_then_rerun_submits_nothing_twice(tmp_path, live, where):
     # "during a wave": killed while wave 2's batch runs; "during a submission": killed after wave 2 was journaled
@@ -271,6 +272,7 @@ def test_score_and_ablate_run_in_batch_mode(tmp_path):
     assert set(fake.submitted.values()) == {1}
 
 
+@pytest.mark.slow
 def test_the_batch_suite_prices_live_and_batched_rows_and_counts_waves(tmp_path, capsys):
     """``python -m optim.bench batch`` on two items: live and batched rows, waves per strategy, a stop and a rerun."""
     from optim.bench.main import main
@@ -302,6 +304,7 @@ def test_answers_enter_the_lm_cache_so_a_new_file_pays_nothing(tmp_path, monkeyp
     assert again.result.cached_calls == 48 and said(tmp_path / "first.jsonl") == said(tmp_path / "second.jsonl")
 
 
+@pytest.mark.slow
 def test_the_cli_batches_evaluate_and_score_and_tags_the_mlflow_run(tmp_path, monkeypatch, capsys):
     import mlflow
 

@@ -81,6 +81,7 @@ def test_text_baselines_score_the_reference_perfectly():
         assert all(0 <= s <= 1 for s in scores.values())
 
 
+@pytest.mark.slow
 def test_cost_suite_two_items(tmp_path, capsys):
     out = tmp_path / "cost.json"
     run_suite(["cost", "--limit", "2", "--configs", "single,chateval,consensus_stop", "--concurrency-levels", "1,2",
@@ -172,6 +173,7 @@ def test_a_saved_program_is_a_row(tmp_path):
     assert rows["compiled"]["cost"]["calls_per_item"] == 2 and "labeled" in rows["compiled"]["label"]
 
 
+@pytest.mark.slow
 def test_cost_skip_model_keeps_every_model_figure(tmp_path):
     out = tmp_path / "cost.json"
     run_suite(["cost", "--limit", "2", "--configs", "single", "--concurrency-levels", "1", "--overhead-items", "2",

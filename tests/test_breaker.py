@@ -100,6 +100,7 @@ def test_a_dead_endpoint_stops_the_run_keeping_finished_results_and_a_rerun_resu
     assert len(server.requests) - before == 3 * PANEL.calls_per_item()  # only the three unfinished items
 
 
+@pytest.mark.slow
 def test_with_the_default_settings_a_dead_endpoint_stops_the_run_within_two_call_deadlines(tmp_path):
     """The issue's check, as a user runs it: every setting at its default (timeout 120 s, call deadline 250 s,
     breaker 4) against an endpoint that takes connections and never answers. The run stops with the one FatalLMError

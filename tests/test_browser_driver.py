@@ -14,7 +14,8 @@ from urllib.parse import parse_qs
 import pytest
 from browser import Browser, CDPError, find_chromium, key_event
 
-pytestmark = pytest.mark.skipif(find_chromium() is None, reason="chromium is not installed")
+pytestmark = [pytest.mark.slow,  # a real browser (Debian's chromium)
+              pytest.mark.skipif(find_chromium() is None, reason="chromium is not installed")]
 
 LAST_SENTENCE = "This closing sentence must survive in full, down to its final word: marmalade."
 FILLER = "Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor. "

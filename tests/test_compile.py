@@ -125,6 +125,7 @@ def test_metrics_for_optimizers():
         make_metric("score_error", "pairwise", train)
 
 
+@pytest.mark.slow
 def test_an_interrupted_compile_resumes_without_judging_finished_items_again(tmp_path, monkeypatch):
     """Issue #6: rerunning the same compile command after a crash finishes the job."""
     import contextlib
@@ -184,6 +185,7 @@ class _Seen:
         self.events.append(("tested", stage, result.n, "accuracy" in figures, header["split"]))
 
 
+@pytest.mark.slow
 def test_compile_and_save_is_the_compile_command_as_a_function(tmp_path, monkeypatch):
     """Issue 10: the before/after test, the card and the save are one library call on frozen specs."""
     import contextlib

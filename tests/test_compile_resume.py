@@ -22,6 +22,8 @@ from test_search import mlflow_db  # noqa: F401 - the MLflow store template, sha
 from chateval_dspy.testing.fake_lm import default_responder
 from chateval_dspy.testing.fake_server import FakeOpenAIServer
 
+pytestmark = pytest.mark.slow  # kills whole compile commands and reruns them
+
 BEFORE_CALLS = 3 * 2  # the before-test: 3 test items, 1 referee, 1 turn, both answer orders
 
 

@@ -54,6 +54,7 @@ def lines(path) -> list[dict]:
     return [json.loads(x) for x in Path(path).read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_a_priced_model_costs_its_tokens_times_the_cost_map(priced, tmp_path):
     run = evaluate_dataset(DataSpec("faireval", limit=3), PANEL, LMSpec("openai/gpt-4o-mini", cache=False),
                            out=tmp_path / "r.jsonl")
@@ -129,6 +130,7 @@ def test_mlflow_logs_dollars_as_metrics_and_unpriced_as_a_tag(priced, tmp_path, 
     assert not [k for k in runs["free"].data.metrics if "cost_usd" in k]  # never a 0 standing in for unpriced
 
 
+@pytest.mark.slow
 def test_card_cost_block_carries_dollars_and_stays_strict(priced, tmp_path):
     from optim.tuning.compile import OptimizerSettings, compile_and_save
 
@@ -152,6 +154,7 @@ def test_card_cost_block_carries_dollars_and_stays_strict(priced, tmp_path):
             load_program(tmp_path / "p")
 
 
+@pytest.mark.slow
 def test_an_unpriced_card_says_unpriced(tmp_path):
     from optim.tuning.compile import OptimizerSettings, compile_and_save
 

@@ -31,6 +31,8 @@ from readme_section import subsection_blocks
 from chateval_dspy.testing.fake_lm import default_responder
 from chateval_dspy.testing.fake_server import FakeOpenAIServer
 
+pytestmark = pytest.mark.slow  # a real LiteLLM proxy on loopback
+
 needs_proxy = pytest.mark.skipif(not LITELLM.exists(), reason=MISSING)
 
 EXAMPLE = ROOT / "data" / "examples" / "gateway.yaml"

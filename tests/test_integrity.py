@@ -135,6 +135,7 @@ def test_a_huge_csv_cell_is_read_in_bounded_memory(tmp_path):
 # ---- one writer per results file ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_second_run_on_the_same_out_is_refused_naming_the_first(tmp_path):
     env = dict(os.environ, CHATEVAL_CACHE_DIR=str(tmp_path / "cache"))
     out = tmp_path / "r.jsonl"
@@ -196,6 +197,7 @@ def test_score_refuses_an_out_another_writer_holds(tmp_path, saved, engine):
 # ---- what a resumed results file may hold ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_foreign_and_repeated_ids_are_dropped_and_never_counted(tmp_path, capsys, caplog):
     out = tmp_path / "r.jsonl"
     with FakeOpenAIServer() as url:
@@ -234,6 +236,7 @@ def test_score_drops_a_repeated_line_and_warns_of_a_foreign_one(tmp_path, saved,
     assert sorted(r["id"] for r in lines(out)) == ["a", "b", "c", "zz"]  # a stranger may be an earlier input's
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("field", "value"), [("calls", "lots"), ("prompt_tokens", None), ("seconds", "slow"),
                                                ("abstentions", ["x"]), ("usage_by_model", {"m": 3}),
                                                ("completion_tokens", MISSING)])
@@ -356,6 +359,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 def test_a_killed_traced_run_leaves_every_item_traced_once_after_its_rerun(tmp_path, mlflow_db):  # noqa: F811
     import mlflow
 

@@ -200,6 +200,7 @@ def test_load_from_an_mlflow_run_and_a_registered_model(saved, engine, tmp_path,
         load(f"runs:/{empty.info.run_id}")
 
 
+@pytest.mark.slow
 def test_pyfunc_latest_and_aliases_load_the_json_evaluator_and_lookups_fail_clearly(saved, engine, tmp_path,
                                                                                             monkeypatch):
     import re

@@ -44,6 +44,7 @@ def test_a_reviewer_name_that_would_act_is_refused_where_it_is_read(tmp_path, na
     assert "\n" not in str(got.value) and "\x1b" not in str(got.value)  # the message quotes it escaped
 
 
+@pytest.mark.slow
 def test_a_reviewer_name_in_mlflow_feedback_is_checked_as_in_a_file(store):  # noqa: F811 - the fixture
     mlflow = store
     ok, bad = traced(mlflow, "a", ITEM), traced(mlflow, "b", ITEM)
@@ -100,6 +101,7 @@ def test_card_md_escapes_what_reaches_it(tmp_path):
     assert loaded["labels"]["reviewers"] == labels["reviewers"]  # card.json keeps the names as given
 
 
+@pytest.mark.slow
 def test_60000_reviewers_compile_to_a_card_that_loads(tmp_path, monkeypatch):
     """The finding: compile wrote a 2.3 MB card.json that load() then refused."""
     import chateval_dspy.lm.resolve as lm_module

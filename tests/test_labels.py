@@ -55,6 +55,7 @@ def test_parse_source_and_rule():
     assert resolve([3, 5], ordinal=True) == 4.0
 
 
+@pytest.mark.slow
 def test_pairwise_feedback_becomes_labels_and_disagreements_are_counted(store):
     mlflow = store
     item = {"question": "2+2?", "answer_1": "4", "answer_2": "5"}
@@ -73,6 +74,7 @@ def test_pairwise_feedback_becomes_labels_and_disagreements_are_counted(store):
     del c
 
 
+@pytest.mark.slow
 def test_pointwise_feedback_per_criterion_with_means_and_majorities(store):
     mlflow = store
     task = load_task(str(ROOT / "data" / "examples" / "rag.yaml"))
@@ -127,6 +129,7 @@ def test_a_bad_label_file_names_file_row_and_field(tmp_path):
         read_labels([str(tmp_path / "missing.csv")], "pairwise")
 
 
+@pytest.mark.slow
 def test_mlflow_feedback_overrides_a_label_file_which_overrides_the_dataset(store, tmp_path):
     mlflow = store
     base = faireval_ids(2)
@@ -167,6 +170,7 @@ def test_compile_needs_a_dataset_or_labels():
     assert main(["compile", "--out", "x", "--no-mlflow"]) == 2
 
 
+@pytest.mark.slow
 def test_an_unknown_experiment_is_a_clear_error(store):
     with pytest.raises(ConfigError, match="no MLflow experiment named 'nope'"):
         labels_from_mlflow("mlflow:nope")

@@ -159,6 +159,7 @@ def _args(**given):
     return args
 
 
+@pytest.mark.slow
 def test_card_and_load_round_trip_the_assignment(two, tmp_path, recwarn):
     from optim.tuning.compile import OptimizerSettings, compile_and_save
 
@@ -237,6 +238,7 @@ def test_card_refuses_referee_models_that_are_urls_or_off_the_panel(tmp_path):
             load_program(tmp_path / "p")
 
 
+@pytest.mark.slow
 def test_a_search_binds_referee_models_in_every_trial_that_seats_them(two, tmp_path):
     from optim.search.run import run_search
     from optim.search.space import SearchSpace

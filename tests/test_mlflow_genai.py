@@ -127,6 +127,7 @@ def debate_traces(scorer_name: str = "chateval") -> list:
 
 # ---- against the tracking server ---------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_genai_evaluate_gives_one_feedback_per_item_and_one_trace_per_debate(on_server, evaluators, lm_url):
     import mlflow
 
@@ -157,6 +158,7 @@ def test_a_pointwise_judge_gives_one_feedback_per_criterion_on_its_scale(on_serv
     assert {"chateval/naturalness/mean", "chateval/groundedness/mean"} <= set(result.metrics)
 
 
+@pytest.mark.slow
 def test_chateval_evaluate_with_tracing_logs_one_trace_per_item_under_its_run(on_server, lm_url, tmp_path,
                                                                               monkeypatch):
     """What ``chateval evaluate --dataset faireval --limit 3 --trace`` does, through the same calls."""
@@ -235,6 +237,7 @@ def reviewed(tracking_server, lm_url, tmp_path_factory):  # noqa: F811 - the sha
         yield uri, work, f"mlflow:chateval-dspy?filter=tags.`chateval.run_key` = '{key}'", traces, labelled
 
 
+@pytest.mark.slow
 def test_human_feedback_on_traces_becomes_the_labels_of_a_compile_whose_card_lists_them(reviewed, lm_url,
                                                                                          monkeypatch):
     from optim.cli.main import main
@@ -322,6 +325,7 @@ def test_nothing_the_tracking_server_stored_holds_the_key(tracking_server, lm_ur
 
 # ---- on the default local store, and the judge on its own -------------------------------------------------------
 
+@pytest.mark.slow
 def test_on_the_default_local_store_too(evaluators, lm_url, tmp_path, monkeypatch, mlflow_db):  # noqa: F811
     import mlflow
 

@@ -177,6 +177,7 @@ def test_a_custom_task_names_its_preferences_after_its_responses(store, evaluato
     assert result.metrics["chateval/preferred/tie/mean"] == 0 and result.metrics["chateval/agreement/mean"] == 0.5
 
 
+@pytest.mark.slow
 def test_align_still_learns_from_people_labelling_the_named_debates(store, evaluators, lm_url):
     """People label the debate traces (``label``, in the judge's own words too); ``align`` learns from them."""
     from mlflow.entities import AssessmentSource, AssessmentSourceType

@@ -15,6 +15,7 @@ import textwrap
 from pathlib import Path
 
 import optuna
+import pytest
 from mlflow_server import stop_group
 from optuna.trial import TrialState
 from postgres import PG_BIN, postgres  # noqa: F401 - the fixture
@@ -22,6 +23,8 @@ from readme_section import README, subsection_blocks
 
 import chateval_dspy.lm.resolve
 from chateval_dspy.testing.fake_lm import fake_lm
+
+pytestmark = pytest.mark.slow  # real PostgreSQL and mlflow servers
 
 PLANTED = "pw-planted-Q7x93k"  # a password in every URL: trust auth accepts it, and it must never be shown
 ROOT = Path(__file__).resolve().parent.parent

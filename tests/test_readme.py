@@ -109,6 +109,7 @@ def wait_for(url: str, seconds: float = 60) -> None:
             time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_readme_runs_as_written(sandbox, monkeypatch):
     from optim.cli.main import main
 
@@ -205,4 +206,6 @@ def test_readme_layout_names_every_module():
             assert f"{path.name}/" in named, f"README layout omits optim/{path.name}/"
     for name in named:
         if name.endswith(".py"):
-            assert list(ROOT.glob(f"*/**/{name}")), f"README layout names {name}, which does not exist"
+            # only the source folders: a glob of the whole checkout would walk .venv
+            exists = any(list((ROOT / pkg).glob(f"**/{name}")) for pkg in ("chateval_dspy", "optim", "tests"))
+            assert exists, f"README layout names {name}, which does not exist"

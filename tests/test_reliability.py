@@ -146,6 +146,7 @@ def _slow(call):
     return default_responder(call)
 
 
+@pytest.mark.slow
 def test_sigkill_then_rerun_finishes_with_identical_results_and_no_repeated_calls(tmp_path):
     env = dict(os.environ, CHATEVAL_CACHE_DIR=str(tmp_path / "cache"))
     common = ["evaluate", "--dataset", "faireval", "--limit", "6", "--roles", "2", "--turns", "2",

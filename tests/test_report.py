@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import optuna
+import pytest
 
 # The fake-LM working directory and the ready-made MLflow store are shared with the search tests.
 from test_search import cli, mlflow_db, workdir  # noqa: F401
@@ -42,6 +43,7 @@ def test_report_with_one_trial_explains_the_missing_importances(workdir, tmp_pat
     assert "param_importances.png" not in written and "agreement_vs_roles_turns.png" in written
 
 
+@pytest.mark.slow
 def test_report_for_evaluate_runs_draws_a_confusion_matrix_and_a_scatter(workdir, tmp_path, capsys):  # noqa: F811
     import mlflow
 

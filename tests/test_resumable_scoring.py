@@ -25,6 +25,8 @@ from chateval_dspy.testing.fake_server import FakeOpenAIServer
 from optim.bench.scale import kill_when_written, start_ray_job, start_spark_job, verdict_lines
 from tests.readme_section import subsection_blocks
 
+pytestmark = pytest.mark.slow  # real Ray and Spark jobs
+
 # Answer lengths decide the fake's scores: the clearly longer answer wins (odd items answer 1, even answer 2).
 ITEMS = [{"id": f"i{i}", "question": f"q{i}", "answer_1": "a" * (80 if i % 2 else 10), "answer_2": "b" * 40}
          for i in range(10)]

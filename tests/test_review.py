@@ -306,6 +306,7 @@ def traces_by_item(experiment: str, results) -> dict[str, str]:
     return sources.match(records, sources.search(experiment, spans=False))
 
 
+@pytest.mark.slow
 def test_scripted_referees_make_the_uncertainty_the_results_show(on_server):
     _, _, results, _ = on_server
     records = {r["id"]: r for r in map(json.loads, results.read_text().splitlines())}

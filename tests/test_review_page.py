@@ -81,6 +81,7 @@ def text_of(html: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
 
 
+@pytest.mark.slow
 def test_the_whole_item_is_on_the_page_rendered_and_blind(queued):
     uri, _, _ = queued
     c, state = client("pairs", uri, "ann")

@@ -84,6 +84,7 @@ def client(tracking_server, tmp_path, monkeypatch):  # noqa: F811 - the shared f
     mlflow.set_tracking_uri(previous)
 
 
+@pytest.mark.slow
 def test_evaluate_runs_while_it_judges_and_ends_killed_by_sigterm_or_sigint_and_after_sigkill(client, tmp_path):
     from optim.cli.main import main
 
@@ -145,6 +146,7 @@ def _stop_each_mid_judging(client, jobs: dict) -> dict:
     return seen
 
 
+@pytest.mark.slow
 def test_evaluate_that_fails_ends_failed_and_no_mlflow_makes_no_run(client, tmp_path):
     from optim.cli.main import main
 
@@ -169,6 +171,7 @@ def test_evaluate_that_fails_ends_failed_and_no_mlflow_makes_no_run(client, tmp_
     assert evaluate_runs().keys() == before.keys()
 
 
+@pytest.mark.slow
 def test_ablate_prints_a_line_per_variant_and_no_mlflow_links(client, scripted, tmp_path, capsys):  # noqa: F811
     from optim.cli.main import main
 

@@ -87,7 +87,9 @@ def workdir(tmp_path, monkeypatch, mlflow_db):
 def cli(*argv: str) -> int:
     from optim.cli.main import main
 
-    return main([*argv, "--resamples", str(RESAMPLES)])
+    # report only reads figures back: it has no --resamples
+    extra = [] if argv[0] == "report" else ["--resamples", str(RESAMPLES)]
+    return main([*argv, *extra])
 
 
 def faireval_parts(limit: int) -> dict:
@@ -237,6 +239,7 @@ WORKER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_two_worker_processes_share_one_sqlite_study(tmp_path):
     argv = ["search", "--dataset", "faireval", "--limit", "3", "--trials", "5", "--turns", "1", "--no-mlflow",
             "--no-test", "--no-progress", "--storage", "sqlite:///shared.db", "--study", "shared"]

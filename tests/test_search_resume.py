@@ -25,6 +25,8 @@ from chateval_dspy.testing.fake_server import FakeOpenAIServer
 from optim.search import study as studies
 from optim.search.worker import Worker
 
+pytestmark = pytest.mark.slow  # kills whole search commands and reruns them
+
 SEARCH = ["search", "--dataset", "faireval", "--limit", "3", "--turns", "1", "--roles", "1", "--no-progress",
           "--no-cache", "--study", "s", "--out", "programs/s"]
 

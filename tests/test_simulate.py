@@ -104,6 +104,7 @@ def test_instructions_with_the_key_phrase_add_their_stated_gain():
     assert within(sum(judged.correct), 2000, 0.6 + 0.15)
 
 
+@pytest.mark.slow
 def test_panels_match_the_exact_theory():
     knobs = SimKnobs(default_accuracy=0.65, herding=0.5, position_bias=0.2)
     world = make_world(knobs, 5, {"test": 500}, roles=independent_roles(3))
@@ -141,6 +142,7 @@ def test_an_item_the_simulator_was_not_told_about_gets_no_opinion():
     assert referees(call) == {"argument": "I have no view."}
 
 
+@pytest.mark.slow
 def test_the_study_runs_every_section_from_the_command_line(tmp_path):
     from optim.bench.main import main
 
@@ -166,6 +168,7 @@ def test_the_study_finds_the_planted_gain():
     assert all(r["gain"]["ci_low"] > 0 for r in found), found
 
 
+@pytest.mark.slow
 def test_with_no_signal_the_study_finds_no_gain():
     found = run_sections(SANITY, ("compile", "search"), no_signal=True)
     for row in found["compile"]["rows"]:

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 from readme_section import ROOT, subsection_blocks
 
+pytestmark = pytest.mark.slow  # a real Spark session and rebuilt model environments
+
 HEADING = "The evaluator in MLflow's registry, on Spark"
 README_URL = "http://127.0.0.1:8000/v1"
 VERDICTS = {"1", "2", "tie"}
@@ -98,7 +100,6 @@ def judged(uri: str, here: Path, url: str) -> dict[str, str]:
         return {it["id"]: judge(it).winner for it in items}
 
 
-@pytest.mark.slow
 @needs_uv
 def test_the_readme_scores_registered_models_on_spark_rebuilding_the_env_from_the_model(registered):
     """The README's Python block as written: struct rows with env_manager="uv" (the environment rebuilt from the

@@ -174,14 +174,18 @@ def test_secrets_come_from_the_environment_the_key_file_and_registered_tokens(tm
     key_file = tmp_path / "key"
     key_file.write_text("sk-from-file-0002\n")
     monkeypatch.setenv("CHATEVAL_API_KEY_FILE", str(key_file))
-    monkeypatch.setattr(scrub, "_registered", set())
     scrub.register_secret("bearer-registered-0003")
     scrub.register_secret("short")  # too short to be a credential: texts keep such words
-    found = scrub.secret_values()
+    text = "a tok-from-env-0001 b sk-from-file-0002 c bearer-registered-0003 short"
+    try:
+        found = scrub.secret_values()
+        scrubbed = scrub.scrub({"t": [text]})
+    finally:
+        scrub.forget_secret("bearer-registered-0003")
+    assert "bearer-registered-0003" not in scrub.secret_values()
     assert {"tok-from-env-0001", "sk-from-file-0002", "bearer-registered-0003"} <= set(found)
     assert "short" not in found
-    text = "a tok-from-env-0001 b sk-from-file-0002 c bearer-registered-0003 short"
-    assert scrub.scrub({"t": [text]}) == {"t": ["a [REDACTED] b [REDACTED] c [REDACTED] short"]}
+    assert scrubbed == {"t": ["a [REDACTED] b [REDACTED] c [REDACTED] short"]}
 
 
 def test_tracking_refuses_the_same_secrets_that_traces_scrub(tmp_path, monkeypatch):
@@ -283,6 +287,7 @@ def saved_pairwise(tmp_path):
     return save_program(program, tmp_path / "prog", make_card(program, model="openai-compatible/fake-served"))
 
 
+@pytest.mark.slow
 def test_chateval_score_traces_by_default_when_mlflow_is_the_target(local_store, saved_pairwise, tmp_path, monkeypatch,
                                                                      capsys):
     from chateval_dspy.testing.fake_server import FakeOpenAIServer

@@ -51,6 +51,7 @@ def _files_under(*roots: Path):
                 yield f
 
 
+@pytest.mark.slow
 def test_evaluate_and_compile_land_in_mlflow_without_secrets(tracked_cli, tmp_path, capsys):
     import mlflow
 
@@ -215,6 +216,7 @@ def test_sigterm_is_left_alone_off_the_main_thread_and_under_a_handler_of_ones_o
         signal.signal(signal.SIGTERM, previous)
 
 
+@pytest.mark.slow
 def test_a_tracking_spec_costs_no_mlflow_import():
     """Issue 10: the CLI builds a TrackingSpec even with --no-mlflow; that must not import mlflow (2-3 s)."""
     import subprocess

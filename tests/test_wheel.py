@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # builds a wheel and installs it in a fresh environment
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
