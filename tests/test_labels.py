@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from chateval_dspy.data.spec import DataSpec
-from chateval_dspy.deploy.feedback import resolve
+from chateval_dspy.deploy.trace_labels import resolve
 from chateval_dspy.errors import ConfigError, DataError
 from chateval_dspy.program.task import load_task
 from optim.tuning.labels import LabelledData, labels_from_mlflow, parse_source, read_labels

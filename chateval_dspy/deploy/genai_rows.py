@@ -11,7 +11,7 @@ from chateval_dspy.run.tracing import dumps
 
 SOURCES = ("inputs", "outputs", "expectations")
 EXPECTED_RESPONSE = "expected_response"
-# Where a row's expectations state the expected preference: the names people's labels take (deploy.feedback). Not
+# Where a row's expectations state the expected preference: the names people's labels take (deploy.trace_labels). Not
 # the scorer's own name: MLflow's result table would show that expectation in the feedback's own column.
 EXPECTED_KEYS = ("label", "preference")
 

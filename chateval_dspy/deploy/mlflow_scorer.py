@@ -16,8 +16,8 @@ from mlflow.genai.judges.base import JudgeField
 from pydantic import PrivateAttr
 
 from chateval_dspy.deploy.assessments import ABSTAINED_CODE, feedback_parts, instructions_of, value_type
-from chateval_dspy.deploy.feedback import labels_from_traces
 from chateval_dspy.deploy.genai_rows import expected_preference, item_for
+from chateval_dspy.deploy.trace_labels import labels_from_traces
 from chateval_dspy.deploy.traced import TracedJudge, untraced
 from chateval_dspy.errors import ConfigError, DataError
 from chateval_dspy.limits import DEFAULT_DEMOS
@@ -118,7 +118,7 @@ class ChatEvalJudge(MlflowJudge):
     def align(self, traces, optimizer=None):
         """A new judge tuned to the human feedback people gave on ``traces``; this one is left unchanged.
 
-        The labels are read by ``chateval_dspy.deploy.feedback``'s rule (each reviewer's latest answer; majority or
+        The labels are read by ``chateval_dspy.deploy.trace_labels``'s rule (each reviewer's latest answer; majority or
         mean; even splits counted and left out). With no ``optimizer``, every referee's judge predictor gets up to
         ``DEFAULT_DEMOS`` labelled items as demonstrations (the ``labeled`` optimizer of ``chateval compile``: no LM
         call). Any other ``optimizer`` is an MLflow ``AlignmentOptimizer`` (``optimizer.align(scorer, traces)``), such

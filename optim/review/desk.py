@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from chateval_dspy.deploy.feedback import human_answers, trace_inputs
+from chateval_dspy.deploy.trace_labels import human_answers, trace_inputs
 from chateval_dspy.errors import ChatEvalError, ConfigError, DataError
 from chateval_dspy.program.task import TaskSpec, as_task, load_task
 from optim.review import sources

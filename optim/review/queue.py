@@ -100,7 +100,7 @@ def origin(trace) -> str:
 
 def _answered(trace, names: set[str]) -> bool:
     """Whether a person already answered one of the questions on this trace (the answers labels are read from)."""
-    from chateval_dspy.deploy.feedback import human_answers
+    from chateval_dspy.deploy.trace_labels import human_answers
 
     return bool(set(human_answers(trace)) & names)
 
