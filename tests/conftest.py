@@ -120,7 +120,8 @@ def restore_logging():
 
 
 def pytest_collection_modifyitems(config, items):
-    """The real-model tests are slow ones too: ``-m "not slow"`` is the quick suite, ``-m slow`` the rest."""
+    """Tests of the real model, and tests on a real ``mlflow server`` (the ``tracking_server`` fixture), are slow
+    ones too: ``-m "not slow"`` is the quick suite, ``-m slow`` the rest."""
     for item in items:
-        if item.get_closest_marker("embedded"):
+        if item.get_closest_marker("embedded") or "tracking_server" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
