@@ -210,7 +210,7 @@ def test_the_wheel_is_packed_again_from_an_installed_distribution(tmp_path):
     built = project_wheel(tmp_path)
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(tmp_path / "site"),
                     str(built)], check=True)
-    script = ("import sys, pathlib; from optim import mlflow_model as m; assert m._checkout() is None, m.__file__; "
+    script = ("import sys, pathlib; from optim.tracking import models as m; assert m._checkout() is None, m.__file__; "
               "print(m.project_wheel(pathlib.Path(sys.argv[1])))")
     (tmp_path / "again").mkdir()
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "again")], cwd=tmp_path, capture_output=True,
