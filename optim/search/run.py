@@ -19,7 +19,7 @@ from pathlib import Path
 import optuna
 
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.data.splits import SPLIT_FRACTIONS
+from chateval_dspy.data.splits import split_record
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.run.evaluate_dataset import lm_slots, run_header
 from optim.search import study as studies
@@ -186,8 +186,7 @@ def search_card(data, plan: SearchPlan, spec: StudySpec, space: SearchSpace, rec
     items = plan.items
     return {
         "dataset": data.dataset, "dataset_hash": recorded["dataset_hash"],
-        "split": {"seed": data.seed, "fractions": list(SPLIT_FRACTIONS), "limit": data.limit,
-                  "sizes": {k: len(v) for k, v in plan.parts.items()}},
+        "split": split_record(data.seed, data.limit, plan.parts),
         "search": {"study": spec.name, "storage": studies.redact_url(spec.storage),
                    "trial": tested.trial.number, "objectives": list(spec.objectives),
                    "trials_finished": finished, "space": space.to_dict(), "values": list(tested.trial.values)},

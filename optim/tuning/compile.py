@@ -19,7 +19,7 @@ from pathlib import Path
 import dspy
 
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.data.splits import SPLIT_FRACTIONS
+from chateval_dspy.data.splits import split_record
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.program.chateval import ChatEval
 from chateval_dspy.program.demos import label_demo, with_label_demos  # noqa: F401 - label_demo: this API's
@@ -327,8 +327,7 @@ class CompileJob:
         data, plan = self.data, self.plan
         return make_card(compiled, model=model, referee_models=referees, dataset=data.dataset,
                          dataset_hash=dataset_hash(plan.items),
-                         split={"seed": data.seed, "fractions": list(SPLIT_FRACTIONS), "limit": data.limit,
-                                "sizes": {k: len(v) for k, v in plan.parts.items()}},
+                         split=split_record(data.seed, data.limit, plan.parts),
                          optimizer=self.optimizer, optimizer_settings=self.settings.to_dict(),
                          metric=plan.metric_name, test_metrics={s: plain(figures[s]) for s in figures},
                          cost=costs["after"],
