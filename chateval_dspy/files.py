@@ -1,10 +1,15 @@
-"""Files written so that a kill leaves the old file or the new one, never half of it."""
+"""Files written so that a kill leaves the old file or the new one, never half of it; files opened as what they
+claim to be (``open_regular``)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
+import stat
 from pathlib import Path
+
+from chateval_dspy.errors import ConfigError
 
 
 def write_atomic(path: str | Path, data: bytes) -> None:
@@ -42,3 +47,38 @@ def fsync_dir(folder: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def open_regular(path: str | Path, flags: int, what: str, *, sole: bool = False) -> int:
+    """A file descriptor on the regular file ``path``, opened with ``flags`` (``os.O_RDONLY``, ``os.O_WRONLY |
+    os.O_APPEND | os.O_CREAT`` ...) without following a symbolic link at ``path`` and without blocking on a named
+    pipe or a device. ``sole``: refused too when the file has other hard links, for a file this program writes or
+    truncates (it must be its own, not another file under a second name). ``FileNotFoundError`` when it is missing
+    (and not created); a ``ConfigError`` naming ``what`` and the path otherwise.
+
+    Example:
+        >>> _ = (tmp / "real").write_text("x"); (tmp / "link").symlink_to(tmp / "real")
+        >>> open_regular(tmp / "link", os.O_RDONLY, "batch file")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        chateval_dspy.errors.ConfigError: batch file .../link is a symbolic link; refusing to follow it: ...
+    """
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ConfigError(f"{what} {path} is a symbolic link; refusing to follow it: put the file itself there"
+                              ) from None
+        if exc.errno in (errno.ENXIO, errno.EISDIR):  # a pipe nobody reads, a folder
+            raise ConfigError(f"{what} {path} is not a regular file") from None
+        raise ConfigError(f"cannot open {what} {path}: {exc.strerror or exc}") from None
+    info = os.fstat(fd)
+    problem = ("is not a regular file (a named pipe, a device or a folder)" if not stat.S_ISREG(info.st_mode)
+               else f"has {info.st_nlink} hard links; refusing to write a file that is also elsewhere"
+               if sole and info.st_nlink != 1 else None)
+    if problem:
+        os.close(fd)
+        raise ConfigError(f"{what} {path} {problem}")
+    return fd

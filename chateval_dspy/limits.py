@@ -228,3 +228,28 @@ def read_config_file(path: str | Path, limit: int, limit_name: str, what: str):
 
 # ---- people's labels (label files, MLflow feedback) ----
 MAX_LABEL_NAME_CHARS = 200  # a reviewer's name (an e-mail or user id) or a labelled item's id; shown on judge cards
+
+
+# ---- batch mode: what a Batch API or a self-hosted engine hands back (lm/batch) ----
+# A wave's results are untrusted and read into memory: their size follows the requests the wave made, so that a
+# one-item run cannot be handed (and parse) hundreds of megabytes.
+MAX_BATCH_ANSWER_BYTES = 1 * MIB  # one answer: a chat completion of a few thousand tokens; larger is not one
+BATCH_RESULT_BYTES_PER_REQUEST = 2 * MIB  # a result line: an answer of at most MAX_BATCH_ANSWER_BYTES, its envelope
+BATCH_RESULT_SLACK_BYTES = 1 * MIB  # blank lines, and the error lines of a batch that failed as a whole
+# One line of results, parsed whole: an answer of MAX_BATCH_ANSWER_BYTES however its text is escaped, its envelope.
+MAX_BATCH_RESULT_LINE_BYTES = 4 * MIB
+MAX_BATCH_RESULT_BYTES = 512 * MIB  # whatever the wave: tens of thousands of answers
+# Finding a batch by its label reads the provider's list of batches, newest first, 100 a page: the batch sought
+# was submitted by the run being resumed, so a list that goes on past this (or repeats itself) is not looked through.
+MAX_BATCH_LIST_PAGES = 50
+
+
+def batch_result_bytes(requests: int) -> int:
+    """The most a batch's results file (an output or error file, a results download) may hold for ``requests``
+    requests: ``BATCH_RESULT_BYTES_PER_REQUEST`` each and some slack, at most ``MAX_BATCH_RESULT_BYTES``.
+
+    Example:
+        >>> batch_result_bytes(8) // MIB, batch_result_bytes(10**6) // MIB
+        (17, 512)
+    """
+    return min(MAX_BATCH_RESULT_BYTES, BATCH_RESULT_SLACK_BYTES + max(0, requests) * BATCH_RESULT_BYTES_PER_REQUEST)

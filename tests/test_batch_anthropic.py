@@ -105,7 +105,7 @@ def test_a_batch_runs_to_completion_and_its_answers_come_back_as_chat_completion
         assert (first.status, first.detail, first.counts) == ("in_progress", "in_progress",
                                                               {"total": 3, "completed": 0, "failed": 0})
         state = wait(provider, batch_id)
-        outcomes = provider.outcomes(batch_id)
+        outcomes = provider.outcomes(batch_id, "abc")
         assert provider.find("wave-1") is None  # Anthropic batches carry no label
     assert (state.status, state.detail, state.counts) == ("completed", "ended", {"total": 3, "completed": 3, "failed": 0})
     assert [o.custom_id for o in outcomes] == ["a", "b", "c"] and all(o.error is None for o in outcomes)
@@ -128,10 +128,10 @@ def test_expired_requests_have_no_outcome_and_a_resubmission_answers_them():
         first = provider.submit(requests("a", "b", "c", "d"), label="x")
         state = wait(provider, first)
         assert (state.status, state.counts) == ("expired", {"total": 4, "completed": 2, "failed": 0})
-        assert [o.custom_id for o in provider.outcomes(first)] == ["a", "b"]
+        assert [o.custom_id for o in provider.outcomes(first, "abcd")] == ["a", "b"]
         again = provider.submit(requests("c", "d"), label="y")
         assert wait(provider, again).status == "completed"
-        assert [o.custom_id for o in provider.outcomes(again) if o.body] == ["c", "d"]
+        assert [o.custom_id for o in provider.outcomes(again, "cd") if o.body] == ["c", "d"]
     assert server.submitted == {"a": 1, "b": 1, "c": 2, "d": 2} and server.batch_ids == [first, again]
     assert len(server.bills) == 4  # expired requests are not billed
 
@@ -142,10 +142,10 @@ def test_an_errored_request_carries_its_http_status_and_succeeds_when_resubmitte
     with FakeAnthropicServer(echo, fail={"b": kind}) as base, AnthropicBatches(api_key=KEY, base_url=base) as provider:
         first = provider.submit(requests("a", "b"), label="x")
         assert wait(provider, first).counts == {"total": 2, "completed": 1, "failed": 1}
-        a, b = provider.outcomes(first)
+        a, b = provider.outcomes(first, "ab")
         again = provider.submit(requests("b"), label="y")
         wait(provider, again)
-        (retried,) = provider.outcomes(again)
+        (retried,) = provider.outcomes(again, "b")
     assert a.body and b.body is None and b.error == {"status": status, "code": kind, "message": f"fake {kind}"}
     assert retried.error is None and retried.body
 
@@ -209,24 +209,24 @@ def ok(custom_id: str) -> bytes:
 @pytest.mark.parametrize("bad", [b"not json", b"[1, 2]", b'{"custom_id": 7}', b'{"custom_id": "a/../b"}'])
 def test_a_results_line_without_a_custom_id_names_the_batch_and_line(bad):
     with pytest.raises(FatalLMError, match="batch msgbatch_1 results line 2 "):
-        scripted(ok("a") + b"\n" + bad + b"\n" + ok("b")).outcomes("msgbatch_1")
+        scripted(ok("a") + b"\n" + bad + b"\n" + ok("b")).outcomes("msgbatch_1", "ab")
 
 
 def test_a_malformed_answer_is_that_requests_error_not_the_batchs():
     bad = json.dumps({"custom_id": "b", "result": {"type": "succeeded", "message": {"content": "x"}}}).encode()
-    a, b = scripted(ok("a") + b"\n\n" + bad).outcomes("msgbatch_1")  # a blank line is no request
+    a, b = scripted(ok("a") + b"\n\n" + bad).outcomes("msgbatch_1", "ab")  # a blank line is no request
     assert a.body["choices"][0]["message"]["content"] == "hi"
     assert b.body is None and b.error["status"] is None and b.error["code"] == "bad_result"
 
 
 def test_results_over_the_cap_or_on_another_host_are_refused():
     with pytest.raises(FatalLMError, match="cap"):
-        scripted(b"\n".join(ok(f"r{i}") for i in range(5)), max_results_bytes=100).outcomes("msgbatch_1")
+        scripted(b"\n".join(ok(f"r{i}") for i in range(5)), max_results_bytes=100).outcomes("msgbatch_1", ["r0"])
     with pytest.raises(FatalLMError, match="not on http://api.test"):
-        scripted(ok("a"), results_url="http://elsewhere.test/results").outcomes("msgbatch_1")
+        scripted(ok("a"), results_url="http://elsewhere.test/results").outcomes("msgbatch_1", "a")
     with pytest.raises(FatalLMError, match="HTTP 500"):
         scripted(b'{"type": "error", "error": {"type": "api_error", "message": "boom"}}', status=500).outcomes(
-            "msgbatch_1")
+            "msgbatch_1", "a")
 
 
 def test_reads_are_retried_on_a_transient_fault_and_a_submission_never_is(monkeypatch):

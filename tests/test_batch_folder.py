@@ -24,6 +24,7 @@ from chateval_dspy.lm.batch.provider import BatchRequest
 
 RECORDED = Path(__file__).parent / "data" / "vllm_run_batch_output.jsonl"
 MODEL = "Qwen/Qwen2.5-1.5B-Instruct"
+ASKED = ["request-1", "request-2", "request-3"]  # the custom_ids of ``requests()``, as the driver journals them
 
 
 def requests(n=3, model="gpt-4o-mini"):
@@ -140,7 +141,7 @@ def test_waiting_for_the_output_is_in_progress(wave):
     assert (state.status, state.terminal) == ("in_progress", False)
     assert state.counts == {"total": 3, "completed": 0, "failed": 0}
     assert state.detail.startswith(f"waiting for {wave.output_path('w1')}; run: python -m vllm")
-    assert wave.outcomes("w1") == []
+    assert wave.outcomes("w1", ASKED) == []
 
 
 def test_a_recorded_vllm_output_completes_the_wave(wave):
@@ -148,7 +149,7 @@ def test_a_recorded_vllm_output_completes_the_wave(wave):
     state = wave.state("w1")
     assert (state.status, state.terminal) == ("completed", True)
     assert state.counts == {"total": 3, "completed": 2, "failed": 1}
-    one, two, three = wave.outcomes("w1")
+    one, two, three = wave.outcomes("w1", ASKED)
     assert (one.custom_id, two.custom_id, three.custom_id) == ("request-1", "request-2", "request-3")
     assert one.error is None and one.body["object"] == "chat.completion"
     assert json.loads(one.body["choices"][0]["message"]["content"])["verdict"] == "A"
@@ -165,7 +166,7 @@ def test_a_partial_output_is_in_progress_and_a_torn_last_line_waits(wave):
     assert state.status == "in_progress"
     assert state.counts == {"total": 3, "completed": 1, "failed": 0}
     assert state.detail.startswith("1 of 3 answers in ")
-    assert [o.custom_id for o in wave.outcomes("w1")] == ["request-1"]
+    assert [o.custom_id for o in wave.outcomes("w1", ASKED)] == ["request-1"]
 
 
 def test_a_last_line_without_a_newline_counts_once_it_parses(wave):
@@ -183,7 +184,7 @@ def test_every_error_shape_vllm_and_openai_write(wave):
             "error": {"message": "too long", "type": "invalid_request_error", "code": "context_length_exceeded"}}},
          "error": None},
     ])
-    assert [o.error for o in wave.outcomes("w1")] == [
+    assert [o.error for o in wave.outcomes("w1", ASKED)] == [
         {"status": 400, "code": "request_failed", "message": "Request must not be sent in stream mode"},
         {"status": 404, "code": "NotFoundError", "message": "The model `x` does not exist."},
         {"status": 400, "code": "context_length_exceeded", "message": "too long"},
@@ -196,7 +197,7 @@ def test_an_answer_without_an_object_body_is_a_failed_request(wave, body):
     line = answer("request-1")
     line["response"]["body"] = body
     write(wave.output_path("w1"), [line])
-    (outcome,) = wave.outcomes("w1")
+    (outcome,) = wave.outcomes("w1", ASKED)
     assert outcome.body is None and outcome.error["code"] == "invalid_response"
 
 
@@ -204,12 +205,13 @@ def test_unknown_and_repeated_custom_ids_are_warned_about(wave, caplog):
     write(wave.output_path("w1"), [answer("request-1", "first"), answer("stranger"), answer("request-1", "second"),
                                    answer("request-2"), answer("request-3")])
     assert wave.state("w1").counts == {"total": 3, "completed": 3, "failed": 0}
-    with caplog.at_level(logging.WARNING, logger="chateval_dspy.lm.batch.folder"):
-        outcomes = wave.outcomes("w1")
+    with caplog.at_level(logging.WARNING, logger="chateval_dspy.lm.batch.provider"):
+        outcomes = wave.outcomes("w1", ASKED)
     assert [o.custom_id for o in outcomes] == ["request-1", "request-2", "request-3"]
-    assert outcomes[0].body["choices"][0]["message"]["content"] == "first"
-    assert "line 2: custom_id 'stranger' is no request of this wave" in caplog.text
-    assert "line 3: a second answer to 'request-1'; the first is kept" in caplog.text
+    # Two different answers to one request: neither is trusted (issue 32), it goes out again.
+    assert outcomes[0].body is None and outcomes[0].error["code"] == "conflicting_answers"
+    assert "1 line(s) answer requests this batch never asked; ignored" in caplog.text
+    assert "line 3: a second, different answer to request-1; neither is kept" in caplog.text
 
 
 @pytest.mark.parametrize("content, why", [
@@ -229,7 +231,7 @@ def test_an_oversize_line_is_refused(wave):
     path = wave.output_path("w1")
     write(path, [answer("request-1"), answer("request-2", "x" * 2000)])
     with pytest.raises(FatalLMError, match="line 2 is over the 1024-byte limit on one line") as raised:
-        FolderBatches(wave.directory, model=MODEL, max_line_bytes=1024).outcomes("w1")
+        FolderBatches(wave.directory, model=MODEL, max_line_bytes=1024).outcomes("w1", ASKED)
     assert str(path) in str(raised.value)
 
 
@@ -252,6 +254,6 @@ def test_a_wave_too_big_to_read_back_is_refused(tmp_path):
 
 def test_a_line_without_a_response_status_is_the_engines_fault(wave):
     write(wave.output_path("w1"), [{"id": "vllm-1", "custom_id": "request-1", "response": None, "error": None}])
-    (outcome,) = wave.outcomes("w1")
+    (outcome,) = wave.outcomes("w1", ASKED)
     assert outcome.error == {"status": 502, "code": "request_failed",
                              "message": "the request failed and no more was said"}

@@ -342,6 +342,27 @@ def test_review_creates_the_questions_and_queues_the_most_uncertain_traces(on_se
     assert out.count("[added]") == 3 and "referees split (order 1: general_public 2, critic 1; order 2" in out
 
 
+def test_the_page_walks_the_queue_most_uncertain_first(on_server):
+    """All items of one call share a creation time in MLflow: the page follows the call's ranking, not trace ids;
+    a later top-up's items come after."""
+    from optim.review.desk import open_desk
+
+    _, _, results, experiment = on_server
+
+    def added(*argv) -> list[str]:
+        code, out, err = cli("review", str(results), "--queue", "ordered", *argv, "--explain")
+        assert code == 0, out + err
+        return [line.split("] ", 1)[1].split(":", 1)[0] for line in out.splitlines() if line.startswith("[added]")]
+
+    traces = traces_by_item(experiment, results)
+    first = added("--top", "5")
+    desk = open_desk("ordered", experiment="chateval-dspy")
+    assert len(first) == 5 and desk.trace_ids == [traces[i] for i in first]
+    later = added("--budget", "6")
+    desk.reload()
+    assert len(later) == 1 and desk.trace_ids == [traces[i] for i in first + later]
+
+
 def test_a_second_review_adds_nothing_new(on_server):
     _, _, results, experiment = on_server
     assert cli("review", str(results), "--queue", "again", "--top", "2")[0] == 0

@@ -5,7 +5,9 @@ downloaded).
 A queued pairwise item whose second answer is 3,000 characters must show that answer's last sentence (in the DOM,
 and drawn in the screenshot); nothing of the panel's verdict is on the page before answering; two reviewers answer
 with keys, two Feedback land under their own names, and ``chateval compile --labels mlflow:...`` counts two
-reviewers. ``CHATEVAL_REVIEW_SCREENSHOTS=<dir>`` keeps the screenshots (how the README's were made).
+reviewers. At 1,400 px a 5,000-character string and a long URL wrap (the page no wider than the window, the two
+answers apart) and a right-to-left override shows as a marker. ``CHATEVAL_REVIEW_SCREENSHOTS=<dir>`` keeps the
+screenshots (how the README's were made).
 """
 
 from __future__ import annotations
@@ -179,3 +181,47 @@ def test_a_pointwise_queue_is_answered_with_digits(queued, tmp_path):  # noqa: F
         stop(proc)
     got = {a.name: a.value for a in mlflow.get_trace(trace_id).info.assessments if a.source.source_id == "bo"}
     assert got == {"faithful": "fail", "relevance": 4}
+
+
+LONG_URL = "https://files.example.org/download?" + "&".join(f"part{i}=a1b2c3d4e5" for i in range(330))
+UNBROKEN = "x" * 5000
+SPOOFED = "Open invoice\u202efdp.exe"
+LAYOUT = """(() => {
+  const boxes = [...document.querySelectorAll('.judged')].map(e => {
+    const r = e.getBoundingClientRect();
+    return {left: r.left, right: r.right, top: r.top, scroll: e.scrollWidth, client: e.clientWidth};
+  });
+  return {page: document.documentElement.scrollWidth, viewport: window.innerWidth, boxes};
+})()"""
+
+
+def test_long_unbroken_strings_wrap_and_bidi_controls_show_as_read(queued, tmp_path):  # noqa: F811
+    """At 1,400 px: a 5,000-character string and a long URL wrap (the page no wider than the window, answer 1's
+    box and text left of answer 2's), and a right-to-left override is shown as a marker, not applied."""
+    uri, _, work = queued
+    row = {"id": "wide", "question": f"Is this link safe? {LONG_URL}", "answer_1": f"{UNBROKEN} {SPOOFED}",
+           "answer_2": f"No: {LONG_URL} is not the bank's.", "label": "2"}
+    (work / "wide.jsonl").write_text(json.dumps(row) + "\n")
+    with pytest.MonkeyPatch.context() as mp, FakeOpenAIServer() as lm:
+        mp.chdir(work)
+        mp.setenv("MLFLOW_TRACKING_URI", uri)
+        for argv in (("evaluate", "--format", "pairwise", "--dataset", "wide.jsonl", "--out", "wide.out", "--roles", "2",
+                      "--turns", "1", "--model", lm, "--no-cache", "--trace", "--no-progress"),
+                     ("review", "wide.out", "--queue", "wide", "--top", "1", "--reviewer", "ann")):
+            code, out, err = cli(*argv)
+            assert code == 0, out + err
+    proc, links, _ = serve("wide", uri, work)
+    try:
+        with Browser(tmp_path / "ann", width=1400, height=1000) as ann:
+            ann.open(links["ann"])
+            layout = ann.evaluate(LAYOUT)
+            ann.screenshot((SHOTS or tmp_path) / "review-wide.png")
+            text = ann.text()
+    finally:
+        stop(proc)
+    assert layout["page"] <= layout["viewport"], layout
+    first, second = layout["boxes"]
+    assert first["right"] <= second["left"] and first["top"] == second["top"], layout  # side by side, apart
+    assert all(b["scroll"] <= b["client"] for b in layout["boxes"]), layout  # no text drawn outside its box
+    assert "Open invoice\u27e6U+202E\u27e7fdp.exe" in text and "\u202e" not in text
+    assert UNBROKEN[:100] in text.replace("\n", "")

@@ -93,8 +93,9 @@ def test_the_whole_item_is_on_the_page_rendered_and_blind(queued):
     assert "How do I list files?" in got.text and "Answer 1" in got.text and "Answer 2" in got.text
     assert 'class="pair"' in got.text  # the two answers side by side
     # Blind: nothing of the panel's verdict before answering.
-    page_text = text_of(got.text)
-    assert "verdict" not in page_text.lower() and "score" not in page_text.lower()
+    page_text = text_of(got.text).lower()  # (the guidelines name the task's criteria, "overall score" among them)
+    assert "verdict" not in page_text and "(scores" not in page_text and not re.search(r"answer [12] is better|a tie",
+                                                                                        page_text)
     csp = got.headers["content-security-policy"]
     assert "default-src 'none'" in csp and "script-src 'nonce-" in csp
 

@@ -4,7 +4,8 @@
 batched request is answered with the server's own ``reply``, so its usage follows the server's billing.
 Batches move on only when read (retrieve, list, cancel): no background threads. The knobs make batches
 slow (``delay``), expire part-done (``expire``, ``expire_keep``), fail per request (``fail``, ``fail_times``)
-or fail whole (``fail_batches``); ``submitted``, ``created`` and ``requests_in`` let tests count resubmissions.
+or fail whole (``fail_batches``); a hostile server forges output lines (``forge``) or lists batches without end
+(``endless_list``); ``submitted``, ``created``, ``requests_in`` and ``listed`` let tests count what was asked.
 """
 
 from __future__ import annotations
@@ -117,15 +118,21 @@ class FakeBatches:
         create_delay: Seconds a batch creation takes to answer, the batch already created (a client killed
             meanwhile never learns its id: the case a submitter must find again by its metadata).
         clock: Seconds now (``time.time``); tests may pass their own to skip waiting.
+        forge: ``forge(batch_id, lines) -> lines``: rewrites a finishing batch's output lines (dicts, as
+            written) before they are stored: answers to requests never made, second copies, padding.
+        endless_list: The list of batches always says ``has_more`` and repeats its first page.
     """
 
     def __init__(self, *, delay: float = 0.0, expire: int = 0, expire_keep: float = 0.5,
                  fail: Callable[[str, dict], int | None] | dict | None = None, fail_times: int = 1,
                  fail_batches: int = 0, max_upload_bytes: int = 200 << 20, clock: Callable[[], float] = time.time,
-                 create_delay: float = 0.0):
+                 create_delay: float = 0.0, forge: Callable[[str, list[dict]], list[dict]] | None = None,
+                 endless_list: bool = False):
         self.delay, self.expire, self.expire_keep = delay, expire, expire_keep
         self.fail, self.fail_times, self.fail_batches = fail, fail_times, fail_batches
         self.max_upload_bytes, self.clock, self.create_delay = max_upload_bytes, clock, create_delay
+        self.forge, self.endless_list = forge, endless_list
+        self.listed = 0  # list requests answered
         self.reply: Callable[[dict], dict] | None = None  # set by the server that owns this
         self.submitted: Counter[str] = Counter()  # custom_id -> lines carrying it, over all batches
         self.created: list[str] = []  # batch ids, oldest first
@@ -221,11 +228,13 @@ class FakeBatches:
     def list(self, limit: int = 20, after: str | None = None) -> dict:
         """Batches newest first, ``limit`` of them after the batch id ``after``."""
         with self._lock:
+            self.listed += 1
             ids = self.created[::-1]
-            start = ids.index(after) + 1 if after in ids else 0
+            start = ids.index(after) + 1 if after in ids and not self.endless_list else 0
             page = [dict(self._batch(i).obj) for i in ids[start:start + limit]]
             return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-                    "last_id": page[-1]["id"] if page else None, "has_more": start + limit < len(ids)}
+                    "last_id": page[-1]["id"] if page else None,
+                    "has_more": self.endless_list or start + limit < len(ids)}
 
     def cancel(self, batch_id: str) -> dict:
         """Cancel an unfinished batch: ``cancelling`` now, ``cancelled`` (no output) when next read."""
@@ -281,6 +290,8 @@ class FakeBatches:
                 line["response"] = {"status_code": 200, "request_id": _new_id("req_"), "body": self.reply(body)}
             (out if line["response"] and line["response"]["status_code"] == 200 else err).append(line)
         obj = batch.obj
+        if self.forge is not None:
+            out = self.forge(obj["id"], out)
         obj.update(finalizing_at=now, request_counts={"total": len(batch.requests), "completed": len(out),
                                                       "failed": len(err)})
         if out:

@@ -2,28 +2,72 @@
 back the way MLflow's own Review page writes them.
 
 - The queue (``mlflow.genai.review_queues``): its assigned reviewers and its items (traces), in the order they were
-  queued (``chateval review`` queues the most uncertain first).
+  queued: by each ``chateval review`` call, most uncertain first within a call (MLflow gives all items of one call
+  one creation time, so each trace carries its place in the call's ranking as the tag ``RANK_TAG``).
 - Its questions: the queue's label schemas (``mlflow.genai.label_schemas``), read as ``questions.Question``, so the
-  page asks exactly what MLflow's Review page asks.
+  page asks exactly what MLflow's Review page asks, in the task's current words where the task asks the same.
 - Each item: the judged item's fields as the debate's trace recorded them (its request), which of them are the
   judged texts (by the task: ``--task``, else the trace's ``chateval.task`` tag, else its format's built-in task),
   the panel's verdict (read back from the trace, shown only once the reviewer has answered) and people's answers.
 - An answer: one MLflow Feedback per question, named after the question, with a ``HUMAN`` source whose id is the
-  reviewer's own name. When every assigned reviewer has answered an item, its queue status becomes ``complete``.
+  reviewer's own name and the reviewer's comment as its rationale. "Can't judge" is a Feedback with no value and
+  the error code ``CANT_JUDGE`` (so labels never read it as an answer). A new answer replaces the reviewer's
+  earlier ones on the item (deleted, so that labels read what the reviewer says now), and withdrawing deletes them.
+  When every assigned reviewer has answered an item, its queue status becomes ``complete`` (``pending`` again when
+  an answer is withdrawn).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from chateval_dspy.deploy.trace_labels import human_answers, trace_inputs
+from chateval_dspy.deploy.trace_labels import trace_inputs
 from chateval_dspy.errors import ChatEvalError, ConfigError, DataError
 from chateval_dspy.program.task import TaskSpec, as_task, load_task
 from optim.review import sources
-from optim.review.questions import Question
+from optim.review.questions import Question, questions
 
 SHOW_PANEL_TAG = "chateval.review.show_panel.{queue_id}"  # an experiment tag: this queue shows the panel's verdict
+RANK_TAG = "chateval.review.rank.{queue_id}"  # a trace tag: its place in the ranking of the call that queued it
+CANT_JUDGE = "can't judge"  # the answer a reviewer gives when the item cannot be judged
+CANT_JUDGE_CODE = "CANT_JUDGE"  # the error code of its Feedback
 MAX_ITEMS = 10_000
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One reviewer's answer to one question: the value (or ``CANT_JUDGE``), their comment, when (ms)."""
+
+    value: object
+    comment: str = ""
+    time_ms: int = 0
+
+
+def reviews(trace) -> dict[str, dict[str, Answer]]:
+    """``{question: {reviewer: Answer}}`` from a trace's human Feedback, each reviewer's latest (``CANT_JUDGE``
+    included, unlike the labels reader ``trace_labels.human_answers``, which takes only values)."""
+    latest: dict[str, dict[str, Answer]] = {}
+    for a in trace.info.assessments or []:
+        source = getattr(a, "source", None)
+        if type(a).__name__ != "Feedback" or source is None or "HUMAN" not in str(source.source_type).upper():
+            continue
+        if getattr(a, "valid", True) is False:
+            continue
+        value = getattr(a, "value", None)
+        if value is None:
+            if getattr(getattr(a, "error", None), "error_code", None) != CANT_JUDGE_CODE:
+                continue
+            value = CANT_JUDGE
+        answer = Answer(value, getattr(a, "rationale", None) or "", a.create_time_ms or 0)
+        by = latest.setdefault(a.name, {})
+        who = source.source_id or "anonymous"
+        if who not in by or answer.time_ms >= by[who].time_ms:
+            by[who] = answer
+    return latest
+
+
+def values_of(found: dict[str, dict[str, Answer]]) -> dict[str, dict[str, object]]:
+    return {name: {who: a.value for who, a in by.items()} for name, by in found.items()}
 
 
 @dataclass
@@ -36,9 +80,13 @@ class ReviewItem:
     judged: dict[str, str]  # the judged texts, by field name, in the task's order
     panel: dict  # the panel's verdict as a results record holds it (prediction, scores, consistent)
     answers: dict[str, dict[str, object]] = field(default_factory=dict)  # {question: {reviewer: value}}
+    comments: dict[str, str] = field(default_factory=dict)  # {reviewer: their comment on the item}
 
     def answered_by(self, reviewer: str, questions: list[Question]) -> bool:
         return all(reviewer in self.answers.get(q.name, {}) for q in questions)
+
+    def cant_judge(self, reviewer: str) -> bool:
+        return any(by.get(reviewer) == CANT_JUDGE for by in self.answers.values())
 
 
 @dataclass
@@ -53,6 +101,9 @@ class Desk:
     show_panel: bool
     task: TaskSpec | None  # as given (--task); None: each trace's own
     trace_ids: list[str] = field(default_factory=list)
+    guide: TaskSpec | None = None  # the task whose criteria the page's guidelines state (--task, else the first trace's)
+    guidelines: str = ""  # the queue owner's guidelines and examples (Markdown, --guidelines)
+    ranks: dict[str, int] = field(default_factory=dict)  # {trace id: place in its call's ranking}, read once per trace
 
     def reload(self) -> None:
         """The queue's reviewers and items as MLflow holds them now (reviewers can be added while it is served)."""
@@ -61,13 +112,24 @@ class Desk:
         found = review_queues.get_review_queue(self.queue_id)
         self.users = list(found.users)
         items = queue_items(self.queue_id)
-        self.trace_ids = [i.item_id for i in sorted(items, key=lambda i: i.creation_time_ms or 0)]
+        if any(i.item_id not in self.ranks for i in items):  # new items: read their ranks (one search)
+            found = read_ranks(self.experiment_id, self.queue_id)
+            for i in items:  # an item queued without a rank goes after the ranked ones of its call
+                self.ranks.setdefault(i.item_id, found.get(i.item_id, MAX_ITEMS))
+        self.trace_ids = [i.item_id for i in sorted(items, key=lambda i: (
+            i.creation_time_ms or 0, self.ranks[i.item_id], i.item_id))]
+
+    def overview(self) -> dict[str, tuple[str, dict[str, dict[str, Answer]]]]:
+        """``{trace id: (item id, {question: {reviewer: Answer}})}`` of every queued item, in queue order (one
+        search, no spans)."""
+        queued = set(self.trace_ids)
+        found = {t.info.trace_id: (sources.item_id_of(t) or t.info.trace_id, reviews(t))
+                 for t in sources.search(self.experiment_id, spans=False) if t.info.trace_id in queued}
+        return {t: found[t] for t in self.trace_ids if t in found}
 
     def answers(self) -> dict[str, dict[str, dict[str, object]]]:
-        """``{trace id: {question: {reviewer: value}}}`` of every queued item (one search, no spans)."""
-        queued = set(self.trace_ids)
-        return {t.info.trace_id: human_answers(t) for t in sources.search(self.experiment_id, spans=False)
-                if t.info.trace_id in queued}
+        """``{trace id: {question: {reviewer: value}}}`` of every queued item (``CANT_JUDGE`` included)."""
+        return {t: values_of(found) for t, (_, found) in self.overview().items()}
 
     def item(self, trace_id: str) -> ReviewItem:
         """The queued item of ``trace_id``, read from its trace."""
@@ -85,8 +147,21 @@ class Desk:
         inputs = {n: str(v) for n, v in fields.items() if n not in judged and n != "id" and v not in (None, "")}
         order = {n: i for i, n in enumerate(task.input_names)}
         inputs = dict(sorted(inputs.items(), key=lambda kv: order.get(kv[0], len(order))))
+        found = reviews(trace)
+        comments = {who: a.comment for by in found.values() for who, a in by.items() if a.comment}
         return ReviewItem(trace_id, sources.item_id_of(trace) or trace_id, inputs, judged,
-                          sources.record_from_trace(trace, task) or {}, human_answers(trace))
+                          sources.record_from_trace(trace, task) or {}, values_of(found), comments)
+
+
+def read_ranks(experiment_id: str, queue_id: str) -> dict[str, int]:
+    """``{trace id: rank}`` of the experiment's traces that ``chateval review`` ranked into ``queue_id``."""
+    tag = RANK_TAG.format(queue_id=queue_id)
+    out = {}
+    for trace in sources.search(experiment_id, spans=False):
+        rank = (trace.info.tags or {}).get(tag)
+        if rank is not None and rank.isdigit():
+            out[trace.info.trace_id] = int(rank)
+    return out
 
 
 def task_of(trace) -> TaskSpec:
@@ -138,8 +213,9 @@ def find_queue(name: str, experiment_id: str):
             return found
 
 
-def open_desk(queue: str, *, experiment: str, task=None) -> Desk:
-    """The named queue of ``experiment`` (name or id), opened for review; MLflow must already point at the store."""
+def open_desk(queue: str, *, experiment: str, task=None, guidelines: str = "") -> Desk:
+    """The named queue of ``experiment`` (name or id), opened for review; MLflow must already point at the store.
+    ``guidelines``: the queue owner's guidelines and examples (Markdown), shown on every item."""
     import mlflow
     from mlflow.genai import label_schemas
 
@@ -157,19 +233,32 @@ def open_desk(queue: str, *, experiment: str, task=None) -> Desk:
     tags = found_experiment.tags or {}
     show = tags.get(SHOW_PANEL_TAG.format(queue_id=found.queue_id)) == "true"
     desk = Desk(found.queue_id, found.name, experiment_id, list(found.users), asked, show,
-                load_task(task) if task else None)
+                load_task(task) if task else None, guidelines=guidelines)
     desk.reload()
-    desk.questions = _in_task_order(desk)
+    desk.guide = desk.task or (task_of(mlflow.get_trace(desk.trace_ids[0])) if desk.trace_ids else None)
+    desk.questions = in_task_words(desk.questions, desk.guide)
     return desk
 
 
-def _in_task_order(desk: Desk) -> list[Question]:
-    """The questions in the order of the task's criteria (MLflow keeps a queue's schemas in no stated order)."""
-    import mlflow
+def in_task_words(asked: list[Question], task: TaskSpec | None) -> list[Question]:
+    """The questions in the order of the task's criteria (MLflow keeps a queue's schemas in no stated order), each
+    in the task's current words where the task asks the same question (a queue keeps the words it was made with).
 
-    task = desk.task or (task_of(mlflow.get_trace(desk.trace_ids[0])) if desk.trace_ids else None)
-    order = {c.name: i for i, c in enumerate(task.criteria)} if task is not None else {}
-    return sorted(desk.questions, key=lambda q: (order.get(q.name, len(order)), q.name))
+    Example:
+        >>> old = Question("preference", "as the trace's inputs show them", options=("1", "2", "tie"))
+        >>> in_task_words([old], as_task("pairwise"))[0].instruction  # doctest: +ELLIPSIS
+        "Which answer is better overall: 1, 2, or tie. 1 is answer_1 (Assistant 1's answer), 2 is ..."
+    """
+    if task is None:
+        return sorted(asked, key=lambda q: q.name)
+    order = {c.name: i for i, c in enumerate(task.criteria)}
+    try:
+        now = {q.name: q for q in questions(task)}
+    except ConfigError:  # a criterion the page cannot ask: keep the queue's words
+        now = {}
+    same = [now[q.name] if q.name in now and replace(now[q.name], instruction=q.instruction) == q else q
+            for q in asked]
+    return sorted(same, key=lambda q: (order.get(q.name, len(order)), q.name))
 
 
 def check_answer(question: Question, raw: str | None):
@@ -195,17 +284,49 @@ def check_answer(question: Question, raw: str | None):
     return int(value) if value.is_integer() else value
 
 
-def record_answer(desk: Desk, trace_id: str, reviewer: str, values: dict[str, object]) -> None:
-    """Each question's answer as a HUMAN Feedback under ``reviewer``; the item complete once all reviewers answered."""
+def record_answer(desk: Desk, trace_id: str, reviewer: str, values: dict[str, object] | None,
+                  comment: str = "") -> None:
+    """Each question's answer as a HUMAN Feedback under ``reviewer`` (``values`` None: "can't judge"), with the
+    comment as its rationale, replacing the reviewer's earlier answers; the item complete once all answered."""
     import mlflow
-    from mlflow.entities import AssessmentSource, AssessmentSourceType
+    from mlflow.entities import AssessmentError, AssessmentSource, AssessmentSourceType
     from mlflow.genai import review_queues
 
+    _delete_answers(desk, trace_id, reviewer)
+    source = AssessmentSource(source_type=AssessmentSourceType.HUMAN, source_id=reviewer)
     for question in desk.questions:
-        mlflow.log_feedback(trace_id=trace_id, name=question.name, value=values[question.name],
-                            source=AssessmentSource(source_type=AssessmentSourceType.HUMAN, source_id=reviewer))
-    answers = human_answers(mlflow.get_trace(trace_id))
+        if values is None:
+            error = AssessmentError(error_code=CANT_JUDGE_CODE, error_message="the reviewer could not judge this item")
+            mlflow.log_feedback(trace_id=trace_id, name=question.name, error=error, source=source,
+                                rationale=comment or None)
+        else:
+            mlflow.log_feedback(trace_id=trace_id, name=question.name, value=values[question.name], source=source,
+                                rationale=comment or None)
+    answers = values_of(reviews(mlflow.get_trace(trace_id)))
     done = all(all(u in answers.get(q.name, {}) for q in desk.questions) for u in desk.users)
     if done:
         review_queues.set_review_queue_item_status(desk.queue_id, item_id=trace_id, status="complete",
                                                    completed_by=reviewer)
+
+
+def withdraw_answer(desk: Desk, trace_id: str, reviewer: str) -> int:
+    """Delete ``reviewer``'s answers to the queue's questions on the item (the item pending again); how many."""
+    from mlflow.genai import review_queues
+
+    gone = _delete_answers(desk, trace_id, reviewer)
+    if gone:
+        review_queues.set_review_queue_item_status(desk.queue_id, item_id=trace_id, status="pending")
+    return gone
+
+
+def _delete_answers(desk: Desk, trace_id: str, reviewer: str) -> int:
+    """Delete every HUMAN Feedback of ``reviewer`` on the queue's questions of the item; how many were deleted."""
+    import mlflow
+
+    names = {q.name for q in desk.questions}
+    mine = [a for a in mlflow.get_trace(trace_id).info.assessments or []
+            if type(a).__name__ == "Feedback" and a.name in names and a.source is not None
+            and "HUMAN" in str(a.source.source_type).upper() and a.source.source_id == reviewer]
+    for a in mine:
+        mlflow.delete_assessment(trace_id=trace_id, assessment_id=a.assessment_id)
+    return len(mine)

@@ -5,8 +5,13 @@ images and links left as the text they are (an image would make the reviewer's b
 chose), and the page's one inline script runs under a per-response nonce in a Content-Security-Policy that allows
 nothing else to load. Until the reviewer has answered, nothing of the panel's verdict is on the page.
 
+Texts are drawn as the LM read them: bidi controls and invisible format characters (``VISIBLE``) are shown as
+markers such as ``⟦U+202E⟧`` instead of being applied (an override would draw "fdp.exe" as "exe.pdf"), and an
+unbroken string (a long URL) wraps anywhere rather than widening the page.
+
 Keys: each answer's key is shown beside it (pairwise ``1``, ``2``, ``t``; a label scale ``1``..``9`` in order; an
-integer scale within 0-9 its own digits); the last question answered submits; ``n`` opens the next item.
+integer scale within 0-9 its own digits); the last question answered submits; ``x``: can't judge; ``n`` opens the
+next item.
 """
 
 from __future__ import annotations
@@ -14,17 +19,26 @@ from __future__ import annotations
 import re
 from functools import cache
 
-from optim.review.desk import Desk, ReviewItem
+from optim.review.desk import CANT_JUDGE, Desk, ReviewItem
 from optim.review.questions import Question
 
+MAX_COMMENT_CHARS = 4000
+# Bidi controls (ALM, LRM/RLM, embeddings and overrides, isolates) and invisible characters that hide text.
+VISIBLE = {cp: f"\u27e6U+{cp:04X}\u27e7" for cp in (0x061C, 0x200B, 0x200E, 0x200F, *range(0x202A, 0x202F), 0x2060,
+                                                   *range(0x2066, 0x206A), 0xFEFF)}
+
 _STYLE = """
-body{font:15px/1.5 system-ui,sans-serif;margin:0;color:#1d1d1f;background:#f6f6f8}
+body{font:15px/1.5 system-ui,sans-serif;margin:0;color:#1d1d1f;background:#f6f6f8;overflow-wrap:anywhere}
 header{background:#23395d;color:#fff;padding:.6em 1.2em;display:flex;gap:1.5em;flex-wrap:wrap;align-items:baseline}
 header b{font-size:1.1em} main{padding:1em 1.2em;max-width:1500px;margin:auto}
 .field{background:#fff;border:1px solid #d8d8de;border-radius:8px;padding:.4em 1em;margin-bottom:1em}
 .field h2{font-size:.95em;margin:.4em 0;color:#23395d;text-transform:none}
-.pair{display:grid;grid-template-columns:1fr 1fr;gap:1em} .pair .field{min-width:0}
-pre{background:#f0f0f4;padding:.6em;overflow-x:auto;white-space:pre-wrap} code{background:#f0f0f4}
+.pair{display:grid;grid-template-columns:minmax(0,1fr) minmax(0,1fr);gap:1em} .pair .field{min-width:0}
+pre{background:#f0f0f4;padding:.6em;overflow-x:auto;white-space:pre-wrap;overflow-wrap:anywhere}
+code{background:#f0f0f4} table{display:block;max-width:100%;overflow-x:auto} textarea{width:100%;box-sizing:border-box}
+details.guide{background:#eef3fb;border:1px solid #b8c8e4;border-radius:8px;padding:.4em 1em;margin-bottom:1em}
+form.inline{display:inline;border:0;padding:0} button.quiet{background:#fff;color:#23395d;border:1px solid #23395d}
+td,th{padding:.15em .7em;text-align:left;border-bottom:1px solid #ddd}
 form{background:#fff;border:2px solid #23395d;border-radius:8px;padding:.6em 1em}
 fieldset{border:0;margin:0 0 .6em;padding:0} legend{font-weight:600}
 label{display:inline-block;margin:.2em 1em .2em 0;cursor:pointer} kbd{border:1px solid #999;border-radius:3px;
@@ -45,6 +59,8 @@ _SCRIPT = """
         e.target.type !== 'radio') return;
     const key = e.key.toLowerCase();
     if (key === 'n' && next) { e.preventDefault(); location.href = next; return; }
+    const cant = document.getElementById('cant');
+    if (key === 'x' && form && cant) { e.preventDefault(); form.requestSubmit(cant); return; }
     const fieldset = open();
     if (!fieldset) return;
     const choice = fieldset.querySelector(`input[data-key="${CSS.escape(key)}"]`);
@@ -61,7 +77,8 @@ _TEMPLATE = """<!doctype html>
 <meta name="viewport" content="width=device-width,initial-scale=1"><style>{{ style }}</style></head>
 <body data-next="{{ next_url or '' }}">
 <header><b>chateval review</b><span>queue <b>{{ desk.name }}</b></span><span>reviewer <b>{{ reviewer }}</b></span>
-<span>{{ progress }}</span><span style="color:#cfd8e8">keys: the one beside each answer; n: next item</span>
+<span>{{ progress }}</span><a href="/items" style="color:#fff">all items</a>
+<span style="color:#cfd8e8">keys: the one beside each answer; x: can't judge; n: next item</span>
 {% if item %}<span class="muted" style="color:#cfd8e8">item {{ item.item_id }}</span>{% endif %}
 </header><main>
 {% if message %}<p class="error">{{ message }}</p>{% endif %}
@@ -71,7 +88,18 @@ _TEMPLATE = """<!doctype html>
 </main>{% if script %}<script nonce="{{ nonce }}">{{ script | safe }}</script>{% endif %}</body></html>
 """
 
-_ITEM = """
+_GUIDE = """<details class="guide"{% if open %} open{% endif %}><summary><b>Guidelines</b></summary>
+{% if task and task.format == "pairwise" %}<p>Task <b>{{ task.name }}</b>: compare
+{{ task.responses | join(" and ") }}. What to weigh:</p>
+<ul>{% for c in task.criteria %}<li>{{ task.describe(c) }}</li>{% endfor %}</ul>
+{% elif task %}<p>Task <b>{{ task.name }}</b>: rate {{ task.judged | join(" and ") }} on each criterion:</p><ul>
+{% for c in task.criteria %}<li><b>{{ c.name }}</b> ({{ c.scale }}): {{ task.describe(c) }}</li>{% endfor %}</ul>
+{% endif %}{% if guidelines %}{{ md(guidelines) | safe }}{% endif %}
+<p class="muted">Can't judge it (a language you do not read, a text cut off)? Say so with <i>can't judge</i>
+(<kbd>x</kbd>): it is recorded as such, never as an answer.</p></details>
+"""
+
+_ITEM = """{{ guide | safe }}
 {% for name, text in item.inputs.items() %}<section class="field"><h2>{{ title(name) }}</h2>{{ md(text) | safe }}
 </section>{% endfor %}
 <div class="{{ 'pair' if item.judged | length == 2 else '' }}">
@@ -81,7 +109,9 @@ _ITEM = """
 {% if panel %}<section class="panel"><b>The panel's verdict:</b> {{ panel }}
 {% if trace_url %} · <a href="{{ trace_url }}" target="_blank" rel="noopener">the full debate in MLflow</a>{% endif %}
 </section>{% endif %}
-{% if mine %}<section class="panel"><b>Your answer:</b> {{ mine }} · <a href="?edit=1">change it</a>
+{% if mine %}<section class="panel"><b>Your answer:</b> {{ mine }}{% if comment %} · <b>your comment:</b>
+{{ comment }}{% endif %} · <a href="?edit=1">change it</a> · <form class="inline" method="post"
+action="{{ action }}/withdraw"><button class="quiet" type="submit">withdraw my answer</button></form>
 {% if next_url %} · <a class="button" href="{{ next_url }}">next item <kbd>n</kbd></a>{% endif %}</section>
 {% else %}
 <form id="answer" method="post" action="{{ action }}">
@@ -92,8 +122,33 @@ _ITEM = """
 {% if not q.options and not choices(q) %}<input type="number" name="{{ q.name }}" min="{{ q.low }}" max="{{ q.high }}"
 step="any" required> <span class="muted">{{ q.low }} to {{ q.high }}</span>{% endif %}
 </fieldset>{% endfor %}
-<button type="submit">save answer</button>{% if next_url %} <a href="{{ next_url }}">skip <kbd>n</kbd></a>{% endif %}
+<p><label for="comment">Comment or rationale (optional; stored with your answer)</label>
+<textarea id="comment" name="comment" rows="2" maxlength="{{ max_comment }}">{{ comment }}</textarea></p>
+<button type="submit">save answer</button>
+<button id="cant" class="quiet" type="submit" name="cant_judge" value="1" formnovalidate>can't judge <kbd>x</kbd></button>
+{% if next_url %} <a href="{{ next_url }}">skip <kbd>n</kbd></a>{% endif %}
 </form>{% endif %}
+"""
+
+_ITEMS = """<section class="field"><h2>The queue's items, in the order the page walks them (most uncertain
+first)</h2><table><tr><th>#</th><th>item</th><th>your answer</th></tr>
+{% for n, trace_id, item_id, state in rows %}<tr><td>{{ n }}</td><td><a href="/item/{{ trace_id }}">{{ item_id }}</a>
+</td><td>{{ state }}</td></tr>{% endfor %}</table></section>
+"""
+
+_OWNER = """<section class="field"><h2>Agreement among the reviewers</h2>
+<p>Krippendorff's alpha per question (nominal for labels, interval for numbers): 1 is full agreement, 0 what chance
+gives; it counts only items with two or more answers, and leaves "can't judge" out.</p>
+<table><tr><th>question</th><th>alpha</th><th>metric</th><th>items with 2+ answers</th><th>answers in them</th>
+<th>reviewers</th><th>can't judge</th></tr>
+{% for a in agreement %}<tr><td>{{ a.question }}</td><td>{{ "%.3f" | format(a.alpha) if a.alpha is not none
+else "undefined" }}</td><td>{{ a.metric }}</td><td>{{ a.items }}</td><td>{{ a.values }}</td><td>{{ a.reviewers }}</td>
+<td>{{ a.cant_judge }}</td></tr>{% endfor %}</table></section>
+<section class="field"><h2>Reviewers</h2><table><tr><th>reviewer</th><th>items answered</th><th>can't judge</th></tr>
+{% for who, done, cant in reviewers %}<tr><td>{{ who }}</td><td>{{ done }} of {{ total }}</td><td>{{ cant }}</td></tr>
+{% endfor %}</table></section>
+<section class="field"><h2>Export</h2><p>Every answer, one per reviewer and question, with comments:
+<a href="/owner/answers.jsonl">answers.jsonl</a> · <a href="/owner/answers.csv">answers.csv</a></p></section>
 """
 
 
@@ -113,6 +168,25 @@ def md(text: str) -> str:
         '<p>Steps:</p>\\n<ol>\\n<li>boil</li>\\n<li>&lt;b&gt;eat&lt;/b&gt;</li>\\n</ol>\\n<p>![x](http://e.xample/p.png)</p>\\n'
     """
     return _markdown().render(text)
+
+
+def visible(text: str) -> str:
+    """``text`` with bidi controls and invisible characters shown as markers (see the module docstring).
+
+    Example:
+        >>> visible("Open invoice\u202efdp.exe")
+        'Open invoice⟦U+202E⟧fdp.exe'
+    """
+    return text.translate(VISIBLE)
+
+
+def _finalize(value):
+    """Every value the templates print, drawn as the LM read it (escaped HTML stays escaped: markers are text)."""
+    from markupsafe import Markup
+
+    if isinstance(value, Markup):
+        return Markup(str(value).translate(VISIBLE))
+    return visible(value) if isinstance(value, str) else value
 
 
 def title(name: str) -> str:
@@ -166,9 +240,10 @@ def panel_text(item: ReviewItem) -> str:
 def _env():
     from jinja2 import DictLoader, Environment, select_autoescape
 
-    env = Environment(loader=DictLoader({"page": _TEMPLATE, "item": _ITEM}),
-                      autoescape=select_autoescape(default=True, default_for_string=True))
-    env.globals.update(md=md, title=title, choices=choices)
+    env = Environment(loader=DictLoader({"page": _TEMPLATE, "item": _ITEM, "guide": _GUIDE, "items": _ITEMS,
+                                         "owner": _OWNER}),
+                      autoescape=select_autoescape(default=True, default_for_string=True), finalize=_finalize)
+    env.globals.update(md=md, title=title, choices=choices, max_comment=MAX_COMMENT_CHARS)
     return env
 
 
@@ -182,11 +257,27 @@ def page(desk: Desk, reviewer: str, *, body: str, progress: str, nonce: str, ite
 
 def item_body(desk: Desk, item: ReviewItem, *, reviewer: str, action: str, next_url: str | None,
               trace_url: str | None, editing: bool = False) -> str:
-    """The item: its fields, the judged texts (side by side for two), then the questions or the reviewer's answer
-    with the panel's verdict (shown before answering only on a queue that says so)."""
+    """The item: the guidelines, its fields, the judged texts (side by side for two), then the questions or the
+    reviewer's answer with the panel's verdict (shown before answering only on a queue that says so)."""
     answered = item.answered_by(reviewer, desk.questions) and not editing
-    mine = "; ".join(f"{q.name}: {item.answers[q.name][reviewer]}" for q in desk.questions) if answered else None
+    if not answered:
+        mine = None
+    elif item.cant_judge(reviewer):
+        mine = CANT_JUDGE
+    else:
+        mine = "; ".join(f"{q.name}: {item.answers[q.name][reviewer]}" for q in desk.questions)
     panel = panel_text(item) if answered or desk.show_panel else None
+    guide = _env().get_template("guide").render(task=desk.guide, guidelines=desk.guidelines, open=not answered)
     return _env().get_template("item").render(
         item=item, questions=desk.questions, action=action, next_url=next_url, mine=mine, panel=panel,
-        trace_url=trace_url if answered else None)
+        trace_url=trace_url if answered else None, guide=guide, comment=item.comments.get(reviewer, ""))
+
+
+def items_body(rows: list[tuple[int, str, str, str]]) -> str:
+    """The list of the queue's items to jump to: ``(place, trace id, item id, the reviewer's answer)`` each."""
+    return _env().get_template("items").render(rows=rows)
+
+
+def owner_body(agreement: list, reviewers: list[tuple[str, int, int]], total: int) -> str:
+    """The queue owner's page: agreement per question, each reviewer's progress, the exports."""
+    return _env().get_template("owner").render(agreement=agreement, reviewers=reviewers, total=total)

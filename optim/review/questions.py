@@ -62,10 +62,11 @@ def questions(task: TaskSpec | str) -> list[Question]:
     """
     task = as_task(task)
     if task.format == "pairwise":
-        first, second = task.responses
         what = task.preference.stated or f"which response is better overall: 1, 2, or tie ({task.criteria_text()})"
-        text = (f"{what[:1].upper()}{what[1:]}. 1 is {first}, 2 is {second}, as the trace's inputs show them (the "
-                "span 'order 2' shows the panel the same two in swapped order).")
+        said = {i.name: i.description.strip().rstrip(".") for i in task.inputs}
+        named = [f"{n} is {name}" + (f" ({said[name]})" if said.get(name) else "")
+                 for n, name in enumerate(task.responses, start=1)]
+        text = f"{what[:1].upper()}{what[1:]}. {', '.join(named)}."  # the task's words: reviewers never see spans
         return [Question(PREFERENCE, _instruction(text), options=("1", "2", "tie"))]
     out = []
     for criterion in task.criteria:

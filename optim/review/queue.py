@@ -21,7 +21,7 @@ from chateval_dspy.errors import ChatEvalError, ConfigError
 from chateval_dspy.program.task import TaskSpec, as_task, load_task
 from chateval_dspy.renamed import FORMAT_ALIASES
 from optim.review import sources
-from optim.review.desk import SHOW_PANEL_TAG, find_queue, queue_items
+from optim.review.desk import RANK_TAG, SHOW_PANEL_TAG, find_queue, queue_items
 from optim.review.questions import Question, questions
 from optim.review.sizes import DEFAULT_TOP, MAX_REVIEWERS
 from optim.review.uncertainty import Uncertainty, rank
@@ -277,6 +277,9 @@ def _fill(result: QueueResult, asked: list[Question], every: list, *, reviewers:
     _choose(result, queued_traces=queued_traces, queued={item_of.get(t, t) for t in queued_traces},
             answered=answered, elsewhere=elsewhere, size=size, budget=budget)
     if result.added:
+        client, tag = mlflow.MlflowClient(), RANK_TAG.format(queue_id=found.queue_id)
+        for n, trace_id in enumerate(result.added):  # one call's items share a creation time: the page reads these
+            client.set_trace_tag(trace_id, tag, str(n))
         review_queues.add_items_to_review_queue(found.queue_id, item_ids=result.added)
     if show_panel is not None:
         mlflow.MlflowClient().set_experiment_tag(result.experiment_id, SHOW_PANEL_TAG.format(queue_id=found.queue_id),

@@ -7,7 +7,9 @@ a random one for the life of the process): the key, not a name typed into a form
 every answer is stored under that name.
 
 The rule: only the queue's assigned reviewers (``chateval review ... --reviewer NAME``, MLflow's queue ``users``)
-may open it. A valid link of a reviewer who is no longer assigned is refused, and so is any wrong key.
+may open it. A valid link of a reviewer who is no longer assigned is refused, and so is any wrong key. The queue's
+owner (whoever started the server) has a link of their own, keyed apart from every reviewer's, for agreement and
+the exports.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import hmac
 import secrets
 
 KEY_CHARS = 32  # 128 bits of the HMAC: unguessable, short enough for a link
+INVALID = "this link is not valid for this queue and reviewer; open your own link"
 
 
 def new_secret() -> str:
@@ -46,6 +49,26 @@ def key_for(secret: str, queue_id: str, reviewer: str) -> str:
     return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()[:KEY_CHARS]
 
 
+def key_matches(secret: str, queue_id: str, reviewer: str | None, key: str | None) -> bool:
+    """Whether ``key`` is ``reviewer``'s (the check made before anything is read from MLflow)."""
+    return bool(reviewer and key) and hmac.compare_digest(key.encode(), key_for(secret, queue_id, reviewer).encode())
+
+
+def owner_key(secret: str, queue_id: str) -> str:
+    """The key of the queue owner's link (its message holds a NUL, which no reviewer's name does).
+
+    Example:
+        >>> owner_key("s", "q") != key_for("s", "q", "owner") and owner_matches("s", "q", owner_key("s", "q"))
+        True
+    """
+    message = f"owner\0{queue_id}".encode()
+    return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()[:KEY_CHARS]
+
+
+def owner_matches(secret: str, queue_id: str, key: str | None) -> bool:
+    return bool(key) and hmac.compare_digest(key.encode(), owner_key(secret, queue_id).encode())
+
+
 def refusal(secret: str, queue_id: str, reviewer: str | None, key: str | None, assigned: list[str]) -> str | None:
     """Why ``reviewer`` may not answer (a line for the page), or None when the key is theirs and they are assigned.
 
@@ -58,8 +81,8 @@ def refusal(secret: str, queue_id: str, reviewer: str | None, key: str | None, a
         >>> refusal("s", "q", "bo", k, ["ann", "bo"])
         'this link is not valid for this queue and reviewer; open your own link'
     """
-    if not reviewer or not key or not hmac.compare_digest(key.encode(), key_for(secret, queue_id, reviewer).encode()):
-        return "this link is not valid for this queue and reviewer; open your own link"
+    if not key_matches(secret, queue_id, reviewer, key):
+        return INVALID
     if normal(reviewer) not in {normal(u) for u in assigned}:
         return (f"'{normal(reviewer)}' is not assigned to this queue (its reviewers: {', '.join(assigned) or 'none'}); "
                 f"ask for: chateval review ... --reviewer {normal(reviewer)}")

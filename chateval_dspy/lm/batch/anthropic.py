@@ -12,19 +12,20 @@ import json
 import os
 import re
 import time
+from collections.abc import Collection
 from urllib.parse import urlsplit
 
 import httpx
 
 from chateval_dspy.errors import ConfigError, FatalLMError
-from chateval_dspy.lm.batch.provider import BatchRequest, BatchState, Outcome
+from chateval_dspy.limits import MAX_BATCH_RESULT_BYTES, batch_result_bytes
+from chateval_dspy.lm.batch.provider import BatchRequest, BatchState, Outcome, asked_outcomes, capped_lines
 from chateval_dspy.lm.layout import REFEREE_FIELDS, TURN_FIELDS
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 API_VERSION = "2023-06-01"
 JSON_TOOL = "json_tool_call"  # LiteLLM's name for the forced tool, so answers look as they do through LiteLLM
 DEFAULT_MAX_TOKENS = 1024  # Anthropic requires max_tokens; OpenAI bodies may leave it out
-MAX_RESULTS_BYTES = 512 * 2**20
 # Claude writes at most 128k output tokens (about half a million characters): more is not a real answer.
 MAX_TEXT_CHARS = 2 * 2**20
 MAX_BATCH_REQUESTS = 100_000  # Anthropic's limits per batch
@@ -234,7 +235,8 @@ class AnthropicBatches:
         timeout: Seconds for each HTTP operation.
         retries: Extra tries for a read (state, results) that met a transient fault (429, 5xx, 529, no
             connection); a submission is never retried, as that could submit the batch twice.
-        max_results_bytes: The cap on one batch's results download (default ``MAX_RESULTS_BYTES``, 512 MiB).
+        max_results_bytes: The cap on one batch's results download, whatever its requests (default
+            ``limits.MAX_BATCH_RESULT_BYTES``, 512 MiB); below it, ``limits.batch_result_bytes`` of its requests.
 
     Example:
         >>> AnthropicBatches(api_key="sk-ant-secret", base_url="http://127.0.0.1:9")
@@ -244,7 +246,7 @@ class AnthropicBatches:
     name = "anthropic"
 
     def __init__(self, api_key: str | None = None, base_url: str | None = None, timeout: float = 60.0,
-                 retries: int = 2, max_results_bytes: int = MAX_RESULTS_BYTES):
+                 retries: int = 2, max_results_bytes: int = MAX_BATCH_RESULT_BYTES):
         key = api_key or os.environ.get("ANTHROPIC_API_KEY")
         if not key:
             raise ConfigError("Anthropic batches need an API key: set ANTHROPIC_API_KEY")
@@ -298,8 +300,10 @@ class AnthropicBatches:
         """The batch's state; ``detail`` is Anthropic's ``processing_status`` (``canceling`` is still in progress)."""
         return _batch_state(self._batch(batch_id))
 
-    def outcomes(self, batch_id: str) -> list[Outcome]:
-        """One outcome per request that succeeded or errored; expired and canceled requests have none."""
+    def outcomes(self, batch_id: str, asked: Collection[str]) -> list[Outcome]:
+        """One outcome per request of ``asked`` that succeeded or errored; expired and canceled requests have none
+        (``provider.asked_outcomes``: lines for other requests are left out, a request answered twice differently
+        goes out again)."""
         batch = self._batch(batch_id)
         url = batch.get("results_url")
         if batch.get("processing_status") != "ended" or not isinstance(url, str):
@@ -307,16 +311,7 @@ class AnthropicBatches:
         if urlsplit(url)[:2] != urlsplit(self.base_url)[:2]:
             # The key goes with the download: only to the API's own host.
             raise FatalLMError(f"Anthropic batch {batch_id}: results_url {_short(url, 120)!r} is not on {self.base_url}")
-        out, seen = [], set()
-        for number, line in self._result_lines(url, batch_id):
-            custom_id, result = self._parse_line(line, batch_id, number)
-            if custom_id in seen:
-                raise FatalLMError(f"Anthropic batch {batch_id} results line {number}: custom_id {custom_id!r} again")
-            seen.add(custom_id)
-            outcome = _outcome(custom_id, result)
-            if outcome is not None:
-                out.append(outcome)
-        return out
+        return self._results(url, batch_id, asked)
 
     def _batch(self, batch_id: str) -> dict:
         if not isinstance(batch_id, str) or not _BATCH_ID.fullmatch(batch_id):
@@ -364,15 +359,23 @@ class AnthropicBatches:
             raise FatalLMError(f"Anthropic batch {batch_id}: the API answered something other than a JSON object")
         return data
 
-    def _result_lines(self, url: str, batch_id: str) -> list[tuple[int, bytes]]:
-        """(line number, bytes) of the results file, refusing more than ``max_results_bytes`` in all."""
+    def _results(self, url: str, batch_id: str, asked: Collection[str]) -> list[Outcome]:
+        """The outcomes in the results file, read as it streams in, refusing more than the cap in all."""
+        cap = min(self.max_results_bytes, batch_result_bytes(len(asked)))
+        where = f"Anthropic batch {batch_id} results"
         for attempt in range(self.retries + 1):
             if attempt:
                 time.sleep(0.5 * 2**attempt)
             try:
                 with self._client.stream("GET", url) as response:
                     if response.is_success:
-                        return list(_capped_lines(response, batch_id, self.max_results_bytes))
+                        declared = response.headers.get("content-length", "")
+                        if declared.isdigit() and int(declared) > cap:
+                            raise FatalLMError(f"{where} are {declared} bytes, over the {cap}-byte cap for the "
+                                               "batch's requests")
+                        lines = ((number, *self._parse_line(line, batch_id, number))
+                                 for number, line in capped_lines(response.iter_bytes(), cap, where))
+                        return asked_outcomes(lines, asked, where, _outcome)
                     response.read()  # an error body, read only to report it
             except httpx.HTTPError as exc:
                 fault = FatalLMError(f"Anthropic batch {batch_id}: results download failed: {type(exc).__name__}")
@@ -390,24 +393,3 @@ def _error_message(response: httpx.Response) -> str:
         return f"{inner.get('type')}: {inner.get('message')}"
     except (ValueError, AttributeError):
         return response.text[:300]
-
-
-def _capped_lines(response: httpx.Response, batch_id: str, cap: int):
-    declared = response.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > cap:
-        raise FatalLMError(f"Anthropic batch {batch_id}: results are {declared} bytes, over the {cap}-byte cap")
-    pending, total, number = bytearray(), 0, 0
-    for chunk in response.iter_bytes():
-        total += len(chunk)
-        if total > cap:
-            raise FatalLMError(f"Anthropic batch {batch_id}: results exceed the {cap}-byte cap")
-        *complete, rest = chunk.split(b"\n")
-        for part in complete:  # the first completes the pending line; a long line is never copied twice
-            pending += part
-            number += 1
-            if pending.strip():
-                yield number, bytes(pending)
-            pending = bytearray()
-        pending += rest
-    if pending.strip():
-        yield number + 1, bytes(pending)

@@ -34,7 +34,11 @@ class BatchEngine(OpenAICompatEngine):
     def __init__(self, waves: Waves, model: str, **kwargs):
         super().__init__("batch", model, **kwargs)
         self.waves = waves
-        self.bounds = None  # no call or item deadline: the debate must not cut a wait for a wave short
+
+    @property
+    def bounds(self) -> None:
+        """None: no call or item deadline, as the debate must not cut a wait for a wave short."""
+        return None
 
     def _client(self, base_url: str, api_key: str):
         return None  # no live requests: the driver's provider holds the connection

@@ -8,6 +8,10 @@ Both files are OpenAI's batch JSONL, as vLLM's ``run_batch`` reads and writes it
 vLLM 0.10 and nested under ``"error"`` since). Nothing is sent anywhere: the wave is done when the output holds an
 answer for every request of the input.
 
+The folder is shared with whoever runs the engine, so its files are untrusted: each is opened as itself (a symbolic
+link, a named pipe or a device is refused, never followed or waited on), and an output is read within
+``limits.batch_result_bytes`` of its wave's requests.
+
 Example:
     >>> from chateval_dspy.lm.batch.provider import BatchRequest
     >>> folder = FolderBatches(tmp / "waves", model="Qwen/Qwen2.5-7B")
@@ -22,18 +26,16 @@ Example:
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 import shlex
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 from chateval_dspy.errors import ConfigError, FatalLMError
-from chateval_dspy.files import write_atomic
-from chateval_dspy.lm.batch.provider import BatchRequest, BatchState, Outcome, outcome_of
-
-log = logging.getLogger(__name__)
+from chateval_dspy.files import open_regular, write_atomic
+from chateval_dspy.limits import MAX_BATCH_RESULT_LINE_BYTES, batch_result_bytes
+from chateval_dspy.lm.batch.provider import BatchRequest, BatchState, Outcome, asked_outcomes, outcome_of
 
 # The engine's output is untrusted and may be huge: past these sizes we refuse it rather than fill memory.
 MAX_FILE_BYTES = 512 * 1024 * 1024
@@ -52,8 +54,10 @@ class FolderBatches:
         directory: Where the input and output files live (created on the first submit).
         model: The model name the engine serves; it replaces each body's ``model`` (vLLM answers 404 to a
             request naming any other) and goes into ``command``. None keeps the bodies' own.
-        max_file_bytes: The most a wave's input or output file may hold (default ``MAX_FILE_BYTES``, 512 MiB).
-        max_line_bytes: The most one request or answer line may hold (default ``MAX_LINE_BYTES``, 16 MiB).
+        max_file_bytes: The most a wave's input or output file may hold (default ``MAX_FILE_BYTES``, 512 MiB); an
+            output is held to ``limits.batch_result_bytes`` of its wave's requests below that.
+        max_line_bytes: The most one request or answer line may hold (default ``MAX_LINE_BYTES``, 16 MiB; an
+            answer line at most ``limits.MAX_BATCH_RESULT_LINE_BYTES``).
     """
 
     name = "folder"
@@ -77,11 +81,11 @@ class FolderBatches:
         Submitting the same requests again under the same label is a no-op; different ones are refused.
         """
         path, data = self.input_path(label), self._input_bytes(requests)
-        if path.exists():
-            if path.stat().st_size != len(data) or path.read_bytes() != data:
+        if os.path.lexists(path):
+            if _head(path, len(data), "batch input") != data:
                 raise ConfigError(f"{path} already holds a different wave: remove it, or use another batch folder")
             return label
-        if self.output_path(label).exists():
+        if os.path.lexists(self.output_path(label)):
             # It cannot answer an input that did not exist yet: reading it would hand back another run's answers.
             raise ConfigError(f"{self.output_path(label)} is left from an earlier run: remove it, or use another batch folder")
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -91,7 +95,7 @@ class FolderBatches:
 
     def find(self, label: str) -> str | None:
         """``label`` if its wave's input file is there (a rerun after a kill attaches to it), else None."""
-        return label if self.input_path(label).exists() else None
+        return label if os.path.lexists(self.input_path(label)) else None
 
     def command(self, batch_id: str) -> str:
         """The shell command that runs the wave with vLLM's offline batch runner."""
@@ -104,11 +108,11 @@ class FolderBatches:
         """``completed`` once the output answers every request of the input; ``in_progress`` until then."""
         ids, out = self._input_ids(batch_id), self.output_path(batch_id)
         counts = {"total": len(ids), "completed": 0, "failed": 0}
-        if not out.exists():
+        if not os.path.lexists(out):
             # Said at every look, so that whoever runs the engine sees which command answers the wave.
             return BatchState(batch_id, "in_progress", counts, f"waiting for {out}; run: {self.command(batch_id)}")
         wanted, seen = set(ids), set()
-        for number, record in self._read(out):
+        for number, record in self._read_output(out, len(ids)):
             custom_id = _custom_id(out, number, record)
             if custom_id in wanted and custom_id not in seen:
                 seen.add(custom_id)
@@ -117,24 +121,22 @@ class FolderBatches:
             return BatchState(batch_id, "completed", counts, f"{out} answers all {len(ids)} requests")
         return BatchState(batch_id, "in_progress", counts, f"{len(seen)} of {len(ids)} answers in {out} so far")
 
-    def outcomes(self, batch_id: str) -> list[Outcome]:
-        """One outcome per output line that answers a request of the input (the first, if it is answered twice)."""
-        wanted, out = set(self._input_ids(batch_id)), self.output_path(batch_id)
-        found: dict[str, Outcome] = {}
-        if not out.exists():
+    def outcomes(self, batch_id: str, asked: Collection[str]) -> list[Outcome]:
+        """One outcome per output line that answers a request of ``asked`` (``provider.asked_outcomes``: other
+        lines are left out, a request answered twice differently goes out again)."""
+        out = self.output_path(batch_id)
+        if not os.path.lexists(out):
             return []
-        for number, record in self._read(out):
-            custom_id = _custom_id(out, number, record)
-            if custom_id not in wanted:
-                log.warning("%s line %d: custom_id %r is no request of this wave; ignored", out, number, custom_id[:200])
-            elif custom_id in found:
-                log.warning("%s line %d: a second answer to %r; the first is kept", out, number, custom_id[:200])
-            else:
-                found[custom_id] = outcome_of(custom_id, record, NO_STATUS)
-        return list(found.values())
+        lines = ((number, _custom_id(out, number, record), record)
+                 for number, record in self._read_output(out, len(asked)))
+        return asked_outcomes(lines, asked, str(out), lambda custom_id, record: outcome_of(custom_id, record, NO_STATUS))
 
     def _read(self, path: Path) -> Iterator[tuple[int, dict]]:
         return _records(path, self.max_file_bytes, self.max_line_bytes)
+
+    def _read_output(self, path: Path, requests: int) -> Iterator[tuple[int, dict]]:
+        cap = min(self.max_file_bytes, batch_result_bytes(requests))
+        return _records(path, cap, min(self.max_line_bytes, MAX_BATCH_RESULT_LINE_BYTES), f" for its {requests} requests")
 
     def _input_bytes(self, requests: list[BatchRequest]) -> bytes:
         lines, seen = [], set()
@@ -170,7 +172,7 @@ class FolderBatches:
 
     def _existing_input(self, batch_id: str) -> Path:
         path = self.input_path(batch_id)
-        if not path.exists():
+        if not os.path.lexists(path):
             raise ConfigError(f"no batch {batch_id!r} in {self.directory}: {path} is missing")
         return path
 
@@ -183,20 +185,25 @@ def _checked(label: str) -> str:
     return label
 
 
-def _records(path: Path, max_file_bytes: int = MAX_FILE_BYTES,
-             max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[int, dict]]:
+def _head(path: Path, limit: int, what: str) -> bytes:
+    """At most ``limit`` + 1 bytes of the regular file ``path`` (``open_regular``): more means it differs."""
+    with os.fdopen(open_regular(path, os.O_RDONLY, what), "rb") as f:
+        return f.read(limit + 1)
+
+
+def _records(path: Path, max_file_bytes: int, max_line_bytes: int, whose: str = "") -> Iterator[tuple[int, dict]]:
     """(line number, object) for each line of ``path``; a last line the engine is still writing is left out."""
-    size = path.stat().st_size
-    if size > max_file_bytes:
-        raise FatalLMError(f"{path} is {size} bytes, over the {max_file_bytes}-byte limit on a batch file")
-    total = 0
-    with open(path, "rb") as f:
-        number = 0
+    with os.fdopen(open_regular(path, os.O_RDONLY, "batch file"), "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > max_file_bytes:
+            raise FatalLMError(f"{path} is {size} bytes, over the {max_file_bytes}-byte limit on a batch file{whose}")
+        number = total = 0
         while line := f.readline(max_line_bytes + 1):
             number, total = number + 1, total + len(line)
             whole = line.endswith(b"\n")
             if total > max_file_bytes:  # it grew while we read it
-                raise FatalLMError(f"{path} grew past the {max_file_bytes}-byte limit on a batch file (line {number})")
+                raise FatalLMError(f"{path} grew past the {max_file_bytes}-byte limit on a batch file{whose} "
+                                   f"(line {number})")
             if not whole and len(line) > max_line_bytes:
                 raise FatalLMError(f"{path} line {number} is over the {max_line_bytes}-byte limit on one line")
             if not line.strip():

@@ -10,7 +10,9 @@ A folder (``<results file>.batches/`` by default) holds:
 
 Lines are appended whole, flushed and fsynced; a torn last line (a kill mid-write) is ignored. Everything read
 back is checked: a line that is not what this module writes is an error naming the file and line, never a
-silently wrong answer.
+silently wrong answer; so is an answer to a request no journaled batch asked, or two different answers to one.
+The folder and its files are this run's own: a symbolic link, a file with other hard links, a named pipe or a
+device in their place is refused (``files.open_regular``), never written or truncated through.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chateval_dspy.errors import ConfigError
-from chateval_dspy.files import write_atomic
+from chateval_dspy.files import open_regular, write_atomic
 from chateval_dspy.lm.batch.provider import BatchRequest
 
 JOURNAL, ANSWERS = "journal.jsonl", "answers.jsonl"
@@ -64,14 +66,22 @@ class Journal:
     def __post_init__(self) -> None:
         self.folder = Path(self.folder)
         self._lock = threading.Lock()
+        if self.folder.is_symlink():
+            raise ConfigError(f"batch journal {self.folder} is a symbolic link; refusing to write through it: give "
+                              "the results file another path")
         for event in _lines(self.folder / JOURNAL):
             self._replay(event)
-        for line in _lines(self.folder / ANSWERS):
+        asked = {cid for batch in self.batches.values() for cid in batch.custom_ids}
+        for number, line in enumerate(_lines(self.folder / ANSWERS), start=1):
+            # This program journals one answer per request it asked: anything else was put there.
             cid, body = line.get("custom_id"), line.get("body")
-            if not isinstance(cid, str) or not ID_PATTERN.match(cid) or not isinstance(body, dict):
-                raise ConfigError(f"{self.folder / ANSWERS}: a line that is not an answer this program wrote; "
-                                  "move the folder away to start the batches afresh")
-            self.answers.setdefault(cid, body)
+            problem = ("" if not isinstance(cid, str) or not ID_PATTERN.match(cid) or not isinstance(body, dict)
+                       else f" (no journaled batch asked {cid})" if cid not in asked
+                       else f" (a second, different answer to {cid})" if self.answers.setdefault(cid, body) != body
+                       else None)
+            if problem is not None:
+                raise ConfigError(f"{self.folder / ANSWERS} line {number}: not an answer this program wrote"
+                                  f"{problem}; move the folder away to start the batches afresh")
 
     def _replay(self, event: dict) -> None:
         kind, label = event.get("event"), event.get("label")
@@ -127,25 +137,27 @@ class Journal:
     def _append(self, path: Path, line: dict) -> None:
         with self._lock:
             self.folder.mkdir(parents=True, exist_ok=True)
-            with open(path, "a", encoding="utf-8") as f:
+            fd = open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, "batch journal file", sole=True)
+            with os.fdopen(fd, "a", encoding="utf-8") as f:
                 f.write(json.dumps(line, ensure_ascii=False) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
 
 
 def _lines(path: Path) -> list[dict]:
-    """The whole lines of a journal file, each a JSON object; a torn last line is left out."""
-    if not path.exists():
+    """The whole lines of a journal file, each a JSON object; a torn last line is left out (and cut off)."""
+    try:
+        fd = open_regular(path, os.O_RDWR, "batch journal file", sole=True)
+    except FileNotFoundError:
         return []
-    out, torn_at = [], None
-    with open(path, "rb") as f:
+    out = []
+    with os.fdopen(fd, "r+b") as f:
         for number, raw in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), start=1):
             if not raw.endswith(b"\n"):
                 if len(raw) > MAX_LINE_BYTES:
                     raise ConfigError(f"{path}: line {number} is longer than {MAX_LINE_BYTES} bytes")
                 # The last line of a write cut short by a kill: cut off, so that the next append starts a line.
-                f.seek(-len(raw), os.SEEK_CUR)
-                torn_at = f.tell()
+                f.truncate(f.tell() - len(raw))
                 break
             try:
                 line = json.loads(raw)
@@ -154,7 +166,4 @@ def _lines(path: Path) -> list[dict]:
             if not isinstance(line, dict):
                 raise ConfigError(f"{path}: line {number} is not a JSON object")
             out.append(line)
-    if torn_at is not None:
-        with open(path, "r+b") as f:
-            f.truncate(torn_at)
     return out

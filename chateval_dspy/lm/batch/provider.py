@@ -8,8 +8,15 @@ the journal and the engine never see a provider's own format.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from chateval_dspy.errors import FatalLMError
+from chateval_dspy.limits import MAX_BATCH_RESULT_LINE_BYTES
+
+log = logging.getLogger(__name__)
 
 # A batch in one of these states will change no more: its outcomes can be read (some may be missing).
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
@@ -74,9 +81,11 @@ class BatchProvider(Protocol):
     def state(self, batch_id: str) -> BatchState:
         """The batch's state now."""
 
-    def outcomes(self, batch_id: str) -> list[Outcome]:
-        """The outcomes of a terminal batch: one per request that finished (answered or failed on its own);
-        requests without one (an expired or failed batch's unfinished requests) are to be submitted again."""
+    def outcomes(self, batch_id: str, asked: Collection[str]) -> list[Outcome]:
+        """The outcomes of a terminal batch that asked the requests ``asked`` (their custom_ids, as journaled): one
+        per request that finished (answered or failed on its own), read through ``asked_outcomes``; requests
+        without one (an expired or failed batch's unfinished requests) are to be submitted again. Its results
+        are read within ``limits.batch_result_bytes(len(asked))``."""
 
 
 # A failed request's message, as kept and shown: enough to say what went wrong, not a whole echoed prompt.
@@ -134,3 +143,75 @@ def error_of(status: int | None, error: object, missing_status: int | None = Non
         message = "the request failed" + (f" (HTTP {status})" if status is not None else "") + " and no more was said"
     return {"status": missing_status if status is None else status,
             "code": code[:80] if isinstance(code, str) and code else "request_failed", "message": message[:MAX_MESSAGE]}
+
+
+def asked_outcomes(lines: Iterable[tuple[int, str, object]], asked: Collection[str], where: str,
+                   parse: Callable[[str, object], Outcome | None]) -> list[Outcome]:
+    """The outcomes that a batch's result ``lines`` (line number, custom_id, what the line says of it) hold for the
+    requests ``asked``; ``parse`` makes an outcome of a line (None: the request did not finish).
+
+    The lines are untrusted. A line for a request never asked is counted, left unread and reported (one warning
+    naming ``where``): it is no answer of this run's. A request answered twice is answered by neither copy unless
+    both say the same: it gets a ``conflicting_answers`` error, which sends it out again, as a batch that ran out
+    before it would.
+
+    Example:
+        >>> ok = lambda cid, raw: Outcome(cid, body=raw)
+        >>> [o.custom_id for o in asked_outcomes([(1, "a", {}), (2, "z", {}), (3, "b", {"x": 1}), (4, "b", {"x": 2})],
+        ...                                      {"a", "b"}, "f", ok)]
+        ['a', 'b']
+        >>> asked_outcomes([(3, "b", {"x": 1}), (4, "b", {"x": 2})], {"b"}, "f", ok)[0].error["code"]
+        'conflicting_answers'
+    """
+    asked = asked if isinstance(asked, (set, frozenset)) else set(asked)
+    said: dict[str, object] = {}
+    strangers, conflicting = 0, {}
+    for number, custom_id, raw in lines:
+        if custom_id not in asked:
+            strangers += 1
+        elif custom_id not in said:
+            said[custom_id] = raw
+        elif said[custom_id] != raw:
+            conflicting.setdefault(custom_id, number)
+    if strangers:
+        log.warning("%s: %d line(s) answer requests this batch never asked; ignored", where, strangers)
+    out = []
+    for custom_id, raw in said.items():
+        if custom_id in conflicting:
+            log.warning("%s line %d: a second, different answer to %s; neither is kept, the request goes out again",
+                        where, conflicting[custom_id], custom_id)
+            out.append(Outcome(custom_id, error={"status": None, "code": "conflicting_answers",
+                                                 "message": f"{where} answers it twice, differently"}))
+        elif (outcome := parse(custom_id, raw)) is not None:
+            out.append(outcome)
+    return out
+
+
+def capped_lines(chunks: Iterable[bytes], cap: int, where: str,
+                 max_line: int = MAX_BATCH_RESULT_LINE_BYTES) -> Iterator[tuple[int, bytes]]:
+    r"""(line number, bytes) of the non-blank lines in a stream of byte ``chunks``, refusing (``FatalLMError``
+    naming ``where``) more than ``cap`` bytes in all or a line longer than ``max_line``: nothing longer is held.
+
+    Example:
+        >>> list(capped_lines([b'{"a"', b': 1}\n\n{"b": 2}'], 100, "results"))
+        [(1, b'{"a": 1}'), (3, b'{"b": 2}')]
+    """
+    pending, total, number = bytearray(), 0, 0
+    for chunk in chunks:
+        total += len(chunk)
+        if total > cap:
+            raise FatalLMError(f"{where} is over the {cap}-byte cap for the batch's requests; refusing to read it")
+        *complete, rest = chunk.split(b"\n")
+        for part in complete:  # the first completes the pending line; a long line is never copied twice
+            pending += part
+            number += 1
+            if len(pending) > max_line:
+                raise FatalLMError(f"{where} line {number} is over the {max_line}-byte limit on one line")
+            if pending.strip():
+                yield number, bytes(pending)
+            pending = bytearray()
+        pending += rest
+        if len(pending) > max_line:
+            raise FatalLMError(f"{where} line {number + 1} is over the {max_line}-byte limit on one line")
+    if pending.strip():
+        yield number + 1, bytes(pending)

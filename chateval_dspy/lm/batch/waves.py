@@ -27,13 +27,12 @@ from dataclasses import dataclass, field
 
 from chateval_dspy.concurrency import Gate, current_gate
 from chateval_dspy.errors import FatalLMError
+from chateval_dspy.limits import MAX_BATCH_ANSWER_BYTES
 from chateval_dspy.lm.batch.journal import Journal
 from chateval_dspy.lm.batch.provider import BatchProvider, BatchRequest, BatchState, Outcome
 from chateval_dspy.lm.pricing import Price, token_counts
 
 log = logging.getLogger(__name__)
-# An answer is a chat completion of a few thousand tokens; anything this large is not one (nor fits the journal).
-MAX_ANSWER_BYTES = 1024 * 1024
 # Statuses a live call would retry (the engine's rule): the request goes into the next wave again.
 TRANSIENT = frozenset({408, 409, 429})
 
@@ -171,7 +170,11 @@ class Waves:
         states = self._wait(labels, calls)
         outcomes: dict[str, Outcome] = {}
         for label, state in states.items():
-            for outcome in self.provider.outcomes(state.id):
+            # Only the batch's own requests: an answer to anything else is no answer of this run's.
+            asked = set(self.journal.batches[label].custom_ids)
+            for outcome in self.provider.outcomes(state.id, asked):
+                if outcome.custom_id not in asked:
+                    continue
                 outcomes.setdefault(outcome.custom_id, outcome)
                 if outcome.body is not None:
                     self._keep(outcome)
@@ -231,7 +234,7 @@ class Waves:
             "batches": [{"id": s.id, "status": s.status, "detail": s.detail, **s.counts} for s in states.values()]})
 
     def _keep(self, outcome: Outcome) -> None:
-        if len(json.dumps(outcome.body)) > MAX_ANSWER_BYTES:
+        if len(json.dumps(outcome.body)) > MAX_BATCH_ANSWER_BYTES:
             return  # settled as a failed request below: the answer is not one
         self.journal.answer(outcome.custom_id, outcome.body)
         if self.price is not None and isinstance(outcome.body.get("usage"), dict):
@@ -248,7 +251,8 @@ class Waves:
             call.body = outcome.body
             return
         if outcome is not None and outcome.body is not None:
-            error = {"status": 502, "code": "answer_too_large", "message": f"an answer over {MAX_ANSWER_BYTES} bytes"}
+            error = {"status": 502, "code": "answer_too_large",
+                     "message": f"an answer over {MAX_BATCH_ANSWER_BYTES} bytes"}
         elif outcome is not None:
             error = outcome.error or {"status": None, "code": "unknown", "message": "no answer"}
         else:
