@@ -164,9 +164,9 @@ def test_a_task_spec_label_map_is_read_and_kept_out_of_other_specs(tmp_path):
     items = load_custom(write_jsonl(tmp_path / "p.jsonl", pandalm_rows()), spec,
                         {"id": "idx", "label": "annotator1"})
     assert [x.label for x in items[:3]] == ["tie", "1", "2"]
-    # the flag's map goes over the spec's
+    # the flag's map goes over the spec's (0=2 in a file that holds 2 too: a merge, stated)
     items = load_custom(write_jsonl(tmp_path / "p.jsonl", pandalm_rows()), spec,
-                        {"id": "idx", "label": "annotator1"}, label_map={"0": "2"})
+                        {"id": "idx", "label": "annotator1"}, label_map={"0": "2"}, label_map_merge=True)
     assert items[0].label == "2"
     with pytest.raises(ConfigError, match="label_map"):
         TaskSpec.from_dict({**PANDALM, "label_map": ["0", "tie"]})

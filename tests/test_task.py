@@ -336,10 +336,10 @@ def test_a_task_inside_a_config_dict_is_checked_like_a_file():
 
 @pytest.mark.parametrize(("data", "message"), [
     ([], "t.yaml: a task is a mapping of name, format, inputs, criteria, instructions, evidence, responses, "
-         "preference, material, criteria_in, label_map; got list"),
+         "preference, material, criteria_in, label_map, label_map_merge; got list"),
     (spec(rubric=1, zeta=2, name=None), "t.yaml: unknown key(s) 'rubric', 'zeta'; a task has: name, format, inputs, "
                                         "criteria, instructions, evidence, responses, preference, material, "
-                                        "criteria_in, label_map"),
+                                        "criteria_in, label_map, label_map_merge"),
     ({"format": "pointwise", "inputs": 3}, "t.yaml: missing key 'name'"),
     (spec(inputs=[{"name": "q"}, "q2"], criteria=[]), "t.yaml: key 'inputs[1]': a mapping with name, description, "
                                                       "judged, default"),

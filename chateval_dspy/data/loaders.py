@@ -40,7 +40,11 @@ FAIREVAL_LABELS = {"chatgpt": "1", "vicuna13b": "2", "tie": "tie"}
 
 
 def read_rows(path: str | Path, *, bad_rows: str = "raise") -> list[tuple[int, dict | DataError]]:
-    """``(row number, record)`` pairs from a JSONL or CSV file; row numbers are 1-based lines.
+    """``(row number, record)`` pairs from a JSONL, JSON-array or CSV file.
+
+    Row numbers are 1-based: a JSONL file's lines; a CSV file's records (the header is row 1, a record whose quoted
+    cells span lines is one row); a JSON array's elements (a ``.json`` file whose first character is ``[``, as
+    PandaLM ships its data: one array of objects, read element by element).
 
     Args:
         path: A ``.jsonl``/``.json``/``.ndjson`` or ``.csv`` file.
@@ -68,6 +72,14 @@ def read_rows(path: str | Path, *, bad_rows: str = "raise") -> list[tuple[int, d
         return rows
     if suffix not in (".jsonl", ".json", ".ndjson"):
         raise DataError(f"unknown file type {suffix!r}: use .jsonl or .csv", source=source)
+    rows = _array_rows(raw, source, keep) if suffix == ".json" and raw.lstrip().startswith(b"[") else \
+        _jsonl_rows(raw, source, keep)
+    if not rows:
+        raise DataError("file has no items", source=source)
+    return rows
+
+
+def _jsonl_rows(raw: bytes, source: str, keep: bool) -> list[tuple[int, dict | DataError]]:
     rows = []
     for i, line in enumerate(raw.split(b"\n"), start=1):
         if not line.strip():
@@ -78,9 +90,51 @@ def read_rows(path: str | Path, *, bad_rows: str = "raise") -> list[tuple[int, d
             if not keep:
                 raise
             rows.append((i, exc))
-    if not rows:
-        raise DataError("file has no items", source=source)
     return rows
+
+
+_JSON_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def _array_rows(raw: bytes, source: str, keep: bool) -> list[tuple[int, dict | DataError]]:
+    """A JSON array's elements as rows (row ``k``: the ``k``-th element), parsed one element at a time.
+
+    An element that is not an object is its own ``DataError`` (kept with ``keep``); text that is not JSON stops the
+    read with ``keep`` too: after it, where the next element starts is unknown, so no row could be trusted.
+    """
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise DataError(f"not UTF-8 (line {line}, byte {exc.start}); re-save the file as UTF-8", source=source) from exc
+    decoder, rows = json.JSONDecoder(), []
+    pos = _JSON_SPACE.match(text, text.index("[") + 1).end()
+    more = not text.startswith("]", pos)
+    while more:
+        try:
+            record, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as exc:
+            raise _array_error(f"{exc.msg} (line {exc.lineno}, column {exc.colno})", len(rows) + 1, source) from exc
+        except RecursionError as exc:
+            raise _array_error("nested too deeply", len(rows) + 1, source) from exc
+        row = len(rows) + 1
+        error = None if isinstance(record, dict) else \
+            DataError(f"expected a JSON object, got {type(record).__name__}", source=source, row=row)
+        if error is not None and not keep:
+            raise error
+        rows.append((row, error or record))
+        pos = _JSON_SPACE.match(text, pos).end()
+        more = text.startswith(",", pos)
+        pos = _JSON_SPACE.match(text, pos + 1).end() if more else pos
+    if not text.startswith("]", pos) or _JSON_SPACE.match(text, pos + 1).end() != len(text):
+        line = text.count("\n", 0, pos) + 1
+        raise _array_error(f"expected ',' or the closing ']' (line {line})", len(rows) + 1, source)
+    return rows
+
+
+def _array_error(problem: str, element: int, source: str) -> DataError:
+    return DataError(f"not valid JSON: {problem}, in or after element {element} of the array; a .json file holds one "
+                     "JSON array of objects, a .jsonl file one JSON object per line", source=source)
 
 
 def _json_row(line: bytes, source: str, row: int) -> dict:
@@ -93,22 +147,17 @@ def _json_row(line: bytes, source: str, row: int) -> dict:
     except RecursionError as exc:  # a line of nested brackets: the parser's stack, not the line's size, runs out
         raise DataError("not valid JSON: nested too deeply", source=source, row=row) from exc
     if not isinstance(record, dict):
-        raise DataError(f"expected a JSON object, got {type(record).__name__}", source=source, row=row)
+        raise DataError(f"expected a JSON object, got {type(record).__name__} (one object per line)", source=source,
+                        row=row)
     return record
 
 
 def _csv_rows(raw: bytes, source: str, keep: bool) -> list[tuple[int, dict | DataError]]:
     """CSV rows as ``read_rows`` gives them: a row holding non-UTF-8 bytes or a cell longer than ``MAX_TEXT_CHARS``
     is its own ``DataError`` with ``keep``, and raises without it."""
-    if keep:
-        # surrogateescape keeps every byte, so one bad byte spoils only the row (or quoted field) it sits in.
-        text = raw.decode("utf-8", errors="surrogateescape")
-    else:
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            line = raw[: exc.start].count(b"\n") + 1
-            raise DataError(f"not UTF-8 (byte {exc.start}); re-save the file as UTF-8", source=source, row=line) from exc
+    # surrogateescape keeps every byte, so one bad byte spoils only the record (or quoted field) it sits in, and the
+    # error names that record's row and column, not the physical line (a quoted cell may span many).
+    text = raw.decode("utf-8", errors="surrogateescape")
     records = iter(csv_records(text))
     header = next(records, [])
     if isinstance(header, csv.Error):
@@ -317,6 +366,9 @@ def parse_columns(spec: str | None) -> dict[str, str]:
 def parse_label_map(spec: str | None) -> dict[str, str]:
     """``"0=tie,A=1"`` -> ``{"0": "tie", "A": "1"}``: the data's label values -> ours (``--label-map``).
 
+    A value given twice with two labels (``0=tie,0=1``) is an error naming both entries: no flag can say which one
+    is meant. (Two values read as one label are checked against the data: ``load_custom``.)
+
     Example:
         >>> parse_label_map("0=tie, A=1,B=2")
         {'0': 'tie', 'A': '1', 'B': '2'}
@@ -326,7 +378,10 @@ def parse_label_map(spec: str | None) -> dict[str, str]:
         theirs, sep, ours = part.partition("=")
         if not sep or not theirs.strip() or not ours.strip():
             raise DataError(f"--label-map entry {part!r} must look like your_value=our_label (e.g. 0=tie)")
-        out[theirs.strip()] = ours.strip()
+        key = theirs.strip()
+        if out.get(key, ours.strip()) != ours.strip():
+            raise DataError(f"--label-map gives {key!r} twice: {key}={out[key]} and {part}; say which label it is once")
+        out[key] = ours.strip()
     return out
 
 
@@ -417,7 +472,7 @@ SKIP_HINT = "; to skip malformed rows (counted and listed at the end), pass --sk
 
 def load_custom(path: str | Path, task: TaskSpec | str, columns: dict[str, str] | None = None, *,
                 skip_bad_rows: bool = False, label_map: dict[str, str] | None = None, group_by: str | None = None,
-                system: str | None = None, unlabelled=()) -> Items:
+                system: str | None = None, unlabelled=(), label_map_merge: bool = False) -> Items:
     """A user's JSONL/CSV file; ``columns`` maps our field names to theirs (see ``item_from_record``).
 
     Args:
@@ -428,11 +483,17 @@ def load_custom(path: str | Path, task: TaskSpec | str, columns: dict[str, str] 
             id) is skipped and listed in ``Items.skipped`` instead of stopping the load; without it, the first
             such row raises its ``DataError``, whose message names the option. A column that no row has is an
             error either way (``check_columns``): no row could be read, so skipping would skip them all.
-        label_map: Your label values -> ours (``{"0": "tie"}``), over the task's own ``label_map``.
+        label_map: Your label values -> ours (``{"0": "tie"}``), over the task's own ``label_map``. Where it makes
+            two of the file's values one label (``1=2`` in a file that also holds ``2``; ``A=1,B=1``), the load
+            stops with an error naming the entries and rows (``check_label_merges``), unless ``label_map_merge``
+            (or the task's ``label_map_merge``) says the merge is meant.
         group_by: Pointwise: the column of each row's document id (the item's ``group_id``), for summary-level
-            correlations.
-        system: Pointwise: the column of each row's system id (``system_id``), for system-level correlations.
+            correlations. A number and a text that read alike (``7`` and ``"7"``) are an error naming both rows
+            (``check_id_kinds``): one column holding both is a data bug, never two documents meant as one.
+        system: Pointwise: the column of each row's system id (``system_id``), for system-level correlations; as
+            ``group_by``.
         unlabelled: Pointwise: criteria the file does not rate (their label columns may be absent).
+        label_map_merge: Two of the file's values read as one label through ``label_map`` is meant (``--label-map-merge``).
     """
     task = _task(task)
     col = column_map(task, columns)
@@ -440,11 +501,24 @@ def load_custom(path: str | Path, task: TaskSpec | str, columns: dict[str, str] 
     if task.format == "pairwise" and (group_by or system):
         raise DataError("--group-by and --system are for pointwise tasks (correlations per document or system); "
                         f"task {task.name!r} is pairwise", source=src)
+    origins = {**{k: f"the task's label_map entry {k}: {v}" for k, v in task.label_map},
+               **{k: f"--label-map entry {k}={v}" for k, v in (label_map or {}).items()}}
     label_map = {**dict(task.label_map), **(label_map or {})}
     rows = read_rows(path, bad_rows="keep") if skip_bad_rows else _hinted_rows(path)
     check_columns([r for _, r in rows if isinstance(r, dict)], task, col, explicit=set(columns or {}), source=src,
                   extra=(("--group-by", group_by), ("--system", system)), unlabelled=unlabelled)
-    items, seen, skipped = Items(), {}, []
+    items, kept = _read_items(rows, task, col, src, label_map, skip_bad_rows=skip_bad_rows, group_by=group_by,
+                              system=system)
+    if not (label_map_merge or task.label_map_merge):
+        check_label_merges(kept, task, col, origins, source=src)
+    check_id_kinds(kept, (("--group-by", group_by), ("--system", system)), source=src)
+    return items
+
+
+def _read_items(rows, task: TaskSpec, col: dict[str, str], src: str, label_map: dict[str, str], *,
+                skip_bad_rows: bool, group_by: str | None, system: str | None) -> tuple[Items, list]:
+    """The items of ``rows`` (``load_custom``), and ``(row, record, item)`` of each for the checks across rows."""
+    items, seen, skipped, kept = Items(), {}, [], []
     for row, record in rows:
         try:
             if isinstance(record, DataError):
@@ -463,10 +537,63 @@ def load_custom(path: str | Path, task: TaskSpec | str, columns: dict[str, str] 
             continue
         seen[item.id] = row
         items.append(item)
+        kept.append((row, record, item))
     items.skipped = skipped
     if not items and skipped:
         raise DataError(f"every row was malformed ({len(skipped)} skipped; the first: {skipped[0]})", source=src)
-    return items
+    return items, kept
+
+
+def _native(task: TaskSpec, field: str, raw):
+    """The label ``raw`` reads as without a label map (None: none)."""
+    try:
+        if field == "label":
+            return _winner(raw, task, "", None, field)
+        return task.criterion[field].scale.human(raw)
+    except (DataError, ValueError):
+        return None
+
+
+def check_label_merges(kept: list, task: TaskSpec, col: dict[str, str], origins: dict[str, str], *,
+                       source: str = "input") -> None:
+    """A ``DataError`` where the label map makes two of a label column's values one label: a value it maps (away
+    from what the value reads as by itself) and another value of the same column that ends on the same label.
+
+    ``kept``: ``(row, record, item)`` per loaded row; ``origins``: each map key -> the entry that set it (for the
+    message). Values that read alike without the map (``a`` and ``1``, pairwise) are no merge of the map's.
+    """
+    for field in label_fields(task):
+        values: dict = {}  # label -> {value as text: (first row, read as without the map)}
+        for row, record, item in kept:
+            raw = _value(record, col[field])
+            if raw is None or isinstance(raw, (dict, list)) or not str(raw).strip():
+                continue
+            label = item.label if field == "label" else item.human[field]
+            values.setdefault(label, {}).setdefault(str(raw).strip(), (row, raw))
+        for label, seen in values.items():
+            moved = [v for v, (_, raw) in seen.items() if v in origins and _native(task, field, raw) != label]
+            if len(seen) > 1 and moved:
+                said = "; ".join(f"{v!r} (row {r}{', ' + origins[v] if v in origins else ''})"
+                                 for v, (r, _) in seen.items())
+                raise DataError(f"the label map makes {len(seen)} values of this column one label {label!r}: {said}. "
+                                "If that is meant, pass --label-map-merge (a task file: label_map_merge: true); "
+                                "else fix the map", source=source, field=col[field])
+
+
+def check_id_kinds(kept: list, columns, *, source: str = "input") -> None:
+    """A ``DataError`` naming both rows where an id column (``(flag, column)`` pairs: ``--group-by``, ``--system``)
+    holds a number and a text that read alike (``7`` and ``"7"``), which would otherwise be one document."""
+    for flag, column in columns:
+        if not column:
+            continue
+        first: dict[str, tuple[int, object]] = {}
+        for row, record, _ in kept:
+            value = _value(record, column)
+            before, was = first.setdefault(str(value).strip(), (row, value))
+            if isinstance(was, str) != isinstance(value, str):
+                raise DataError(f"the {flag} column holds {was!r} (row {before}) and {value!r} (row {row}), a number "
+                                "and a text that would be read as one id; write every id of the column the same way "
+                                "(all numbers or all texts)", source=source, field=column)
 
 
 def _with_ids(item: dspy.Example, record: dict, source: str, row: int, *, group_by: str | None,
@@ -548,7 +675,8 @@ def _hinted_rows(path):
 
 def load_dataset(name_or_path: str, *, fmt: str | None = None, columns: dict[str, str] | None = None,
                  task: TaskSpec | None = None, skip_bad_rows: bool = False, label_map: dict[str, str] | None = None,
-                 group_by: str | None = None, system: str | None = None, unlabelled=()) -> tuple[Items, str]:
+                 group_by: str | None = None, system: str | None = None, unlabelled=(),
+                 label_map_merge: bool = False) -> tuple[Items, str]:
     """Items and their format (``pairwise``/``pointwise``), from a built-in name (``faireval``, ``topical_chat``)
     or a file.
 
@@ -558,16 +686,17 @@ def load_dataset(name_or_path: str, *, fmt: str | None = None, columns: dict[str
         columns: Our field -> your column (files).
         task: The task a file's items belong to; a built-in dataset takes a task with its own input fields.
         skip_bad_rows: Skip malformed rows of a file, listed in ``Items.skipped`` (see ``load_custom``).
-        label_map, group_by, system, unlabelled: A file's label values -> ours, its document and system id
-            columns, and the criteria it does not rate (see ``load_custom``).
+        label_map, group_by, system, unlabelled, label_map_merge: A file's label values -> ours, its document and
+            system id columns, the criteria it does not rate, and whether the map may make two values one label
+            (see ``load_custom``).
     """
     fmt = canonical_format(fmt, "--format")
     if task is not None:
         if fmt and fmt != task.config_format:
             raise DataError(f"--format {fmt} does not match task {task.name!r}, which is {task.format}")
         fmt = task.config_format
-    if name_or_path in BUILTIN and (label_map or group_by or system or unlabelled):
-        raise DataError(f"--label-map, --group-by, --system and --unlabelled are for a file of your own, not "
+    if name_or_path in BUILTIN and (label_map or group_by or system or unlabelled or label_map_merge):
+        raise DataError(f"--label-map(-merge), --group-by, --system and --unlabelled are for a file of your own, not "
                         f"{name_or_path}")
     if name_or_path in BUILTIN:
         own = BUILTIN[name_or_path][1]
@@ -582,7 +711,7 @@ def load_dataset(name_or_path: str, *, fmt: str | None = None, columns: dict[str
         raise DataError(f"{name_or_path}: a custom file needs --format pairwise|pointwise or --task "
                         f"(built-ins: {', '.join(BUILTIN)})")
     return load_custom(name_or_path, task or fmt, columns, skip_bad_rows=skip_bad_rows, label_map=label_map,
-                       group_by=group_by, system=system, unlabelled=unlabelled), fmt
+                       group_by=group_by, system=system, unlabelled=unlabelled, label_map_merge=label_map_merge), fmt
 
 
 def dataset_hash(items) -> str:

@@ -37,6 +37,8 @@ class DataSpec:
         system: A custom file's system id column: adds system-level correlations (pointwise).
         unlabelled: Criteria a custom file does not rate (pointwise): their label columns may be absent, where
             otherwise a criterion's label column in no row is an error while the file has other label columns.
+        label_map_merge: ``label_map`` may make two of the file's values one label (``A=1`` in a file that also
+            holds ``1``); without it that stops the load with an error naming the entries and rows.
 
     Example:
         >>> items, fmt = DataSpec("faireval", split="test", limit=3).items()
@@ -57,6 +59,7 @@ class DataSpec:
     system: str | None = None
     unlabelled: tuple[str, ...] = ()
     resamples: int | None = None
+    label_map_merge: bool = False
 
     def __post_init__(self) -> None:
         if self.split not in ("all", *SPLITS):
@@ -93,7 +96,7 @@ class DataSpec:
         task = load_task(self.task) if self.task is not None else None
         return load_dataset(self.dataset, fmt=self.format, columns=dict(self.columns), task=task,
                             skip_bad_rows=self.skip_bad_rows, label_map=dict(self.label_map), group_by=self.group_by,
-                            system=self.system, unlabelled=tuple(self.unlabelled))
+                            system=self.system, unlabelled=tuple(self.unlabelled), label_map_merge=self.label_map_merge)
 
     def _group(self):
         from chateval_dspy.data.loaders import grouping
@@ -125,5 +128,24 @@ class DataSpec:
             out["skip_bad_rows"] = True
         # Each only when set, as above: a run without them keeps the dict it always had.
         out.update({k: v for k, v in (("label_map", dict(self.label_map)), ("group_by", self.group_by),
-                                      ("system", self.system), ("unlabelled", list(self.unlabelled))) if v})
+                                      ("system", self.system), ("unlabelled", list(self.unlabelled)),
+                                      ("label_map_merge", self.label_map_merge)) if v})
         return out
+
+    def reading(self) -> dict[str, str]:
+        """How a file's items and labels were read, as the flags that say it (MLflow params: two runs that read
+        labels differently differ here, not only in ``dataset_hash``); every key always, ``-`` where not given.
+
+        Example:
+            >>> DataSpec("my.csv", format="pairwise", columns={"label": "winner"}, label_map={"0": "tie"}).reading()
+            ... # doctest: +NORMALIZE_WHITESPACE
+            {'columns': 'label=winner', 'label_map': '0=tie', 'label_map_merge': 'false', 'group_by': '-',
+             'system': '-', 'unlabelled': '-', 'skip_bad_rows': 'false'}
+        """
+        def pairs(mapping: dict) -> str:
+            return ",".join(f"{k}={v}" for k, v in mapping.items()) or "-"
+
+        return {"columns": pairs(self.columns), "label_map": pairs(self.label_map),
+                "label_map_merge": str(self.label_map_merge).lower(), "group_by": self.group_by or "-",
+                "system": self.system or "-", "unlabelled": ",".join(self.unlabelled) or "-",
+                "skip_bad_rows": str(self.skip_bad_rows).lower()}

@@ -72,14 +72,19 @@ def summary_table(metrics: dict, cost: dict, header: dict, abstentions: dict | N
 
 def coverage_notes(metrics: dict) -> list[str]:
     """What the figures rest on, where it is less than every item: labels missing per criterion, averages over
-    fewer criteria than the task has, and the documents and systems of summary- and system-level figures.
+    fewer criteria than the task has, and the documents and systems of summary- and system-level figures (each
+    figure's own count where it is defined on fewer: its ``n``).
 
     Example:
         >>> coverage_notes({"fluency_missing": 3, "average_spearman_criteria": 1, "fluency_spearman": 0,
-        ...                 "coherence_spearman": 0, "n_groups": 4})  # doctest: +NORMALIZE_WHITESPACE
+        ...                 "coherence_spearman": 0, "n_groups": 4,
+        ...                 "fluency_spearman_summary": Estimate(0.5, 0.1, 0.9, 3),
+        ...                 "coherence_spearman_summary": Estimate(0.4, 0.1, 0.8, 4)})  # doctest: +NORMALIZE_WHITESPACE
         ['human labels missing (items left out of that criterion): fluency 3',
          'average_spearman: over 1 of 2 criteria (the others undefined: a constant column, or no labels)',
-         'summary-level (_summary): correlation within each of 4 documents, averaged over those where defined']
+         'summary-level (_summary): correlation within each document, averaged over those where defined:
+          fluency_spearman_summary within each of 3 of 4 documents; coherence_spearman_summary within each of 4 of
+          4 documents']
     """
     notes = []
     missing = {k[: -len("_missing")]: v for k, v in metrics.items() if k.endswith("_missing") and v}
@@ -95,11 +100,20 @@ def coverage_notes(metrics: dict) -> list[str]:
                 notes.append(f"{figure}: over {defined} of {total} criteria (the others undefined: a constant "
                              "column, or no labels)")
     if "n_groups" in metrics:
-        notes.append(f"summary-level (_summary): correlation within each of {metrics['n_groups']} documents, averaged "
-                     "over those where defined")
+        notes.append(_summary_note(metrics, metrics["n_groups"]))
     if "n_systems" in metrics:
         notes.append(f"system-level (_system): correlation of the mean scores of {metrics['n_systems']} systems")
     return notes
+
+
+def _summary_note(metrics: dict, total: int) -> str:
+    """The summary-level note: the documents of all, or of each figure where some figure rests on fewer."""
+    used = {k: v.n for k, v in metrics.items() if k.endswith("_summary") and isinstance(v, Estimate)}
+    head = "summary-level (_summary): correlation within each {}, averaged over those where defined"
+    if all(n == total for n in used.values()):
+        return head.format(f"of {total} documents")
+    return head.format("document") + ": " + "; ".join(f"{k} within each of {n} of {total} documents"
+                                                      for k, n in used.items())
 
 
 def abstention_table(abstentions: dict) -> str:

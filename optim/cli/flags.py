@@ -40,7 +40,11 @@ def add_data_flags(p: argparse.ArgumentParser, *, dataset_required: bool = True)
                         "count and list them, instead of stopping")
     g.add_argument("--label-map", metavar="VALUE=LABEL,...",
                    help="custom file: map your label values to ours, e.g. 0=tie,A=1,B=2 (pairwise: 1, 2, tie; "
-                        "pointwise: a criterion's scale); over the task's label_map")
+                        "pointwise: a criterion's scale); over the task's label_map. A map that makes two of the "
+                        "file's values one label (1=2 in a file that also holds 2) stops the load, naming them")
+    g.add_argument("--label-map-merge", action="store_true",
+                   help="custom file: --label-map (or the task's label_map) may make two of the file's values one "
+                        "label; say so when it is meant")
     g.add_argument("--group-by", metavar="COLUMN",
                    help="custom file, pointwise: each row's document id; adds summary-level correlations (per "
                         "document, averaged over the documents) beside the pooled ones")
@@ -108,6 +112,9 @@ def add_lm_flags(p: argparse.ArgumentParser, *, concurrency: int = 1) -> None:
     g.add_argument("--breaker", type=int, metavar="N", default=default(LMSpec, "breaker"),
                    help="stop the run after N failed LM attempts in a row against one endpoint (timeouts, refused or "
                         "lost connections), keeping finished results; rerun to resume (default %(default)s)")
+    g.add_argument("--rate-limit-wait", type=float, metavar="SECONDS", default=default(LMSpec, "rate_limit_wait"),
+                   help="seconds an endpoint may answer 429 in a row (Retry-After honoured, at most 60 s a wait) before "
+                        "the run stops, the rate-limited items unrecorded; rerun to resume (default %(default)s)")
     g.add_argument("--concurrency", type=int, default=concurrency, help="items judged at once (default %(default)s)")
     g.add_argument("--no-cache", action="store_true", help="turn DSPy's LM cache off")
     g.add_argument("--cache-dir", help="DSPy cache directory (default: $CHATEVAL_CACHE_DIR or ~/.cache/chateval-dspy)")
@@ -140,11 +147,14 @@ def add_tracking_flags(p: argparse.ArgumentParser) -> None:
 
 
 def add_model_flags(g, what: str) -> None:
-    """``--no-log-model`` and ``--register`` (compile, search): ``what`` names the program they log."""
+    """``--no-log-model``, ``--register`` and ``--wheelhouse`` (compile, search): ``what`` names the program they log."""
     g.add_argument("--no-log-model", action="store_true",
                    help=f"do not log {what} as MLflow models (the pyfunc for serving and Spark, and the dspy flavour)")
     g.add_argument("--register", metavar="NAME",
                    help="register the pyfunc model (batch: serving, mlflow.pyfunc.spark_udf) under this name")
+    g.add_argument("--wheelhouse", action="store_true",
+                   help="put the wheels of the pyfunc model's whole environment in it (this platform and Python; "
+                        "a few hundred MB), so that it installs where no package index is reachable")
 
 
 def add_loaded_flags(p: argparse.ArgumentParser) -> None:
@@ -164,11 +174,11 @@ def add_loaded_flags(p: argparse.ArgumentParser) -> None:
 
 
 def tracking_spec(args):
-    """``--tracking-uri``, ``--no-mlflow``, ``--no-log-model``, ``--register`` -> ``TrackingSpec``."""
+    """``--tracking-uri``, ``--no-mlflow``, ``--no-log-model``, ``--register``, ``--wheelhouse`` -> ``TrackingSpec``."""
     from optim.tracking.runs import TrackingSpec
 
     return TrackingSpec(enabled=not args.no_mlflow, uri=args.tracking_uri, log_model=not getattr(args, "no_log_model", False),
-                        register=getattr(args, "register", None))
+                        register=getattr(args, "register", None), wheelhouse=getattr(args, "wheelhouse", False))
 
 
 def data_spec(args) -> DataSpec:
@@ -182,7 +192,8 @@ def data_spec(args) -> DataSpec:
                     skip_bad_rows=getattr(args, "skip_bad_rows", False),
                     label_map=parse_label_map(getattr(args, "label_map", None)),
                     group_by=getattr(args, "group_by", None), system=getattr(args, "system", None),
-                    unlabelled=names(getattr(args, "unlabelled", None)), resamples=getattr(args, "resamples", None))
+                    unlabelled=names(getattr(args, "unlabelled", None)), resamples=getattr(args, "resamples", None),
+                    label_map_merge=getattr(args, "label_map_merge", False))
 
 
 def names(text: str | None) -> tuple[str, ...]:
@@ -204,6 +215,7 @@ def lm_spec(args) -> LMSpec:
     return LMSpec(model=args.model, served_model=args.served_model, temperature=args.temperature,
                   max_tokens=args.max_tokens, timeout=args.timeout, retries=args.retries,
                   call_deadline=args.call_deadline, item_deadline=args.item_deadline, breaker=args.breaker,
+                  rate_limit_wait=getattr(args, "rate_limit_wait", default(LMSpec, "rate_limit_wait")),
                   cache=not args.no_cache, cache_dir=args.cache_dir,
                   referee_models=parse_referees(getattr(args, "referee", None)),
                   price_per_mtok=getattr(args, "price_per_mtok", None), **batch_settings(args))

@@ -25,10 +25,11 @@ def config_params(config) -> dict:
 
 def run_params(data, config, model: str, items, *, referee_models: dict | None = None, **extra) -> dict:
     """The params every tracked run states: panel, model (and a mixed panel's referee models, by role slug),
-    dataset and its hash, split, seed, limit."""
+    dataset and its hash, split, seed, limit, and how the labels were read (``data.<flag>``: ``DataSpec.reading``)."""
     return {"config": config_params(config), "model": model,
             **({"referee_models": dict(referee_models)} if referee_models else {}), "dataset": data.dataset,
-            "dataset_hash": dataset_hash(items), "split": data.split, "seed": data.seed, "limit": data.limit, **extra}
+            "dataset_hash": dataset_hash(items), "split": data.split, "seed": data.seed, "limit": data.limit,
+            "data": data.reading(), **extra}
 
 
 def unpriced_marks(cost: dict, prefix: str = "") -> dict[str, str]:

@@ -52,6 +52,7 @@ class TrackingSpec:
         uri: The tracking URI (default: ``$MLFLOW_TRACKING_URI`` or ``sqlite:///mlruns/mlflow.db``).
         log_model: Log the saved program as MLflow models (the pyfunc and the dspy flavour; compile and search).
         register: Register the pyfunc model under this name (compile, search).
+        wheelhouse: Put the wheels of the pyfunc model's environment in it (``models.log_pyfunc_model``).
 
     Example:
         >>> TrackingSpec(enabled=False).enabled
@@ -62,6 +63,7 @@ class TrackingSpec:
     uri: str | None = None
     log_model: bool = True
     register: str | None = None
+    wheelhouse: bool = False
 
 
 def tracking_uri(uri: str | None = None) -> str:
@@ -355,13 +357,21 @@ def end_dead_runs(scope: dict[str, str], uri: str | None = None,
 
 
 def metric_values(metrics: dict, cost: dict | None = None, prefix: str = "") -> dict[str, float]:
-    """Estimates become value + CI bounds; NaN figures are left out (MLflow stores no NaN meaningfully)."""
+    """Estimates become value, CI bounds and ``_n`` (what the figure rests on: items, or a summary-level figure's
+    documents where it is defined); NaN figures are left out (MLflow stores no NaN meaningfully).
+
+    Example:
+        >>> metric_values({"q_spearman_summary": Estimate(0.5, 0.2, 0.7, 3), "n_groups": 4})
+        ... # doctest: +NORMALIZE_WHITESPACE
+        {'q_spearman_summary': 0.5, 'q_spearman_summary_ci_low': 0.2, 'q_spearman_summary_ci_high': 0.7,
+         'q_spearman_summary_n': 3.0, 'n_groups': 4.0}
+    """
     out: dict[str, float] = {}
     for key, value in metrics.items():
         if isinstance(value, Estimate):
             d = value.to_dict()
             out.update({f"{prefix}{key}": d["value"], f"{prefix}{key}_ci_low": d["ci_low"],
-                        f"{prefix}{key}_ci_high": d["ci_high"]})
+                        f"{prefix}{key}_ci_high": d["ci_high"], f"{prefix}{key}_n": float(d["n"])})
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             out[f"{prefix}{key}"] = float(value)
     for key, value in (cost or {}).items():

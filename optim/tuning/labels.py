@@ -336,6 +336,10 @@ class LabelledData:
         parts["train"] = parts["train"] + [x for x in items if str(x.id) in ids]
         return parts
 
+    def reading(self) -> dict[str, str]:
+        """How the dataset's labels were read (``DataSpec.reading``), and the label sources on top."""
+        return {**(self.base.reading() if self.base else {}), "labels": ",".join(self.labels)}
+
     def to_dict(self) -> dict:
         return {**(self.base.to_dict() if self.base else {"seed": self.seed, "limit": self.limit}),
                 "dataset": self.dataset, "labels": list(self.labels)}

@@ -12,7 +12,7 @@ from chateval_dspy.program.task.parts import Criterion, InputSpec, Preference
 from chateval_dspy.program.task.scale import Scale
 
 TASK_KEYS = ("name", "format", "inputs", "criteria", "instructions", "evidence", "responses", "preference",
-             "material", "criteria_in", "label_map")
+             "material", "criteria_in", "label_map", "label_map_merge")
 INPUT_KEYS = ("name", "description", "judged", "default")
 CRITERION_KEYS = ("name", "description", "scale")
 
@@ -60,7 +60,14 @@ def _fields(data: dict) -> dict:
             "verdict": _opt_text(instructions.get("verdict"), "instructions.verdict"),
             **{key: data[key] for key in ("evidence", "criteria_in") if key in data},  # absent: the spec's default
             "responses": tuple(responses), "preference": preference,
-            "material": _opt_text(data.get("material"), "material"), "label_map": label_pairs(data.get("label_map"))}
+            "material": _opt_text(data.get("material"), "material"), "label_map": label_pairs(data.get("label_map")),
+            "label_map_merge": _flag(data.get("label_map_merge", False), "label_map_merge")}
+
+
+def _flag(value, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"key '{key}': true or false, got {shown(value, 40)}")
+    return value
 
 
 def _criterion(i: int, entry: dict) -> Criterion:
@@ -90,6 +97,9 @@ def _preference(pref) -> Preference | None:
 def label_pairs(raw) -> tuple[tuple[str, str], ...]:
     """``label_map``: a mapping of the data's label values to ours, both texts or numbers (YAML reads 0 as a number).
 
+    Two keys that are one value once read as text (YAML's ``0`` and ``"0"``) with two labels are an error: the
+    data's ``0`` would take whichever came last.
+
     Example:
         >>> label_pairs({0: "tie", "A": 1})
         (('0', 'tie'), ('A', '1'))
@@ -107,7 +117,12 @@ def label_pairs(raw) -> tuple[tuple[str, str], ...]:
                     or len(str(part)) > limits.MAX_LABEL_CHARS):
                 raise ConfigError(f"key 'label_map': {shown(part, 40)} is no label value (a text or a number)")
         out.append((str(key).strip(), str(value).strip()))
-    return tuple(out)
+    given: dict[str, str] = {}
+    for key, value in out:
+        if given.setdefault(key, value) != value:
+            raise ConfigError(f"key 'label_map': {shown(key, 40)} is given twice, as {shown(given[key], 40)} and "
+                              f"{shown(value, 40)}; say which label it is once")
+    return tuple(dict(out).items())
 
 
 def _opt_text(value, key: str) -> str:

@@ -44,6 +44,8 @@ class TaskSpec:
             ``instructions``: the verdict instructions describe the criteria (each must be named there).
         label_map: The data's label values -> ours (``{"0": "tie", "A": "1"}``), read before a label is checked;
             no part of any prompt.
+        label_map_merge: ``label_map`` may make two of the data's values one label (``A: "1"`` in data that also
+            holds ``1``); without it that is an error (``chateval_dspy.data.loaders.check_label_merges``).
 
     Example:
         >>> spec = TaskSpec.from_dict({"name": "rag", "format": "pointwise",
@@ -68,6 +70,7 @@ class TaskSpec:
     material: str = ""
     criteria_in: str = "fields"
     label_map: tuple[tuple[str, str], ...] = ()
+    label_map_merge: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "format", canonical_format(self.format, "task format", stacklevel=5))
@@ -183,6 +186,8 @@ class TaskSpec:
             out["preference"] = {"combine": list(self.preference.combine), "stated": self.preference.stated}
         if self.label_map:  # only when set, so that every other spec's dict (and digest) is what it always was
             out["label_map"] = dict(self.label_map)
+        if self.label_map_merge:
+            out["label_map_merge"] = True
         return out
 
     def digest(self) -> str:
