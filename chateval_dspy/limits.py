@@ -123,6 +123,17 @@ class BoundedLoader(yaml.SafeLoader):
             self.scalar_chars[event.anchor] = len(node.value)
         return node
 
+    def construct_mapping(self, node, deep=False):
+        # A key written twice keeps only its last value in PyYAML: which one the author meant is unknowable.
+        seen = set()
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode):
+                key = self.construct_object(key_node)
+                if key in seen:
+                    self._refuse(f"the key {key_node.value!r} is given twice in one mapping", key_node)
+                seen.add(key)
+        return super().construct_mapping(node, deep)
+
     def _count(self, chars: int, event) -> None:
         self.nodes += 1
         self.chars += chars
@@ -153,6 +164,16 @@ def check_depth(value, source: str, limit: int = MAX_DOC_DEPTH) -> None:
         raise ConfigError(f"{source} is nested more than {limit} levels deep (limits.MAX_DOC_DEPTH)")
 
 
+def _unique_keys(pairs: list) -> dict:
+    """A JSON object whose keys are all different: ``json`` keeps a repeated key's last value silently."""
+    data = {}
+    for key, value in pairs:
+        if key in data:
+            raise ValueError(f"the key {key!r} is given twice in one object")
+        data[key] = value
+    return data
+
+
 def parse_json(text: str | bytes, source: str):
     """The parsed JSON ``text`` of ``source``, at most ``MAX_DOC_DEPTH`` deep; a ``ConfigError`` naming ``source``
     otherwise (bad JSON, bad UTF-8, over-long numbers, nesting).
@@ -164,7 +185,7 @@ def parse_json(text: str | bytes, source: str):
         chateval_dspy.errors.ConfigError: deep.json is not valid JSON: nested too deeply to parse
     """
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_unique_keys)
     except RecursionError as exc:
         raise ConfigError(f"{source} is not valid JSON: nested too deeply to parse") from exc
     except ValueError as exc:  # JSON syntax, UTF-8 and numbers too long to convert

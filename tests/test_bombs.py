@@ -186,3 +186,15 @@ def test_a_recursive_or_undefined_alias_is_a_config_error():
         limits.parse_yaml("a: &x [*x]\n", "t.yaml")
     with pytest.raises(ConfigError, match=r"t.yaml is not valid YAML \(line 1.*undefined alias"):
         limits.parse_yaml("a: *nowhere\n", "t.yaml")
+
+
+@pytest.mark.parametrize("text, parse, source", [
+    ("label_map:\n  0: tie\n  1: 1\n  0: 1\n", "yaml", "task.yaml"),
+    ('{"referees": {"a": 1}, "referees": {"b": 2}}', "json", "program.json"),
+])
+def test_a_key_given_twice_in_an_untrusted_file_is_refused_not_last_wins(text, parse, source):
+    from chateval_dspy.limits import parse_json, parse_yaml
+
+    with pytest.raises(ConfigError, match="given twice") as err:
+        (parse_yaml if parse == "yaml" else parse_json)(text, source)
+    assert source in str(err.value)

