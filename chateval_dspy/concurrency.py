@@ -1,8 +1,14 @@
-"""Threads that keep DSPy's settings (the LM, adapter and usage tracker live in contextvars), and the gate that
-tells a batching LM when every thread of a run is waiting on it."""
+"""Threads that keep DSPy's settings (the LM, adapter and usage tracker live in contextvars), the gate that
+tells a batching LM when every thread of a run is waiting on it, and the slots that bound a run's LM calls in flight.
+
+Items judged at once are not LM calls at once: each item debates its answer orders at once and, in a round, every
+referee speaks at once (``parallel_map``), so ``n`` items make up to ``n x orders x referees`` calls together.
+``call_slots(k)`` bounds that product: within it at most ``k`` threads work at once (``CallSlots``).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import queue
 import threading
@@ -20,21 +26,26 @@ def _submit(pool: ThreadPoolExecutor, fn: Callable[[T], R], item: T) -> Future:
 
 
 def parallel_map(fn: Callable[[T], R], items: list[T], workers: int) -> list[R]:
-    """``[fn(x) for x in items]`` on up to ``workers`` threads, results in input order."""
+    """``[fn(x) for x in items]`` on up to ``workers`` threads, results in input order (under ``call_slots``, the
+    caller lends its slot to the threads it waits for)."""
     if workers <= 1 or len(items) <= 1:
-        return [fn(x) for x in items]
+        return [_slotted(fn)(x) for x in items]
     gate = current_gate()
     if gate is not None:
         return _gated_map(gate, fn, items)
-    with ThreadPoolExecutor(min(workers, len(items))) as pool:
-        return [f.result() for f in [_submit(pool, fn, x) for x in items]]
+    slots = _SLOTS.get()
+    with slots.lend() if slots is not None else contextlib.nullcontext(), \
+            ThreadPoolExecutor(min(workers, len(items))) as pool:
+        return [f.result() for f in [_submit(pool, _slotted(fn), x) for x in items]]
 
 
 def bounded_unordered(fn: Callable[[T], R], items: Iterable[T], workers: int) -> Iterator[tuple[T, R]]:
     """Yield ``(item, fn(item))`` as each finishes, never more than ``workers`` in flight.
 
-    Items are drawn from ``items`` lazily, so a long input is never all queued at once.
+    Items are drawn from ``items`` lazily, so a long input is never all queued at once. Under ``call_slots`` each
+    item's thread works only while it holds a slot.
     """
+    fn = _slotted(fn)
     if workers <= 1:
         for x in items:
             yield x, fn(x)
@@ -57,6 +68,110 @@ def bounded_unordered(fn: Callable[[T], R], items: Iterable[T], workers: int) ->
 
 
 _END = object()
+
+
+class CallSlots:
+    """At most ``n`` threads working at once, and so at most ``n`` LM calls in flight (a call is made by a working
+    thread, which waits for it).
+
+    A thread works while it holds a slot (``hold``); one that waits for threads it started gives its slot back
+    meanwhile (``lend``), so nested ``parallel_map`` calls cannot deadlock: a thread that waits for a slot holds
+    none. A slot waited for is time on the item's deadline (``lm.engine``), so a tight bound slows items, and can
+    make a slow LM's items abstain sooner.
+    """
+
+    def __init__(self, n: int):
+        self.n = check_slots(n)
+        self._free = threading.Semaphore(n)
+        self._mine = threading.local()  # .held: whether this thread holds a slot
+
+    def _held(self) -> bool:
+        return getattr(self._mine, "held", False)
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """Work in a slot (waiting for one if none is free); nothing to take if this thread holds one already."""
+        if self._held():
+            yield
+            return
+        self._free.acquire()
+        self._mine.held = True
+        try:
+            yield
+        finally:
+            self._mine.held = False
+            self._free.release()
+
+    @contextlib.contextmanager
+    def lend(self) -> Iterator[None]:
+        """Give this thread's slot back while it waits (for threads it started); take one again after."""
+        if not self._held():
+            yield
+            return
+        self._mine.held = False
+        self._free.release()
+        try:
+            yield
+        finally:
+            self._free.acquire()
+            self._mine.held = True
+
+
+def check_slots(n: int | None, where: str = "max_in_flight") -> int | None:
+    """``n`` if it can bound LM calls in flight (a whole number of 1 or more, or None: no bound), else a
+    ``ConfigError`` naming ``where``."""
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        from chateval_dspy.errors import ConfigError
+
+        raise ConfigError(f"{where}: LM calls in flight must be a whole number of 1 or more, got {n!r}")
+    return n
+
+
+_SLOTS: contextvars.ContextVar[CallSlots | None] = contextvars.ContextVar("chateval_call_slots", default=None)
+
+
+@contextlib.contextmanager
+def call_slots(n: int | None) -> Iterator[None]:
+    """Within the block (and the threads started in it), at most ``n`` LM calls in flight (``CallSlots``); None: no
+    bound beyond the items and referees themselves.
+
+    Example:
+        >>> import time
+        >>> working, most, guard = [0], [0], threading.Lock()
+        >>> def call(_):
+        ...     with guard:
+        ...         working[0] += 1; most[0] = max(most[0], working[0])
+        ...     time.sleep(0.01)
+        ...     with guard:
+        ...         working[0] -= 1
+        >>> def item(_):  # an item: two answer orders, each with three referees speaking at once
+        ...     return parallel_map(lambda order: parallel_map(call, [1, 2, 3], 3), [1, 2], 2)
+        >>> with call_slots(4):
+        ...     _ = list(bounded_unordered(item, range(5), 5))
+        >>> most[0] <= 4
+        True
+    """
+    if n is None:
+        yield
+        return
+    token = _SLOTS.set(CallSlots(n))
+    try:
+        yield
+    finally:
+        _SLOTS.reset(token)
+
+
+def _slotted(fn: Callable[[T], R]) -> Callable[[T], R]:
+    """``fn`` run in a slot of the ``call_slots`` in force, if any."""
+    slots = _SLOTS.get()
+    if slots is None:
+        return fn
+
+    def run(x: T) -> R:
+        with slots.hold():
+            return fn(x)
+
+    return run
 
 
 class Gate:

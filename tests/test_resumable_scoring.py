@@ -44,9 +44,9 @@ def saved(tmp_path_factory):
 @pytest.fixture(scope="module")
 def ray_session():
     ray = pytest.importorskip("ray", reason="ray[data] is not installed")
-    # 4 logical CPUs (on 2 cores): the README's 2 actors of num_cpus=1 leave CPUs to Ray Data's read tasks, as a
-    # cluster must (an actor pool that reserves every CPU starves the reads that feed it).
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    # 2 CPUs, the machine the README's example must fit: its 2 actors of num_cpus=0.5 leave a CPU to Ray Data's read
+    # tasks (an actor pool that reserves every CPU starves the reads that feed it: ``check_resources`` refuses it).
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     yield ray
     ray.shutdown()
 
@@ -119,6 +119,44 @@ def test_repeated_or_missing_ids_are_refused_before_any_call(ray_session, saved,
         with pytest.raises(DataError, match="row 2.*has no id"):
             score_dataset(unnamed, saved, out=str(tmp_path / "b"), model=url)
     assert server.requests == []
+
+
+def test_an_actor_pool_the_cluster_cannot_hold_is_refused_before_it_starts(ray_session, saved, tmp_path):
+    from chateval_dspy.deploy.ray import judge_dataset, score_dataset
+    from chateval_dspy.errors import ConfigError
+
+    server = FakeOpenAIServer()
+    with server as url:
+        lazy = ray_session.data.from_pandas(pd.DataFrame(ITEMS)).repartition(2)  # a split task feeds the actors
+        with pytest.raises(ConfigError, match=r"has 2 CPU and this job needs 3: 2 actor\(s\) x 1 CPU each"):
+            score_dataset(lazy, saved, out=str(tmp_path / "out"), model=url, actors=2, ray_remote_args={"num_cpus": 1})
+        with pytest.raises(ConfigError, match=r"needs 4: 3 actor\(s\) x 1 CPU"):
+            judge_dataset(lazy, saved, model=url, actors=3)
+    assert server.requests == [] and not part_files(tmp_path / "out")
+
+
+def test_a_rerun_on_another_model_is_refused_by_the_workers_before_any_call(ray_session, spark, saved, tmp_path):
+    from chateval_dspy.deploy.ray import score_dataset
+    from chateval_dspy.deploy.spark import score_spark
+
+    for engine in ("ray", "spark"):
+        out = tmp_path / engine
+        with FakeOpenAIServer() as url:
+            if engine == "ray":
+                score_dataset(ray_session.data.from_pandas(pd.DataFrame(ITEMS[:2])), saved, out=str(out), model=url,
+                              cache=False)
+            else:
+                score_spark(spark.createDataFrame(pd.DataFrame(ITEMS[:2])), saved, out=str(out), model=url, cache=False)
+        other = FakeOpenAIServer(model="another-served")
+        with other as url, pytest.raises(Exception, match="holds verdicts of another run") as refused:
+            if engine == "ray":
+                score_dataset(ray_session.data.from_pandas(pd.DataFrame(ITEMS[:4])), saved, out=str(out), model=url,
+                              cache=False)
+            else:
+                score_spark(spark.createDataFrame(pd.DataFrame(ITEMS[:4])), saved, out=str(out), model=url, cache=False)
+        assert "another-served" in str(refused.value), engine
+        assert other.requests == [], engine
+        assert verdict_lines(out) == {"i0": 1, "i1": 1}, engine
 
 
 def test_ray_knobs_pass_through_without_deprecation_warnings(ray_session, saved, tmp_path):

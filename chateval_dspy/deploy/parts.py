@@ -1,36 +1,50 @@
 """A results location for distributed scoring: a directory of JSON Lines part files, resumable by item id.
 
-Every worker (a Ray actor, a Spark task) appends to a part file of its own (``part-<host>-<pid>-<random>.jsonl``),
-one whole line per finished item, flushed and fsynced (``records.append_record``), so a kill leaves at most one
-torn last line per part. Before a run the driver reads the directory (``prepare``): each part is read as
-``score_file`` reads its output (``records.ResultsStream``: a torn last line is cut, error lines are dropped, an
-item's repeated lines are dropped), and the ids with a verdict are done; workers skip them before any LM call.
-Error lines never count as done: a rerun judges those rows again and writes one line for each.
+Every worker (a Ray actor, a Spark task) appends to a part file of its own (``part-<host>-<pid>-<random>.jsonl``,
+created new, never through a link), one whole line per finished item, flushed and fsynced
+(``records.append_record``), so a kill leaves at most one torn last line per part.
+
+Run identity: every line carries the evaluator's digest (``evaluator``: its panel config and tuned state) and the
+run key (``run_key``: that digest with the identity of the LM each worker bound, its model and sampling settings).
+One directory holds one run's lines. Before a run the driver reads the directory (``begin``, under ``run_lock``):
+a line of another evaluator, of another run key, or with no identity is a ``ConfigError`` naming its file and line
+(never counted, nor silently skipped); each worker checks its own evaluator and run key against the directory's
+before its first LM call (when every id is done already, the driver does: ``check_finished``).
+The ids with a verdict (and in the input) are done; workers skip them before any LM call. Error lines never count
+as done: a rerun judges those rows again and writes one line for each.
+
+Damage: a torn last line of a part (a killed worker) is cut before the run; any other line that is not a results
+line (a torn write in the middle, a bad figure) is skipped, counted (``ScaleReport.torn``) and warned about, and
+its item is judged again: every other line of that part still counts. An id with verdicts in two parts (a task
+that Ray or Spark retried after a worker died) is resolved deterministically: the verdict in the part whose name
+sorts first counts, with a warning. The identity is a digest, not a signature: whoever can write the directory can
+copy it, so the directory must be writable only by the job's own user.
 
 Ids must be present and unique in the input: rows have no global order across partitions, so "the first of two
 rows with one id" (``score_file``'s rule) is not defined; ``check_ids`` refuses such input before any LM call.
 
 The location is a local path: on a cluster it must be a filesystem that every worker and the driver mount at the
 same path (NFS, a mounted bucket). Object-store URLs (``s3://``, ``gs://``) are not supported: appending a line to an
-object is not possible. One run writes a location at a time (``records.exclusive`` on ``<dir>/run.lock``: ``flock``,
-which some network filesystems do not honour across hosts).
+object is not possible. One run writes a location at a time (``records.exclusive`` on ``<dir>/run.lock``, taken
+before anything else: ``flock``, which some network filesystems do not honour across hosts).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import socket
 import uuid
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO
 
-from chateval_dspy.concurrency import bounded_unordered
+from chateval_dspy.concurrency import bounded_unordered, call_slots
 from chateval_dspy.errors import ConfigError, DataError, shown
-from chateval_dspy.run.records import ResultsStream, append_record, exclusive, is_error, refuse_link
+from chateval_dspy.run.records import append_record, check_figures, digest, exclusive, is_error, refuse_link
 
 log = logging.getLogger(__name__)
 PART_GLOB = "part-*.jsonl"
@@ -38,13 +52,15 @@ PART_GLOB = "part-*.jsonl"
 
 @dataclass
 class ScaleReport:
-    """What a distributed scoring run did: rows in the input, skipped (done before), scored now, error lines now."""
+    """What a distributed scoring run did: rows in the input, skipped (done before), scored now, error lines now,
+    and lines of the directory skipped as damaged (``torn``: their items are judged again)."""
 
     out: str
     total: int = 0
     skipped: int = 0
     scored: int = 0
     errors: int = 0
+    torn: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -68,17 +84,167 @@ def part_files(out: str | Path) -> list[Path]:
     return sorted(Path(out).glob(PART_GLOB))
 
 
-def prepare(out: Path) -> set[str]:
-    """The ids with a verdict in ``out``; each part is cleaned as it is read (see the module docstring)."""
-    done: set[str] = set()
+@dataclass(frozen=True)
+class RunIdentity:
+    """What the driver found for this run: its evaluator's digest, and the run key of the lines already in the
+    directory (None: none yet). Each worker checks its own against it before any LM call (``stamp``)."""
+
+    evaluator: str
+    run_key: str | None = None
+
+
+def evaluator_digest(program) -> str:
+    """A digest of a loaded evaluator: its panel config and tuned state (instructions, demos), not its LMs."""
+    state = {name: {k: v for k, v in entry.items() if k != "lm"} if isinstance(entry, dict) else entry
+             for name, entry in program.dump_state().items()}
+    return digest({"config": program.config.to_dict(), "state": state})
+
+
+def saved_digest(evaluator: str) -> str:
+    """``evaluator_digest`` of the saved evaluator at ``evaluator`` (a directory, or an MLflow URI), read on the
+    driver without binding any LM."""
+    import tempfile
+
+    from chateval_dspy.deploy.fetch import MLFLOW_SCHEMES, from_mlflow
+    from chateval_dspy.deploy.store import load_program
+
+    with tempfile.TemporaryDirectory(prefix="chateval-digest-") as tmp:
+        found = (from_mlflow(evaluator, Path(tmp), False) if str(evaluator).startswith(MLFLOW_SCHEMES)
+                 else Path(evaluator))
+        return evaluator_digest(load_program(found)[0])
+
+
+def stamp(judge, identity: RunIdentity, out) -> dict:
+    """The identity fields a worker writes into each line; a ``ConfigError`` (before any LM call) when the evaluator
+    it loaded is not the driver's, or when ``out`` holds another run's lines (another model or sampling)."""
+    from chateval_dspy.run.records import lm_identity
+
+    mine = evaluator_digest(judge.program)
+    if mine != identity.evaluator:
+        raise ConfigError(f"this worker loaded an evaluator (digest {mine}) other than the one the driver read (digest "
+                          f"{identity.evaluator}): every worker and the driver must read the same saved evaluator (a "
+                          "shared path, or a fixed MLflow model version)")
+    lm = lm_identity(judge.lm)
+    key = digest({"evaluator": mine, "lm": lm, "referees": {slug: lm_identity(referee) for slug, referee in
+                                                           sorted(getattr(judge, "referee_lms", {}).items())}})
+    if identity.run_key is not None and key != identity.run_key:
+        raise ConfigError(f"{out} holds verdicts of another run (run key {identity.run_key}; this run's is {key}, the "
+                          f"same evaluator on {shown(lm['model'], 60)} with these settings): choose another results "
+                          "directory, or rerun with the model and settings that wrote it")
+    return {"evaluator": mine, "run_key": key}
+
+
+def check_finished(where: Path, evaluator: str, model: str | None, identity: RunIdentity, cache: bool) -> None:
+    """When every id is done no worker starts, so the driver binds the LM itself and compares run keys (``stamp``):
+    a rerun on another model must not report another run's verdicts as its own."""
+    from chateval_dspy.deploy.judge import load
+
+    if identity.run_key is not None:
+        with load(evaluator, model=model, slots=1, cache=cache) as judge:
+            stamp(judge, identity, where)
+
+
+@dataclass
+class PartsRead:
+    """Every part of a results directory, checked (``read_parts``): the first verdict of each id, the first error
+    line of each id, the directory's identity, and how many lines were skipped as damaged."""
+
+    verdicts: dict[str, dict] = field(default_factory=dict)
+    errors: dict[str, dict] = field(default_factory=dict)
+    evaluator: str | None = None
+    run_key: str | None = None
+    torn: int = 0
+    first: str = "this run"  # where the identity the lines are held to was set
+
+
+def read_parts(out: str | Path, evaluator: str | None = None, *, cut: bool = False) -> PartsRead:
+    """Read and check every part of ``out`` (the module docstring's rules): lines held to ``evaluator`` (None: to the
+    first line's), one run key throughout, damaged lines skipped and counted. ``cut``: a torn last line is removed
+    from its file (only under ``run_lock``: a running worker may be writing it)."""
+    got = PartsRead(evaluator=evaluator)
+    repeats: list[tuple[str, Path]] = []
+    seen_in: dict[str, Path] = {}
     for part in part_files(out):
-        stream = ResultsStream(part)
-        repeats = done & stream.done
-        if repeats:
-            log.warning("%s repeats %d id(s) already in another part (first: %s): each counts once", part,
-                        len(repeats), shown(sorted(repeats)[0]))
-        done |= stream.done
-    return done
+        lines, torn = _part_lines(part, cut)
+        got.torn += torn
+        for row, record in lines:
+            _check_identity(got, record, f"{part} line {row}")
+            item = str(record["id"])
+            if is_error(record):
+                got.errors.setdefault(item, record)
+            elif item in got.verdicts:
+                repeats.append((item, part))
+            else:
+                got.verdicts[item], seen_in[item] = record, part
+    if repeats:
+        item, part = repeats[0]
+        log.warning("%d verdict(s) repeat an id judged in another part (a retried task; first: id %s in %s, counted "
+                    "from %s): the part whose name sorts first counts", len(repeats), shown(item), part, seen_in[item])
+    return got
+
+
+def _check_identity(got: PartsRead, record: dict, where: str) -> None:
+    evaluator, key = record.get("evaluator"), record.get("run_key")
+    if not isinstance(evaluator, str) or not isinstance(key, str):
+        raise ConfigError(f"{where} carries no run identity (evaluator and run_key): it was not written by a scoring "
+                          "run of this chateval-dspy, so it cannot count. Move that part out of the directory, or "
+                          "choose another results directory")
+    if got.evaluator is None:
+        got.evaluator, got.first = evaluator, where
+    if evaluator != got.evaluator:
+        raise ConfigError(f"{where} was written by another evaluator (digest {shown(evaluator, 40)}; {got.first}: "
+                          f"{got.evaluator}): a results directory holds one run. Choose another results directory, "
+                          "or move the other run's parts away")
+    if got.run_key is None:
+        got.run_key, got.first = key, where
+    elif key != got.run_key:
+        raise ConfigError(f"{where} belongs to another run (run key {shown(key, 40)}; {got.first}: {got.run_key}): the "
+                          "same evaluator on another model or settings. Choose another results directory, or move "
+                          "the other run's parts away")
+
+
+def _part_lines(part: Path, cut: bool) -> tuple[list[tuple[int, dict]], int]:
+    """``(line number, record)`` of each results line of ``part``, and how many other lines were skipped."""
+    refuse_link(part, "part file")
+    data = part.read_bytes()
+    if data and not data.endswith(b"\n"):
+        keep = data.rfind(b"\n") + 1
+        if cut:
+            log.warning("%s: dropping an incomplete last line (%d bytes) left by a stopped worker", part,
+                        len(data) - keep)
+            fd = os.open(part, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0))
+            try:
+                os.ftruncate(fd, keep)
+            finally:
+                os.close(fd)
+        data = data[:keep]
+    lines, bad = [], []
+    for row, line in enumerate(data.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict) or not isinstance(record.get("id"), (str, int)) or record["id"] is True \
+                    or record["id"] is False:
+                raise ValueError("not an object with an 'id'")
+            check_figures(record, part, row)
+        except (ValueError, RecursionError, DataError):
+            bad.append(row)
+            continue
+        lines.append((row, record))
+    if bad:
+        log.warning("%s: skipping %d line(s) that are not results lines (first: line %d; a torn write or damage): "
+                    "their items are judged again, and every other line of the file counts", part, len(bad), bad[0])
+    return lines, len(bad)
+
+
+def begin(where: Path, evaluator: str, ids: list[str]) -> tuple[RunIdentity, frozenset, ScaleReport]:
+    """Read ``where`` for a run of ``evaluator`` over ``ids`` (under ``run_lock``): the identity workers must match,
+    the ids done, and the report so far. A line of another run is a ``ConfigError`` (``read_parts``)."""
+    got = read_parts(where, saved_digest(evaluator), cut=True)
+    done = set(got.verdicts)
+    report = ScaleReport(out=str(where), total=len(ids), skipped=strangers_warning(done, ids, where), torn=got.torn)
+    return RunIdentity(got.evaluator, got.run_key), frozenset(done & set(ids)), report
 
 
 @contextlib.contextmanager
@@ -119,17 +285,20 @@ def strangers_warning(done: set[str], ids: list[str], out: Path) -> int:
 
 
 class PartWriter:
-    """One worker's part file in ``out``, created on the first append (no empty parts)."""
+    """One worker's part file in ``out``, created on the first append (no empty parts); every line carries
+    ``identity`` (``stamp``: the evaluator's digest and the run key)."""
 
-    def __init__(self, out: str | Path):
-        self.out = Path(out)
+    def __init__(self, out: str | Path, identity: dict):
+        self.out, self.identity = Path(out), identity
         self._sink: IO[str] | None = None
 
     def append(self, record: dict) -> None:
         if self._sink is None:
             name = f"part-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
-            self._sink = open(self.out / name, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
-        append_record(self._sink, record)
+            # A new file of its own: never one that exists, nor one that a link leads to.
+            fd = os.open(self.out / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+            self._sink = os.fdopen(fd, "a", encoding="utf-8")
+        append_record(self._sink, {**record, **self.identity})
 
     def close(self) -> None:
         if self._sink is not None:
@@ -137,11 +306,13 @@ class PartWriter:
             self._sink = None
 
 
-def judge_rows(judge, records: list[dict], done: set[str], writer, *, concurrency: int, source: str) -> dict:
+def judge_rows(judge, records: list[dict], done: set[str], writer, *, concurrency: int, source: str,
+               max_in_flight: int | None = None) -> dict:
     """Judge the ``records`` whose id is not in ``done``, writing each line as it finishes; counts of what happened.
 
-    A row the evaluator refuses (``DataError``) becomes an error line; any other failure (the LM is down) stops
-    the batch, with every line finished so far already written.
+    ``concurrency`` items at once, and at most ``max_in_flight`` LM calls at once (``concurrency.call_slots``; None:
+    up to ``concurrency`` x an item's parallel calls). A row the evaluator refuses (``DataError``) becomes an error
+    line; any other failure (the LM is down) stops the batch, with every line finished so far already written.
     """
     todo = [r for r in records if str(r.get("id")) not in done]
 
@@ -152,9 +323,10 @@ def judge_rows(judge, records: list[dict], done: set[str], writer, *, concurrenc
             return {"id": str(record.get("id")), "error": str(exc)}
 
     counts = {"scored": 0, "errors": 0, "skipped": len(records) - len(todo)}
-    for _, line in bounded_unordered(one, todo, max(1, concurrency)):
-        writer.append(line)
-        counts["errors" if is_error(line) else "scored"] += 1
+    with call_slots(max_in_flight):
+        for _, line in bounded_unordered(one, todo, max(1, concurrency)):
+            writer.append(line)
+            counts["errors" if is_error(line) else "scored"] += 1
     return counts
 
 
@@ -171,24 +343,20 @@ def _missing(value) -> bool:
 
 
 def read_results(out: str | Path):
-    """One row per item id in ``out`` as a pandas DataFrame: its verdict, else its error line.
+    """One row per item id in ``out`` as a pandas DataFrame: its verdict, else its error line (``read_parts``'s
+    rules: a line of another run is a ``ConfigError``; damaged lines are skipped and warned about).
 
     Example:
-        >>> w = PartWriter(tmp); w.append({"id": "a", "error": "bad"}); w.append({"id": "a", "winner": "1"}); w.close()
+        >>> w = PartWriter(tmp, {"evaluator": "e", "run_key": "k"})
+        >>> w.append({"id": "a", "error": "bad"}); w.append({"id": "a", "winner": "1"}); w.close()
         >>> read_results(tmp)[["id", "winner"]].to_dict("records")
         [{'id': 'a', 'winner': '1'}]
     """
     import pandas as pd
 
-    from chateval_dspy.run.records import read_records
-
-    best: dict[str, dict] = {}
-    for part in part_files(out):
-        for record in read_records(part):
-            item = str(record["id"])
-            if item not in best or (is_error(best[item]) and not is_error(record)):
-                best[item] = record
-    return pd.DataFrame(list(best.values()))
+    got = read_parts(out)
+    errors = [record for item, record in got.errors.items() if item not in got.verdicts]
+    return pd.DataFrame([*got.verdicts.values(), *errors])
 
 
 def absolute(path: str | None) -> str | None:

@@ -32,20 +32,20 @@ def _judge(evaluator: str, model: str | None, concurrency: int, cache_dir: str |
 
 
 def _partition_scorer(evaluator: str, model: str | None, out: str, done: frozenset, concurrency: int,
-                      cache_dir: str | None, cache: bool):
+                      cache_dir: str | None, cache: bool, identity, max_in_flight: int | None):
     """The ``mapInPandas`` function: judge a partition's batches into a part file; one row of counts per batch."""
 
     def score(batches):
         import pandas as pd
 
-        from chateval_dspy.deploy.parts import PartWriter, clean_records, judge_rows
+        from chateval_dspy.deploy.parts import PartWriter, clean_records, judge_rows, stamp
 
         judge = _judge(evaluator, model, concurrency, cache_dir, cache)
-        writer = PartWriter(out)
+        writer = PartWriter(out, stamp(judge, identity, out))
         try:
             for batch in batches:
                 counts = judge_rows(judge, clean_records(batch), done, writer, concurrency=concurrency,
-                                    source="spark partition")
+                                    source="spark partition", max_in_flight=max_in_flight)
                 yield pd.DataFrame([counts])
         finally:
             writer.close()
@@ -54,7 +54,7 @@ def _partition_scorer(evaluator: str, model: str | None, out: str, done: frozens
 
 
 def score_spark(df, evaluator: str, *, out: str, model: str | None = None, concurrency: int = 2,
-                cache_dir: str | None = None, cache: bool = True):
+                cache_dir: str | None = None, cache: bool = True, max_in_flight: int | None = None):
     """Judge ``df`` into the results directory ``out``, resuming: ids with a verdict there are skipped before any
     LM call. Returns a ``parts.ScaleReport``; ``parts.read_results(out)`` gives the verdicts, one row per id.
 
@@ -65,22 +65,31 @@ def score_spark(df, evaluator: str, *, out: str, model: str | None = None, concu
         out: The results directory: local, or on a cluster a filesystem every executor and the driver mount at the
             same path (``chateval_dspy.deploy.parts``; no ``s3://``).
         model: The LM spec each worker binds (a base URL, a LiteLLM string); default: the card's model.
-        concurrency: Items one Python worker judges at once (Spark's task slots multiply it).
+        concurrency: Items one Python worker judges at once (Spark's task slots multiply it). Each item makes its
+            calls in parallel (both answer orders of a calibrated pairwise panel, every referee of a round).
         cache_dir: Each worker's LM cache directory (set as its ``CHATEVAL_CACHE_DIR`` before loading); None: the
             worker's environment (``spark.executorEnv.CHATEVAL_CACHE_DIR`` on a cluster), else its user's cache.
         cache: False turns the workers' LM cache off.
+        max_in_flight: LM calls one task keeps in flight at most (``concurrency.call_slots``); None: up to
+            ``concurrency`` x an item's parallel calls.
+
+    ``out`` is locked first, then the ids are collected and checked, and the directory is read: a line of another
+    evaluator or run there is refused (``chateval_dspy.deploy.parts``).
     """
+    from chateval_dspy.concurrency import check_slots
     from chateval_dspy.deploy import parts
 
+    check_slots(max_in_flight)
     where = parts.results_dir(out)
-    ids = parts.check_ids([row[0] for row in df.select("id").collect()], "the Spark DataFrame")
     with parts.run_lock(where):
-        done = parts.prepare(where)
-        report = parts.ScaleReport(out=str(where), total=len(ids), skipped=parts.strangers_warning(done, ids, where))
+        ids = parts.check_ids([row[0] for row in df.select("id").collect()], "the Spark DataFrame")
+        identity, done, report = parts.begin(where, evaluator, ids)
         if report.skipped < report.total:
-            scorer = _partition_scorer(evaluator, model, str(where), frozenset(done & set(ids)), concurrency,
-                                       parts.absolute(cache_dir), cache)
+            scorer = _partition_scorer(evaluator, model, str(where), done, concurrency, parts.absolute(cache_dir),
+                                       cache, identity, max_in_flight)
             # One small row of counts per Arrow batch: collected and summed here, with no shuffle.
             counts = df.mapInPandas(scorer, schema="scored long, errors long, skipped long").collect()
             report.scored, report.errors = sum(c.scored for c in counts), sum(c.errors for c in counts)
+        else:
+            parts.check_finished(where, evaluator, model, identity, cache)
     return report

@@ -6,7 +6,9 @@ incomplete last line; ``read_records`` cuts such a line off before a run appends
 ``ResultsStream`` is the one resumable results file that ``evaluate()`` and ``score_file`` share.
 
 One writer per results file: ``exclusive`` holds ``flock`` on ``<file>.lock`` (which names the holder's pid) for
-as long as a run writes it, so a second run on the same file is refused instead of judging every item again.
+as long as a run writes it, so a second run on the same file is refused instead of judging every item again, naming
+the pid that the kernel says holds the lock. A lock file that is a link, a pipe or another file's second name is
+refused, never written.
 ``flock`` is POSIX; where ``fcntl`` is missing (Windows) results files are not locked.
 """
 
@@ -19,6 +21,7 @@ import logging
 import math
 import os
 import shutil
+import stat
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -313,31 +316,69 @@ def exclusive(path: str | Path) -> Iterator[None]:
 
 def _lock(lock: Path, path) -> int:
     """A descriptor of ``lock`` locked by this process, with its pid written in; a ``ConfigError`` naming the
-    holder when another process holds it."""
+    holder when another process holds it, or when ``lock`` is not a file of its own (``_own_lock_file``)."""
     while True:
         try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+            # O_NONBLOCK: a named pipe put in the lock file's place must not block the open (it is refused next).
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0), 0o644)
         except OSError as exc:
-            raise ConfigError(f"cannot lock {path} for writing ({lock}: {exc.strerror or exc})") from exc
+            raise ConfigError(f"cannot lock {path} for writing ({lock}: {exc.strerror or exc}): remove {lock} if it "
+                              "is a link or not a regular file") from exc
         try:
+            _own_lock_file(fd, lock, path)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 40, 0).decode("ascii", "replace").strip()
+            who = lock_holder(fd, lock)
             os.close(fd)
-            who = f"pid {holder}" if holder.isdigit() else f"lock {lock}, {shown(holder, 40)}"
             raise ConfigError(f"{path} is being written by another run ({who}): wait for it to finish or stop it, or "
                               "choose another output file") from None
+        except BaseException:
+            os.close(fd)
+            raise
         # The last holder removes the file as it lets go; a lock on a file that is gone keeps nobody out.
         try:
             here = os.stat(lock, follow_symlinks=False)
         except FileNotFoundError:
             here = None
         mine = os.fstat(fd)
-        if here is not None and (here.st_ino, here.st_dev) == (mine.st_ino, mine.st_dev):
+        if here is not None and (here.st_ino, here.st_dev) == (mine.st_ino, mine.st_dev) and mine.st_nlink == 1:
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
             return fd
         os.close(fd)
+
+
+def _own_lock_file(fd: int, lock: Path, path) -> None:
+    """A ``ConfigError`` unless ``fd`` is a regular file with no other name: the pid is written into a lock file, so a
+    hard link to another file (which writing would overwrite) or a pipe or device is refused, not written."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"cannot lock {path} for writing: {lock} is not a regular file (a named pipe, a device or a "
+                          "folder): remove it")
+    if st.st_nlink > 1:
+        raise ConfigError(f"cannot lock {path} for writing: {lock} has {st.st_nlink} names (a hard link to another "
+                          "file, which locking would overwrite): remove it")
+
+
+def lock_holder(fd: int, lock: Path) -> str:
+    """Who holds the ``flock`` on ``fd``'s file, as the kernel says (``/proc/locks``, Linux): ``"pid N"``. Elsewhere,
+    or where the kernel names no process this one can see, the pid the lock file claims, said to be unconfirmed
+    (anyone who can write the file can write any number in it)."""
+    st = os.fstat(fd)
+    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as table:
+            for line in table:
+                fields = line.split()
+                # "1: FLOCK  ADVISORY  WRITE 1234 fe:00:5678 0 EOF"; waiters are listed as "1: -> FLOCK ...".
+                if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == inode and fields[4].isdigit() \
+                        and fields[4] != "0":
+                    return f"pid {fields[4]}"
+    except OSError:
+        pass
+    claim = os.pread(fd, 40, 0).decode("ascii", "replace").strip()
+    said = f"its lock file {lock} says pid {claim}" if claim.isdigit() else f"lock file {lock}"
+    return f"a process the system does not name; {said}, unconfirmed"
 
 
 def is_error(record: dict) -> bool:

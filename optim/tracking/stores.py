@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -83,12 +85,22 @@ def _file_lock(path: Path) -> Iterator[None]:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     # The lock file stays: unlinking a flock'ed file lets a third process lock a new inode while the second holds the old.
-    with open(path.with_name(path.name + ".init.lock"), "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+    lock = path.with_name(path.name + ".init.lock")
+    try:
+        # No link followed, and no wait on a named pipe put in its place (refused below, as is any non-regular file).
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as exc:
+        raise ConfigError(f"cannot lock {lock} ({exc.strerror or exc}): remove it if it is a link") from exc
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConfigError(f"cannot lock {lock}: not a regular file (a named pipe, a device or a folder): remove it")
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager
