@@ -96,8 +96,11 @@ def verdict_lines(out: Path) -> dict[str, int]:
     counts: dict[str, int] = {}
     for part in part_files(out):
         for line in part.read_text(encoding="utf-8").splitlines():
-            record = json.loads(line)  # only whole lines are counted: a torn last one is cut on the next read
-            if not record.get("error"):
+            try:  # read while the job writes: a torn line is not yet a verdict
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and not record.get("error"):
                 counts[record["id"]] = counts.get(record["id"], 0) + 1
     return counts
 
