@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 LITELLM = ROOT / ".gateway" / "bin" / "litellm"
 MISSING = f"the LiteLLM proxy venv is absent ({LITELLM}): python -m venv .gateway && " \
-          '.gateway/bin/pip install "litellm[proxy]>=1.108,<1.109"'
+          '.gateway/bin/pip install "litellm[proxy,caching]>=1.108,<1.109"'
 # What keeps the proxy offline and quiet: the cost map shipped with litellm, no telemetry, no update checks.
 OFFLINE_ENV = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY_DISABLED": "true",
                "LITELLM_MODE": "PRODUCTION", "LITELLM_LOG": "ERROR", "DISABLE_ADMIN_UI": "True",

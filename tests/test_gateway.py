@@ -73,13 +73,17 @@ class Upstream(FakeOpenAIServer):
         super().__init__(responder=responder, model=UPSTREAM_MODEL)
 
 
-def derived_config(tmp: Path, name: str, **params) -> Path:
-    """The README's example config with ``litellm_params`` changed (None removes one), no cache, and the recorder."""
+def derived_config(tmp: Path, name: str, cache: bool = False, **params) -> Path:
+    """The README's example config with ``litellm_params`` changed (None removes one) and the recorder; no cache, or
+    with ``cache`` the example's own, its folder in ``tmp``."""
     config = yaml.safe_load(EXAMPLE.read_text(encoding="utf-8"))
     deployment = config["model_list"][0]["litellm_params"]
     for key, value in params.items():
         deployment.pop(key, None) if value is None else deployment.__setitem__(key, value)
-    config["litellm_settings"] = {"cache": False, "callbacks": "recorder.recorder"}
+    settings = config["litellm_settings"] if cache else {"cache": False}
+    if cache:
+        settings["cache_params"]["disk_cache_dir"] = str(tmp / "gateway-cache")
+    config["litellm_settings"] = {**settings, "callbacks": "recorder.recorder"}
     (tmp / "recorder.py").write_text(RECORDER, encoding="utf-8")
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config), encoding="utf-8")
@@ -99,10 +103,11 @@ def worker_env(tmp: Path, key: str, **extra) -> dict[str, str]:
     return {**env, **extra}
 
 
-def evaluate_cmd(url: str, split: str, out: Path, limit: int = 2) -> list[str]:
+def evaluate_cmd(url: str, split: str, out: Path, limit: int = 2, panel: tuple[str, ...] = ("--roles", "1", "--turns", "1")
+                 ) -> list[str]:
     return [str(BIN / "chateval"), "evaluate", "--dataset", "faireval", "--split", split, "--limit", str(limit),
-            "--roles", "1", "--turns", "1", "--model", url, "--served-model", "judge", "--no-cache", "--no-mlflow",
-            "--no-progress", "--out", str(out)]
+            *panel, "--model", url, "--served-model", "judge", "--no-cache", "--no-mlflow", "--no-progress",
+            "--out", str(out)]
 
 
 def items_of(path: Path) -> list[dict]:
@@ -270,6 +275,39 @@ def test_the_readme_commands_share_one_gateway_and_its_cache(tmp_path):
     assert len(bodies) == len(set(bodies)), "a request reached the upstream twice: the proxy's cache missed"
     assert not any(x.get("abstentions") for x in w1 + w2 + w3)
     print(f"README commands (proxy start, 3 workers) took {took:.1f} s; upstream answered {len(bodies)} requests")
+
+
+@needs_proxy
+def test_the_cache_holds_runs_of_hundreds_of_calls(tmp_path):
+    """Issue 32, at the README's size: two workers of 32 items each (the default panel, 8 calls an item: 256 calls
+    each) fill the example's cache with 512 answers, then a third worker repeating the first one's items is
+    answered from it: the upstream sees no call more. LiteLLM's in-memory cache kept 200 and sent all 256 again."""
+    key, upstream = "sk-" + secrets.token_hex(32), Upstream()
+    with upstream as upstream_url:
+        config = derived_config(tmp_path, "cached", cache=True, rpm=None, tpm=None, max_budget=None,
+                                budget_duration=None)
+        with Gateway(config, proxy_env(tmp_path, upstream_url, key)) as gateway:
+            def worker(split: str, name: str) -> subprocess.Popen:
+                return subprocess.Popen(evaluate_cmd(gateway.url, split, tmp_path / f"{name}.jsonl", limit=32, panel=()),
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                        env=worker_env(tmp_path, key))
+
+            first = [worker("train", "w1"), worker("test", "w2")]
+            outs = [p.communicate(timeout=600)[0] for p in first]
+            assert [p.returncode for p in first] == [0, 0], [o[-2000:] for o in outs]
+            paid = len(upstream.requests)
+            again = worker("train", "w3")
+            out = again.communicate(timeout=600)[0]
+            assert again.returncode == 0, out[-2000:]
+    assert paid == 512, paid  # every call of the first two workers, each once
+    bodies = [json.dumps(r["body"], sort_keys=True) for r in upstream.requests]
+    assert len(set(bodies)) == len(bodies)
+    assert len(upstream.requests) == paid, f"the repeated run sent {len(upstream.requests) - paid} of 256 calls upstream"
+    w1, w3 = items_of(tmp_path / "w1.jsonl"), items_of(tmp_path / "w3.jsonl")
+    assert len(w3) == 32 and sorted(x["id"] for x in w3) == sorted(x["id"] for x in w1)
+    assert not any(x.get("abstentions") for x in w1 + w3)
+    hits = [r for r in records(tmp_path) if r["ok"] and r["cache_hit"]]
+    assert len(hits) == 256, len(hits)
 
 
 # The client's side of the proxy's answers, without a proxy: what its 429s and budget refusals say on the wire.

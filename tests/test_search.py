@@ -341,6 +341,7 @@ def test_search_logs_nested_trial_runs_saves_the_best_and_leaks_no_key(workdir, 
         assert child.data.metrics["objective.agreement"] == t.value and child.data.metrics["dev.calls_per_item"] > 0
         assert child.info.run_id == t.user_attrs["mlflow_run_id"]
     assert parent.data.params["dataset"] == "faireval" and "test.accuracy" in parent.data.metrics
+    assert parent.data.params["storage"] == "sqlite:optuna.db"  # issue 32: no path or host of the storage
     client = mlflow.MlflowClient()
     assert {"evaluator/card.json", "evaluator/program.json"} <= {a.path for a in client.list_artifacts(parent.info.run_id,
                                                                                                      "evaluator")}
@@ -397,7 +398,24 @@ def test_run_search_is_the_search_command_as_a_function(workdir, tmp_path):
     card = json.loads((tmp_path / "best" / "card.json").read_text())
     assert card["search"] == done.card["search"] and card["config"] == done.card["config"]
     assert done.card["config"]["calibrate"] is False  # the base config's fixed part reached the saved panel
+    # Issue 32: the card travels with the model: the storage's kind and database name, no path of this machine.
+    assert card["search"]["storage"] == "sqlite:o.db" and str(tmp_path) not in json.dumps(card)
     assert not (tmp_path / "mlruns" / "optuna.db").exists()  # nothing outside what the specs named
+
+
+@pytest.mark.parametrize("url, label", [
+    ("postgresql://optuna:s3cret@db.internal:5432/optuna", "postgresql:optuna"),
+    ("postgresql+psycopg2://db.internal/studies?sslmode=require&password=s3cret", "postgresql+psycopg2:studies"),
+    ("mysql://root@10.0.0.7:3306/optuna", "mysql:optuna"),
+    ("sqlite:////srv/team/mlruns/optuna.db", "sqlite:optuna.db"),
+    ("sqlite://", "sqlite"),
+    ("postgresql://u:p@db.internal:bad/optuna", "postgresql:optuna"),
+    ("db.internal:5432", "storage"),
+])
+def test_a_storage_url_is_recorded_without_its_host_or_credentials(url, label):
+    """Issue 32: what the card and the MLflow params say of a study's storage names no host, port, user, password
+    or local path."""
+    assert search.storage_label(url) == label
 
 
 def test_search_flag_defaults_come_from_the_search_space():

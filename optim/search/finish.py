@@ -147,7 +147,7 @@ def save_final(study: optuna.Study, tested: Tested, out: Path, *, model: str, ca
             from optim.tracking.models import log_models
 
             # outside the LM context: no client or key travels with it
-            log_models(program, out, registered_name=tracking.register)
+            log_models(program, out, registered_name=tracking.register, wheelhouse=tracking.wheelhouse)
     study.set_user_attr("final", {"trial": trial.number, "out": str(out),
                                   "test": {metric: written["test_metrics"].get(metric)}})
     study.set_user_attr(f"final_claim:{trial.number}", {"worker": Worker.current().tag(), "out": str(out),

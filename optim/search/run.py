@@ -151,7 +151,7 @@ def parent_run(opened: optuna.Study, spec: StudySpec, recorded: dict, base: Deba
     from optim.tracking import runs as mlflow_tracking
 
     mlflow_tracking.end_dead_runs({"optuna.study": spec.name}, tracking.uri)
-    params = {"study": spec.name, "storage": studies.redact_url(spec.storage), **recorded}
+    params = {"study": spec.name, "storage": studies.storage_label(spec.storage), **recorded}
     if base.task is not None:  # MLflow keeps 6,000 characters a param: the task's compact form
         params["base"] = {**recorded["base"], "task": base.task.params()}
     return studies.study_run(opened, params=params, uri=tracking.uri)
@@ -187,7 +187,7 @@ def search_card(data, plan: SearchPlan, spec: StudySpec, space: SearchSpace, rec
     return {
         "dataset": data.dataset, "dataset_hash": recorded["dataset_hash"],
         "split": split_record(data.seed, data.limit, plan.parts),
-        "search": {"study": spec.name, "storage": studies.redact_url(spec.storage),
+        "search": {"study": spec.name, "storage": studies.storage_label(spec.storage),
                    "trial": tested.trial.number, "objectives": list(spec.objectives),
                    "trials_finished": finished, "space": space.to_dict(), "values": list(tested.trial.values)},
         **({"skipped_rows": skipped_rows(items.skipped)} if getattr(items, "skipped", None) else {})}
@@ -202,11 +202,14 @@ def objective_for(data, plan: SearchPlan, spec: StudySpec, space: SearchSpace, *
 
 
 def trials(opened: optuna.Study, objective: Objective, spec: StudySpec, *, wait: bool, poll: float,
-           hooks: SearchHooks) -> tuple[list[int], int]:
+           hooks: SearchHooks, tracking=None) -> tuple[list[int], int]:
     """This worker's trials run (waiting for the other workers' when it tests): ``(trials it ran, finished in the
-    study)``."""
+    study)``. With ``tracking`` enabled, the MLflow run of any trial failed meanwhile (a killed worker's) is ended."""
+    def end_runs(failed) -> None:
+        studies.end_failed_trial_runs(failed, tracking.uri)
+
     ran = studies.run_trials(opened, objective, spec.trials, callbacks=[hooks.trial], wait=wait, poll=poll,
-                             on_wait=hooks.waiting)
+                             on_wait=hooks.waiting, on_failed=end_runs if tracking is not None and tracking.enabled else None)
     finished = studies.count(opened)
     hooks.trials_done(opened, ran, finished)
     return ran, finished
@@ -259,7 +262,7 @@ def run_search(data, base: DebateConfig | Callable[[str], DebateConfig], lm, *, 
             model, referees = judging_lm.model, referee_names()
             if tracked:
                 mlflow_tracking.log_params({"model": model, **({"referee_models": referees} if referees else {})})
-            ran, finished = trials(opened, objective, spec, wait=test, poll=poll, hooks=hooks)
+            ran, finished = trials(opened, objective, spec, wait=test, poll=poll, hooks=hooks, tracking=tracking)
             final = choose_final(opened, plan.out, test=test)
             if final.trial is None:
                 hooks.final(final.reason)

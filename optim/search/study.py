@@ -3,7 +3,9 @@
 Studies live in an Optuna storage (default ``sqlite:///mlruns/optuna.db``; ``postgresql://...`` for workers on
 many hosts), so an interrupted search resumes where it stopped and several workers can share one study. A trial
 whose worker was killed is failed as soon as a worker on the same host sees that the process is gone
-(``fail_dead_trials``); one on another host is failed by Optuna's heartbeat after its grace period.
+(``fail_dead_trials``); one on another host is failed by Optuna's heartbeat after its grace period. Either way
+the MLflow run of the failed trial, left RUNNING by its killed worker, is ended by the next worker to see the
+failure (``end_failed_trial_runs``).
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ import contextlib
 import hashlib
 import json
 import logging
+import re
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from urllib.parse import urlsplit
 
 import numpy as np
 import optuna
@@ -48,6 +52,26 @@ def open_storage(url: str):
         # Heartbeats are "experimental" since Optuna 2.9, and documented.
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
+
+
+def storage_label(url: str) -> str:
+    """What a card or an MLflow param says of a study's storage: its kind and database name, never its host, port,
+    user, password or a path on this machine (a card travels with the model to wherever it is served).
+
+    Example:
+        >>> storage_label("postgresql://optuna:s3cret@db.internal:5432/optuna?sslmode=require")
+        'postgresql:optuna'
+        >>> storage_label("sqlite:////home/me/mlruns/optuna.db"), storage_label("not a url")
+        ('sqlite:optuna.db', 'storage')
+    """
+    scheme, sep, _ = url.partition("://")
+    if not sep or not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", scheme):
+        return "storage"
+    try:
+        name = urlsplit(url).path.rstrip("/").rpartition("/")[2]
+    except ValueError:
+        name = ""
+    return f"{scheme}:{name}" if name else scheme
 
 
 def make_sampler(seed: int, slot: int | None = None) -> optuna.samplers.TPESampler:
@@ -168,7 +192,8 @@ _TRIAL_LOG = logging.getLogger("optuna.study._optimize")
 
 
 def run_trials(study: optuna.Study, objective, n_trials: int, callbacks: Sequence[Callable] = (), *,
-               wait: bool = False, poll: float = 1.0, on_wait: Callable[[int], None] | None = None) -> list[int]:
+               wait: bool = False, poll: float = 1.0, on_wait: Callable[[int], None] | None = None,
+               on_failed: Callable[[list[FrozenTrial]], None] | None = None) -> list[int]:
     """Run trials until the study holds ``n_trials`` finished (complete or pruned) ones; returns the numbers run here.
 
     Trial numbers come from the storage, so a resumed study continues after its last trial
@@ -184,11 +209,18 @@ def run_trials(study: optuna.Study, objective, n_trials: int, callbacks: Sequenc
             again any that fails meanwhile: the study is complete when this returns.
         poll: Seconds between looks at other workers' trials while waiting.
         on_wait: Called with the number of trials still running elsewhere, whenever it changes.
+        on_failed: Called with the trials found failed that it was not shown yet (all of them at first, then each
+            trial failed since: by this worker, another, or Optuna's heartbeat), before any trial runs again.
     """
     ran: list[int] = []
     waiting = None
+    seen: set[int] = set()
     while True:
         fail_dead_trials(study)
+        failed = [t for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)) if t.number not in seen]
+        if failed and on_failed:
+            on_failed(failed)
+        seen.update(t.number for t in failed)
         if remaining(study, n_trials) > 0:
             if not _one_trial(study, objective, callbacks, ran) and not wait:
                 return ran  # another worker took the last trial of the budget
@@ -230,6 +262,42 @@ def _one_trial(study: optuna.Study, objective, callbacks, ran: list[int]) -> boo
     if objective.last is not None:
         ran.append(objective.last)
     return True
+
+
+NOTE_TAG = "mlflow.note.content"  # the run's description in MLflow's UI
+
+
+def end_failed_trial_runs(failed: Sequence[FrozenTrial], uri: str | None = None) -> list[str]:
+    """End as KILLED, with a note saying why, the MLflow runs of failed trials that are still RUNNING; returns their ids.
+
+    A SIGKILLed worker cannot end its trial's run, and failing the trial (a worker that sees the process gone, or
+    Optuna's heartbeat for a worker on another host) does not end it either: once the trial is FAIL in the study,
+    whichever worker sees it ends the run. ``end_dead_runs`` covers only dead workers of this host, as a worker starts.
+    """
+    import mlflow
+
+    from optim.tracking import runs as tracking
+
+    wanted = {t.user_attrs["mlflow_run_id"]: t for t in failed if t.user_attrs.get("mlflow_run_id")}
+    if not wanted:
+        return []
+    tracking.setup(uri)
+    client = mlflow.MlflowClient()
+    ended = []
+    for run_id, trial in wanted.items():
+        try:
+            if client.get_run(run_id).info.status != "RUNNING":
+                continue
+        except mlflow.exceptions.MlflowException:  # deleted, or in another store
+            continue
+        note = (f"Ended by worker {Worker.current().tag()}: Optuna failed trial {trial.number} "
+                f"(its worker {trial.user_attrs.get('worker')} died or stopped sending heartbeats), so this run "
+                "would never end by itself. A failed trial does not count: the study runs another in its place.")
+        client.set_tag(run_id, NOTE_TAG, note)
+        tracking.end_run(run_id, "KILLED", uri)
+        log.info("trial %d failed: its MLflow run %s ended as KILLED", trial.number, run_id)
+        ended.append(run_id)
+    return ended
 
 
 def best_trial(study: optuna.Study) -> FrozenTrial:
