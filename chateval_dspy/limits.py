@@ -47,6 +47,8 @@ MAX_MODEL_NAME_CHARS = 200  # the card's model is a name (provider/model), never
 MAX_PROGRAM_FILE_BYTES = 16 * MIB  # read before parsing; a bootstrapped 5-referee program is ~2 MB
 MAX_CARD_FILE_BYTES = 1 * MIB  # read before parsing; a card is a few KB plus at most 10 referees' personas
 MAX_MLMODEL_FILE_BYTES = 1 * MIB  # an MLflow model's MLmodel file, read to find the evaluator inside a pyfunc
+# A confidence map's breakpoints: the fit rounds raw confidences to thousandths, so it has at most 1,001
+MAX_CONFIDENCE_BREAKPOINTS = 1_024
 
 # ---- a task spec (a task file, or the task inside a config or judge card) ----
 MAX_TASK_FILE_BYTES = 256 * KIB  # read before parsing; the built-in specs are ~2 KB, instructions dominate
