@@ -14,10 +14,18 @@ product). Let ``k+`` and ``k-`` be the demonstrations in the prompt whose stated
 and wrong about their own item, and ``key`` whether the instructions contain ``instruction_key``::
 
     p      = min(ceiling, max(0, accuracy[r] + instruction_gain * key + demo_gain * k+ - demo_loss * k-))
+    d      = difficulty_spread * u, u uniform from a hash of seed and the item's texts (either order)
+    p_item = 0.5 + (p - 0.5) * (1 - d)            (p itself when d = 0)
     herd   with probability herding, if the discussion states any leaning:
                  the leaning stated most often in it (on a tie, the latest stated)
     first  else, with probability position_bias: answer 1, whatever L is
-    own    else: L with probability p, the other answer with probability 1 - p
+    own    else: L with probability p_item, the other answer with probability 1 - p_item
+
+Difficulty ``d`` belongs to the item, not to a referee or an answer order: every referee of a panel and
+both orders of the item see the same ``d``, so a hard item (``d`` near 1) splits the panel's votes as a
+coin would, an easy one gets the referees' full accuracy, and how much a panel agrees carries real
+information about whether its verdict is right. At ``difficulty_spread = 0`` (the default) every item
+has ``d = 0`` and the model is exactly the one without difficulty.
 
 A verdict states its answer as the preference, with scores ``(6 + m // 2, 6 - (m - m // 2))``
 towards it (``m = margin_right`` for an ``own`` verdict that is right, else ``margin_wrong``), so
@@ -29,8 +37,9 @@ rule, so herding works through every strategy's visibility rule. Instruction pro
 
 Every draw is a uniform number from a hash of ``seed``, the persona, the judged texts in their order
 and the step (talk or verdict; the herd draw also hashes the discussion, a proposal's draw its whole
-prompt), so a rerun gives the same verdicts. The ``own`` draw ignores demos, instructions and the
-discussion (common random numbers): raising ``p`` turns wrong verdicts right and never the reverse,
+prompt), so a rerun gives the same verdicts. The ``own`` draw ignores demos, instructions, the
+discussion and difficulty (common random numbers): raising ``p`` raises ``p_item`` for every ``d < 1``
+(and leaves it at 0.5 for ``d = 1``), so it turns wrong verdicts right and never the reverse,
 so a before/after comparison on the same items measures the effect, not fresh noise. The two answer
 orders of an item and the personas of a panel draw independently.
 """
@@ -70,6 +79,8 @@ class SimKnobs:
         instruction_gain: Accuracy added when the instructions contain ``instruction_key``.
         propose_rate: Probability that an instruction the simulator proposes contains ``instruction_key``.
         ceiling: The most accuracy any tuning can reach.
+        difficulty_spread: The largest item difficulty: each item's ``d`` is uniform on ``[0, difficulty_spread]``;
+            a referee's own verdict on it is right with ``0.5 + (p - 0.5) * (1 - d)``. 0: no item is harder.
         margin_right: Score margin of a right ``own`` verdict.
         margin_wrong: Score margin of every other verdict (wrong, position-biased or herded).
         seed: Seeds every draw.
@@ -90,13 +101,14 @@ class SimKnobs:
     instruction_gain: float = 0.15
     propose_rate: float = 0.3
     ceiling: float = 0.95
+    difficulty_spread: float = 0.0
     margin_right: int = 3
     margin_wrong: int = 2
     seed: int = 0
 
     def __post_init__(self) -> None:
         probabilities = [p for _, p in self.accuracy] + [self.default_accuracy, self.position_bias, self.herding,
-                                                         self.propose_rate, self.ceiling]
+                                                         self.propose_rate, self.ceiling, self.difficulty_spread]
         if not all(0.0 <= p <= 1.0 for p in probabilities):
             raise ValueError(f"accuracies, rates and the ceiling must lie in [0, 1]: {self}")
         if not (1 <= self.margin_right <= 8 and 1 <= self.margin_wrong <= 8):
@@ -122,6 +134,18 @@ class SimKnobs:
         """The first equation of the model: a persona's chance that its own verdict is right."""
         raw = self.base(slug) + self.instruction_gain * keyed + self.demo_gain * right_demos - self.demo_loss * wrong_demos
         return round(min(self.ceiling, max(0.0, raw)), 12)
+
+    @staticmethod
+    def harder(p: float, d: float) -> float:
+        """The second equation of the model: ``p`` on an item of difficulty ``d`` (``p`` itself at ``d = 0``).
+
+        Example:
+            >>> SimKnobs.harder(0.9, 0.5), SimKnobs.harder(0.9, 1.0), SimKnobs.harder(0.9, 0.0)
+            (0.7, 0.5, 0.9)
+        """
+        if not d:  # exactly p, so that a zero spread changes no verdict by a rounding error
+            return p
+        return round(0.5 + (p - 0.5) * (1.0 - d), 12)
 
     def replace(self, **changes) -> SimKnobs:
         return replace(self, **changes)
@@ -200,6 +224,12 @@ class SimReferees:
         text = "\x1f".join((str(self.knobs.seed), *parts))
         return int(hashlib.sha256(text.encode()).hexdigest()[:13], 16) / 16 ** 13
 
+    def difficulty(self, question: str, first: str, second: str) -> float:
+        """The item's difficulty ``d``: the same in both answer orders and for every referee."""
+        if not self.knobs.difficulty_spread:
+            return 0.0
+        return self.knobs.difficulty_spread * self.draw("difficulty", question.strip(), *sorted((first.strip(), second.strip())))
+
     def label_of(self, fields: Mapping[str, str]) -> str | None:
         if not all(k in fields for k in PAIR):
             return None
@@ -235,6 +265,7 @@ class SimReferees:
         right, wrong = self.demos(call)
         p = k.p(self.personas.get(persona), right_demos=right, wrong_demos=wrong,
                 keyed=k.instruction_key.lower() in call.system.lower())
+        p = k.harder(p, self.difficulty(*texts))
         if self.draw("own", step, persona, *texts) < p:
             return label, "right"
         return ("2" if label == "1" else "1"), "wrong"

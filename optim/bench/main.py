@@ -10,6 +10,7 @@ file of figures, and prints (``--markdown``) a table that states model, data, sp
     python -m optim.bench cost --limit 4
     python -m optim.bench injection --limit 16 --config single_calibrated
     python -m optim.bench simulate --smoke
+    python -m optim.bench selective --draws 200 --level 0.8 --risk 0.1
     python -m optim.bench review --roles 1 --pool-limit 24 --test-limit 8 --counts 2,4 --threads 1
     python -m optim.bench review --planted --seeds 20 --tie-draws 20
     python -m optim.bench latency --requests 30 --rate 2
@@ -136,6 +137,10 @@ def _own_lm_suites(sub) -> None:
     sim.add_argument("--plots", help="directory for the PNG plots (default: the JSON's directory)")
     sim.add_argument("--markdown", action="store_true", help="print Markdown tables (default: plain text)")
 
+    from optim.bench.selective import add_parser as add_selective
+
+    add_selective(sub)
+
     rv = sub.add_parser("review", help="does the uncertainty flag find the errors; queue-order vs random labels")
     rv.add_argument("--model", default="embedded", help="embedded (default), an OpenAI-compatible base URL, or a LiteLLM string")
     rv.add_argument("--served-model", help="model id at a base URL")
@@ -255,6 +260,10 @@ def _own_lm(args) -> int | None:
         from optim.bench.simulate.cli import run_simulate
 
         return run_simulate(args)
+    if args.suite == "selective":
+        from optim.bench.selective import run_selective
+
+        return run_selective(args)
     if args.suite not in ("latency", "caching", "batch", "scale"):
         return None
     if args.suite == "latency":
