@@ -49,6 +49,7 @@ MAX_CARD_FILE_BYTES = 1 * MIB  # read before parsing; a card is a few KB plus at
 MAX_MLMODEL_FILE_BYTES = 1 * MIB  # an MLflow model's MLmodel file, read to find the evaluator inside a pyfunc
 # A confidence map's breakpoints: the fit rounds raw confidences to thousandths, so it has at most 1,001
 MAX_CONFIDENCE_BREAKPOINTS = 1_024
+MAX_CALIBRATION_FILE_BYTES = 256 * KIB  # read before parsing; a map of 1,024 breakpoints is ~50 KB of JSON
 
 # ---- a task spec (a task file, or the task inside a config or judge card) ----
 MAX_TASK_FILE_BYTES = 256 * KIB  # read before parsing; the built-in specs are ~2 KB, instructions dominate

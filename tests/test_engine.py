@@ -173,8 +173,8 @@ def test_empty_choices_is_a_server_error(server):
         OpenAICompatEngine(url(server), "m", max_retries=0, timeout=5).complete(request())
 
 
-@pytest.mark.parametrize(("status", "error"), [(401, lm15.AuthError), (429, lm15.RateLimitError),
-                                               (400, lm15.InvalidRequestError)])
+# A 429 is waited out, never raised as the call's error: tests/test_rate_limits.py.
+@pytest.mark.parametrize(("status", "error"), [(401, lm15.AuthError), (400, lm15.InvalidRequestError)])
 def test_other_statuses(server, status, error):
     server.reply = (status, {"error": {"message": "nope", "type": "x"}})
     with pytest.raises(error):
@@ -228,11 +228,14 @@ def test_a_request_the_server_refuses_is_not_retried(server):
 
 
 def test_a_retry_after_past_the_deadline_ends_the_call_at_once(server):
-    """Issue 11 (item 4): backoff never sleeps past the call deadline, not even for a server's Retry-After."""
+    """Issue 11 (item 4): backoff never sleeps past the call deadline, not even for a server's Retry-After; a rate
+    limit is no item's fault, so the call stops the run (issue 32) rather than becoming an abstention."""
+    from chateval_dspy.lm.breaker import RateLimited
+
     server.reply, server.headers = (429, {"error": {"message": "slow down", "type": "x"}}), {"Retry-After": "100"}
     eng = OpenAICompatEngine(url(server), "m", max_retries=2, timeout=5, call_deadline=3)
     start = time.perf_counter()
-    with pytest.raises(DeadlineExceeded, match="deadline"):
+    with pytest.raises(RateLimited, match="deadline"):
         eng.complete(request())
     seconds = time.perf_counter() - start
     print(f"\n429 with Retry-After 100 s under a 3 s call deadline: {seconds:.2f} s")

@@ -111,7 +111,7 @@ def test_a_pairwise_judge_reports_preferences_their_shares_and_agreement(store, 
     first = mlflow.get_trace(df["trace_id"].iloc[1]).info.assessments[0]
     assert first.name == "chateval" and first.value == "answer_2"
     lines = first.rationale.splitlines()
-    assert lines[0] == "Panel: prefers answer_2 (answer_1 1, answer_2 5); both answer orders agree."
+    assert lines[0].startswith("Panel: prefers answer_2 (answer_1 1, answer_2 5); both answer orders agree; confidence 0.")
     assert lines[1] == "Order 1 (answers as given):"
     assert lines[2].startswith("- Critic prefers answer_2 (answer_1 1, answer_2 5): ")
     assert lines[3] == "Order 2 (answers swapped, answer_2 shown first; votes and scores name the answers as given):"

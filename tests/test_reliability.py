@@ -47,7 +47,8 @@ def test_transient_5xx_are_retried_with_backoff_and_leave_no_trace():
     assert result.abstentions == {} and result.n == 3
 
 
-@pytest.mark.parametrize("fault,cause", [(429, "lm_error:LMRateLimitError"), (500, "lm_error:LMServerError")])
+# A 429 is no item's fault: it is waited out, never an abstention (issue 32, tests/test_rate_limits.py).
+@pytest.mark.parametrize("fault,cause", [(500, "lm_error:LMServerError")])
 def test_persistent_http_errors_become_abstentions_and_the_batch_finishes(fault, cause):
     # first item: both orders hit the fault (no client retries); the other items are judged normally
     with FakeOpenAIServer(faults=[fault, fault]) as url:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import typing
 from collections.abc import Mapping
 
+from chateval_dspy.program.confidence import NEEDS_PERSON
 from chateval_dspy.run.tracing import dumps, preference_name
 
 MAX_RATIONALE_CHARS = 8000
@@ -48,12 +49,39 @@ def panel_rationale(verdict, task, names: Mapping[str, str] | None = None) -> st
 def _panel_head(verdict, task) -> str:
     pairwise = task.format == "pairwise"
     scores = ", ".join(f"{k} {_num(v)}" for k, v in (verdict.scores or {}).items())
+    trust = confidence_text(verdict)
+    if verdict.abstained == NEEDS_PERSON:
+        withheld = getattr(verdict, "withheld", None)
+        leaned = _said(withheld, task) if pairwise else ", ".join(f"{k} {_num(v)}" for k, v in (withheld or {}).items())
+        return (f"Panel: no verdict ({NEEDS_PERSON}: {trust} is below the calibrated threshold, so a person "
+                f"judges this item; the panel's withheld verdict: {leaned}).")
+    trust = f"; {trust}" if trust else ""
     if verdict.abstained and (verdict.winner is None if pairwise else not verdict.scores):
         return f"Panel: no verdict ({verdict.abstained})."
     if not pairwise:
-        return f"Panel: {scores}."
+        return f"Panel: {scores}{trust}."
     agree = {True: "; both answer orders agree", False: "; the two answer orders disagree"}.get(verdict.consistent, "")
-    return f"Panel: {_said(verdict.winner, task)}{f' ({scores})' if scores else ''}{agree}."
+    return f"Panel: {_said(verdict.winner, task)}{f' ({scores})' if scores else ''}{agree}{trust}."
+
+
+def confidence_text(verdict) -> str:
+    """A verdict's confidence in words ("" without one): calibrated (a probability that people agree) or raw.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> confidence_text(SimpleNamespace(confidence=0.8734, confidence_calibrated=True))
+        'confidence 0.873 (calibrated: the probability that people agree)'
+        >>> confidence_text(SimpleNamespace(confidence={"coherence": 0.5}, confidence_calibrated=False))
+        'confidence coherence 0.500 (raw, not calibrated)'
+    """
+    confidence = getattr(verdict, "confidence", None)
+    if confidence is None:
+        return ""
+    figures = ", ".join(f"{k} {v:.3f}" for k, v in confidence.items()) if isinstance(confidence, Mapping) \
+        else f"{confidence:.3f}"
+    kind = "calibrated: the probability that people agree" if getattr(verdict, "confidence_calibrated", False) \
+        else "raw, not calibrated"
+    return f"confidence {figures} ({kind})"
 
 
 def _said(winner: str | None, task) -> str:
@@ -119,6 +147,12 @@ def feedback_metadata(verdict, task, *, model: str | None = None, trace_id: str 
         metadata["chateval.criteria"] = dumps(verdict.criteria)
     if verdict.abstained:
         metadata["chateval.abstained"] = str(verdict.abstained)
+    if getattr(verdict, "confidence", None) is not None:
+        metadata["chateval.confidence"] = dumps(verdict.confidence)
+        metadata["chateval.raw_confidence"] = dumps(verdict.raw_confidence)
+        metadata["chateval.confidence_calibrated"] = str(bool(verdict.confidence_calibrated)).lower()
+    if getattr(verdict, "withheld", None) is not None:
+        metadata["chateval.withheld"] = dumps(verdict.withheld)
     if model:
         metadata["chateval.model"] = model
     if trace_id:
@@ -179,14 +213,18 @@ def preference_parts(verdict, task, *, name: str, expected: str | None = None, m
     preference gets a boolean ``<name>/preferred/<response or tie>``, whose mean is the share of items where the
     panel preferred it (``<name>/preferred/answer_1/mean``; an abstention is false in all three, so the shares and
     the abstentions add up to one); with an ``expected`` preference, ``<name>/agreement`` says whether the panel
-    agreed (an abstention disagrees, as in the accuracy of ``chateval evaluate``).
+    agreed (an abstention disagrees, as in the accuracy of ``chateval evaluate``; a verdict withheld as
+    ``needs_person`` has no agreement value, as ``chateval evaluate`` counts agreement over the verdicts given).
     """
     metadata = metadata or {}
     said = preference_name(verdict.winner, task)
     because = f"The panel {_said(verdict.winner, task)}" + (f" ({verdict.abstained})." if said is None else ".")
     parts = [_part(f"{name}/{PREFERRED}/{option}", said == option, because, metadata)
              for option in (*task.responses, "tie")]
-    if expected is not None:
+    if expected is not None and verdict.abstained == NEEDS_PERSON:  # withheld for a person: agreement is over given ones
+        parts.append(_part(f"{name}/{AGREEMENT}", None, f"{because[:-1]}; a person judges it.", metadata,
+                           f"no verdict: {NEEDS_PERSON}"))
+    elif expected is not None:
         parts.append(_part(f"{name}/{AGREEMENT}", verdict.winner == expected,
                            f"{because[:-1]}; expected: {preference_name(expected, task)}.", metadata))
     return parts

@@ -19,6 +19,7 @@ from chateval_dspy.deploy.untrusted import (
 )
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.program.chateval import ChatEval
+from chateval_dspy.program.confidence import Calibration
 
 # Reviewers a card names, most answers first; the others are counted (60,000 names would not fit a card).
 CARD_REVIEWERS = 50
@@ -86,6 +87,19 @@ def card_labels(labels: dict, top: int = CARD_REVIEWERS) -> dict:
     return {**labels, "reviewers": dict(ranked[:top]),
             "reviewers_left_out": {"reviewers": answers(before.get("reviewers")) + len(rest),
                                    "answers": answers(before.get("answers")) + sum(answers(n) for _, n in rest)}}
+
+
+def calibration_block(calibration: Calibration) -> dict:
+    """The card's ``calibration``: what calibration.json holds, less the map's breakpoints (counted).
+
+    Example:
+        >>> from chateval_dspy.program.confidence import ConfidenceMap
+        >>> calibration_block(Calibration(ConfidenceMap(raw=(0.2, 0.8), calibrated=(0.5, 0.9)), fitted_on={"n": 40}))
+        {'method': 'isotonic', 'breakpoints': 2, 'threshold': None, 'level': None, 'risk': None, 'fitted_on': {'n': 40}}
+    """
+    return {"method": calibration.map.method, "breakpoints": len(calibration.map.raw),
+            "threshold": calibration.threshold, "level": calibration.level, "risk": calibration.risk,
+            "fitted_on": dict(calibration.fitted_on)}
 
 
 def card_json(card: dict) -> str:

@@ -136,6 +136,18 @@ def _label_lines(got: dict) -> list[str]:
     return lines
 
 
+def _calibration_line(block: dict) -> str:
+    """The card's ``calibration`` in words: the map, what it was fitted on, and the guarantee of its threshold."""
+    fitted = ", ".join(f"{md_text(k)} {md_text(v)}" for k, v in block["fitted_on"].items()) or "not recorded"
+    line = (f"- confidence: calibrated by a {md_text(block['method'])} map of {md_text(block['breakpoints'])} "
+            f"breakpoints, fitted on {fitted}")
+    if block["threshold"] is None:
+        return line + "; no threshold: every verdict is given, with its calibrated confidence"
+    return (line + f"; verdicts with calibrated confidence >= {block['threshold']:.4g} are given and agree with people "
+            f"at least {block['level']:.1%} of the time with probability at least {1 - block['risk']:.0%} (for items "
+            "drawn like the calibration items); the others abstain as needs_person")
+
+
 def card_markdown(card: dict) -> str:
     """card.md: the card in words, every value escaped (names and paths come from label files, datasets, flags)."""
     lines = [f"# Judge card: {md_text(card['config']['format'])} ChatEval evaluator", "",
@@ -144,6 +156,8 @@ def card_markdown(card: dict) -> str:
         lines += _label_lines(card["labels"])
     if "cost" in card:
         lines += _cost_lines(card["cost"])
+    if card.get("calibration"):
+        lines.append(_calibration_line(card["calibration"]))
     lines.append(f"- versions: {', '.join(f'{md_text(k)} {md_text(v)}' for k, v in card['versions'].items())}")
     lines.append(f"- created: {md_text(card['created'])}")
     return "\n".join(lines) + "\n"

@@ -36,13 +36,15 @@ from chateval_dspy.lm.pricing import attach_price
 from chateval_dspy.lm.resolve import configure_cache
 from chateval_dspy.lm.spec import LMSpec
 from chateval_dspy.program.chateval import ChatEval
+from chateval_dspy.program.confidence import Calibration
 from chateval_dspy.program.task import TaskSpec, as_task
 from chateval_dspy.run.evaluate import judge_item
 
 if TYPE_CHECKING:
     import pandas as pd
 
-NESTED_COLUMNS = ("scores", "rationales", "referees", "truncated", "criteria", "empty", "usage_by_model")
+NESTED_COLUMNS = ("scores", "rationales", "referees", "truncated", "criteria", "empty", "usage_by_model", "confidence",
+                  "raw_confidence", "withheld")
 _NOT_GIVEN = object()  # a call without an item dict (None is an item, a malformed one, as in a batch)
 
 
@@ -58,6 +60,12 @@ class Verdict:
     one per answer order; ``empty`` lists the judged responses that were empty. ``cost_usd`` is what the item
     cost in US dollars (None: some model used is unpriced); ``usage_by_model`` holds calls, tokens, seconds
     and dollars per model.
+
+    ``confidence`` says how far to trust the verdict: one figure (pairwise) or one per criterion (pointwise), the
+    probability that people agree with it when ``confidence_calibrated`` (the evaluator has a calibration.json),
+    else ``raw_confidence`` again, which ranks verdicts but is no probability. A verdict below the calibration's
+    threshold is not given: ``winner`` (pointwise: ``scores``) is None, ``abstained`` is ``needs_person`` and
+    ``withheld`` holds the panel's verdict, for the person who judges the item instead.
     """
 
     id: str
@@ -77,6 +85,10 @@ class Verdict:
     empty: list[str] = field(default_factory=list)
     cost_usd: float | None = None
     usage_by_model: dict[str, dict] = field(default_factory=dict)
+    confidence: float | dict[str, float] | None = None
+    raw_confidence: float | dict[str, float] | None = None
+    confidence_calibrated: bool = False
+    withheld: str | dict | None = None
 
     @classmethod
     def from_record(cls, record: dict, task: TaskSpec | str | None = None) -> Verdict:
@@ -103,7 +115,9 @@ class Verdict:
                    prompt_tokens=record["prompt_tokens"], completion_tokens=record["completion_tokens"],
                    seconds=record["seconds"], truncated=record.get("truncated") or {}, criteria=criteria,
                    empty=record.get("empty") or [], cost_usd=record.get("cost_usd"),
-                   usage_by_model=record.get("usage_by_model") or {})
+                   usage_by_model=record.get("usage_by_model") or {}, confidence=record.get("confidence"),
+                   raw_confidence=record.get("raw_confidence"),
+                   confidence_calibrated=record.get("confidence_calibrated") is True, withheld=record.get("withheld"))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -142,6 +156,11 @@ class Judge:
     @property
     def format(self) -> str:
         return self.config.format
+
+    @property
+    def calibration(self) -> Calibration | None:
+        """The evaluator's calibrated confidence and threshold (its calibration.json), None without one."""
+        return getattr(self.program, "calibration", None)
 
     @property
     def task(self) -> TaskSpec:

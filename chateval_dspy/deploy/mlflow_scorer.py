@@ -139,7 +139,10 @@ class ChatEvalJudge(MlflowJudge):
 
     def retuned(self, program, labels: dict):
         """This scorer's settings over ``program`` (a tuned copy of its panel); the card's ``labels`` say what
-        it learned from."""
-        judge = self._judge.with_program(program, {**self._judge.card, "labels": labels})
+        it learned from. A calibration is dropped: it was fitted to the old panel's confidences (calibrate the
+        new one again), so the new judge gives every verdict with a raw confidence."""
+        program.calibration = None
+        card = {k: v for k, v in self._judge.card.items() if k != "calibration"}
+        judge = self._judge.with_program(program, {**card, "labels": labels})
         return type(self).of(judge, name=self.name, trace=self._traced is not None, fields=self._fields,
                              per_criterion=self._per_criterion)

@@ -94,10 +94,15 @@ class RunIdentity:
 
 
 def evaluator_digest(program) -> str:
-    """A digest of a loaded evaluator: its panel config and tuned state (instructions, demos), not its LMs."""
+    """A digest of a loaded evaluator: its panel config, tuned state (instructions, demos) and calibration, not its
+    LMs."""
     state = {name: {k: v for k, v in entry.items() if k != "lm"} if isinstance(entry, dict) else entry
              for name, entry in program.dump_state().items()}
-    return digest({"config": program.config.to_dict(), "state": state})
+    identity = {"config": program.config.to_dict(), "state": state}
+    calibration = getattr(program, "calibration", None)
+    if calibration is not None:  # it decides which verdicts are withheld; none keeps an older digest unchanged
+        identity["calibration"] = calibration.to_dict()
+    return digest(identity)
 
 
 def saved_digest(evaluator: str) -> str:

@@ -5,6 +5,7 @@ Layout of a saved evaluator directory::
     program.json   the DSPy state (each predictor's instructions and demos)
     card.json      what it is: config, personas, data and split, optimizer, metrics, model, versions (``card``)
     card.md        the same card for people (``card_md``)
+    calibration.json  optional: the calibrated confidence and its threshold (``Calibration``), summarised in the card
 
 Loading trusts none of it: each file is read up to its size limit before it is parsed, then checked
 (``untrusted``) before anything is built from it. Nothing in the directory is executed, and the LM is
@@ -20,19 +21,21 @@ from pathlib import Path
 from dspy.utils.saving import get_dependency_versions
 
 import chateval_dspy.limits as limits
-from chateval_dspy.deploy.card import card_json, fit_card, make_card
+from chateval_dspy.deploy.card import calibration_block, card_json, fit_card, make_card
 from chateval_dspy.deploy.card_md import card_markdown
 from chateval_dspy.deploy.untrusted import CARD_FORMAT, check_card, check_loaded, check_program_state
 from chateval_dspy.errors import ConfigError, shown
+from chateval_dspy.files import write_atomic
 from chateval_dspy.program.chateval import ChatEval, build_evaluator
+from chateval_dspy.program.confidence import Calibration
 
 log = logging.getLogger(__name__)
 
 # make_card lives in ``card``; it is importable from here too, as every card is made to be saved with a program.
-__all__ = ["CARD_FILE", "CARD_MD", "PROGRAM_FILE", "load_program", "make_card", "read_card", "read_json_file",
-           "save_program"]
+__all__ = ["CALIBRATION_FILE", "CARD_FILE", "CARD_MD", "PROGRAM_FILE", "load_program", "make_card", "read_card",
+           "read_json_file", "save_calibration", "save_program"]
 
-PROGRAM_FILE, CARD_FILE, CARD_MD = "program.json", "card.json", "card.md"
+PROGRAM_FILE, CARD_FILE, CARD_MD, CALIBRATION_FILE = "program.json", "card.json", "card.md", "calibration.json"
 
 
 def save_program(program: ChatEval, directory: str | Path, card: dict) -> Path:
@@ -41,9 +44,16 @@ def save_program(program: ChatEval, directory: str | Path, card: dict) -> Path:
     ``program.json`` is written from the same checks a loader applies, so nothing is saved that
     ``load_program`` would refuse (too many demos, an instruction over its limit); an LM set on a
     predictor is left out, as the loader's caller chooses the LM. The card is saved as ``fit_card`` makes it.
+
+    The program's ``calibration`` (when it has one) is saved as ``calibration.json`` and summarised in the card;
+    without one, a calibration.json left in ``directory`` by an earlier program is removed, as it was fitted to
+    that program's confidences, and the card says none.
     """
     directory = Path(directory)
-    card = fit_card(card, directory / CARD_FILE)
+    calibration = getattr(program, "calibration", None)
+    card = {k: v for k, v in card.items() if k != "calibration"}
+    card = fit_card({**card, "calibration": calibration_block(calibration)} if calibration else card,
+                    directory / CARD_FILE)
     dumped = json.loads(json.dumps(program.dump_state(), default=str))
     for name, entry in dumped.items():
         if entry.get("lm") is not None:
@@ -55,9 +65,57 @@ def save_program(program: ChatEval, directory: str | Path, card: dict) -> Path:
     written["metadata"] = {"dependency_versions": get_dependency_versions()}
     directory.mkdir(parents=True, exist_ok=True)
     (directory / PROGRAM_FILE).write_text(json.dumps(written, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    if calibration is not None:
+        _write_calibration(directory, calibration)
+    else:
+        (directory / CALIBRATION_FILE).unlink(missing_ok=True)
     (directory / CARD_FILE).write_text(card_json(card), encoding="utf-8")
     (directory / CARD_MD).write_text(card_markdown(card), encoding="utf-8")
     return directory
+
+
+def _write_calibration(directory: Path, calibration: Calibration) -> None:
+    write_atomic(directory / CALIBRATION_FILE,
+                 (json.dumps(calibration.to_dict(), indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
+
+
+def save_calibration(directory: str | Path, calibration: Calibration) -> Path:
+    """Add ``calibration`` to the saved evaluator in ``directory`` (replacing any): ``calibration.json``, and its
+    summary (``card.calibration_block``) in ``card.json`` and ``card.md``. Returns the calibration file's path.
+
+    Raises:
+        ConfigError: ``directory`` is not a saved evaluator, or its card breaks a rule (``check_card``).
+    """
+    directory = Path(directory)
+    card = read_card(directory)
+    check_card(card, directory / CARD_FILE)
+    card = fit_card({**card, "calibration": calibration_block(calibration)}, directory / CARD_FILE)
+    _write_calibration(directory, calibration)
+    write_atomic(directory / CARD_FILE, card_json(card).encode("utf-8"))
+    write_atomic(directory / CARD_MD, card_markdown(card).encode("utf-8"))
+    return directory / CALIBRATION_FILE
+
+
+def read_calibration(directory: Path, card: dict) -> Calibration | None:
+    """The saved evaluator's ``calibration.json`` (None when there is none), checked as untrusted and against the
+    card's summary of it, so that a card cannot claim a guarantee its calibration does not make.
+
+    Raises:
+        ConfigError: naming the file and the field: over ``limits.MAX_CALIBRATION_FILE_BYTES``, not JSON, a map
+            that falls or leaves [0, 1], a threshold outside [0, 1], or a card whose ``calibration`` differs.
+    """
+    path = directory / CALIBRATION_FILE
+    if not (path.exists() or path.is_symlink()):
+        if card.get("calibration") is not None:
+            raise ConfigError(f"{directory / CARD_FILE} says the evaluator is calibrated, but {CALIBRATION_FILE} is "
+                              "missing: copy the whole directory, or calibrate it again (chateval calibrate)")
+        return None
+    calibration = Calibration.from_dict(
+        read_json_file(path, limits.MAX_CALIBRATION_FILE_BYTES, "limits.MAX_CALIBRATION_FILE_BYTES"), str(path))
+    if card.get("calibration") != calibration_block(calibration):
+        raise ConfigError(f"{path} does not match the 'calibration' of {directory / CARD_FILE}: one of them was "
+                          "changed or copied from another evaluator; calibrate it again (chateval calibrate)")
+    return calibration
 
 
 def read_json_file(path: Path, limit: int, limit_name: str):
@@ -88,6 +146,7 @@ def read_card(directory: str | Path) -> dict:
 
 def load_program(directory: str | Path) -> tuple[ChatEval, dict]:
     """Rebuild a saved evaluator and its card. The LM is chosen by the caller, never read from the files.
+    The program's ``calibration`` is its ``calibration.json`` (``read_calibration``), None when there is none.
 
     Raises:
         ConfigError: the directory is not a saved evaluator, or a file breaks a rule or a limit
@@ -107,4 +166,5 @@ def load_program(directory: str | Path) -> tuple[ChatEval, dict]:
     except Exception as exc:  # the state was checked above; DSPy failing on it anyway is still the file's fault
         raise ConfigError(f"{path}: not a valid program state for this card ({type(exc).__name__}: {exc})") from exc
     check_loaded(program, path)
+    program.calibration = read_calibration(directory, card)
     return program, card

@@ -26,6 +26,7 @@ from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import ConfigError, shown
 from chateval_dspy.lm.pricing import CACHE_RATES, UNPRICED
 from chateval_dspy.program.chateval import ChatEval
+from chateval_dspy.program.confidence import METHODS, check_guarantee
 from chateval_dspy.program.roles import Role, make_role
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,9 @@ CARD_FORMAT = 1
 CARD_CONFIGURING = ("card_format", "model", "config", "roles", "referee_models")
 # The card keys that describe how the evaluator was made; nothing reads them to configure anything.
 CARD_DESCRIPTIVE = ("created", "versions", "dataset", "dataset_hash", "split", "optimizer", "optimizer_settings",
-                    "metric", "search", "dev_metrics", "test_metrics", "cost", "skipped_rows", "labels")
+                    "metric", "search", "dev_metrics", "test_metrics", "cost", "skipped_rows", "labels", "calibration")
+# The card's ``calibration``: a summary of calibration.json (``card.calibration_block``), which it must match.
+CALIBRATION_CARD_KEYS = ("method", "breakpoints", "threshold", "level", "risk", "fitted_on")
 # DSPy writes these predictor keys empty; any content would let the file choose an LM, its sampling or decoding.
 EMPTY_PREDICTOR_KEYS = {"lm": None, "traces": [], "train": [], "fields": {}}
 # A bootstrapped demo is marked ``augmented``; its ``logprobs`` (kept when weighted scores were on) never reach a prompt.
@@ -103,6 +106,20 @@ def check_cost(cost, where) -> None:
     figures(cost, "cost", True)
 
 
+def check_calibration_block(block, where) -> None:
+    """A card's ``calibration`` summary: ``CALIBRATION_CARD_KEYS``, each by the rule of ``calibration.json``."""
+    if not isinstance(block, dict) or set(block) != set(CALIBRATION_CARD_KEYS):
+        raise ConfigError(f"{where}: key 'calibration' must hold exactly {', '.join(CALIBRATION_CARD_KEYS)}")
+    if block["method"] not in METHODS:
+        raise ConfigError(f"{where}: key 'calibration.method' must be one of {', '.join(METHODS)}, got "
+                          f"{shown(block['method'], 40)}")
+    n = block["breakpoints"]
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= limits.MAX_CONFIDENCE_BREAKPOINTS:
+        raise ConfigError(f"{where}: key 'calibration.breakpoints' must be a count from 1 to "
+                          f"{limits.MAX_CONFIDENCE_BREAKPOINTS}, got {shown(n, 40)}")
+    check_guarantee(block, f"{where}: key 'calibration'")
+
+
 def check_card(card: dict, where) -> tuple[DebateConfig, list[Role]]:
     """The config and personas of a card, every key and value checked (``where`` names the card in errors)."""
     unknown = sorted(str(k)[:40] for k in set(card) - set(CARD_CONFIGURING) - set(CARD_DESCRIPTIVE))
@@ -122,6 +139,8 @@ def check_card(card: dict, where) -> tuple[DebateConfig, list[Role]]:
         check_referee_models(card["referee_models"], config, where)
     if "cost" in card:
         check_cost(card["cost"], where)
+    if "calibration" in card:
+        check_calibration_block(card["calibration"], where)
     entries = card["roles"]
     if not isinstance(entries, list):
         raise ConfigError(f"{where}: malformed card, missing or wrong field 'roles' (expected a list)")

@@ -2,7 +2,8 @@
 
 In: ``model_records`` reads the task's input columns by name (the model's signature names positional Spark columns
 in the task's order) and refuses columns it cannot map. Out: the ``verdict`` column first, then ``VERDICT_COLUMNS``
-in order. ``RESULT_TYPE`` is the Spark DDL of their struct, for ``mlflow.pyfunc.spark_udf(..., result_type=RESULT_TYPE)``.
+in order (``confidence``: its JSON text, a number or one per criterion). ``RESULT_TYPE`` is the Spark DDL of their
+struct, for ``mlflow.pyfunc.spark_udf(..., result_type=RESULT_TYPE)``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 VERDICT_COLUMNS = (("verdict", "string"), ("id", "string"), ("format", "string"), ("winner", "string"),
                    ("scores", "string"), ("criteria", "string"), ("rationales", "string"), ("abstained", "string"),
                    ("error", "string"), ("prompt_tokens", "long"), ("completion_tokens", "long"),
-                   ("seconds", "double"), ("cost_usd", "double"))
+                   ("seconds", "double"), ("cost_usd", "double"), ("confidence", "string"))
 RESULT_TYPE = ", ".join(f"{name} {kind}" for name, kind in VERDICT_COLUMNS)
 _FILLED = {"prompt_tokens": 0, "completion_tokens": 0, "seconds": 0.0}  # an invalid row spent nothing
 _DTYPES = {"long": "int64", "double": "float64"}

@@ -2,18 +2,29 @@
 
 Without it an endpoint that takes connections and never answers costs every item its full deadlines, and a
 1,000-item run would take days to finish with nothing. An attempt counts as failed when the endpoint failed it:
-it went unanswered for the whole ``timeout``, or its connection was refused or lost. Any HTTP answer does not
-count: a 5xx may be one request's (a live server's retries and abstentions handle it, as they always did), a 4xx
-is the request's fault, a 429 says the server is alive, and an unparseable output is the model's. Nor
-does an attempt a deadline cut short, which proves nothing about the endpoint, unless it was its call's first
-(a call deadline shorter than the timeout leaves no full attempt to count). Any answer closes the breaker again.
-Once it is open every later call fails at once with the same error and calls in flight stop waiting, so the run
-ends with its finished results kept (each results line is fsynced) and the same command resumes it.
+its connection was refused or lost, or it went unanswered for the whole ``timeout`` and the endpoint also fails its
+liveness check (``alive``: llama.cpp's ``/health``, else ``/v1/models``; ``lm.engine``). A timeout from a live
+endpoint is slowness, not death: it does not count, and the engine stretches its bounds instead (``on_slow``;
+``lm.call_limits.Pace``), so a run on a busy machine finishes, slower. Any HTTP answer does not count: a 5xx may be
+one request's (a live server's retries and abstentions handle it, as they always did), a 4xx is the request's fault,
+and an unparseable output is the model's. Nor does an attempt a deadline cut short, which proves nothing about the
+endpoint, unless it was its call's first (a call deadline shorter than the timeout leaves no full attempt to count).
+Any answer closes the breaker again. Once it is open every later call fails at once with the same error and calls in
+flight stop waiting, so the run ends with its finished results kept (each results line is fsynced) and the same
+command resumes it.
+
+A 429 says the endpoint is alive but will not judge now, which is no item's fault: the caller waits (its
+Retry-After, at most ``RATE_LIMIT_PAUSE_CAP_S`` at a time) and asks again, and once the endpoint has answered only
+429s for ``rate_limit_wait`` seconds in a row (or asks for a longer wait than is left of it, or a call's deadline
+runs out meanwhile) the breaker opens with ``RateLimited``, which stops the run: the items in flight are never
+recorded, so the same command judges them once the limit resets.
 
 Who counts: this package's engines count each of their attempts (``lm.engine``). An LM whose engine is DSPy's
 (a LiteLLM model string) retries inside DSPy, out of sight: its ``BreakerWatch`` callback counts the attempts of
 each call that failed, and the debate's wait for a call (``Watch``, in ``lm.engine.within_deadline``) counts one
-for every ``timeout`` seconds without an answer, since DSPy's own attempts end there.
+for every ``timeout`` seconds without an answer, since DSPy's own attempts end there, except while the endpoint is
+rate limiting (a 429 surfaced earlier): then the silence is DSPy sleeping out a Retry-After. Such an LM has no
+liveness check: its timeouts count as before.
 """
 
 from __future__ import annotations
@@ -30,11 +41,29 @@ from dspy.utils.callback import BaseCallback
 
 from chateval_dspy.errors import FatalLMError, cause_of
 from chateval_dspy.lm.bound import referee_lms
-from chateval_dspy.lm.call_limits import DEFAULT_BREAKER, check_threshold
+from chateval_dspy.lm.call_limits import (
+    DEFAULT_BREAKER,
+    DEFAULT_RATE_LIMIT_WAIT,
+    RATE_LIMIT_PAUSE_CAP_S,
+    check_rate_limit_wait,
+    check_threshold,
+)
 
 _BREAKER_ATTR = "_chateval_breaker"
 # What a DSPy-engine LM did when all the debate saw was silence: DSPy's attempts and retries are out of sight.
 SILENCE = "no answer"
+TIMED_OUT = "timed out"
+# How long one liveness check's answer stands: the calls that time out together ask once.
+PROBE_TTL_S = 1.0
+
+
+class RateLimited(FatalLMError):  # noqa: N818 - named after what happened, like BudgetExceeded
+    """An endpoint answered only 429s for longer than the run may wait: the run stops, the rate-limited items unrecorded."""
+
+
+def _seconds(value: float) -> str:
+    """Seconds as a message says them: whole ones from 10 on, tenths below."""
+    return f"{value:.0f}" if value >= 10 else f"{value:.1f}"
 
 
 def failure_kind(exc: BaseException | None) -> str | None:
@@ -47,7 +76,7 @@ def failure_kind(exc: BaseException | None) -> str | None:
         ('no connection', None)
     """
     if cause_of(exc, TimeoutError) is not None:  # lm15's timeouts and the sockets' alike
-        return "timed out"
+        return TIMED_OUT
     if cause_of(exc, lm15.TransportError) is not None or cause_of(exc, ConnectionError) is not None:
         return "no connection"
     return None
@@ -57,6 +86,13 @@ class Breaker:
     """One endpoint's failed attempts in a row; at ``threshold`` it opens and every call fails with one ``FatalLMError``.
 
     Copies of its LM share it (optimizers copy LMs): one endpoint, one count.
+
+    Args:
+        endpoint: The endpoint's name in messages (its base URL, or the model string).
+        threshold: Failed attempts in a row that open it.
+        alive: The endpoint's liveness check; with it a timeout counts only when the check fails too.
+        on_slow: Called for each timeout that did not count because the endpoint is alive (the engine slows down).
+        rate_limit_wait: Seconds of 429s in a row after which it opens with ``RateLimited``.
 
     Example:
         >>> b = Breaker("http://127.0.0.1:9/v1", threshold=2)
@@ -70,9 +106,16 @@ class Breaker:
         chateval_dspy.errors.FatalLMError: the endpoint http://127.0.0.1:9/v1 failed 2 attempts in a row ...
     """
 
-    def __init__(self, endpoint: str, threshold: int = DEFAULT_BREAKER):
+    def __init__(self, endpoint: str, threshold: int = DEFAULT_BREAKER, *, alive: Callable[[], bool] | None = None,
+                 on_slow: Callable[[], None] | None = None, rate_limit_wait: float = DEFAULT_RATE_LIMIT_WAIT):
         self.endpoint, self.threshold = endpoint, check_threshold(threshold)
+        self.alive, self.on_slow = alive, on_slow
+        self.rate_limit_wait = check_rate_limit_wait(rate_limit_wait)
         self.failures = 0
+        self.slow = 0  # timeouts a live endpoint let happen: not failures
+        self._limited_since: float | None = None  # the first 429 of the current run of them
+        self._probe: tuple[float, bool] | None = None  # (when, answer) of the last liveness check
+        self._probe_lock = threading.Lock()
         self._kinds: dict[str, None] = {}  # this streak's kinds of failure, in order
         self._message: str | None = None
         self._kind: type[FatalLMError] = FatalLMError  # ``trip`` may open it with a subclass (a gateway's spent budget)
@@ -100,9 +143,31 @@ class Breaker:
         with self._lock:
             self.failures = 0
             self._kinds.clear()
+            self._limited_since = None
+
+    def answers(self) -> bool:
+        """Whether the endpoint passes its liveness check now (asked at most once a ``PROBE_TTL_S``)."""
+        with self._probe_lock:
+            now = time.monotonic()
+            if self._probe is None or now - self._probe[0] > PROBE_TTL_S:
+                try:
+                    live = bool(self.alive())
+                except Exception:  # a check that cannot run says nothing is alive
+                    live = False
+                self._probe = (time.monotonic(), live)
+            return self._probe[1]
 
     def failed(self, kind: str, attempts: int = 1) -> FatalLMError | None:
-        """Count ``attempts`` failed attempts of ``kind``; the ``FatalLMError`` to raise once the breaker is open, else None."""
+        """Count ``attempts`` failed attempts of ``kind``; the ``FatalLMError`` to raise once the breaker is open, else None.
+
+        A timeout does not count while the endpoint passes its liveness check (``alive``): ``on_slow`` hears of it.
+        """
+        if kind == TIMED_OUT and self.alive is not None and self._message is None and self.answers():
+            with self._lock:
+                self.slow += attempts
+            if self.on_slow is not None:
+                self.on_slow()
+            return None
         with self._lock:
             self.failures += attempts
             self._kinds[kind] = None
@@ -134,6 +199,56 @@ class Breaker:
                 for waiter in self._waiters:
                     waiter.set()
         return self.error()
+
+    @property
+    def limiting(self) -> bool:
+        """Whether the endpoint's last word was a 429 (no answer since)."""
+        return self._limited_since is not None
+
+    def rate_limited(self, pause: float, asked: float | None = None) -> float:
+        """A 429: the seconds to wait before asking again (``pause``, at most ``RATE_LIMIT_PAUSE_CAP_S`` and what is left
+        of ``rate_limit_wait``). Raises ``RateLimited`` (the breaker opens) once the endpoint has answered 429s for
+        ``rate_limit_wait`` seconds in a row, or when its Retry-After (``asked``) is longer than what is left.
+
+        Example:
+            >>> b = Breaker("http://127.0.0.1:9/v1", rate_limit_wait=240)
+            >>> b.rate_limited(2.0), b.rate_limited(600.0)  # a long wait is made in steps of RATE_LIMIT_PAUSE_CAP_S
+            (2.0, 60.0)
+            >>> b.rate_limited(5.0, asked=86400)
+            Traceback (most recent call last):
+            ...
+            chateval_dspy.lm.breaker.RateLimited: the endpoint http://127.0.0.1:9/v1 is rate limiting (HTTP 429): ...
+        """
+        now = time.monotonic()
+        with self._lock:
+            if self._limited_since is None:
+                self._limited_since = now
+            spent = now - self._limited_since
+        left = self.rate_limit_wait - spent
+        if left <= 0 or (asked is not None and asked > left):
+            raise self.stop_rate_limited(spent, asked)
+        return max(0.0, min(pause, RATE_LIMIT_PAUSE_CAP_S, left))
+
+    def stop_rate_limited(self, spent: float | None = None, asked: float | None = None, why: str = "") -> FatalLMError:
+        """Open the breaker with ``RateLimited``, saying for how long the endpoint rate-limited; returns the error."""
+        if spent is None:
+            spent = 0.0 if self._limited_since is None else time.monotonic() - self._limited_since
+        said = f"; it asks to wait {_seconds(asked)} s (Retry-After)" if asked is not None else ""
+        return self.trip(RateLimited(
+            f"the endpoint {self.endpoint} is rate limiting (HTTP 429): only 429s for {_seconds(spent)} s{said}{why}, "
+            f"and the run waits at most {_seconds(self.rate_limit_wait)} s (rate_limit_wait): stopping the run; finished "
+            "results are kept and the rate-limited items were not recorded: rerun the same command once the limit "
+            "resets"))
+
+    def pause(self, seconds: float) -> None:
+        """Sleep ``seconds``, or less when the breaker opens meanwhile (then its error)."""
+        event = threading.Event()
+        self.wake(event)
+        try:
+            event.wait(seconds)
+        finally:
+            self.forget(event)
+        self.check()
 
     def wake(self, event: threading.Event) -> None:
         """Set ``event`` when the breaker opens (at once if it is open)."""
@@ -219,15 +334,19 @@ class Watch:
                 break
             if now >= self._next(math.inf):  # an attempt's worth of silence: DSPy's own attempt timed out
                 self.ticks += 1
-                for breaker in list(self.watched):
+                for breaker in self._silent():
                     breaker.failed(SILENCE)
         if not self.done.is_set() and self.watched and self.ticks == 0:
-            for breaker in list(self.watched):  # cut before one full attempt: the call's first attempt failed
+            for breaker in self._silent():  # cut before one full attempt: the call's first attempt failed
                 breaker.failed(SILENCE)
         stop = next(filter(None, (b.error() for b in [*self.breakers, *self.watched])), None)
         if stop is not None:
             raise stop from self.error
         return self.done.is_set()
+
+    def _silent(self) -> list[Breaker]:
+        """The watched breakers whose silence counts: not while their endpoint rate-limits (DSPy sleeps out a 429)."""
+        return [b for b in list(self.watched) if not b.limiting]
 
     def _next(self, end: float) -> float:
         """When to look next: the end, or sooner the next tick."""

@@ -18,8 +18,21 @@ drips bytes slower than the HTTP timeout (which bounds each wait for data, not a
 translated into DSPy's lm15 errors so that the debate can record it as an abstention too.
 
 Every endpoint also has a circuit breaker (``lm.breaker``): these engines report each attempt's outcome to it,
-``within_deadline`` watches the calls of LMs that cannot, and after ``breaker`` failed attempts in a row (timeouts,
-refused or lost connections) every call fails with one ``FatalLMError``, which stops the run.
+``within_deadline`` watches the calls of LMs that cannot, and after ``breaker`` failed attempts in a row (refused or
+lost connections, timeouts of an endpoint that also fails its liveness check, ``endpoint_alive``) every call fails
+with one ``FatalLMError``, which stops the run.
+
+A live endpoint that is slow is waited for: these engines measure its speed and stretch the stated bounds to it
+(``lm.call_limits.Pace``; the stated timeout is the floor, ``MAX_SLOWDOWN`` times it the ceiling), and a timeout it
+lets happen stretches them further. So a run on a busy laptop finishes, slower.
+
+A 429 is no item's fault: these engines wait (Retry-After, bounded) and ask again without spending a retry, and
+an endpoint that rate-limits for ``rate_limit_wait`` seconds in a row stops the run (``lm.breaker.RateLimited``);
+a model-string LM's 429 that DSPy's retries gave up on is waited out the same way by ``within_deadline``. A
+rate-limited call never becomes an abstention.
+
+Redirects are never followed: a 3xx answer is a ``FatalLMError`` naming the endpoint and where it tried to send the
+call (nothing a server answers may choose where prompts go).
 
 Behind a shared gateway (the LiteLLM proxy): a 429's wait is its ``Retry-After``, else the proxy's renamed copy
 ``llm_provider-retry-after``; a refusal because the gateway's budget is spent is ``BudgetExceeded``, never retried:
@@ -33,6 +46,7 @@ import contextlib
 import contextvars
 import copy
 import itertools
+import logging
 import math
 import re
 import threading
@@ -41,16 +55,27 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import dspy
+import httpx
 import openai
 from dspy import lm15
 from dspy.lm15 import Message, Response, TextPart, TokenLogprob, TopLogprob, Usage, response_to_events
+from dspy.utils.exceptions import LMRateLimitError
 
 from chateval_dspy.errors import BudgetExceeded, FatalLMError, cause_of
 from chateval_dspy.lm import tags
 from chateval_dspy.lm.breaker import Breaker, Watch, context_breakers, failure_kind
-from chateval_dspy.lm.call_limits import DEFAULT_BREAKER, DEFAULT_RETRIES, DEFAULT_TIMEOUT, CallBounds, check_threshold
+from chateval_dspy.lm.call_limits import (
+    DEFAULT_BREAKER,
+    DEFAULT_RATE_LIMIT_WAIT,
+    DEFAULT_RETRIES,
+    DEFAULT_TIMEOUT,
+    CallBounds,
+    Pace,
+    check_threshold,
+)
 
 R = TypeVar("R")
+log = logging.getLogger(__name__)
 
 DEADLINE_CAUSE = "lm_error:deadline"
 # Slack the watchdog leaves an engine that enforces the same deadline itself, so that the engine's
@@ -58,6 +83,8 @@ DEADLINE_CAUSE = "lm_error:deadline"
 WATCHDOG_GRACE_S = 0.25
 # Exponential backoff between attempts: 0.5 s, 1 s, 2 s ... at most 8 s (a server's Retry-After wins).
 BACKOFF_BASE_S, BACKOFF_CAP_S = 0.5, 8.0
+# The longest a liveness check may take (shorter when the stated timeout is).
+PROBE_TIMEOUT_S = 5.0
 
 
 class DeadlineExceeded(lm15.TimeoutError):  # noqa: N818 - named after what happened, like TimeoutError
@@ -129,7 +156,9 @@ def within_deadline(fn: Callable[[], R], bounds: CallBounds | None) -> R:
     bytes slower than the read timeout). An engine from this module also stops itself at the same
     deadline, so its thread does not outlive the call by more than the grace. Once the breaker of an
     LM in the context is open (``lm.breaker``), the call fails with its ``FatalLMError``, before it starts
-    or while it is in flight.
+    or while it is in flight. A model-string LM whose call failed on a 429 (DSPy's retries spent) is asked again
+    after a bounded wait (``Breaker.rate_limited``), and a deadline that comes while an endpoint rate-limits stops
+    the run (``RateLimited``) instead of costing the referee an abstention.
     """
     breakers = context_breakers()
     for breaker in breakers:  # an endpoint already given up on: fail before sending anything
@@ -137,6 +166,24 @@ def within_deadline(fn: Callable[[], R], bounds: CallBounds | None) -> R:
     end = call_end(bounds)
     if end == math.inf or dspy.settings.send_stream is not None:  # a streaming caller needs its own thread
         return fn()
+    limited = 0
+    while True:
+        watch = _watched_call(fn, bounds, breakers)
+        if watch.error is None:
+            return watch.value
+        said = cause_of(watch.error, lm15.RateLimitError) or cause_of(watch.error, LMRateLimitError)
+        if said is None or not watch.watched or isinstance(watch.error, FatalLMError):
+            raise watch.error
+        hint = getattr(said, "retry_after", None)
+        for breaker in watch.watched:  # raises RateLimited once the endpoint has rate-limited too long
+            pause = breaker.rate_limited(min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** limited), hint)
+        watch.watched[0].pause(pause)
+        limited += 1
+
+
+def _watched_call(fn: Callable[[], R], bounds: CallBounds | None, breakers: list[Breaker]) -> Watch:
+    """One run of ``fn`` under its call's deadline; the finished ``Watch`` (its value or error)."""
+    end = call_end(bounds)
     left = end - time.monotonic()
     if left <= 0:
         raise DeadlineExceeded("deadline: the item's time was spent before this call", started=False)
@@ -146,10 +193,11 @@ def within_deadline(fn: Callable[[], R], bounds: CallBounds | None) -> R:
         threading.Thread(target=context.run, args=(watch.call, fn), name="chateval-lm-call", daemon=True).start()
         answered = watch.wait(left + WATCHDOG_GRACE_S)
     if not answered:
+        limiting = [b for b in (*breakers, *watch.watched) if b.limiting]
+        if limiting:  # the time went on 429s: no item's fault, so no abstention
+            raise limiting[0].stop_rate_limited(why=", until a call's deadline")
         raise DeadlineExceeded(f"deadline: no answer within {left:.1f} s")
-    if watch.error is not None:
-        raise watch.error
-    return watch.value
+    return watch
 
 
 def _text(system) -> str:
@@ -195,12 +243,52 @@ def _budget_spent(exc: openai.APIError, base_url: str) -> BudgetExceeded | None:
                           "window to reset) and rerun the same command to resume")
 
 
+def redirect_refused(endpoint: str, status: int, location) -> FatalLMError:
+    """The error for an endpoint that answered with a redirect: it names the endpoint and where it sent us.
+
+    Example:
+        >>> print(redirect_refused("http://127.0.0.1:8000/v1", 307, "http://127.0.0.1:9999/v1/chat/completions"))
+        the endpoint http://127.0.0.1:8000/v1 answered HTTP 307, a redirect to 'http://127.0.0.1:9999/v1/chat/completions': ...
+    """
+    where = " ".join(str(location).split())[:200] if location else "(no Location)"
+    return FatalLMError(f"the endpoint {endpoint} answered HTTP {status}, a redirect to {where!r}: redirects are not "
+                        "followed (nothing a server answers may choose where prompts and keys go): stopping the run; "
+                        "point the run at the endpoint itself")
+
+
+def no_redirects_client() -> openai.DefaultHttpxClient:
+    """An HTTP client for ``openai.OpenAI`` that follows no redirect (a 3xx becomes an ``APIStatusError``)."""
+    return openai.DefaultHttpxClient(follow_redirects=False)
+
+
+def endpoint_alive(base_url: str, api_key: str = "none", timeout: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether an OpenAI-compatible server is up: its ``/health`` (llama.cpp's, vLLM's) answers 200, or, where there is
+    none or it wants another key (404, 405, 401, 403), its ``/v1/models`` does. A redirect is no answer.
+
+    Example:
+        >>> endpoint_alive("http://127.0.0.1:9/v1", timeout=1)  # nothing listens on port 9
+        False
+    """
+    base = base_url.rstrip("/")
+    headers = {"Authorization": f"Bearer {api_key}"}
+    try:
+        with httpx.Client(timeout=timeout, follow_redirects=False, headers=headers) as client:
+            status = client.get(base.removesuffix("/v1") + "/health").status_code
+            if status in (401, 403, 404, 405):
+                status = client.get(base + "/models").status_code
+    except httpx.HTTPError:
+        return False
+    return status == 200
+
+
 def _translate(exc: openai.APIError, base_url: str) -> Exception:
     """The lm15 error DSPy understands for an ``openai`` client error (anything unknown stays as it is); a spent
-    gateway budget is our ``BudgetExceeded``, which stops the run."""
+    gateway budget is our ``BudgetExceeded`` and a redirect a ``FatalLMError``, which stop the run."""
     spent = _budget_spent(exc, base_url)
     if spent is not None:
         return spent
+    if isinstance(exc, openai.APIStatusError) and 300 <= exc.status_code < 400:
+        return redirect_refused(base_url, exc.status_code, exc.response.headers.get("location"))
     if isinstance(exc, openai.APITimeoutError):
         return lm15.TimeoutError(f"{base_url}: request timed out", provider="openai-compatible")
     if isinstance(exc, openai.APIConnectionError):
@@ -216,6 +304,12 @@ def _translate(exc: openai.APIError, base_url: str) -> Exception:
         return lm15.ServerError(f"{base_url}: HTTP {exc.status_code}", status=exc.status_code,
                                 retry_after=_retry_after(exc))
     return exc
+
+
+def _tokens(answer) -> tuple[int, int]:
+    """An answer's (prompt, completion) tokens, 0 where the server does not say."""
+    usage = getattr(answer, "usage", None)
+    return (getattr(usage, "prompt_tokens", 0) or 0), (getattr(usage, "completion_tokens", 0) or 0)
 
 
 def _transient(error: Exception) -> bool:
@@ -241,8 +335,12 @@ class OpenAICompatEngine:
         compact_json: llama.cpp only: forbid free whitespace in constrained JSON and cap
             string lengths, so that a tiny model cannot pad its output until ``max_tokens``.
         max_string_chars: With ``compact_json``, the longest string a JSON field may hold.
-        breaker: Failed attempts in a row (timeouts, refused or lost connections) after which every call fails with
-            one ``FatalLMError`` (``lm.breaker``); the engine's ``breaker`` attribute is that ``Breaker``.
+        breaker: Failed attempts in a row (refused or lost connections, timeouts of an endpoint that fails its
+            liveness check) after which every call fails with one ``FatalLMError`` (``lm.breaker``); the engine's
+            ``breaker`` attribute is that ``Breaker``.
+        rate_limit_wait: Seconds the endpoint may answer 429 in a row before the run stops (``RateLimited``).
+
+    ``bounds`` are the stated ones stretched to the endpoint's measured speed (``pace``, ``lm.call_limits.Pace``).
     """
 
     supports_response_schema = True
@@ -252,16 +350,27 @@ class OpenAICompatEngine:
     def __init__(self, base_url: str, model: str, api_key: str = "none", *, timeout: float = DEFAULT_TIMEOUT,
                  max_retries: int = DEFAULT_RETRIES, call_deadline: float | None = None,
                  item_deadline: float | None = None, compact_json: bool = False, max_string_chars: int = 600,
-                 breaker: int = DEFAULT_BREAKER):
+                 breaker: int = DEFAULT_BREAKER, rate_limit_wait: float = DEFAULT_RATE_LIMIT_WAIT):
         self.base_url, self.model = base_url, model
         self.compact_json, self.max_string_chars = compact_json, max_string_chars
-        self.bounds = CallBounds.derive(timeout, max_retries, call_deadline, item_deadline)
-        self.breaker = Breaker(base_url, breaker)
+        self.pace = Pace(CallBounds.derive(timeout, max_retries, call_deadline, item_deadline))
+        self.breaker = Breaker(base_url, breaker, alive=self.alive, on_slow=self.pace.timed_out,
+                               rate_limit_wait=rate_limit_wait)
         self.client = self._client(base_url, api_key)
 
+    @property
+    def bounds(self) -> CallBounds:
+        """The stated bounds, stretched to the endpoint's measured speed."""
+        return self.pace.bounds()
+
+    def alive(self) -> bool:
+        """Whether the endpoint passes its liveness check (``endpoint_alive``): the breaker asks after a timeout."""
+        return endpoint_alive(self.base_url, self.client.api_key, min(PROBE_TIMEOUT_S, self.pace.stated.timeout))
+
     def _client(self, base_url: str, api_key: str) -> openai.OpenAI:
-        # The client's own retries would multiply with this engine's.
-        return openai.OpenAI(base_url=base_url, api_key=api_key, timeout=self.bounds.timeout, max_retries=0)
+        # The client's own retries would multiply with this engine's; a redirect must not choose the endpoint.
+        return openai.OpenAI(base_url=base_url, api_key=api_key, timeout=self.pace.stated.timeout, max_retries=0,
+                             http_client=no_redirects_client())
 
     def __repr__(self) -> str:  # keeps the key out of any repr that reaches a log
         return f"OpenAICompatEngine(base_url={self.base_url!r}, model={self.model!r})"
@@ -303,33 +412,30 @@ class OpenAICompatEngine:
 
     def _complete(self, request, end: float) -> Response:
         """Attempts until one answers, the retries are spent, the deadline ``end`` (monotonic) comes, or the
-        breaker opens (its ``FatalLMError``)."""
+        breaker opens (its ``FatalLMError``). A 429 is waited out (``_wait_out``) without spending a retry."""
         body = self.request_body(request)
-        attempt = 0
+        attempt = limited = 0
         while True:
             self.breaker.check()
             left = end - time.monotonic()
             if left <= 0:
                 raise DeadlineExceeded(f"{self.base_url}: deadline reached after {attempt} attempt(s)",
                                        provider="openai-compatible", started=attempt > 0)
-            limit = min(self.bounds.timeout, left)
+            timeout = self.bounds.timeout
+            limit, started = min(timeout, left), time.monotonic()
             try:
                 answer = self.client.chat.completions.create(**body, timeout=limit, **self._extra())
             except openai.APIError as exc:
                 error = _translate(exc, self.base_url)
                 if error is exc:
                     raise
-                if isinstance(error, BudgetExceeded):  # retrying cannot help: stop the run as an open breaker does
+                if isinstance(error, FatalLMError):  # a spent budget, a redirect: stop the run as an open breaker does
                     raise self.breaker.trip(error) from exc
-                cut = isinstance(error, lm15.TimeoutError) and limit < self.bounds.timeout
-                # A cut attempt proves nothing about the endpoint, unless its call had no full attempt to prove it.
-                if self._counts(error) and (not cut or attempt == 0):
-                    stop = self.breaker.failed(failure_kind(error))
-                    if stop is not None:
-                        raise stop from exc
-                if cut:
-                    raise DeadlineExceeded(f"{self.base_url}: deadline reached during attempt {attempt + 1}",
-                                           provider="openai-compatible") from exc
+                if isinstance(error, lm15.RateLimitError):
+                    self._wait_out(error, limited, end)
+                    limited += 1
+                    continue
+                self._failed(error, exc, limit < timeout, attempt)
                 if attempt >= self.bounds.retries or not _transient(error):
                     raise error from exc
                 hint = getattr(error, "retry_after", None)
@@ -341,7 +447,56 @@ class OpenAICompatEngine:
                 attempt += 1
             else:
                 self.breaker.succeeded()
+                self._paced(answer, body, time.monotonic() - started)
                 return self._response(answer)
+
+    def _failed(self, error: Exception, exc: Exception, cut: bool, attempt: int) -> None:
+        """Tell the breaker of a failed attempt (raising its error once it opens); a timed-out attempt that the
+        deadline cut short ends the call with ``DeadlineExceeded``."""
+        cut = cut and isinstance(error, lm15.TimeoutError)
+        # A cut attempt proves nothing about the endpoint, unless its call had no full attempt to prove it.
+        if self._counts(error) and (not cut or attempt == 0):
+            stop = self.breaker.failed(failure_kind(error))
+            if stop is not None:
+                raise stop from exc
+        if cut:
+            raise DeadlineExceeded(f"{self.base_url}: deadline reached during attempt {attempt + 1}",
+                                   provider="openai-compatible") from exc
+
+    def _wait_out(self, error: lm15.RateLimitError, limited: int, end: float) -> None:
+        """Wait before asking again after the call's ``limited``-th 429 in a row: its Retry-After, else a backoff, as
+        the breaker allows (``Breaker.rate_limited``, which stops the run once the endpoint has rate-limited too long);
+        a wait past the call's deadline stops the run too, as the call may not become an abstention."""
+        hint = error.retry_after
+        pause = self.breaker.rate_limited(hint if hint is not None else min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** limited),
+                                          hint)
+        if time.monotonic() + pause >= end:
+            raise self.breaker.stop_rate_limited(asked=hint, why=", until this call's deadline") from error
+        self.breaker.pause(pause)
+
+    def _paced(self, answer, body: dict, seconds: float) -> None:
+        """Tell the pace how long an answered attempt took for its tokens (``Pace.answered``)."""
+        prompt, completion = _tokens(answer)
+        self.pace.answered(seconds, prompt + completion, prompt + (body.get("max_tokens") or completion))
+
+    def warm_up(self, tokens_asked: int) -> None:
+        """One short request, timed, so that the pace starts from the endpoint's speed now (the embedded model on a
+        machine already busy when the run starts), its largest request ``tokens_asked`` tokens (prompt plus
+        ``max_tokens``). Nothing is raised: a warm-up that fails leaves the stated bounds (a timeout stretches them)."""
+        body = {"model": self.model, "messages": [{"role": "user", "content": "Answer with one word: ready?"}],
+                "max_tokens": 16, "temperature": 0}
+        started = time.monotonic()
+        try:
+            answer = self.client.chat.completions.create(**body, timeout=self.pace.stated.timeout)
+        except openai.APITimeoutError:
+            self.pace.timed_out()
+            return
+        except openai.APIError as exc:
+            log.warning("%s: warm-up request failed (%s); keeping the stated time bounds", self.base_url, exc)
+            return
+        seconds = time.monotonic() - started
+        self.pace.answered(seconds, sum(_tokens(answer)), tokens_asked)
+        log.info("%s: warm-up took %.2f s; attempts may take %.0f s", self.base_url, seconds, self.bounds.timeout)
 
     @staticmethod
     def _extra() -> dict:

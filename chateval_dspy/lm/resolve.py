@@ -27,12 +27,14 @@ import dspy
 from chateval_dspy.errors import ConfigError, FatalLMError
 from chateval_dspy.lm.adapter import MARKED_PREFIXES
 from chateval_dspy.lm.breaker import DEFAULT_BREAKER, Breaker, with_breaker
+from chateval_dspy.lm.call_limits import DEFAULT_RATE_LIMIT_WAIT
 from chateval_dspy.lm.engine import (
     DEFAULT_RETRIES,
     DEFAULT_TIMEOUT,
     CallBounds,
     OpenAICompatEngine,
     RestartingEngine,
+    redirect_refused,
     with_bounds,
 )
 
@@ -46,6 +48,8 @@ EMBEDDED_CTX_PER_SLOT = 8192
 EMBEDDED_PROMPT_CACHE_MIB = 1024
 KEY_VARIABLES = ("CHATEVAL_API_KEY", "OPENAI_API_KEY")
 EMBEDDED_MAX_TOKENS = 320
+# The longest prompt the built-in tasks send the embedded model, in tokens, with room (FairEval: ~1,700).
+EMBEDDED_PROMPT_TOKENS = 2048
 # Tokens a verdict's JSON needs besides its one free-text field: keys, quotes, a preference and the scores.
 JSON_ROOM = 48
 
@@ -170,11 +174,17 @@ def base_url_key() -> str:
 
 
 def served_model_id(base_url: str, key: str) -> str:
-    req = urllib.request.Request(base_url.rstrip("/") + "/models", headers={"Authorization": f"Bearer {key}"})
+    """The first model ``base_url`` lists at ``/models`` (a redirect is refused: it may not choose the endpoint)."""
+    import httpx
+
     try:
-        with urllib.request.urlopen(req, timeout=10) as resp:  # noqa: S310 - a URL the user chose
-            models = json.loads(resp.read()).get("data") or []
-    except (OSError, ValueError) as exc:
+        resp = httpx.get(base_url.rstrip("/") + "/models", headers={"Authorization": f"Bearer {key}"}, timeout=10,
+                         follow_redirects=False)
+        if resp.is_redirect:
+            raise redirect_refused(base_url, resp.status_code, resp.headers.get("location"))
+        resp.raise_for_status()
+        models = resp.json().get("data") or []
+    except (httpx.HTTPError, ValueError, AttributeError) as exc:
         raise FatalLMError(f"cannot reach the LM server at {base_url}: {exc}. Is it running? "
                       "(The embedded model needs no server: use --model embedded.)") from exc
     if not models:
@@ -207,7 +217,8 @@ def check_model_spec(spec, where: str = "--model") -> str:
 def resolve_lm(spec: str = EMBEDDED, *, slots: int = 2, temperature: float = 0.0, max_tokens: int | None = None,
                served_model: str | None = None, timeout: float = DEFAULT_TIMEOUT, retries: int = DEFAULT_RETRIES,
                call_deadline: float | None = None, item_deadline: float | None = None,
-               threads: int | None = None, breaker: int = DEFAULT_BREAKER) -> Iterator[dspy.LM]:
+               threads: int | None = None, breaker: int = DEFAULT_BREAKER,
+               rate_limit_wait: float = DEFAULT_RATE_LIMIT_WAIT) -> Iterator[dspy.LM]:
     """Build (and for ``embedded``, start and later stop) the LM named by ``spec``.
 
     Args:
@@ -223,9 +234,11 @@ def resolve_lm(spec: str = EMBEDDED, *, slots: int = 2, temperature: float = 0.0
         item_deadline: Seconds all calls of one judged item may take (default ``4 * call_deadline``).
             A call cut by either deadline is the referee's abstention ``lm_error:deadline``.
         threads: CPU threads of the embedded server (default: all cores).
-        breaker: Failed attempts in a row (timeouts, refused or lost connections) after which every call fails with one
-            ``FatalLMError`` and the run stops (``lm.breaker``); the embedded server is restarted on a lost connection
-            instead, so only its timeouts count.
+        breaker: Failed attempts in a row (refused or lost connections, timeouts of an endpoint that fails its liveness
+            check) after which every call fails with one ``FatalLMError`` and the run stops (``lm.breaker``); the
+            embedded server is restarted on a lost connection instead, so only its timeouts count. The embedded model
+            and base URLs are paced: their bounds stretch to the measured speed (``lm.call_limits.Pace``).
+        rate_limit_wait: Seconds an endpoint may answer 429 in a row before the run stops (``lm.breaker.RateLimited``).
 
     Example:
         >>> with resolve_lm("embedded") as lm, dspy.context(lm=lm):  # doctest: +SKIP
@@ -234,7 +247,7 @@ def resolve_lm(spec: str = EMBEDDED, *, slots: int = 2, temperature: float = 0.0
     check_model_spec(spec)
     bounds = CallBounds.derive(timeout, retries, call_deadline, item_deadline)
     limits = {"timeout": bounds.timeout, "max_retries": bounds.retries, "call_deadline": bounds.call_deadline,
-              "item_deadline": bounds.item_deadline, "breaker": breaker}
+              "item_deadline": bounds.item_deadline, "breaker": breaker, "rate_limit_wait": rate_limit_wait}
     if spec == EMBEDDED:
         server = EmbeddedServer(slots=slots, threads=threads)
         cap = max_tokens or EMBEDDED_MAX_TOKENS
@@ -243,6 +256,7 @@ def resolve_lm(spec: str = EMBEDDED, *, slots: int = 2, temperature: float = 0.0
             # the token cap, so the model can never be cut off mid-verdict (an unparseable, retried output).
             engine = RestartingEngine(base_url, "gemma-3-270m", restart=server.restart, compact_json=True,
                                       max_string_chars=max(32, cap - JSON_ROOM), **limits)
+            engine.warm_up(EMBEDDED_PROMPT_TOKENS + cap)  # the bounds start from this machine's speed now
             yield dspy.LM(EMBEDDED_MODEL_ID, engine=engine, temperature=temperature, max_tokens=cap, num_retries=0)
         return
     if spec.startswith(("http://", "https://")):
@@ -258,4 +272,4 @@ def resolve_lm(spec: str = EMBEDDED, *, slots: int = 2, temperature: float = 0.0
     route = {"engine": "litellm"} if spec.startswith(MARKED_PREFIXES) else {}
     lm = dspy.LM(spec, temperature=temperature, max_tokens=max_tokens or 1024, timeout=bounds.timeout,
                  num_retries=bounds.retries, **route)
-    yield with_breaker(with_bounds(lm, bounds), Breaker(spec, breaker))
+    yield with_breaker(with_bounds(lm, bounds), Breaker(spec, breaker, rate_limit_wait=rate_limit_wait))

@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from chateval_dspy.errors import ConfigError
-from chateval_dspy.lm.call_limits import DEFAULT_BREAKER, DEFAULT_RETRIES, DEFAULT_TIMEOUT, CallBounds, check_threshold
+from chateval_dspy.lm.call_limits import (
+    DEFAULT_BREAKER,
+    DEFAULT_RATE_LIMIT_WAIT,
+    DEFAULT_RETRIES,
+    DEFAULT_TIMEOUT,
+    CallBounds,
+    check_rate_limit_wait,
+    check_threshold,
+)
 
 if TYPE_CHECKING:
     import dspy
@@ -36,6 +44,9 @@ class LMSpec:
         item_deadline: Seconds all calls of one judged item may take (None: ``4 * call_deadline``).
         breaker: Failed attempts in a row against one endpoint (timeouts, refused or lost connections) after which the
             run stops with one ``FatalLMError``, its finished results kept (``lm.breaker``; not in batch mode).
+        rate_limit_wait: Seconds an endpoint may answer 429 (rate limited) in a row, each Retry-After honoured up to
+            60 s at a time, before the run stops with ``RateLimited``; the rate-limited items are not recorded, so the
+            same command judges them once the limit resets.
         cache: DSPy's memory and disk cache of LM answers.
         cache_dir: The cache's directory (default ``$CHATEVAL_CACHE_DIR`` or ``~/.cache/chateval-dspy``).
         referee_models: A mixed panel: ``{role slug: model}`` (each ``embedded``, a base URL or a LiteLLM string);
@@ -73,6 +84,7 @@ class LMSpec:
     call_deadline: float | None = None
     item_deadline: float | None = None
     breaker: int = DEFAULT_BREAKER
+    rate_limit_wait: float = DEFAULT_RATE_LIMIT_WAIT
     cache: bool = True
     cache_dir: str | None = None
     referee_models: tuple[tuple[str, str], ...] | dict[str, str] = ()
@@ -101,6 +113,7 @@ class LMSpec:
             raise ConfigError(f"timeout must be positive seconds, at most 3600, got {self.timeout}")
         self.bounds()  # a bad retry count or deadline fails here, not when the LM starts
         check_threshold(self.breaker)
+        object.__setattr__(self, "rate_limit_wait", check_rate_limit_wait(self.rate_limit_wait))
         if self.batch_dir is not None:
             object.__setattr__(self, "batch", True)
         if not 0 < self.batch_poll <= 3600:
@@ -195,7 +208,8 @@ class LMSpec:
         with panel.open_panel(self.model, self.referee_map, slots=slots, temperature=self.temperature,
                               max_tokens=self.max_tokens, served_model=self.served_model, timeout=self.timeout,
                               retries=self.retries, call_deadline=self.call_deadline,
-                              item_deadline=self.item_deadline, threads=threads, breaker=self.breaker) as (lm, referees), \
+                              item_deadline=self.item_deadline, threads=threads, breaker=self.breaker,
+                              rate_limit_wait=self.rate_limit_wait) as (lm, referees), \
                 dspy.context(lm=attach_price(lm, self.price()), adapter=JudgeAdapter()), panel.binding(referees):
             yield lm
 

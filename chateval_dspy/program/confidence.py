@@ -14,6 +14,7 @@ whole numbers, and a person's mean such as 2.67 agrees with 2.5 and 3).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -293,3 +294,151 @@ def check_map(data, source: str) -> None:
         refuse("raw", "breakpoints must be strictly increasing")
     if any(b < a for a, b in zip(calibrated, calibrated[1:])):
         refuse("calibrated", "must not decrease (a higher raw confidence never means less agreement)")
+
+
+NEEDS_PERSON = "needs_person"  # the abstention of a verdict whose calibrated confidence is below the threshold
+# ``Calibration.fitted_on``: what the map and threshold were fitted on, in a few short words and numbers.
+MAX_FITTED_ON_KEYS, MAX_FITTED_ON_CHARS = 10, 200
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A saved evaluator's calibrated confidence and, optionally, the threshold a verdict's confidence must reach
+    for the verdict to be given (``calibration.json`` beside ``program.json``; ``chateval calibrate`` writes it).
+
+    Attributes:
+        map: The fitted ``ConfidenceMap`` from ``raw_confidence`` to the probability that people agree.
+        threshold: The calibrated confidence a verdict needs to be given; below it the verdict is withheld
+            (``NEEDS_PERSON``). None: every verdict is given.
+        level: The agreement with people guaranteed for the verdicts given (with ``threshold``).
+        risk: The accepted chance that the guarantee fails (with ``threshold``).
+        fitted_on: What it was fitted on (``data``, ``split``, ``n``, ``model``, ``seed``): short strings and ints.
+
+    Example:
+        >>> cal = Calibration(ConfidenceMap(raw=(0.2, 0.8), calibrated=(0.5, 0.9), n=40), threshold=0.8, level=0.85,
+        ...                   risk=0.1, fitted_on={"data": "faireval", "split": "calibration", "n": 40})
+        >>> round(cal.confidence(0.5), 3), cal.gives(0.7), cal.gives(0.85)
+        (0.7, False, True)
+        >>> Calibration.from_dict(cal.to_dict(), "calibration.json") == cal
+        True
+    """
+
+    map: ConfidenceMap
+    threshold: float | None = None
+    level: float | None = None
+    risk: float | None = None
+    fitted_on: dict = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_calibration({**self.to_dict(), "map": self.map.to_dict()}, "a calibration")
+
+    def confidence(self, raw: float) -> float:
+        """The calibrated confidence of a verdict whose ``raw_confidence`` is ``raw``."""
+        return self.map(raw)
+
+    def gives(self, confidence: float | None) -> bool:
+        """Whether a verdict of calibrated ``confidence`` is given (False: it needs a person). Without a threshold
+        every verdict is given; with one, a verdict without a confidence is not."""
+        if self.threshold is None:
+            return True
+        return confidence is not None and confidence >= self.threshold
+
+    def to_dict(self) -> dict:
+        return {"map": self.map.to_dict(), "threshold": self.threshold, "level": self.level, "risk": self.risk,
+                "fitted_on": dict(self.fitted_on)}
+
+    @classmethod
+    def from_dict(cls, data, source: str) -> Calibration:
+        """A calibration from untrusted ``data`` (a parsed ``calibration.json``), checked; a ``ConfigError`` naming
+        ``source`` and the field otherwise.
+
+        Example:
+            >>> good = {"map": {"method": "isotonic", "n": 9, "raw": [0.1, 0.5], "calibrated": [0.4, 0.6]},
+            ...         "threshold": None, "level": None, "risk": None, "fitted_on": {}}
+            >>> Calibration.from_dict({**good, "threshold": 2.0}, "calibration.json")
+            Traceback (most recent call last):
+            ...
+            chateval_dspy.errors.ConfigError: calibration.json: calibration field 'threshold': must be a number in [0, 1] ...
+        """
+        check_calibration(data, source)
+        return cls(map=ConfidenceMap.from_dict(data["map"], source), threshold=data["threshold"],
+                   level=data["level"], risk=data["risk"], fitted_on=dict(data["fitted_on"]))
+
+
+CALIBRATION_FIELDS = ("map", "threshold", "level", "risk", "fitted_on")
+
+
+def check_calibration(data, source: str) -> None:
+    """A ``ConfigError`` naming ``source`` and the field unless ``data`` is a valid ``Calibration.to_dict()``."""
+    if not isinstance(data, Mapping) or set(data) != set(CALIBRATION_FIELDS):
+        got = sorted(map(str, data))[:10] if isinstance(data, Mapping) else shown(data, 60)
+        raise ConfigError(f"{source}: a calibration is a mapping of exactly {', '.join(CALIBRATION_FIELDS)}; got {got}")
+    check_map(data["map"], source)
+    check_guarantee(data, source)
+
+
+def check_guarantee(data: Mapping, source: str) -> None:
+    """The checks of a calibration's ``threshold``, ``level``, ``risk`` and ``fitted_on`` (present in ``data``),
+    shared with the summary a judge card holds."""
+    def refuse(name: str, problem: str):
+        raise ConfigError(f"{source}: calibration field '{name}': {problem}")
+
+    for name in ("threshold", "level", "risk"):
+        x = data[name]
+        if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 <= x <= 1):
+            refuse(name, f"must be a number in [0, 1] or null, got {shown(x, 40)}")
+    if (data["threshold"] is None) != (data["level"] is None) or (data["threshold"] is None) != (data["risk"] is None):
+        refuse("threshold", "threshold, level and risk are given together (the level is what the threshold "
+                            "guarantees at that risk), or all null")
+    fitted = data["fitted_on"]
+    if not isinstance(fitted, Mapping) or len(fitted) > MAX_FITTED_ON_KEYS:
+        refuse("fitted_on", f"must be a mapping of at most {MAX_FITTED_ON_KEYS} entries, got {shown(fitted, 60)}")
+    for key, value in fitted.items():
+        if not isinstance(key, str) or not 0 < len(key) <= 40 or not key.isprintable():
+            refuse("fitted_on", f"keys must be short printable names, got {shown(key, 40)}")
+        short = isinstance(value, str) and len(value) <= MAX_FITTED_ON_CHARS and value.isprintable()
+        whole = isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**63
+        if not (short or whole or value is None):
+            refuse(f"fitted_on.{key}", f"must be a printable text of at most {MAX_FITTED_ON_CHARS} characters, a "
+                                       f"whole number or null, got {shown(value, 40)}")
+
+
+def line_confidence(line: Mapping, task: TaskSpec | str, tolerance: float = TOLERANCE) -> float | dict | None:
+    """The raw confidence of a results line's verdict (``line["prediction"]``): one figure (pairwise), or one per
+    criterion that has a value (pointwise); None without a verdict.
+
+    Example:
+        >>> round(line_confidence({"prediction": "2", "consistent": True,
+        ...                        "referees": {"a": [{"score_1": 3, "score_2": 9}]}}, "pairwise"), 3)
+        0.926
+    """
+    task = as_task(task)
+    verdict = line.get("prediction")
+    if verdict is None:
+        return None
+    found = evidence(line, task, tolerance)
+    if task.format == "pairwise":
+        return raw_confidence(found["preference"])
+    return {c: raw_confidence(ev) for c, ev in found.items() if isinstance(verdict, Mapping) and verdict.get(c) is not None}
+
+
+def calibrated(raw: float | dict | None, calibration: Calibration | None) -> float | dict | None:
+    """``raw`` (a figure, or one per criterion) through ``calibration``'s map; as it is without a calibration."""
+    if raw is None or calibration is None:
+        return raw
+    if isinstance(raw, Mapping):
+        return {c: calibration.confidence(r) for c, r in raw.items()}
+    return calibration.confidence(raw)
+
+
+def lowest(confidence: float | dict | None) -> float | None:
+    """The figure a verdict is given or withheld by: its confidence, or (pointwise) its least confident criterion's,
+    so that a verdict is given whole or not at all; None without one.
+
+    Example:
+        >>> lowest({"coherence": 0.9, "naturalness": 0.6}), lowest(0.7), lowest({})
+        (0.6, 0.7, None)
+    """
+    if isinstance(confidence, Mapping):
+        return min(confidence.values()) if confidence else None
+    return confidence

@@ -19,6 +19,7 @@ from dspy.utils.callback import BaseCallback
 from chateval_dspy.concurrency import bounded_unordered, run_gated
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import ChatEvalError
+from chateval_dspy.program.confidence import NEEDS_PERSON, Calibration, calibrated, line_confidence, lowest
 from chateval_dspy.run.records import ResultsStream, check_result, context_identity
 from chateval_dspy.run.records import run_key as derive_run_key
 from chateval_dspy.run.result import RunResult
@@ -89,6 +90,8 @@ def judge_item(program: dspy.Module, item: dspy.Example, config: DebateConfig) -
     model's calls, cached calls, tokens, seconds and ``cost_usd`` (``run.usage``); ``cost_usd`` is their sum in
     US dollars, None when any model used is unpriced. ``prompt_tokens`` counts every prompt token, among them
     ``cached_prompt_tokens`` (read from the provider's prompt cache) and ``cache_write_tokens`` (written to it).
+    ``raw_confidence``, ``confidence`` and ``confidence_calibrated`` say how far to trust the verdict, and a verdict
+    below the program's calibrated threshold is ``withheld`` (``selective_fields``).
     """
     task = config.task_spec
     inputs, cut = prepare(item, config)
@@ -122,7 +125,8 @@ def judge_item(program: dspy.Module, item: dspy.Example, config: DebateConfig) -
             consistent=pred.consistent, abstained=pred.abstained, abstentions=pred.abstentions,
             referees=pred.referees, transcripts=pred.transcripts, calls=pred.calls,
         )
-    if pairwise and record["human"] is not None:
+    record.update(selective_fields(record, task, getattr(program, "calibration", None)))
+    if pairwise and record["human"] is not None and record["abstained"] != NEEDS_PERSON:
         record["correct"] = record["prediction"] == record["human"]
     models, cached_calls, failed_calls = call_counts(usage, meter, failures.by_model(), record["calls"])
     record.update(item_tokens(models)._asdict(), cached_calls=cached_calls,
@@ -131,6 +135,34 @@ def judge_item(program: dspy.Module, item: dspy.Example, config: DebateConfig) -
     if empty:  # only then, so that every other line is what it always was
         record["empty"] = empty
     return record
+
+
+def selective_fields(record: dict, task, calibration: Calibration | None) -> dict:
+    """A results line's confidence fields, and what changes when its verdict is withheld.
+
+    ``raw_confidence`` is ``chateval_dspy.program.confidence.line_confidence`` of the line: one figure (pairwise) or
+    ``{criterion: figure}`` for the criteria with a value (pointwise); None without a verdict. ``confidence`` is it
+    through the program's ``calibration`` (``confidence_calibrated`` true), or the raw figure again (false). When the
+    calibration has a threshold and the verdict's confidence (pointwise: its least confident criterion's, so a
+    verdict is given whole or not at all) is below it, ``prediction`` becomes None, the panel's verdict is kept as
+    ``withheld`` and ``abstained`` is ``needs_person``: the item goes to a person, and agreement is computed over
+    the verdicts given (``RunResult``).
+
+    Example:
+        >>> from chateval_dspy.program.confidence import ConfidenceMap
+        >>> line = {"prediction": "1", "consistent": False, "abstained": None,
+        ...         "referees": {"a": [{"score_1": 6, "score_2": 5}, {"score_1": 5, "score_2": 6}]}}
+        >>> cal = Calibration(ConfidenceMap(raw=(0.0, 1.0), calibrated=(0.1, 0.9)), threshold=0.8, level=0.8, risk=0.1)
+        >>> got = selective_fields(line, "pairwise", cal)
+        >>> round(got["raw_confidence"], 3), round(got["confidence"], 3), got["withheld"], got["abstained"]
+        (0.222, 0.278, '1', 'needs_person')
+    """
+    raw = line_confidence(record, task)
+    confidence = calibrated(raw, calibration)
+    out = {"raw_confidence": raw, "confidence": confidence, "confidence_calibrated": calibration is not None}
+    if raw is not None and calibration is not None and not calibration.gives(lowest(confidence)):
+        out.update(prediction=None, withheld=record["prediction"], abstained=NEEDS_PERSON)
+    return out
 
 
 class FailedCalls(BaseCallback):
@@ -224,7 +256,9 @@ def evaluate(program: dspy.Module, items: Iterable[dspy.Example], config: Debate
     if out is not None:
         items = list(items)  # hashed for the key and read for their ids, then judged: an iterator is read only once
         if run_key is None:
-            run_key = derive_run_key(config, context_identity(), items, program.dump_state())
+            calibration = getattr(program, "calibration", None)
+            run_key = derive_run_key(config, context_identity(), items, program.dump_state(),
+                                     calibration.to_dict() if calibration is not None else None)
             ids = [x.id for x in items]  # the key holds these items: a line of another item is no part of the run
     result = RunResult(config)
     with ResultsStream(out, run_key, ids=ids, check=check_result) as stream:

@@ -164,15 +164,18 @@ def _refuse(path, row: int, field: str, what: str, value) -> None:
                     source=str(path), row=row, field=field)
 
 
-def run_key(config, lm: dict, items: Iterable, program_state: dict | None = None) -> str:
-    """What makes two runs the same run: the panel's config, the LM's identity, the exact items and
-    (when given) the program's tuned state. A results file resumes only under the same key.
+def run_key(config, lm: dict, items: Iterable, program_state: dict | None = None,
+            calibration: dict | None = None) -> str:
+    """What makes two runs the same run: the panel's config, the LM's identity, the exact items,
+    (when given) the program's tuned state and its calibration. A results file resumes only under the same key.
 
     Args:
         config: The ``DebateConfig`` (only fields off their defaults count, so new fields keep old keys).
         lm: The LM's identity (``LMSpec.identity()``, or model and sampling of the LM in context).
         items: The items judged (ids, inputs and labels are hashed).
         program_state: A compiled program's ``dump_state()``; None for a program as built.
+        calibration: The program's ``Calibration.to_dict()`` (its confidences and which verdicts it withholds);
+            None without one, which keeps the key of an uncalibrated run what it always was.
 
     Example:
         >>> from chateval_dspy.config import DebateConfig
@@ -185,6 +188,8 @@ def run_key(config, lm: dict, items: Iterable, program_state: dict | None = None
     key = {"config": config.changes(), **lm, "items": dataset_hash(items)}
     if program_state is not None:
         key["program"] = digest(program_state)
+    if calibration is not None:
+        key["calibration"] = digest(calibration)
     return digest(key)
 
 

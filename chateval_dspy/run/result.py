@@ -11,6 +11,11 @@ before costs were recorded (no ``usage_by_model``) make the run's dollars ``unpr
 Of the prompt tokens, ``cached_prompt_tokens`` were read from the provider's prompt cache and
 ``cache_write_tokens`` written to it (both parts of ``prompt_tokens``, priced at their own rates); lines written
 before they were recorded count 0 of each. ``cache_rates`` per model says which cache rates its price had.
+
+Selective verdicts: an item whose verdict a calibrated program withheld (``abstained: needs_person``) is counted as
+an abstention of that cause and left out of the agreement figures, which are over the verdicts given; ``cost()``
+then states the coverage (share of items given a verdict) with its exact 95% interval, and, for lines that carry
+one, the mean confidence of the verdicts given (``selective``).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from dataclasses import dataclass, field
 
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.lm.pricing import CACHE_RATES, UNPRICED, add_usd
+from chateval_dspy.program.confidence import NEEDS_PERSON, lowest
 from chateval_dspy.run.metrics import pairwise_report, pointwise_report
 
 MODEL_FIGURES = ("calls", "cached_calls", "prompt_tokens", "cached_prompt_tokens", "cache_write_tokens",
@@ -55,16 +61,23 @@ class RunResult:
     unlabelled: int = 0  # items without any human label: counted as missing, never silently dropped
     groups: list = field(default_factory=list)  # document id per labelled item (``group_id``), None when not given
     systems: list = field(default_factory=list)  # system id per labelled item (``system_id``), None when not given
+    given: int = 0  # items given a verdict (a prediction)
+    needs_person: int = 0  # items whose verdict was withheld: its calibrated confidence was below the threshold
+    confidences: list = field(default_factory=list)  # the confidence of each verdict given (pointwise: the lowest)
+    calibrated: bool = True  # every confidence counted went through a calibration
 
     def add(self, record: dict) -> None:
         self.n += 1
-        if record["human"] is not None:
+        self.given += record["prediction"] is not None
+        self._add_confidence(record)
+        self.needs_person += record["abstained"] == NEEDS_PERSON
+        if record["human"] is None:
+            self.unlabelled += 1
+        elif record["abstained"] != NEEDS_PERSON:  # a withheld verdict goes to a person: it neither agrees nor not
             self.human.append(record["human"])
             self.predicted.append(record["prediction"])
             self.groups.append(record.get("group_id"))
             self.systems.append(record.get("system_id"))
-        else:
-            self.unlabelled += 1
         self.calls += record["calls"] or 0
         self.cached_calls += record.get("cached_calls") or 0
         self.failed_calls += record.get("failed_calls") or 0
@@ -82,6 +95,45 @@ class RunResult:
         if record.get("empty"):
             self.empty[str(record["id"])] = list(record["empty"])
         self.add_usage(record.get("usage_by_model"))
+
+    def _add_confidence(self, record: dict) -> None:
+        """Count the confidence of a verdict given; older lines have none, and a line's figures that are not
+        numbers in [0, 1] (a hand-edited file) count as none."""
+        confidence = record.get("confidence")
+        figures = list(confidence.values()) if isinstance(confidence, dict) else [confidence]
+        if record["prediction"] is None or not figures or not all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x <= 1 for x in figures):
+            return
+        self.confidences.append(float(lowest(confidence)))
+        self.calibrated = self.calibrated and record.get("confidence_calibrated") is True
+
+    def selective(self) -> dict[str, float]:
+        """The run's selective-verdict figures, as plain numbers (``cost()`` holds them): ``mean_confidence`` (or
+        ``mean_raw_confidence`` when some verdict had no calibration) of the verdicts given, when lines carry one;
+        and, when some verdict was withheld as ``needs_person``, ``coverage`` (items given a verdict / items) with
+        its exact (Clopper-Pearson) 95% interval and ``needs_person_items``.
+
+        Example:
+            >>> r = RunResult(DebateConfig())
+            >>> for conf, abstained in ((0.9, None), (0.8, None), (0.3, "needs_person")):
+            ...     r.add({"human": "1", "prediction": None if abstained else "1", "calls": 2, "prompt_tokens": 0,
+            ...            "completion_tokens": 0, "seconds": 0.0, "abstained": abstained, "confidence": conf,
+            ...            "confidence_calibrated": True})
+            >>> {k: round(v, 3) for k, v in r.selective().items()}  # doctest: +NORMALIZE_WHITESPACE
+            {'mean_confidence': 0.85, 'coverage': 0.667, 'coverage_ci_low': 0.094, 'coverage_ci_high': 0.992,
+             'needs_person_items': 1.0}
+        """
+        out = {}
+        if self.confidences:
+            key = "mean_confidence" if self.calibrated else "mean_raw_confidence"
+            out[key] = sum(self.confidences) / len(self.confidences)
+        if self.needs_person:
+            from scipy import stats
+
+            ci = stats.binomtest(self.given, self.n).proportion_ci(confidence_level=0.95, method="exact")
+            out.update(coverage=self.given / self.n, coverage_ci_low=float(ci.low), coverage_ci_high=float(ci.high),
+                       needs_person_items=float(self.needs_person))
+        return out
 
     def add_usage(self, used: dict | None) -> None:
         """Add one results line's ``usage_by_model`` to the per-model sums (``add`` does; a report reading a
@@ -196,6 +248,7 @@ class RunResult:
             "position_consistency": (sum(self.consistent) / len(self.consistent)) if self.consistent else float("nan"),
             "abstained_items": sum(self.abstentions.values()),
             "abstained_referee_turns": sum(self.referee_abstentions.values()),
+            **self.selective(),
         }
 
     def card_cost(self) -> dict:

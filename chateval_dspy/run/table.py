@@ -58,7 +58,9 @@ def summary_table(metrics: dict, cost: dict, header: dict, abstentions: dict | N
     else:
         lines += ["", "(no human labels in these items: no agreement figures; a file's label columns are named by "
                       "--columns or the task)"]
-    cost_frame = pd.DataFrame([(k, _cost_value(k, v)) for k, v in cost.items()], columns=["cost", "value"])
+    lines += selective_lines(cost)
+    cost_frame = pd.DataFrame([(k, _cost_value(k, v)) for k, v in cost.items() if k not in SELECTIVE],
+                              columns=["cost", "value"])
     lines += ["", cost_frame.to_string(index=False)]
     if cost.get("cached_calls_per_item"):
         lines.append("(tokens and seconds count only calls that reached the LM; rerun with --no-cache for full costs)")
@@ -68,6 +70,37 @@ def summary_table(metrics: dict, cost: dict, header: dict, abstentions: dict | N
     if table:
         lines += ["", table]
     return "\n".join(lines)
+
+
+# ``RunResult.selective``'s figures: stated in words under the agreement figures, not in the cost table.
+SELECTIVE = ("mean_confidence", "mean_raw_confidence", "coverage", "coverage_ci_low", "coverage_ci_high",
+             "needs_person_items")
+
+
+def selective_lines(cost: dict) -> list[str]:
+    """The coverage of a run that withheld verdicts (with its exact 95% CI) and the mean confidence of the verdicts
+    given ([] when the run has neither).
+
+    Example:
+        >>> for line in selective_lines({"items": 10, "coverage": 0.8, "coverage_ci_low": 0.444,
+        ...                              "coverage_ci_high": 0.975, "needs_person_items": 2.0, "mean_confidence": 0.91}):
+        ...     print(line)
+        coverage (share of items given a verdict): 0.800 [0.444, 0.975] (exact 95% CI) of 10 items; 2 withheld as ...
+        mean confidence of the verdicts given: 0.910 (calibrated: the expected share that people agree with)
+    """
+    lines = []
+    if "coverage" in cost:
+        lines.append(f"coverage (share of items given a verdict): {cost['coverage']:.3f} [{cost['coverage_ci_low']:.3f}, "
+                     f"{cost['coverage_ci_high']:.3f}] (exact 95% CI) of {cost.get('items', '?')} items; "
+                     f"{int(cost['needs_person_items'])} withheld as needs_person (confidence below the calibrated "
+                     "threshold): agreement figures are over the verdicts given")
+    if "mean_confidence" in cost:
+        lines.append(f"mean confidence of the verdicts given: {cost['mean_confidence']:.3f} (calibrated: the expected "
+                     "share that people agree with)")
+    elif "mean_raw_confidence" in cost:
+        lines.append(f"mean confidence of the verdicts given: {cost['mean_raw_confidence']:.3f} (raw, not calibrated: "
+                     "it ranks verdicts but is no probability; chateval calibrate fits one)")
+    return lines
 
 
 def coverage_notes(metrics: dict) -> list[str]:

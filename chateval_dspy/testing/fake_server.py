@@ -1,10 +1,13 @@
 """A scripted OpenAI-compatible HTTP server on 127.0.0.1, for tests across processes and fault injection.
 
-It answers ``/v1/models`` and ``/v1/chat/completions`` with the fake LM's responder (so verdicts are
+It answers ``/health``, ``/v1/models`` and ``/v1/chat/completions`` with the fake LM's responder (so verdicts are
 valid JSON for the requested schema), and can misbehave on purpose: ``faults`` is a list of HTTP
 statuses (or ``"garbage"``, ``"empty"``, ``"hang"``) consumed one per request before normal answers.
 With ``hang=True`` it is a dead endpoint that still accepts connections: every chat request is read and
-then never answered, until the server is closed. With ``billing=OpenAICaching()`` (``chateval_dspy.testing.billing``)
+then never answered, until the server is closed, and ``/health`` answers 503. With ``delay`` and a shorter client
+timeout it is a slow but live one (``/health`` and ``/v1/models`` answer at once). ``rate_limited=True`` answers every
+chat request 429 (with ``Retry-After: retry_after`` when set); ``redirect`` answers every request with a 307 there.
+With ``billing=OpenAICaching()`` (``chateval_dspy.testing.billing``)
 the usage follows OpenAI's prompt-caching rule, in o200k_base tokens, with ``prompt_tokens_details.cached_tokens``.
 It also serves OpenAI's Batch API (``/v1/files``, ``/v1/batches``) through a ``FakeBatches``
 (``chateval_dspy.testing.fake_batches``), whose batched requests get the same answers as chat requests.
@@ -43,11 +46,18 @@ class FakeOpenAIServer:
             never touch it.
         delay: Seconds each chat request waits before it is answered (a slow model, for throughput benchmarks);
             requests wait side by side.
+        health: The status ``/health`` answers (None: 503 while ``hang``, else 200; 404: a server without one).
+        rate_limited: Answer every chat request 429 (a gateway whose limit never resets), until set False.
+        retry_after: The ``Retry-After`` header of 429 answers (faults and ``rate_limited``), in seconds.
+        redirect: A base (``http://host:port``): every request is answered 307 to the same path there.
     """
 
     def __init__(self, responder=default_responder, faults: list | None = None, model: str = "fake-served",
-                 hang: bool = False, billing=None, batches: FakeBatches | None = None, delay: float = 0.0):
-        self.delay = delay
+                 hang: bool = False, billing=None, batches: FakeBatches | None = None, delay: float = 0.0,
+                 health: int | None = None, rate_limited: bool = False, retry_after: float | None = None,
+                 redirect: str | None = None):
+        self.delay, self.health, self.redirect = delay, health, redirect
+        self.rate_limited, self.retry_after = rate_limited, retry_after
         self.responder, self.faults, self.model, self.hang = responder, list(faults or []), model, hang
         self.billing = billing
         self.batches = batches if batches is not None else FakeBatches()
@@ -86,62 +96,9 @@ class FakeOpenAIServer:
         return reply
 
     def __enter__(self) -> str:
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):  # keep test output quiet
-                pass
-
-            def _send(self, status: int, body: bytes, ctype: str = "application/json", close: bool = False):
-                self.send_response(status)
-                self.send_header("Content-Type", ctype)
-                if close:
-                    self.send_header("Connection", "close")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def _batches(self, method: str) -> bool:
-                """Answer a files/batches request; False when the path is none of theirs."""
-                answer = server.batches.route(method, self.path, self.headers, self.rfile)
-                if answer is not None:
-                    self._send(*answer, close=answer[0] == 413)  # a refused upload may be left partly unread
-                return answer is not None
-
-            def do_DELETE(self):
-                if not self._batches("DELETE"):
-                    self._send(404, b'{"error": "not found"}')
-
-            def do_GET(self):
-                if self._batches("GET"):
-                    return
-                if self.path.rstrip("/") == "/v1/models":
-                    self._send(200, json.dumps({"object": "list", "data": [{"id": server.model}]}).encode())
-                else:
-                    self._send(404, b'{"error": "not found"}')
-
-            def do_POST(self):
-                if self._batches("POST"):
-                    return
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-                with server._lock:
-                    server.requests.append({"body": body, "auth": self.headers.get("Authorization")})
-                if server.hang:
-                    server._closing.wait()  # released only so that closing the server does not wait on it
-                    return
-                fault = server._next_fault()
-                if fault == "hang":
-                    time.sleep(30)
-                    return
-                if server.delay > 0:
-                    time.sleep(server.delay)
-                if isinstance(fault, int):
-                    self._send(fault, json.dumps({"error": {"message": f"injected {fault}"}}).encode())
-                    return
-                self._send(200, json.dumps(server.reply(body, fault)).encode())
-
         self._closing.clear()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self._httpd.fake = self  # what each request's handler answers for
         self._httpd.daemon_threads = True
         threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
         return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
@@ -151,3 +108,84 @@ class FakeOpenAIServer:
         if self._httpd:
             self._httpd.shutdown()
             self._httpd.server_close()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """One request to a ``FakeOpenAIServer`` (``self.server.fake``)."""
+
+    def log_message(self, *args):  # keep test output quiet
+        pass
+
+    def _send(self, status: int, body: bytes, ctype: str = "application/json", close: bool = False,
+              headers: dict | None = None):
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        if close:
+            self.send_header("Connection", "close")
+        self.send_header("Content-Length", str(len(body)))
+        try:
+            self.end_headers()
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up first (its attempt timed out)
+            self.close_connection = True
+
+    def _batches(self, method: str) -> bool:
+        """Answer a files/batches request; False when the path is none of theirs."""
+        answer = self.server.fake.batches.route(method, self.path, self.headers, self.rfile)
+        if answer is not None:
+            self._send(*answer, close=answer[0] == 413)  # a refused upload may be left partly unread
+        return answer is not None
+
+    def _redirected(self) -> bool:
+        """Answer 307 to the fake's ``redirect`` (the body left unread); False when it is not set."""
+        fake = self.server.fake
+        if not fake.redirect:
+            return False
+        with fake._lock:
+            fake.requests.append({"redirected": self.path})
+        self._send(307, b"", close=True, headers={"Location": fake.redirect.rstrip("/") + self.path})
+        return True
+
+    def do_DELETE(self):
+        if self._redirected():
+            return
+        if not self._batches("DELETE"):
+            self._send(404, b'{"error": "not found"}')
+
+    def do_GET(self):
+        fake = self.server.fake
+        if self._redirected() or self._batches("GET"):
+            return
+        if self.path.rstrip("/") == "/health":
+            status = fake.health or (503 if fake.hang else 200)
+            self._send(status, json.dumps({"status": "ok" if status == 200 else "unavailable"}).encode())
+        elif self.path.rstrip("/") == "/v1/models":
+            self._send(200, json.dumps({"object": "list", "data": [{"id": fake.model}]}).encode())
+        else:
+            self._send(404, b'{"error": "not found"}')
+
+    def do_POST(self):
+        fake = self.server.fake
+        if self._redirected() or self._batches("POST"):
+            return
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        with fake._lock:
+            fake.requests.append({"body": body, "auth": self.headers.get("Authorization")})
+        if fake.hang:
+            fake._closing.wait()  # released only so that closing the server does not wait on it
+            return
+        fault = fake._next_fault()
+        if fault == "hang":
+            time.sleep(30)
+            return
+        if fake.delay > 0:
+            time.sleep(fake.delay)
+        if fake.rate_limited and fault is None:
+            fault = 429
+        if isinstance(fault, int):
+            wait = {"Retry-After": f"{fake.retry_after:g}"} if fault == 429 and fake.retry_after is not None else {}
+            self._send(fault, json.dumps({"error": {"message": f"injected {fault}"}}).encode(), headers=wait)
+            return
+        self._send(200, json.dumps(fake.reply(body, fault)).encode())

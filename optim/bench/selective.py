@@ -15,7 +15,10 @@ the guarantee held if the agreement of the verdicts given on fresh items from th
 level. "Fresh items" are counted two ways: exactly, as the model's population rate at that threshold
 (computed by summing over every vote count and integrating over ``d``), which is what the guarantee is
 about; and as realized on ``--fresh`` items drawn per draw (noisier, so it holds less often). A draw
-whose threshold is unreachable gives no verdict and so holds vacuously; those are counted apart.
+whose threshold is unreachable gives no verdict and so holds vacuously; those are counted apart. Each draw
+also fits the isotonic confidence map (``optim.tuning.confidence.fit_confidence_map``) on its calibration
+items and measures the expected calibration error (10 bins) on its fresh items, of the raw confidence and of
+the mapped one.
 
 Rows: ``exchangeable`` (calibrate and use on the same mix, spread ``--hard``) must hold in at least
 ``1 - risk`` of the draws. ``control`` calibrates on an easy mix (spread ``--easy``) and judges the hard mix,
@@ -33,6 +36,7 @@ import numpy as np
 
 from chateval_dspy.testing.sim_lm import SimKnobs
 from optim.bench.stats import proportion
+from optim.tuning.confidence import expected_calibration_error, fit_confidence_map
 from optim.tuning.selective import choose_threshold
 
 D_GRID = 2000  # midpoints over [0, spread] for the exact population rates
@@ -103,17 +107,20 @@ def run_row(panel: Panel, args, *, calibrate_on: float, use_on: float, rng: np.r
     """One row: ``args.draws`` calibration draws and how often the guarantee held on the use mix."""
     pop = panel.population(use_on)
     held = held_fresh = reached = held_reached = 0
-    coverages, agreements = [], []
+    coverages, agreements, ece_raw, ece_mapped = [], [], [], []
     for _ in range(args.draws):
         conf, agreed = panel.draw(rng, args.calibration, calibrate_on)
         selection = choose_threshold(conf.tolist(), agreed.tolist(), level=args.level, risk=args.risk)
+        fresh_conf, fresh_agreed = panel.draw(rng, args.fresh, use_on)
+        cmap = fit_confidence_map(conf, agreed)
+        ece_raw.append(expected_calibration_error(fresh_conf, fresh_agreed))
+        ece_mapped.append(expected_calibration_error(np.interp(fresh_conf, cmap.raw, cmap.calibrated), fresh_agreed))
         if not selection.reached:
             held += 1
             held_fresh += 1
             continue
         reached += 1
         coverage, agreement = population_rates(pop, selection.threshold)
-        fresh_conf, fresh_agreed = panel.draw(rng, args.fresh, use_on)
         given = fresh_conf >= selection.threshold
         held += agreement >= args.level
         held_reached += agreement >= args.level
@@ -124,7 +131,8 @@ def run_row(panel: Panel, args, *, calibrate_on: float, use_on: float, rng: np.r
             "held": proportion(held, args.draws), "held_fresh": proportion(held_fresh, args.draws),
             "reached": proportion(reached, args.draws), "held_when_reached": proportion(held_reached, reached),
             "coverage": _spread(coverages),
-            "agreement": _spread(agreements), "oracle": oracle(pop, args.level)}
+            "agreement": _spread(agreements), "oracle": oracle(pop, args.level),
+            "ece_raw": _spread(ece_raw), "ece_calibrated": _spread(ece_mapped)}
 
 
 def _spread(values: list[float]) -> dict:
@@ -175,6 +183,12 @@ def render(rows: dict, args) -> str:
                      f"{_rate(r['held_fresh']):24s} {_rate(r['reached']):24s} {_rate(r['held_when_reached']):24s} "
                      f"{cov['value']:.1%} [{cov['p2_5']:.1%}, {cov['p97_5']:.1%}]{'':3s} "
                      f"{agr['value']:.1%} [{agr['p2_5']:.1%}, {agr['p97_5']:.1%}]{'':3s} {orc['coverage']:.1%}")
+    for name, r in rows.items():
+        raw, mapped = r["ece_raw"], r["ece_calibrated"]
+        lines.append(f"{name}: ECE on {args.fresh} fresh items per draw (10 bins; mean [2.5-97.5 pct] over "
+                     f"{args.draws} draws): raw confidence {raw['value']:.3f} [{raw['p2_5']:.3f}, {raw['p97_5']:.3f}], "
+                     f"isotonic map fitted on the {args.calibration} calibration items {mapped['value']:.3f} "
+                     f"[{mapped['p2_5']:.3f}, {mapped['p97_5']:.3f}]")
     target = 1 - args.risk
     ex = rows["exchangeable"]["held"]
     lines.append(f"target: the guarantee holds in >= {target:.0%} of exchangeable draws: "

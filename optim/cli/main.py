@@ -15,7 +15,8 @@ from chateval_dspy.lm.offline import ensure_offline
 # Command -> its module: a parser declaration (light imports only) and a run() that imports what it needs.
 COMMANDS = {"evaluate": "optim.cli.evaluate", "compile": "optim.cli.compile", "search": "optim.cli.search",
             "report": "optim.cli.report", "score": "optim.cli.score", "serve": "optim.cli.serve",
-            "ablate": "optim.cli.ablate", "review": "optim.cli.review", "review-serve": "optim.cli.review_serve"}
+            "ablate": "optim.cli.ablate", "review": "optim.cli.review", "review-serve": "optim.cli.review_serve",
+            "calibrate": "optim.cli.calibrate"}
 
 
 def command(name: str):

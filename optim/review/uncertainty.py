@@ -25,11 +25,20 @@ fields read back from a trace by ``optim.review.sources``)::
 The weights put disagreement among the referees first and position bias second, because both say that the
 panel's own evidence conflicts; margin, abstentions and token probabilities say only that it is weak.
 Components that do not apply (no second order, no weighted scores) are 0, so U is comparable within a run.
+
+Where a results line carries a calibrated verdict confidence (``confidence`` with ``confidence_calibrated``
+true: the probability that people agree with the verdict, from the map ``chateval calibrate`` fitted), that ranks
+the queue instead of ``U``: the lowest confidence first. A raw confidence (an uncalibrated evaluator's) is shown
+but does not rank: it is no probability, and ``U`` weighs the same evidence. Items withheld for a person
+(``withheld``, or ``abstained`` of ``needs_person``: their confidence fell below the calibrated threshold) come
+before every other item, as they have no verdict at all. Lines ranked by ``U`` come after those ranked by
+confidence (the two are not on one scale).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -50,10 +59,45 @@ class Uncertainty:
     score: float
     components: dict[str, float] = field(default_factory=dict)
     reasons: tuple[str, ...] = ()
+    confidence: float | None = None  # the line's verdict confidence (``confidence_of``), which ranks it when given
+    calibrated: bool = False
+    withheld: bool = False  # no verdict: withheld for a person (``withheld_of``)
 
     def explain(self) -> str:
-        """One line: the score, then the reasons (what ``chateval review --explain`` prints per item)."""
-        return f"{self.item_id}: U={self.score:.3f}  " + ("; ".join(self.reasons) or "the panel was sure")
+        """One line: the confidence or the score, then the reasons (what ``chateval review --explain`` prints)."""
+        head = "withheld: needs a person; " if self.withheld else ""
+        if self.confidence is not None:
+            head += f"confidence={self.confidence:.3f} ({'calibrated' if self.calibrated else 'raw'}), "
+        return f"{self.item_id}: {head}U={self.score:.3f}  " + ("; ".join(self.reasons) or "the panel was sure")
+
+
+NEEDS_PERSON = "needs_person"
+
+
+def withheld_of(record: dict) -> bool:
+    """Whether the line's verdict was withheld for a person (its confidence fell below the threshold): the line
+    keeps the panel's verdict as ``withheld`` and abstains with ``needs_person``.
+
+    Example:
+        >>> withheld_of({"withheld": "2"}), withheld_of({"abstained": "needs_person"}), withheld_of({"abstained": None})
+        (True, True, False)
+    """
+    return record.get("withheld") is not None or record.get("abstained") == NEEDS_PERSON
+
+
+def confidence_of(record: dict) -> float | None:
+    """The line's verdict confidence: a number in [0, 1], or per criterion the lowest (the part people most
+    likely disagree with); None when the line has none or it is not such a number (read from a file: untrusted).
+
+    Example:
+        >>> confidence_of({"confidence": 0.7}), confidence_of({"confidence": {"a": 0.9, "b": 0.4}}), confidence_of({})
+        (0.7, 0.4, None)
+    """
+    value = record.get("confidence")
+    values = list(value.values()) if isinstance(value, dict) else [value]
+    numbers = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)
+               and math.isfinite(v) and 0.0 <= v <= 1.0]
+    return min(numbers) if numbers and len(numbers) == len(values) else None
 
 
 def _task(record: dict, task) -> TaskSpec:
@@ -235,7 +279,8 @@ def uncertainty(record: dict, task=None) -> Uncertainty:
         if reason:
             reasons.append(reason)
     score = round(sum(WEIGHTS[k] * v for k, v in components.items()), 6)
-    return Uncertainty(str(record.get("id")), score, components, tuple(reasons))
+    return Uncertainty(str(record.get("id")), score, components, tuple(reasons), confidence=confidence_of(record),
+                       calibrated=record.get("confidence_calibrated") is True, withheld=withheld_of(record))
 
 
 def tie_break(item_id) -> str:
@@ -247,13 +292,27 @@ def tie_break(item_id) -> str:
     return hashlib.sha256(str(item_id).encode("utf-8")).hexdigest()
 
 
+def _order(u: Uncertainty) -> tuple:
+    """Withheld items first, then lines with a calibrated confidence (lowest first), then the others (highest ``U``
+    first)."""
+    if u.confidence is not None and u.calibrated:
+        return (not u.withheld, 0, u.confidence, tie_break(u.item_id))
+    return (not u.withheld, 1, -u.score, tie_break(u.item_id))
+
+
 def rank(records: Iterable[dict], task=None) -> list[tuple[dict, Uncertainty]]:
-    """Judged records (error lines left out), most uncertain first; equal scores in ``tie_break`` order.
+    """Judged records (error lines left out), most in need of a person first (see the module docstring); equal
+    scores in ``tie_break`` order.
 
     Example:
         >>> ranked = rank([{"id": "a", "format": "pairwise"}, {"id": "b", "format": "pairwise", "consistent": False}])
         >>> [u.item_id for _, u in ranked]
         ['b', 'a']
+        >>> calibrated = {"confidence_calibrated": True}
+        >>> ranked = rank([{"id": "c", "confidence": 0.9, **calibrated}, {"id": "d", "confidence": 0.6, **calibrated},
+        ...                {"id": "e", "confidence": 0.3, "withheld": "1", "abstained": "needs_person", **calibrated}])
+        >>> [u.item_id for _, u in ranked]
+        ['e', 'd', 'c']
     """
     scored = [(r, uncertainty(r, task)) for r in records if not is_error(r)]
-    return sorted(scored, key=lambda pair: (-pair[1].score, tie_break(pair[1].item_id)))
+    return sorted(scored, key=lambda pair: _order(pair[1]))

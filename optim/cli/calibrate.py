@@ -1,0 +1,59 @@
+"""``chateval calibrate``: fit a saved evaluator's verdict confidence to people's labels, and choose the
+threshold that guarantees an agreement level (``optim.tuning.calibrate``)."""
+
+from __future__ import annotations
+
+import sys
+
+from optim.cli import flags, show
+
+
+def add_command(sub) -> None:
+    p = sub.add_parser("calibrate", help="fit a saved evaluator's confidence on a held-out split and choose the "
+                                         "confidence threshold for a guaranteed agreement level")
+    p.add_argument("--program", required=True, metavar="DIR", help="saved evaluator directory (calibration.json is "
+                                                                    "written there)")
+    p.add_argument("--dataset", required=True, help="faireval, topical_chat, or a labelled .jsonl/.csv file")
+    p.add_argument("--columns", help="custom file: map fields to your columns, e.g. question=prompt,label=winner")
+    p.add_argument("--label-map", metavar="VALUE=LABEL,...", help="custom file: map your label values to ours")
+    p.add_argument("--limit", type=int, help="use only the first N items of the test split")
+    p.add_argument("--seed", type=int, help="split seed (default: the one the evaluator's card records, else 0); "
+                                            "the calibration/check halves are drawn with it too")
+    p.add_argument("--model", help="LM for this evaluator (default: the card's model)")
+    p.add_argument("--served-model", help="model id at a base URL")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds one attempt of one LM request may take")
+    p.add_argument("--concurrency", type=int, default=1, help="items judged at once")
+    p.add_argument("--agree-at-least", type=float, metavar="LEVEL",
+                   help="the agreement with people the verdicts given must reach, e.g. 0.85 (with --risk)")
+    p.add_argument("--risk", type=float, help="the accepted chance that the guarantee fails, e.g. 0.1")
+    p.add_argument("--method", choices=["isotonic", "platt"], default="isotonic",
+                   help="the confidence map's shape (default isotonic; platt: steadier on small splits)")
+    p.add_argument("--out-dir", default="reports/calibration",
+                   help="results file and reliability diagrams (default reports/calibration); a rerun resumes it")
+    p.add_argument("--no-progress", action="store_true")
+    flags.add_tracking_flags(p)
+
+
+def run(args) -> int:
+    """Exit 0 also when the level asked for is not reached: the map is saved without a threshold and the
+    report says so, with the best level reachable (``calibration.json`` then has no threshold)."""
+    from chateval_dspy.data.loaders import parse_columns, parse_label_map
+    from chateval_dspy.data.spec import DataSpec
+    from optim.tuning.calibrate import calibrate, log_report
+
+    data = DataSpec(dataset=args.dataset, columns=parse_columns(args.columns),
+                    label_map=parse_label_map(args.label_map), limit=args.limit)
+    with show.progress(None, not args.no_progress) as on_item:
+        report = calibrate(args.program, data, out_dir=args.out_dir, model=args.model, served_model=args.served_model,
+                           timeout=args.timeout, concurrency=flags.concurrency(args), level=args.agree_at_least,
+                           risk=args.risk, method=args.method, seed=args.seed, on_item=on_item)
+    if report.resumed:
+        print(f"resumed: {report.resumed} item(s) were already judged in {report.results}", file=sys.stderr)
+    for line in report.lines():
+        print(line)
+    if not report.reached:
+        print(f"calibrate: level {args.agree_at_least:g} not reached at risk {args.risk:g}; no threshold saved",
+              file=sys.stderr)
+    if not args.no_mlflow:
+        print(f"mlflow run: {log_report(report, data, method=args.method, uri=args.tracking_uri)}")
+    return 0
