@@ -50,6 +50,8 @@ MAX_MLMODEL_FILE_BYTES = 1 * MIB  # an MLflow model's MLmodel file, read to find
 # A confidence map's breakpoints: the fit rounds raw confidences to thousandths, so it has at most 1,001
 MAX_CONFIDENCE_BREAKPOINTS = 1_024
 MAX_CALIBRATION_FILE_BYTES = 256 * KIB  # read before parsing; a map of 1,024 breakpoints is ~50 KB of JSON
+MAX_CASCADE_FILE_BYTES = 256 * KIB  # cascade.json, read before parsing: 8 stages are ~1 KB, the rest its report
+MAX_CASCADE_STAGES = 8  # a cascade's stages; each is a whole saved evaluator, loaded and bound to its LM
 
 # ---- a task spec (a task file, or the task inside a config or judge card) ----
 MAX_TASK_FILE_BYTES = 256 * KIB  # read before parsing; the built-in specs are ~2 KB, instructions dominate
@@ -252,6 +254,12 @@ def read_config_file(path: str | Path, limit: int, limit_name: str, what: str):
 
 # ---- people's labels (label files, MLflow feedback) ----
 MAX_LABEL_NAME_CHARS = 200  # a reviewer's name (an e-mail or user id) or a labelled item's id; shown on judge cards
+
+# ---- data files (datasets, label files, files to score: JSONL, JSON arrays, CSV) ----
+# A data file is read whole before its rows are parsed: its size is checked first (a sparse or endless file is never
+# read), and its rows are counted as they are parsed, since a row of a few bytes ("{}") parses to hundreds.
+MAX_DATA_FILE_BYTES = 2 * 1024 * MIB  # generous: MAX_DATA_ROWS items of 2 KB each fit
+MAX_DATA_ROWS = 1_000_000  # lines, CSV records or JSON array elements: far past any labelled evaluation set
 
 
 # ---- batch mode: what a Batch API or a self-hosted engine hands back (lm/batch) ----

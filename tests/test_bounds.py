@@ -71,11 +71,12 @@ def test_exactly_one_layer_retries_a_failing_endpoint():
     assert pred.abstentions == {"order1:critic@1": "lm_error:LMServerError"}
 
 
-def test_a_litellm_model_string_retries_in_dspy_only_and_carries_its_bounds():
-    """Issue 11 (item 4): for a model string DSPy's num_retries is the one layer (its engines make one
-    attempt each) and the deadlines ride on the LM for the debate to enforce."""
+def test_a_litellm_model_string_retries_in_one_layer_and_carries_its_bounds():
+    """Issue 11 (item 4): for a model string one layer retries (its engines make one attempt each); issue 32: that
+    layer is the debate's wait for the call, not DSPy's loop (``num_retries`` 0), which slept out any Retry-After
+    unseen. The retries and deadlines ride on the LM for the debate to enforce."""
     with resolve_lm("openai/gpt-4o-mini", timeout=7, retries=1, item_deadline=100) as lm:
-        assert lm.num_retries == 1 and lm.kwargs["timeout"] == 7
+        assert lm.num_retries == 0 and lm.kwargs["timeout"] == 7
         assert bounds_of(lm) == CallBounds(timeout=7, retries=1, call_deadline=24, item_deadline=100)
         assert bounds_of(lm.copy(temperature=0.5)) == bounds_of(lm)  # optimizers copy LMs
 

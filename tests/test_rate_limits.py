@@ -20,9 +20,10 @@ from chateval_dspy.config import DebateConfig
 from chateval_dspy.data.spec import DataSpec
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.lm.adapter import JudgeAdapter
-from chateval_dspy.lm.breaker import Breaker, RateLimited
+from chateval_dspy.lm.breaker import Breaker, RateLimited, breaker_of
 from chateval_dspy.lm.call_limits import RATE_LIMIT_PAUSE_CAP_S
-from chateval_dspy.lm.resolve import resolve_lm
+from chateval_dspy.lm.engine import bounds_of
+from chateval_dspy.lm.resolve import LITELLM_ROUTE, resolve_lm
 from chateval_dspy.lm.spec import LMSpec
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.run import records
@@ -85,7 +86,7 @@ def test_a_passing_rate_limit_is_waited_out_without_spending_retries_or_abstaini
 
 
 def test_a_model_string_lm_stops_with_the_rate_limit_as_its_reason(tmp_path):
-    """Through a LiteLLM model string (DSPy retries inside, out of sight): the 429s DSPy gives up on are waited out
+    """Through a LiteLLM model string (each 429 reaches the debate's wait, which asks again): the 429s are waited out
     within the same bound, then the run stops saying rate limited, not "no answer"; nothing is recorded."""
     with FakeOpenAIServer(rate_limited=True, retry_after=0.1) as url, \
             resolve_lm("openai/fake-served", timeout=2, rate_limit_wait=WAIT_S) as lm:
@@ -99,6 +100,45 @@ def test_a_model_string_lm_stops_with_the_rate_limit_as_its_reason(tmp_path):
     assert "no answer" not in str(stopped.value) and "openai/fake-served" in str(stopped.value)
     assert seconds < WAIT_S + SLACK_S
     assert records.read_records(tmp_path / "r.jsonl") == []
+
+
+@pytest.mark.parametrize("retry_after", [30, 86400])
+@pytest.mark.parametrize("route", ["lm15", pytest.param("litellm", marks=pytest.mark.slow)])  # importing LiteLLM: ~10 s
+def test_a_model_string_lm_asked_to_wait_past_the_bound_stops_at_once_saying_so(tmp_path, retry_after, route):
+    """Issue 32: DSPy's retry loop slept out the Retry-After unseen, and the silence opened the breaker as "no answer".
+    The model-string LM makes one attempt a call, so its 429 reaches the breaker: the run stops as the direct path's.
+    Both of DSPy's routes: its own client, and LiteLLM's (``litellm.RateLimitError``, which ``resolve_lm`` takes for
+    models that cache at marked breakpoints)."""
+    with FakeOpenAIServer(rate_limited=True, retry_after=retry_after) as url, \
+            resolve_lm("openai/fake-served", timeout=2, rate_limit_wait=WAIT_S) as built:
+        lm = built.copy(**LITELLM_ROUTE) if route == "litellm" else built  # as resolve_lm builds anthropic/...
+        if route == "litellm":
+            import litellm.main  # noqa: F401 - before the clock: its import takes seconds of its own
+        assert breaker_of(lm) is breaker_of(built) and bounds_of(lm) == bounds_of(built)
+        lm.kwargs.update(api_base=url, api_key="x")
+        lm.cache = False
+        start = time.perf_counter()
+        with dspy.context(lm=lm, adapter=JudgeAdapter()), pytest.raises(RateLimited, match=STOPPED) as stopped:
+            evaluate(build_evaluator(CFG), _items(2), CFG, out=tmp_path / "r.jsonl")
+        seconds = time.perf_counter() - start
+    assert f"asks to wait {retry_after} s (Retry-After)" in str(stopped.value) and "no answer" not in str(stopped.value)
+    assert seconds < SLACK_S  # not waited: the wait asked is longer than the run's bound
+    assert records.read_records(tmp_path / "r.jsonl") == []
+
+
+@pytest.mark.parametrize("retries", [0, 2])
+def test_a_model_string_lm_retries_a_transient_failure_within_its_retries(retries):
+    """Its retries moved out of DSPy's loop: a 503 is tried again up to ``retries`` times, and abstains without."""
+    server = FakeOpenAIServer(faults=[503, 503])
+    with server as url, resolve_lm("openai/fake-served", timeout=2, retries=retries, rate_limit_wait=WAIT_S) as lm:
+        lm.kwargs.update(api_base=url, api_key="x")
+        lm.cache = False
+        assert lm.num_retries == 0  # one layer retries: the debate's wait for the call
+        with dspy.context(lm=lm, adapter=JudgeAdapter()):
+            run = evaluate(build_evaluator(CFG), _items(1), CFG)
+    lm_errors = {k: v for k, v in run.abstentions.items() if k.startswith("lm_error")}
+    print(f"\n503 twice, retries={retries}: {len(server.requests)} requests, abstentions {dict(run.abstentions)}")
+    assert (lm_errors == {}) is (retries > 0) and run.n == 1
 
 
 def test_the_breakers_wait_honours_retry_after_up_to_its_cap_and_the_bound():

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 import logging
+import os
 import random
 import re
+import stat
 import threading
 from collections import defaultdict
 from pathlib import Path
@@ -23,7 +26,7 @@ import dspy
 
 from chateval_dspy.data.splits import SPLIT_FRACTIONS, SPLITS
 from chateval_dspy.errors import ConfigError, DataError
-from chateval_dspy.limits import MAX_TEXT_CHARS
+from chateval_dspy.limits import MAX_DATA_FILE_BYTES, MAX_DATA_ROWS, MAX_TEXT_CHARS
 from chateval_dspy.program.task import TaskSpec, as_task
 from chateval_dspy.renamed import canonical_format
 
@@ -44,7 +47,9 @@ def read_rows(path: str | Path, *, bad_rows: str = "raise") -> list[tuple[int, d
 
     Row numbers are 1-based: a JSONL file's lines; a CSV file's records (the header is row 1, a record whose quoted
     cells span lines is one row); a JSON array's elements (a ``.json`` file whose first character is ``[``, as
-    PandaLM ships its data: one array of objects, read element by element).
+    PandaLM ships its data: one array of objects, read element by element). A file of more than
+    ``MAX_DATA_FILE_BYTES`` is refused before it is read, and one of more than ``MAX_DATA_ROWS`` rows as the row past
+    the limit is reached (``limits``).
 
     Args:
         path: A ``.jsonl``/``.json``/``.ndjson`` or ``.csv`` file.
@@ -58,10 +63,7 @@ def read_rows(path: str | Path, *, bad_rows: str = "raise") -> list[tuple[int, d
     keep = bad_rows == "keep"
     path = Path(path)
     source = str(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise DataError(f"cannot read file: {exc.strerror or exc}", source=source) from exc
+    raw = _read_data_file(path, source)
     if raw.startswith(b"\xef\xbb\xbf"):
         raw = raw[3:]
     suffix = path.suffix.lower()
@@ -79,9 +81,47 @@ def read_rows(path: str | Path, *, bad_rows: str = "raise") -> list[tuple[int, d
     return rows
 
 
+def _read_data_file(path: Path, source: str) -> bytes:
+    """The bytes of the regular file ``path``, checked against ``MAX_DATA_FILE_BYTES`` before they are read (a
+    sparse giant is never read; a named pipe, opened without blocking, is refused as not a regular file)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise DataError(f"cannot read file: {exc.strerror or exc}", source=source) from exc
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_DATA_FILE_BYTES:
+        os.close(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise DataError("cannot read file: not a regular file", source=source)
+        raise _too_large(info.st_size, source)
+    with os.fdopen(fd, "rb") as f:
+        try:
+            raw = f.read(info.st_size + 1)  # read(n) allocates n bytes at once: the file's size, not the limit
+        except OSError as exc:
+            raise DataError(f"cannot read file: {exc.strerror or exc}", source=source) from exc
+    if len(raw) > info.st_size:  # a half-written last row would be read as a bad one
+        raise DataError("the file grew while it was read; read it once it is written", source=source)
+    return raw
+
+
+def _too_large(size: int, source: str) -> DataError:
+    return DataError(f"the file is {size:,} bytes, more than {MAX_DATA_FILE_BYTES:,} (limits.MAX_DATA_FILE_BYTES); "
+                     "split it into smaller files", source=source)
+
+
+def _check_row_count(count: int, source: str, *, row: int | None = None) -> None:
+    """A ``DataError`` at ``row`` (default: ``count``) once ``count`` rows pass ``MAX_DATA_ROWS``: rows are parsed
+    into memory, a few bytes each in the file (``{}``) but hundreds once parsed."""
+    if count > MAX_DATA_ROWS:
+        raise DataError(f"more than {MAX_DATA_ROWS:,} rows (limits.MAX_DATA_ROWS); split the file into smaller files",
+                        source=source, row=count if row is None else row)
+
+
 def _jsonl_rows(raw: bytes, source: str, keep: bool) -> list[tuple[int, dict | DataError]]:
     rows = []
-    for i, line in enumerate(raw.split(b"\n"), start=1):
+    # Line by line from the bytes, never a list of every line: a file of newlines would be a list of a billion.
+    for i, line in enumerate(io.BytesIO(raw), start=1):
+        _check_row_count(i, source)
         if not line.strip():
             continue
         try:
@@ -118,6 +158,7 @@ def _array_rows(raw: bytes, source: str, keep: bool) -> list[tuple[int, dict | D
         except RecursionError as exc:
             raise _array_error("nested too deeply", len(rows) + 1, source) from exc
         row = len(rows) + 1
+        _check_row_count(row, source)
         error = None if isinstance(record, dict) else \
             DataError(f"expected a JSON object, got {type(record).__name__}", source=source, row=row)
         if error is not None and not keep:
@@ -158,7 +199,7 @@ def _csv_rows(raw: bytes, source: str, keep: bool) -> list[tuple[int, dict | Dat
     # surrogateescape keeps every byte, so one bad byte spoils only the record (or quoted field) it sits in, and the
     # error names that record's row and column, not the physical line (a quoted cell may span many).
     text = raw.decode("utf-8", errors="surrogateescape")
-    records = iter(csv_records(text))
+    records = iter(csv_records(text, source=source))
     header = next(records, [])
     if isinstance(header, csv.Error):
         raise DataError(f"a column name is longer than {MAX_TEXT_CHARS} characters", source=source, row=1)
@@ -223,10 +264,11 @@ class _Lines:
         return match.group()
 
 
-def csv_records(text: str) -> list[list[str] | csv.Error]:
+def csv_records(text: str, *, source: str = "CSV text") -> list[list[str] | csv.Error]:
     """Every record of CSV ``text`` (the header first) as its cells, or as the ``csv.Error`` of a record with a cell
     longer than ``MAX_TEXT_CHARS``: that record is skipped whole and the reading goes on after it, so no cell is
-    ever held past the limit.
+    ever held past the limit. More than ``MAX_DATA_ROWS`` records (blank lines included) is a ``DataError`` naming
+    ``source``.
 
     Example:
         >>> csv_records('a,b\\n1,"' + "x" * 100_001 + '\\n2,3"\\n4,5\\n')
@@ -242,6 +284,7 @@ def csv_records(text: str) -> list[list[str] | csv.Error]:
                 start = lines.pos
                 try:
                     out.append(next(reader))
+                    _check_row_count(len(out) - 1, source, row=len(out))  # the header is row 1 and no row
                 except StopIteration:
                     return out
                 except csv.Error as exc:

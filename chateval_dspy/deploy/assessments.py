@@ -153,6 +153,9 @@ def feedback_metadata(verdict, task, *, model: str | None = None, trace_id: str 
         metadata["chateval.confidence_calibrated"] = str(bool(verdict.confidence_calibrated)).lower()
     if getattr(verdict, "withheld", None) is not None:
         metadata["chateval.withheld"] = dumps(verdict.withheld)
+    if getattr(verdict, "stages_run", None):  # a cascade's verdict: which stage gave it, which judged the item
+        metadata["chateval.stage"] = str(verdict.stage)
+        metadata["chateval.stages_run"] = dumps(verdict.stages_run)
     if model:
         metadata["chateval.model"] = model
     if trace_id:

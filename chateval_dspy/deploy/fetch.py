@@ -12,6 +12,7 @@ import logging
 from pathlib import Path
 
 import chateval_dspy.limits as limits
+from chateval_dspy.deploy.cascade import CASCADE_FILE
 from chateval_dspy.deploy.pickled import unpickle_model
 from chateval_dspy.deploy.store import CARD_FILE
 from chateval_dspy.errors import ChatEvalError, ConfigError
@@ -95,7 +96,7 @@ def _registered_model(uri: str) -> tuple[str | None, str]:
 def _evaluator_in(local: Path, uri: str, trust_pickle: bool) -> Path | ChatEval:
     """The evaluator directory inside downloaded MLflow artifacts: the directory itself, the JSON evaluator
     a pyfunc model carries as its ``evaluator`` artifact (read, never run), or else a pickled dspy model."""
-    if (local / CARD_FILE).is_file():
+    if (local / CARD_FILE).is_file() or (local / CASCADE_FILE).is_file():  # an evaluator, or a cascade (load checks it)
         return local
     mlmodel = local / "MLmodel"
     if not mlmodel.is_file():
@@ -110,7 +111,8 @@ def _evaluator_in(local: Path, uri: str, trust_pickle: bool) -> Path | ChatEval:
     if isinstance(relative, str):
         inside = (local / relative).resolve()
         # the MLmodel file is data from the artifact store: it must not point outside the download
-        if inside.is_relative_to(local.resolve()) and (inside / CARD_FILE).is_file():
+        saved = (inside / CARD_FILE).is_file() or (inside / CASCADE_FILE).is_file()
+        if inside.is_relative_to(local.resolve()) and saved:
             return inside
         raise ConfigError(f"{uri}: the pyfunc model's 'evaluator' artifact ({relative[:200]!r}) is not a saved "
                           "evaluator inside the model")

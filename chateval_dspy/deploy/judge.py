@@ -11,10 +11,9 @@ A mixed panel runs each referee on its own LM, by the rule of ``binding``.
 from __future__ import annotations
 
 import contextlib
-import json
 import tempfile
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 from statistics import fmean
@@ -22,13 +21,14 @@ from typing import TYPE_CHECKING
 
 import dspy
 
-from chateval_dspy.concurrency import bounded_unordered
 from chateval_dspy.data.loaders import item_from_record
 from chateval_dspy.deploy.binding import bind_referees, default_model, referee_specs, warn_if_moved
+from chateval_dspy.deploy.cascade import CascadeJudge, is_cascade, read_cascade
 from chateval_dspy.deploy.fetch import MLFLOW_SCHEMES, from_mlflow
 from chateval_dspy.deploy.pickled import is_pickled, trusted, unpickle_file
 from chateval_dspy.deploy.store import CARD_FILE, load_program, read_card, save_program
-from chateval_dspy.errors import ConfigError, DataError
+from chateval_dspy.deploy.verdicts import judge_batch
+from chateval_dspy.errors import ConfigError
 from chateval_dspy.lm.adapter import JudgeAdapter
 from chateval_dspy.lm.batch.setup import BatchRun
 from chateval_dspy.lm.panel import open_panel
@@ -43,8 +43,6 @@ from chateval_dspy.run.evaluate import judge_item
 if TYPE_CHECKING:
     import pandas as pd
 
-NESTED_COLUMNS = ("scores", "rationales", "referees", "truncated", "criteria", "empty", "usage_by_model", "confidence",
-                  "raw_confidence", "withheld")
 _NOT_GIVEN = object()  # a call without an item dict (None is an item, a malformed one, as in a batch)
 
 
@@ -66,6 +64,9 @@ class Verdict:
     else ``raw_confidence`` again, which ranks verdicts but is no probability. A verdict below the calibration's
     threshold is not given: ``winner`` (pointwise: ``scores``) is None, ``abstained`` is ``needs_person`` and
     ``withheld`` holds the panel's verdict, for the person who judges the item instead.
+
+    A cascade's verdict (``deploy.cascade``) names the ``stage`` that gave it (None when withheld) and the
+    ``stages_run`` that judged the item, its figures summed over them; one evaluator's has None and [].
     """
 
     id: str
@@ -89,6 +90,8 @@ class Verdict:
     raw_confidence: float | dict[str, float] | None = None
     confidence_calibrated: bool = False
     withheld: str | dict | None = None
+    stage: str | None = None
+    stages_run: list[str] = field(default_factory=list)
 
     @classmethod
     def from_record(cls, record: dict, task: TaskSpec | str | None = None) -> Verdict:
@@ -117,7 +120,8 @@ class Verdict:
                    empty=record.get("empty") or [], cost_usd=record.get("cost_usd"),
                    usage_by_model=record.get("usage_by_model") or {}, confidence=record.get("confidence"),
                    raw_confidence=record.get("raw_confidence"),
-                   confidence_calibrated=record.get("confidence_calibrated") is True, withheld=record.get("withheld"))
+                   confidence_calibrated=record.get("confidence_calibrated") is True, withheld=record.get("withheld"),
+                   stage=record.get("stage"), stages_run=list(record.get("stages_run") or []))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -183,11 +187,20 @@ class Judge:
             TypeError: both ``item`` and fields, neither, a field the task does not have, or a required one missing.
             DataError: a field is not text, or is empty where the task needs text.
         """
+        example = self.example(item, row=row, source=source, **fields)
+        with dspy.context(lm=self.lm, adapter=JudgeAdapter()):
+            return self.verdict(judge_item(self.program, example, self.config))
+
+    def verdict(self, record: dict) -> Verdict:
+        """The verdict a results line of this judge's task records (``Verdict.from_record``)."""
+        return Verdict.from_record(record, self.task)
+
+    def example(self, item: Mapping | object = _NOT_GIVEN, /, *, row: int | None = None, source: str | None = None,
+                **fields: str) -> dspy.Example:
+        """The checked item a call judges (``__call__``'s arguments and errors), not yet judged."""
         if source is not None and item is _NOT_GIVEN and "source" in self.task.input_names:
             fields["source"], source = source, None  # a task input named ``source``: a field, not the error label
-        example = item_from_record(self._item(item, fields), self.task, source=source or "item", row=row)
-        with dspy.context(lm=self.lm, adapter=JudgeAdapter()):
-            return Verdict.from_record(judge_item(self.program, example, self.config), self.task)
+        return item_from_record(self._item(item, fields), self.task, source=source or "item", row=row)
 
     def _item(self, item, fields: dict):
         """The item a call gives: its dict (checked by ``item_from_record``, as every record is), or its keyword
@@ -219,26 +232,7 @@ class Judge:
         columns (scores, rationales, referees, truncated) into JSON text, for Arrow-based
         engines (Ray, Spark, MLflow serving).
         """
-        import pandas as pd
-
-        records = items.to_dict("records") if isinstance(items, pd.DataFrame) else list(items)
-
-        def one(indexed):
-            i, record = indexed
-            try:
-                return {**self(record, row=i + 1, source="batch").to_dict(), "error": None}
-            except DataError as exc:
-                return {"id": str(record.get("id", i + 1)) if isinstance(record, dict) else str(i + 1), "error": str(exc)}
-
-        out = [None] * len(records)
-        for (i, _), verdict in bounded_unordered(one, list(enumerate(records)), concurrency):
-            out[i] = verdict
-        frame = pd.DataFrame(out)
-        if flat:
-            for column in NESTED_COLUMNS:
-                if column in frame:
-                    frame[column] = frame[column].map(lambda v: None if v is None else json.dumps(v, default=str))
-        return frame
+        return judge_batch(self, items, concurrency=concurrency, flat=flat)
 
     def with_program(self, program: ChatEval, card: dict | None = None) -> Judge:
         """A judge of ``program`` (a tuned copy of this one's) on this judge's LM, which stays this judge's to close.
@@ -266,12 +260,14 @@ class Judge:
 def load(path_or_uri: str | Path, *, model: str | None = None, trust_pickle: bool = False, slots: int = 4,
          timeout: float = 120.0, served_model: str | None = None, cache: bool = True,
          referee_models: dict[str, str] | None = None, price_per_mtok: str | tuple[float, ...] | None = None,
-         batch: BatchRun | None = None) -> Judge:
-    """Load a saved evaluator and bind it to an LM (a mixed panel: each referee to its own).
+         batch: BatchRun | None = None, stage_models: dict[str, str] | None = None) -> Judge | CascadeJudge:
+    """Load a saved evaluator and bind it to an LM (a mixed panel: each referee to its own), or a saved cascade
+    (``deploy.cascade``: a ``CascadeJudge``, each stage loaded as here and bound to its own LM).
 
     Args:
         path_or_uri: A saved evaluator directory, ``runs:/<run_id>[/path]`` (``/pyfunc`` too), or
-            ``models:/<name>/<version>``, ``models:/<name>/latest``, ``models:/<name>@<alias>``.
+            ``models:/<name>/<version>``, ``models:/<name>/latest``, ``models:/<name>@<alias>``; or a saved
+            cascade (its directory, or such a URI whose evaluator artifact is one).
         model: The LM spec (``embedded``, a base URL, a LiteLLM string); default: the card's model,
             which is only ever a model name (a card naming a URL or settings is refused). Given, it runs the
             whole panel, referees the card assigns to other models included (unless ``referee_models`` says).
@@ -288,6 +284,8 @@ def load(path_or_uri: str | Path, *, model: str | None = None, trust_pickle: boo
             does not price; verdicts then carry ``cost_usd``.
         batch: Batch mode (``lm.batch``): the model's calls go out in waves through its Batch API (or a folder);
             judge items with ``score_file(..., waves=True)``. A mixed panel is not batched.
+        stage_models: A cascade's ``{stage name: spec}``: those stages run on that LM; the others on ``model`` if
+            given, else on their card's model.
 
     Example:
         >>> from chateval_dspy.config import DebateConfig
@@ -303,37 +301,73 @@ def load(path_or_uri: str | Path, *, model: str | None = None, trust_pickle: boo
     """
     stack = contextlib.ExitStack()
     try:
-        program, card = _saved(str(path_or_uri), trust_pickle, stack)
-        roles = tuple(program.config.roles)
-        spec = model or default_model(card)
-        referees = referee_specs(card, roles, model=model, referee_models=referee_models)
-        price = LMSpec(spec, price_per_mtok=price_per_mtok).price()  # a bad price fails before any model starts
-        configure_cache(cache)
-        if batch is not None:
-            lm, referee_lms = stack.enter_context(LMSpec(
-                spec, served_model=served_model, price_per_mtok=price_per_mtok, referee_models=referees, batch=True,
-                batch_dir=batch.batch_dir, batch_poll=batch.poll).batching(batch.journal, batch.on_wave)), {}
-        else:
-            lm, referee_lms = stack.enter_context(open_panel(spec, referees, slots=slots, timeout=timeout,
-                                                             served_model=served_model))
-            attach_price(lm, price)  # a batching LM carries its batch price already
-        warn_if_moved(card, lm, referee_lms, roles)
-        return Judge(program, card, lm, stack, referee_lms)
+        found = _fetched(str(path_or_uri), trust_pickle, stack)
+        options = {"model": model, "slots": slots, "timeout": timeout, "served_model": served_model, "cache": cache,
+                   "price_per_mtok": price_per_mtok, "batch": batch}
+        if isinstance(found, Path) and is_cascade(found):
+            if referee_models:
+                raise ConfigError(f"{path_or_uri} is a cascade: bind its stages with stage_models (referee_models "
+                                  "is for one evaluator)")
+            return _load_cascade(found, stack, stage_models=stage_models, **options)
+        if stage_models:
+            raise ConfigError(f"stage_models: {path_or_uri} is one evaluator, not a cascade")
+        return _bound(*_saved(found), stack, referee_models=referee_models, **options)
     except BaseException:
         stack.close()
         raise
 
 
-def _saved(source: str, trust_pickle: bool, stack: contextlib.ExitStack) -> tuple[ChatEval, dict]:
-    """The program and card at ``source``: a directory, a pickle (if trusted) or an MLflow URI (fetched into a
-    temporary directory that ``stack`` removes)."""
+def _bound(program: ChatEval, card: dict, stack: contextlib.ExitStack, *, model: str | None, slots: int,
+           timeout: float, served_model: str | None, cache: bool, referee_models: dict[str, str] | None,
+           price_per_mtok, batch: BatchRun | None) -> Judge:
+    """``program`` bound to its LMs (``load``'s arguments), which ``stack`` closes."""
+    roles = tuple(program.config.roles)
+    spec = model or default_model(card)
+    referees = referee_specs(card, roles, model=model, referee_models=referee_models)
+    price = LMSpec(spec, price_per_mtok=price_per_mtok).price()  # a bad price fails before any model starts
+    configure_cache(cache)
+    if batch is not None:
+        lm, referee_lms = stack.enter_context(LMSpec(
+            spec, served_model=served_model, price_per_mtok=price_per_mtok, referee_models=referees, batch=True,
+            batch_dir=batch.batch_dir, batch_poll=batch.poll).batching(batch.journal, batch.on_wave)), {}
+    else:
+        lm, referee_lms = stack.enter_context(open_panel(spec, referees, slots=slots, timeout=timeout,
+                                                         served_model=served_model))
+        attach_price(lm, price)  # a batching LM carries its batch price already
+    warn_if_moved(card, lm, referee_lms, roles)
+    return Judge(program, card, lm, stack, referee_lms)
+
+
+def _load_cascade(directory: Path, stack: contextlib.ExitStack, *, model: str | None,
+                  stage_models: dict[str, str] | None, batch: BatchRun | None, **options) -> CascadeJudge:
+    """The cascade saved in ``directory`` (``read_cascade``), each stage ``load``-ed on ``stage_models[name]``, else
+    ``model``, else its card's model; ``stack`` (which holds an MLflow download) closes with the judge. In batch mode
+    each stage keeps its batches in a journal of its own (``<journal>/<i>-<name>``)."""
+    spec = read_cascade(directory)
+    unknown = sorted(set(stage_models or {}) - {s.name for s in spec.stages})
+    if unknown:
+        raise ConfigError(f"stage_models names stage(s) {unknown} that {directory} does not have; its stages: "
+                          f"{', '.join(s.name for s in spec.stages)}")
+    judges = []
+    for i, stage in enumerate(spec.stages, start=1):
+        staged = None if batch is None else replace(batch, journal=Path(batch.journal) / f"{i}-{stage.name}")
+        judge = load(stage.dir, model=(stage_models or {}).get(stage.name) or model, batch=staged, **options)
+        judges.append(stack.enter_context(judge))
+    return CascadeJudge(spec, judges, stack)
+
+
+def _fetched(source: str, trust_pickle: bool, stack: contextlib.ExitStack) -> Path | ChatEval:
+    """The saved evaluator (or cascade) directory at ``source``, or an unpickled program (if trusted): a directory, a
+    pickle, or an MLflow URI (fetched into a temporary directory that ``stack`` removes)."""
     if source.startswith(MLFLOW_SCHEMES):
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="chateval-load-")))
-        found = from_mlflow(source, workdir, trust_pickle)
-    else:
-        found = Path(source)
-        if is_pickled(found, CARD_FILE):
-            found = unpickle_file(found, trust_pickle)
+        return from_mlflow(source, workdir, trust_pickle)
+    found = Path(source)
+    return unpickle_file(found, trust_pickle) if is_pickled(found, CARD_FILE) else found
+
+
+def _saved(found: Path | ChatEval) -> tuple[ChatEval, dict]:
+    """The program and card of a fetched evaluator (``_fetched``)."""
     if isinstance(found, ChatEval):
         return trusted(found), {"model": None, "config": found.config.to_dict()}
     _check_version(read_card(found), str(found / CARD_FILE))

@@ -45,7 +45,10 @@ class ChatEvalJudge(MlflowJudge):
     def of(cls, judge, *, name: str = "chateval", trace: bool = False, fields: Mapping[str, str] | None = None,
            per_criterion: bool | None = None, description: str | None = None) -> ChatEvalJudge:
         """The scorer over a loaded ``Judge``; the arguments are ``chateval_dspy.mlflow_judge``'s."""
-        scorer = cls(name=name, description=description or instructions_of(judge), timeout=0)
+        if trace and getattr(judge, "stages", None) is not None:
+            raise ConfigError("mlflow_judge: trace=True traces one panel's debate; a cascade's items run through "
+                              "several. Use trace=False (MLflow's scorer tracing still records the calls)")
+        scorer = cls(name=name, description=description or _instructions(judge), timeout=0)
         scorer._judge = judge
         scorer._fields = dict(fields) if fields else None
         scorer._per_criterion = per_criterion
@@ -66,7 +69,7 @@ class ChatEvalJudge(MlflowJudge):
 
     @property
     def instructions(self) -> str:
-        return instructions_of(self._judge)
+        return _instructions(self._judge)
 
     @property
     def feedback_value_type(self):
@@ -102,13 +105,14 @@ class ChatEvalJudge(MlflowJudge):
     def _feedbacks(self, verdict, *, trace_id: str | None, expected: str | None) -> list:
         """The MLflow ``Feedback`` objects of one verdict (``feedback_parts``), scrubbed of secrets."""
         judge = self._judge
-        names = {r.slug: r.name for r in getattr(judge.program, "roles", [])}
-        source = AssessmentSource(source_type=AssessmentSourceType.LLM_JUDGE,
-                                  source_id=f"chateval:{getattr(judge.lm, 'model', '?')}")
+        judges = getattr(judge, "stages", None) or [judge]  # a cascade: every stage's referees and models
+        names = {r.slug: r.name for j in judges for r in getattr(j.program, "roles", [])}
+        model = "+".join(dict.fromkeys(str(getattr(j.lm, "model", "?")) for j in judges))
+        source = AssessmentSource(source_type=AssessmentSourceType.LLM_JUDGE, source_id=f"chateval:{model}")
         secrets = secret_values()
         out = []
         for p in feedback_parts(verdict, judge.task, name=self.name, per_criterion=self._per_criterion, names=names,
-                                model=getattr(judge.lm, "model", None), trace_id=trace_id, expected=expected):
+                                model=model, trace_id=trace_id, expected=expected):
             p = scrub(p, secrets)
             error = AssessmentError(error_code=ABSTAINED_CODE, error_message=p["error"]) if p["error"] else None
             out.append(Feedback(name=p["name"], value=p["value"], rationale=p["rationale"], source=source,
@@ -138,6 +142,9 @@ class ChatEvalJudge(MlflowJudge):
         return self.retuned(program, got.card())
 
     def retuned(self, program, labels: dict):
+        if getattr(self._judge, "stages", None) is not None:
+            raise ConfigError("align: a cascade is aligned stage by stage; align each stage's evaluator, calibrate "
+                              "it, and save the cascade again")
         """This scorer's settings over ``program`` (a tuned copy of its panel); the card's ``labels`` say what
         it learned from. A calibration is dropped: it was fitted to the old panel's confidences (calibrate the
         new one again), so the new judge gives every verdict with a raw confidence."""
@@ -146,3 +153,12 @@ class ChatEvalJudge(MlflowJudge):
         judge = self._judge.with_program(program, {**card, "labels": labels})
         return type(self).of(judge, name=self.name, trace=self._traced is not None, fields=self._fields,
                              per_criterion=self._per_criterion)
+
+
+def _instructions(judge) -> str:
+    """What the judge does, in words: its panel's (``instructions_of``), or a cascade's stages' in order."""
+    stages = getattr(judge, "stages", None)
+    if stages is None:
+        return instructions_of(judge)
+    return "A cascade: each item goes to the first stage confident enough. " + " Then: ".join(
+        f"stage {s.name} (threshold {s.threshold}): {instructions_of(j)}" for s, j in zip(judge.spec.stages, stages))

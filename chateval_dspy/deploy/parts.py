@@ -5,7 +5,9 @@ created new, never through a link), one whole line per finished item, flushed an
 (``records.append_record``), so a kill leaves at most one torn last line per part.
 
 Run identity: every line carries the evaluator's digest (``evaluator``: its panel config and tuned state) and the
-run key (``run_key``: that digest with the identity of the LM each worker bound, its model and sampling settings).
+run key (``run_key``: that digest with the identity of the LM each worker bound, its model and sampling settings);
+a cascade's are ``CascadeJudge.digest`` and ``run_key`` (its thresholds, every stage's evaluator and LMs), so a
+cascade's directory is never resumed by one of its stages, nor by another cascade.
 One directory holds one run's lines. Before a run the driver reads the directory (``begin``, under ``run_lock``):
 a line of another evaluator, of another run key, or with no identity is a ``ConfigError`` naming its file and line
 (never counted, nor silently skipped); each worker checks its own evaluator and run key against the directory's
@@ -107,34 +109,64 @@ def evaluator_digest(program) -> str:
 
 def saved_digest(evaluator: str) -> str:
     """``evaluator_digest`` of the saved evaluator at ``evaluator`` (a directory, or an MLflow URI), read on the
-    driver without binding any LM."""
+    driver without binding any LM; a saved cascade's ``cascade.cascade_digest``."""
     import tempfile
 
+    from chateval_dspy.deploy.cascade import cascade_digest, is_cascade, read_cascade, without_threshold
     from chateval_dspy.deploy.fetch import MLFLOW_SCHEMES, from_mlflow
     from chateval_dspy.deploy.store import load_program
 
     with tempfile.TemporaryDirectory(prefix="chateval-digest-") as tmp:
         found = (from_mlflow(evaluator, Path(tmp), False) if str(evaluator).startswith(MLFLOW_SCHEMES)
                  else Path(evaluator))
-        return evaluator_digest(load_program(found)[0])
+        if not is_cascade(found):
+            return evaluator_digest(load_program(found)[0])
+        spec, digests = read_cascade(found), []
+        for stage in spec.stages:
+            program = load_program(stage.dir)[0]
+            without_threshold(program)  # as the cascade runs it
+            digests.append(evaluator_digest(program))
+        return cascade_digest(spec, digests)
+
+
+def judge_digest(judge) -> str:
+    """``evaluator_digest`` of a loaded judge's program, or a ``CascadeJudge``'s ``cascade_digest``."""
+    from chateval_dspy.deploy.cascade import cascade_digest
+
+    if getattr(judge, "stages", None) is None:
+        return evaluator_digest(judge.program)
+    return cascade_digest(judge.spec, [evaluator_digest(j.program) for j in judge.stages])
+
+
+def judge_run_key(judge) -> str:
+    """The run key of a loaded judge's results: its ``judge_digest`` and the identity of every LM it bound (each
+    stage's, for a cascade), so that another evaluator, cascade or model never resumes them."""
+    from chateval_dspy.run.records import lm_identity
+
+    def lms(j) -> dict:
+        return {"lm": lm_identity(j.lm),
+                "referees": {slug: lm_identity(r) for slug, r in sorted(getattr(j, "referee_lms", {}).items())}}
+
+    stages = getattr(judge, "stages", None)
+    if stages is None:
+        return digest({"evaluator": judge_digest(judge), **lms(judge)})
+    return digest({"evaluator": judge_digest(judge), "stages": [lms(j) for j in stages]})
 
 
 def stamp(judge, identity: RunIdentity, out) -> dict:
     """The identity fields a worker writes into each line; a ``ConfigError`` (before any LM call) when the evaluator
     it loaded is not the driver's, or when ``out`` holds another run's lines (another model or sampling)."""
-    from chateval_dspy.run.records import lm_identity
-
-    mine = evaluator_digest(judge.program)
+    judges = getattr(judge, "stages", None) or [judge]
+    mine = judge_digest(judge)
     if mine != identity.evaluator:
         raise ConfigError(f"this worker loaded an evaluator (digest {mine}) other than the one the driver read (digest "
                           f"{identity.evaluator}): every worker and the driver must read the same saved evaluator (a "
                           "shared path, or a fixed MLflow model version)")
-    lm = lm_identity(judge.lm)
-    key = digest({"evaluator": mine, "lm": lm, "referees": {slug: lm_identity(referee) for slug, referee in
-                                                           sorted(getattr(judge, "referee_lms", {}).items())}})
+    key = judge_run_key(judge)
     if identity.run_key is not None and key != identity.run_key:
+        models = "+".join(str(j.lm.model) for j in judges)
         raise ConfigError(f"{out} holds verdicts of another run (run key {identity.run_key}; this run's is {key}, the "
-                          f"same evaluator on {shown(lm['model'], 60)} with these settings): choose another results "
+                          f"same evaluator on {shown(models, 60)} with these settings): choose another results "
                           "directory, or rerun with the model and settings that wrote it")
     return {"evaluator": mine, "run_key": key}
 

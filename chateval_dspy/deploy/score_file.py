@@ -6,6 +6,11 @@ first (a half-written last line, left by a kill, is dropped) and skips the ids t
 verdict, so no finished item is judged (or paid for) twice. Error lines never count as done: a rerun
 drops them and writes one again for each row that still fails, so a row fixed in the input is judged
 then, and a row that keeps failing keeps exactly one error line.
+
+A cascade (``deploy.cascade.CascadeJudge``) stamps its run key (``parts.judge_run_key``) into every line, so a
+rerun with another cascade, or with one evaluator, is refused (``ConfigError``) instead of mixing two runs' verdicts;
+one evaluator refuses a file holding a cascade's lines likewise. In batch mode a cascade runs stage by stage
+(``CascadeJudge.in_stages``).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from pathlib import Path
 
 from chateval_dspy.concurrency import bounded_unordered, run_gated
 from chateval_dspy.data.loaders import column_map, item_from_record, read_rows
+from chateval_dspy.deploy.parts import judge_run_key
 from chateval_dspy.errors import DataError, shown
 from chateval_dspy.run.evaluate_dataset import batch_items, journal_folder
 from chateval_dspy.run.records import ResultsStream, is_error, refuse_link
@@ -83,23 +89,31 @@ def score_file(evaluator, src: str | Path, out: str | Path, *, columns: dict[str
     col = column_map(fmt, columns)
     rows = read_rows(src, bad_rows="keep")
     report = ScoreReport(total=len(rows))
-    with ResultsStream(out) as stream:
+    # The run key (evaluator, calibration, models) refuses a rerun by anything else, its calibration included.
+    key = judge_run_key(evaluator) if hasattr(evaluator, "program") or hasattr(evaluator, "stages") else None
+    with ResultsStream(out, key) as stream:
         todo = _todo(rows, col["id"], stream.done, src, report)
 
-        def judge(task):
+        def item(task):
+            """The item's own fields, checked against the user's columns (so an error names their column)."""
             row, item_id, record = task
-            try:
-                if isinstance(record, DataError):
-                    raise record
-                # Validating against the user's columns first makes an error name their column, not ours.
-                item_from_record(record, fmt, columns=col, source=str(src), row=row)
-                ours = {name: record[theirs] for name, theirs in col.items() if theirs in record}
-                return evaluator({**ours, "id": item_id}, row=row, source=str(src)).to_dict() | {"row": row}
-            except DataError as exc:
-                return {"id": item_id, "row": row, "error": str(exc)}
+            if isinstance(record, DataError):
+                raise record
+            item_from_record(record, fmt, columns=col, source=str(src), row=row)
+            return {**{name: record[theirs] for name, theirs in col.items() if theirs in record}, "id": item_id}
 
-        runner = run_gated if waves else bounded_unordered
-        for _, result in runner(judge, todo, batch_items(concurrency, len(todo)) if waves else max(1, concurrency)):
+        def judge(task):
+            try:
+                return evaluator(item(task), row=task[0], source=str(src)).to_dict() | {"row": task[0]}
+            except DataError as exc:
+                return {"id": task[1], "row": task[0], "error": str(exc)}
+
+        workers = batch_items(concurrency, len(todo)) if waves else max(1, concurrency)
+        if waves and callable(getattr(evaluator, "in_stages", None)):
+            results = _in_stages(evaluator, todo, item, src, workers)
+        else:
+            results = (result for _, result in (run_gated if waves else bounded_unordered)(judge, todo, workers))
+        for result in results:
             stream.append(result)
             if is_error(result):
                 report.rejected.append((result["row"], result["error"]))
@@ -109,3 +123,17 @@ def score_file(evaluator, src: str | Path, out: str | Path, *, columns: dict[str
                 on_item(result)
     report.rejected.sort()
     return report
+
+
+def _in_stages(cascade, todo: list[tuple], item, src: Path, workers: int):
+    """A cascade's lines in batch mode: rows that cannot be read first (no LM call), then each item as it leaves
+    the cascade, stage by stage (``CascadeJudge.in_stages``)."""
+    examples = []
+    for task in todo:
+        row, item_id, _ = task
+        try:
+            examples.append((task, cascade.stages[0].example(item(task), row=row, source=str(src))))
+        except DataError as exc:
+            yield {"id": item_id, "row": row, "error": str(exc)}
+    for (row, _, _), verdict in cascade.in_stages(examples, run_gated, workers):
+        yield verdict.to_dict() | {"row": row}

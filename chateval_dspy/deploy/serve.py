@@ -35,7 +35,7 @@ MAX_JSON_DEPTH = 32
 
 def create_app(evaluator, *, token: str | None = None, max_body_bytes: int = 1_000_000, max_items: int = 32,
                queue: int = 4, concurrency: int = 2) -> FastAPI:
-    """The API for ``evaluator`` (a loaded ``Judge``).
+    """The API for ``evaluator`` (a loaded ``Judge``, or a ``CascadeJudge``: each verdict then names its ``stage``).
 
     Args:
         token: When set, requests must send ``Authorization: Bearer <token>``.
@@ -47,9 +47,13 @@ def create_app(evaluator, *, token: str | None = None, max_body_bytes: int = 1_0
     app = _app(evaluator.card.get("versions", {}).get("chateval-dspy", "?"), token)
     slots = threading.BoundedSemaphore(queue)
 
+    stages = getattr(evaluator, "stages", None)  # a cascade: each stage on its own model
+    models = {"stages": {s.name: j.lm.model for s, j in zip(evaluator.spec.stages, stages)}} if stages is not None \
+        else {"model": evaluator.lm.model}
+
     @app.get("/health")
     def health():
-        return {"status": "ok", "format": evaluator.format, "model": evaluator.lm.model}
+        return {"status": "ok", "format": evaluator.format, **models}
 
     if token:
         @app.get("/openapi.json", include_in_schema=False)

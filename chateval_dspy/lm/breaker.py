@@ -20,11 +20,12 @@ runs out meanwhile) the breaker opens with ``RateLimited``, which stops the run:
 recorded, so the same command judges them once the limit resets.
 
 Who counts: this package's engines count each of their attempts (``lm.engine``). An LM whose engine is DSPy's
-(a LiteLLM model string) retries inside DSPy, out of sight: its ``BreakerWatch`` callback counts the attempts of
-each call that failed, and the debate's wait for a call (``Watch``, in ``lm.engine.within_deadline``) counts one
-for every ``timeout`` seconds without an answer, since DSPy's own attempts end there, except while the endpoint is
-rate limiting (a 429 surfaced earlier): then the silence is DSPy sleeping out a Retry-After. Such an LM has no
-liveness check: its timeouts count as before.
+(a LiteLLM model string) is out of sight while it runs: its ``BreakerWatch`` callback counts the attempts of each
+call that failed (``1 + num_retries``: one from ``resolve_lm``, whose calls ``lm.engine.within_deadline`` retries and
+a 429 of which reaches the breaker at once; more from a hand-built LM that DSPy retries), and the debate's wait for a
+call (``Watch``) counts one for every ``timeout`` seconds without an answer, since an attempt ends there, except
+while the endpoint is rate limiting (a 429 surfaced earlier): then the silence is DSPy sleeping out a Retry-After.
+Such an LM has no liveness check: its timeouts count as before.
 """
 
 from __future__ import annotations
@@ -292,6 +293,7 @@ class Watch:
     def __init__(self, breakers: Iterable[Breaker], tick: float | None = None):
         self.breakers, self.tick = list(breakers), tick
         self.watched: list[Breaker] = []  # DSPy-engine LMs the call reached (their BreakerWatch adds them)
+        self.inner_retries = 0  # the most num_retries of those LMs: DSPy retried their calls itself
         self.ticks, self.closed = 0, False
         self.done = threading.Event()
         self.value, self.error = None, None
@@ -366,9 +368,11 @@ class BreakerWatch(BaseCallback):
 
     def on_lm_start(self, call_id, instance, inputs) -> None:
         watch = _ACTIVE.get()
+        retries = getattr(instance, "num_retries", 0) or 0
         if watch is not None:
             watch.use(self.breaker)
-        self._calls[call_id] = (watch, watch.ticks if watch else 0, 1 + (getattr(instance, "num_retries", 0) or 0))
+            watch.inner_retries = max(watch.inner_retries, retries)
+        self._calls[call_id] = (watch, watch.ticks if watch else 0, 1 + retries)
 
     def on_lm_end(self, call_id, outputs, exception=None) -> None:
         watch, ticks, attempts = self._calls.pop(call_id, (None, 0, 1))

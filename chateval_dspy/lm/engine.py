@@ -2,8 +2,9 @@
 and the time bounds every LM call of a judged item lives under.
 
 Retries happen in exactly one layer. For these engines it is the engine itself (the ``openai``
-client's own retries are off, and ``resolve_lm`` builds the ``dspy.LM`` with ``num_retries=0``);
-for a LiteLLM model string it is DSPy's ``num_retries``. Three bounds hold:
+client's own retries are off, and ``resolve_lm`` builds the ``dspy.LM`` with ``num_retries=0``); for a LiteLLM
+model string it is the debate's wait for each call (``within_deadline``; DSPy's ``num_retries`` is 0 there too,
+since DSPy's retry loop sleeps out any Retry-After unseen). Three bounds hold:
 
 - per attempt: ``timeout`` seconds (the HTTP client's timeout);
 - per call (all attempts and the backoff between them): ``call_deadline``, by default ``2 * timeout + 10``;
@@ -27,8 +28,8 @@ A live endpoint that is slow is waited for: these engines measure its speed and 
 lets happen stretches them further. So a run on a busy laptop finishes, slower.
 
 A 429 is no item's fault: these engines wait (Retry-After, bounded) and ask again without spending a retry, and
-an endpoint that rate-limits for ``rate_limit_wait`` seconds in a row stops the run (``lm.breaker.RateLimited``);
-a model-string LM's 429 that DSPy's retries gave up on is waited out the same way by ``within_deadline``. A
+an endpoint that rate-limits for ``rate_limit_wait`` seconds in a row, or asks for a longer wait, stops the run
+(``lm.breaker.RateLimited``); a model-string LM's 429 is waited out the same way by ``within_deadline``. A
 rate-limited call never becomes an abstention.
 
 Redirects are never followed: a 3xx answer is a ``FatalLMError`` naming the endpoint and where it tried to send the
@@ -59,7 +60,7 @@ import httpx
 import openai
 from dspy import lm15
 from dspy.lm15 import Message, Response, TextPart, TokenLogprob, TopLogprob, Usage, response_to_events
-from dspy.utils.exceptions import LMRateLimitError
+from dspy.utils.exceptions import LMError, LMRateLimitError, is_retryable_lm_error
 
 from chateval_dspy.errors import BudgetExceeded, FatalLMError, cause_of
 from chateval_dspy.lm import tags
@@ -152,13 +153,17 @@ def within_deadline(fn: Callable[[], R], bounds: CallBounds | None) -> R:
     """``fn()``, but never waiting past the call's or the item's deadline: then ``DeadlineExceeded``.
 
     ``fn`` runs on a daemon thread so that the caller regains control at the deadline even when the
-    LM underneath cannot be interrupted (a LiteLLM route sleeping out a Retry-After, a server dripping
-    bytes slower than the read timeout). An engine from this module also stops itself at the same
-    deadline, so its thread does not outlive the call by more than the grace. Once the breaker of an
-    LM in the context is open (``lm.breaker``), the call fails with its ``FatalLMError``, before it starts
-    or while it is in flight. A model-string LM whose call failed on a 429 (DSPy's retries spent) is asked again
-    after a bounded wait (``Breaker.rate_limited``), and a deadline that comes while an endpoint rate-limits stops
-    the run (``RateLimited``) instead of costing the referee an abstention.
+    LM underneath cannot be interrupted (a LiteLLM route, a server dripping bytes slower than the read timeout).
+    An engine from this module also stops itself at the same deadline, so its thread does not outlive the call by
+    more than the grace. Once the breaker of an LM in the context is open (``lm.breaker``), the call fails with its
+    ``FatalLMError``, before it starts or while it is in flight.
+
+    A model-string LM from ``resolve_lm`` makes one attempt a call (DSPy's retry loop would sleep out any Retry-After,
+    a day's included, where nothing sees it), so its retries are made here, all within the one call deadline: a
+    transient failure is tried again up to its ``retries`` (``_retry_pause``), and a 429 is asked again after its
+    Retry-After as the breaker allows (``Breaker.rate_limited``), which stops the run (``RateLimited``) when the wait
+    asked or spent passes ``rate_limit_wait``, as this module's engines do, instead of costing the referee an
+    abstention.
     """
     breakers = context_breakers()
     for breaker in breakers:  # an endpoint already given up on: fail before sending anything
@@ -166,24 +171,50 @@ def within_deadline(fn: Callable[[], R], bounds: CallBounds | None) -> R:
     end = call_end(bounds)
     if end == math.inf or dspy.settings.send_stream is not None:  # a streaming caller needs its own thread
         return fn()
-    limited = 0
+    limited = attempt = 0
     while True:
-        watch = _watched_call(fn, bounds, breakers)
+        watch = _watched_call(fn, bounds, breakers, end)
         if watch.error is None:
             return watch.value
-        said = cause_of(watch.error, lm15.RateLimitError) or cause_of(watch.error, LMRateLimitError)
-        if said is None or not watch.watched or isinstance(watch.error, FatalLMError):
+        if not watch.watched or isinstance(watch.error, FatalLMError):
             raise watch.error
-        hint = getattr(said, "retry_after", None)
-        for breaker in watch.watched:  # raises RateLimited once the endpoint has rate-limited too long
-            pause = breaker.rate_limited(min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** limited), hint)
+        said = cause_of(watch.error, lm15.RateLimitError) or cause_of(watch.error, LMRateLimitError)
+        if said is not None:
+            pause = _rate_limit_pause(watch, said, limited, end)
+            limited += 1
+        elif (pause := _retry_pause(watch, bounds, attempt, end)) is not None:
+            attempt += 1
+        else:
+            raise watch.error
         watch.watched[0].pause(pause)
-        limited += 1
 
 
-def _watched_call(fn: Callable[[], R], bounds: CallBounds | None, breakers: list[Breaker]) -> Watch:
-    """One run of ``fn`` under its call's deadline; the finished ``Watch`` (its value or error)."""
-    end = call_end(bounds)
+def _rate_limit_pause(watch: Watch, said: Exception, limited: int, end: float) -> float:
+    """The wait before asking a DSPy-engine LM again after the call's ``limited``-th 429 in a row: its Retry-After,
+    else a backoff, as the breakers allow (``Breaker.rate_limited`` raises ``RateLimited`` once the endpoint has
+    rate-limited too long or asks for longer); a wait past the call's deadline ``end`` stops the run too."""
+    hint = getattr(said, "retry_after", None)
+    for breaker in watch.watched:
+        pause = breaker.rate_limited(hint if hint is not None else min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** limited),
+                                     hint)
+    if time.monotonic() + pause >= end:
+        raise watch.watched[0].stop_rate_limited(asked=hint, why=", until this call's deadline") from watch.error
+    return pause
+
+
+def _retry_pause(watch: Watch, bounds: CallBounds | None, attempt: int, end: float) -> float | None:
+    """The backoff before retrying a DSPy-engine LM's failed call here, or None: not when DSPy retried it already
+    (an LM built with ``num_retries``), the error is not transient, the retries are spent or the deadline is near."""
+    failed = cause_of(watch.error, LMError)
+    if bounds is None or watch.inner_retries or attempt >= bounds.retries or failed is None \
+            or not is_retryable_lm_error(failed):
+        return None
+    pause = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** attempt)
+    return pause if time.monotonic() + pause < end else None
+
+
+def _watched_call(fn: Callable[[], R], bounds: CallBounds | None, breakers: list[Breaker], end: float) -> Watch:
+    """One run of ``fn`` until the call's deadline ``end``; the finished ``Watch`` (its value or error)."""
     left = end - time.monotonic()
     if left <= 0:
         raise DeadlineExceeded("deadline: the item's time was spent before this call", started=False)

@@ -213,6 +213,11 @@ def check_model_spec(spec, where: str = "--model") -> str:
     return spec
 
 
+# DSPy's LiteLLM engine turns LiteLLM's retries off, but not those of the OpenAI client inside it, which sleeps out a
+# Retry-After of up to 60 s twice, unseen: one attempt there too.
+LITELLM_ROUTE = {"engine": "litellm", "max_retries": 0}
+
+
 @contextlib.contextmanager
 def resolve_lm(spec: str = EMBEDDED, *, slots: int = 2, temperature: float = 0.0, max_tokens: int | None = None,
                served_model: str | None = None, timeout: float = DEFAULT_TIMEOUT, retries: int = DEFAULT_RETRIES,
@@ -228,8 +233,8 @@ def resolve_lm(spec: str = EMBEDDED, *, slots: int = 2, temperature: float = 0.0
         max_tokens: Cap per call; defaults to 320 for the embedded model and 1024 otherwise.
         served_model: The model id at a base URL (default: the first the server lists).
         timeout: Seconds one attempt of one request may take.
-        retries: Further attempts after a transient failure. Exactly one layer retries: the engine for
-            ``embedded`` and base URLs (DSPy's ``num_retries`` is 0 there), DSPy for LiteLLM strings.
+        retries: Further attempts after a transient failure, in one layer: the engine (``embedded``, base URLs), or
+            the debate's wait for a call (``lm.engine.within_deadline``, LiteLLM strings); DSPy's ``num_retries`` is 0.
         call_deadline: Seconds one call may take, all attempts and backoff together (default ``2 * timeout + 10``).
         item_deadline: Seconds all calls of one judged item may take (default ``4 * call_deadline``).
             A call cut by either deadline is the referee's abstention ``lm_error:deadline``.
@@ -266,10 +271,11 @@ def resolve_lm(spec: str = EMBEDDED, *, slots: int = 2, temperature: float = 0.0
         yield dspy.LM(f"openai-compatible/{model}", engine=engine, temperature=temperature, max_tokens=max_tokens or 1024,
                       num_retries=0)
         return
-    # DSPy's engines for model strings make one attempt each (LiteLLM's own retries are off): DSPy retries.
-    # The deadlines ride on the LM for the debate to enforce around each call. Models that cache only at marked
-    # breakpoints go through LiteLLM, which carries the adapter's cache_control blocks to the provider as they are.
-    route = {"engine": "litellm"} if spec.startswith(MARKED_PREFIXES) else {}
+    # DSPy's engines for model strings make one attempt each, and so does DSPy here: its retry loop sleeps out whatever
+    # Retry-After a 429 asks (a day's too) where the breaker cannot see it. The debate's wait retries instead
+    # (``within_deadline``), with the bounds that ride on the LM. Models that cache only at marked breakpoints go
+    # through LiteLLM (``LITELLM_ROUTE``), which carries the adapter's cache_control blocks as they are.
+    route = LITELLM_ROUTE if spec.startswith(MARKED_PREFIXES) else {}
     lm = dspy.LM(spec, temperature=temperature, max_tokens=max_tokens or 1024, timeout=bounds.timeout,
-                 num_retries=bounds.retries, **route)
+                 num_retries=0, **route)
     yield with_breaker(with_bounds(lm, bounds), Breaker(spec, breaker, rate_limit_wait=rate_limit_wait))

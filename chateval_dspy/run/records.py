@@ -105,6 +105,8 @@ SHAPES = {
     "abstentions": (lambda v: v is None or isinstance(v, dict), "an object (referee turn: reason) or null"),
     "consistent": (lambda v: v is None or isinstance(v, bool), "true, false or null"),
     "empty": (lambda v: isinstance(v, list), "a list of field names"),
+    "stage": (lambda v: v is None or isinstance(v, str), "a cascade's stage name or null"),
+    "stages_run": (lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v), "a list of stage names"),
     "usage_by_model": (lambda v: v is None or (isinstance(v, dict) and all(isinstance(f, dict) for f in v.values())),
                        "an object of an object of figures per model, or null"),
 }
@@ -202,8 +204,8 @@ def _check_key(out, records: list[dict], key: str | None) -> None:
     for record in records:
         if record.get("run_key") != key:
             raise ConfigError(f"{out} holds results of another run (run key {record.get('run_key')!r}, this run "
-                              f"{key!r}): the config, model, items or program differ. Choose another output file, "
-                              "or start it afresh (CLI: --overwrite)")
+                              f"{key!r}): the config, model, items, program or its calibration (calibration.json) "
+                              "differ. Choose another output file, or start it afresh (CLI: --overwrite)")
 
 
 def finished_records(out: str | Path, key: str | None) -> list[dict]:

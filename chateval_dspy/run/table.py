@@ -50,7 +50,10 @@ def summary_table(metrics: dict, cost: dict, header: dict, abstentions: dict | N
                              columns=["metric", "chateval [95% CI]", baseline])
         lines += ["", frame.to_string(index=False)]
         # An item keeps its verdict while some referees abstain, so both counts are stated.
-        lines.append(f"items with a human label: {metrics['n'] + (metrics['n_abstained'] if 'accuracy' not in metrics else 0)}"
+        # Withheld verdicts go to people: the labelled items counted here are those given a verdict (or abstained).
+        among = " among the items not withheld" if "coverage" in cost else ""
+        lines.append(f"items with a human label{among}: "
+                     f"{metrics['n'] + (metrics['n_abstained'] if 'accuracy' not in metrics else 0)}"
                      f", abstained items: {metrics['n_abstained']}"
                      + (" (counted as disagreement)" if "accuracy" in metrics else " (left out of correlations)")
                      + (f", abstained referee turns: {referee_turns}" if referee_turns is not None else ""))

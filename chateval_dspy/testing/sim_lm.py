@@ -19,6 +19,7 @@ and wrong about their own item, and ``key`` whether the instructions contain ``i
     herd   with probability herding, if the discussion states any leaning:
                  the leaning stated most often in it (on a tie, the latest stated)
     first  else, with probability position_bias: answer 1, whatever L is
+    longer else, when the two answers differ in length, with probability verbosity_bias: the longer one
     own    else: L with probability p_item, the other answer with probability 1 - p_item
 
 Difficulty ``d`` belongs to the item, not to a referee or an answer order: every referee of a panel and
@@ -72,6 +73,8 @@ class SimKnobs:
             tuning. The default makes the Scientist clearly the strongest.
         default_accuracy: ``p`` of a persona not listed (custom or same-role referees).
         position_bias: Probability that a verdict not herded says "answer 1" whatever the item.
+        verbosity_bias: Probability that a verdict neither herded nor position-biased picks the longer answer
+            (by characters, stripped) whatever the item; answers of equal length are never decided by it.
         herding: Probability that a speaker who sees stated leanings copies the prevailing one.
         demo_gain: Accuracy added per demonstration in the prompt whose leaning is right.
         demo_loss: Accuracy removed per demonstration whose leaning is wrong.
@@ -82,7 +85,7 @@ class SimKnobs:
         difficulty_spread: The largest item difficulty: each item's ``d`` is uniform on ``[0, difficulty_spread]``;
             a referee's own verdict on it is right with ``0.5 + (p - 0.5) * (1 - d)``. 0: no item is harder.
         margin_right: Score margin of a right ``own`` verdict.
-        margin_wrong: Score margin of every other verdict (wrong, position-biased or herded).
+        margin_wrong: Score margin of every other verdict (wrong, position- or length-biased, or herded).
         seed: Seeds every draw.
 
     Example:
@@ -94,6 +97,7 @@ class SimKnobs:
                                                 ("psychologist", 0.6), ("scientist", 0.8))
     default_accuracy: float = 0.6
     position_bias: float = 0.0
+    verbosity_bias: float = 0.0
     herding: float = 0.0
     demo_gain: float = 0.04
     demo_loss: float = 0.04
@@ -108,7 +112,8 @@ class SimKnobs:
 
     def __post_init__(self) -> None:
         probabilities = [p for _, p in self.accuracy] + [self.default_accuracy, self.position_bias, self.herding,
-                                                         self.propose_rate, self.ceiling, self.difficulty_spread]
+                                                         self.verbosity_bias, self.propose_rate, self.ceiling,
+                                                         self.difficulty_spread]
         if not all(0.0 <= p <= 1.0 for p in probabilities):
             raise ValueError(f"accuracies, rates and the ceiling must lie in [0, 1]: {self}")
         if not (1 <= self.margin_right <= 8 and 1 <= self.margin_wrong <= 8):
@@ -235,6 +240,17 @@ class SimReferees:
             return None
         return self.labels.get(pair_key(*(fields[k] for k in PAIR)))
 
+    @staticmethod
+    def longer(first: str, second: str) -> str | None:
+        """``"1"`` or ``"2"``: the longer answer (stripped); None when both are as long.
+
+        Example:
+            >>> SimReferees.longer("short", "much longer"), SimReferees.longer("ab", "cd")
+            ('2', None)
+        """
+        a, b = len(first.strip()), len(second.strip())
+        return None if a == b else ("1" if a > b else "2")
+
     def demos(self, call: Call) -> tuple[int, int]:
         """Demonstrations in the prompt whose leaning is right and wrong about their own item."""
         right = wrong = 0
@@ -251,7 +267,8 @@ class SimReferees:
         return right, wrong
 
     def decide(self, call: Call, step: str) -> tuple[str, str] | None:
-        """``(answer, source)`` for a talk or verdict turn; source is ``herd``, ``first``, ``right`` or ``wrong``."""
+        """``(answer, source)`` for a talk or verdict turn; source is ``herd``, ``first``, ``longer``, ``right`` or
+        ``wrong``."""
         label = self.label_of(call.inputs)
         if label is None:
             return None
@@ -262,6 +279,9 @@ class SimReferees:
             return seen, "herd"
         if self.draw("first", step, persona, *texts) < k.position_bias:
             return "1", "first"
+        longer = self.longer(texts[1], texts[2])
+        if longer is not None and self.draw("longer", step, persona, *texts) < k.verbosity_bias:
+            return longer, "longer"
         right, wrong = self.demos(call)
         p = k.p(self.personas.get(persona), right_demos=right, wrong_demos=wrong,
                 keyed=k.instruction_key.lower() in call.system.lower())

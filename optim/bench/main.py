@@ -11,6 +11,9 @@ file of figures, and prints (``--markdown``) a table that states model, data, sp
     python -m optim.bench injection --limit 16 --config single_calibrated
     python -m optim.bench simulate --smoke
     python -m optim.bench selective --draws 200 --level 0.8 --risk 0.1
+    python -m optim.bench cascade --draws 200
+    python -m optim.bench cascade-billing --limit 20 --embedded-limit 2
+    python -m optim.bench certificate --draws 200
     python -m optim.bench review --roles 1 --pool-limit 24 --test-limit 8 --counts 2,4 --threads 1
     python -m optim.bench review --planted --seeds 20 --tie-draws 20
     python -m optim.bench latency --requests 30 --rate 2
@@ -141,6 +144,16 @@ def _own_lm_suites(sub) -> None:
 
     add_selective(sub)
 
+    from optim.bench.cascade import add_parser as add_cascade
+    from optim.bench.cascade_billing import add_parser as add_cascade_billing
+
+    add_cascade(sub)
+    add_cascade_billing(sub)
+
+    from optim.bench.certificate import add_parser as add_certificate
+
+    add_certificate(sub)
+
     rv = sub.add_parser("review", help="does the uncertainty flag find the errors; queue-order vs random labels")
     rv.add_argument("--model", default="embedded", help="embedded (default), an OpenAI-compatible base URL, or a LiteLLM string")
     rv.add_argument("--served-model", help="model id at a base URL")
@@ -264,6 +277,18 @@ def _own_lm(args) -> int | None:
         from optim.bench.selective import run_selective
 
         return run_selective(args)
+    if args.suite == "cascade":
+        from optim.bench.cascade import run_cascade
+
+        return run_cascade(args)
+    if args.suite == "cascade-billing":
+        from optim.bench.cascade_billing import run_cascade_billing
+
+        return run_cascade_billing(args)
+    if args.suite == "certificate":
+        from optim.bench.certificate import run_certificate
+
+        return run_certificate(args)
     if args.suite not in ("latency", "caching", "batch", "scale"):
         return None
     if args.suite == "latency":

@@ -130,12 +130,12 @@ def run_row(panel: Panel, args, *, calibrate_on: float, use_on: float, rng: np.r
     return {"calibrate_spread": calibrate_on, "use_spread": use_on, "draws": args.draws,
             "held": proportion(held, args.draws), "held_fresh": proportion(held_fresh, args.draws),
             "reached": proportion(reached, args.draws), "held_when_reached": proportion(held_reached, reached),
-            "coverage": _spread(coverages),
-            "agreement": _spread(agreements), "oracle": oracle(pop, args.level),
-            "ece_raw": _spread(ece_raw), "ece_calibrated": _spread(ece_mapped)}
+            "coverage": over_draws(coverages),
+            "agreement": over_draws(agreements), "oracle": oracle(pop, args.level),
+            "ece_raw": over_draws(ece_raw), "ece_calibrated": over_draws(ece_mapped)}
 
 
-def _spread(values: list[float]) -> dict:
+def over_draws(values: list[float]) -> dict:
     """Mean over draws with the 2.5th and 97.5th percentiles (the draw-to-draw spread, not a CI of the mean)."""
     if not values:
         return {"value": math.nan, "p2_5": math.nan, "p97_5": math.nan, "n": 0}

@@ -16,7 +16,8 @@ from chateval_dspy.lm.offline import ensure_offline
 COMMANDS = {"evaluate": "optim.cli.evaluate", "compile": "optim.cli.compile", "search": "optim.cli.search",
             "report": "optim.cli.report", "score": "optim.cli.score", "serve": "optim.cli.serve",
             "ablate": "optim.cli.ablate", "review": "optim.cli.review", "review-serve": "optim.cli.review_serve",
-            "calibrate": "optim.cli.calibrate"}
+            "calibrate": "optim.cli.calibrate", "cascade": "optim.cli.cascade", "audit": "optim.cli.audit",
+            "certify": "optim.cli.certify"}
 
 
 def command(name: str):

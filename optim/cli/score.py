@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from chateval_dspy.errors import ConfigError
 from optim.cli import flags, show
 
 
@@ -59,7 +60,11 @@ def traced(judge, args, *, items: int | None, command: str, tags: dict | None = 
     from chateval_dspy.run.tracing import tracing_default
     from optim.tracking import runs as tracking
 
-    if not tracing_default(args.trace, mlflow_target=tracking.tracking_targeted(args.tracking_uri), items=items):
+    cascade = hasattr(judge, "stages")  # a trace follows one panel's debate; a cascade runs several
+    if args.trace and cascade:
+        raise ConfigError(f"{args.evaluator} is a cascade: --trace follows one panel's debate; score without it")
+    if cascade or not tracing_default(args.trace, mlflow_target=tracking.tracking_targeted(args.tracking_uri),
+                                      items=items):
         return judge
     from chateval_dspy.deploy.traced import TracedJudge
     from chateval_dspy.run.tracing import Tracer

@@ -21,6 +21,7 @@ from functools import cache
 
 from optim.review.desk import CANT_JUDGE, Desk, ReviewItem
 from optim.review.questions import Question
+from optim.review.uncertainty import confidence_of, withheld_of
 
 MAX_COMMENT_CHARS = 4000
 # Bidi controls (ALM, LRM/RLM, embeddings and overrides, isolates) and invisible characters that hide text.
@@ -224,6 +225,8 @@ def panel_text(item: ReviewItem) -> str:
     """
     panel = item.panel
     said = panel.get("prediction")
+    if said is None and withheld_of(panel) and panel.get("withheld") is not None:  # shown after answering
+        return withheld_text(panel)
     if isinstance(said, dict):
         return "; ".join(f"{k}: {v}" for k, v in said.items()) or "the panel abstained"
     if said is None:
@@ -234,6 +237,23 @@ def panel_text(item: ReviewItem) -> str:
     if panel.get("consistent") is False:
         text += "; the two answer orders disagreed"
     return text
+
+
+def withheld_text(panel: dict) -> str:
+    """A verdict withheld for a person: that it was not given and why, then what the panel leaned to.
+
+    Example:
+        >>> withheld_text({"withheld": "2", "abstained": "needs_person", "confidence": 0.41})
+        'no verdict given: it needs a person (calibrated confidence 0.41, below the threshold); the panel leaned: answer 2'
+    """
+    confidence = confidence_of(panel)
+    why = f" (calibrated confidence {confidence:.2f}, below the threshold)" if confidence is not None else ""
+    leaned = panel["withheld"]
+    if isinstance(leaned, dict):
+        text = "; ".join(f"{k}: {v}" for k, v in leaned.items())
+    else:
+        text = "a tie" if leaned == "tie" else f"answer {leaned}"
+    return f"no verdict given: it needs a person{why}; the panel leaned: {text}"
 
 
 @cache

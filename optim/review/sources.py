@@ -121,6 +121,8 @@ def record_from_trace(trace, task: TaskSpec | str | None = None) -> dict | None:
               "trace_id": trace.info.trace_id}
     if (trace.info.tags or {}).get(RUN_TAG):
         record["run_key"] = trace.info.tags[RUN_TAG]
+    # A calibrated verdict's confidence, and a verdict withheld for a person, where the trace holds them.
+    record.update({k: outputs[k] for k in ("confidence", "confidence_calibrated", "withheld") if k in outputs})
     if task.format == "pairwise":
         record.update(prediction=outputs.get("winner"), consistent=outputs.get("consistent"),
                       order_preferences=outputs.get("order_preferences"),

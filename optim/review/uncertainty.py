@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from statistics import fmean
 
 from chateval_dspy.program.aggregate import vote
+from chateval_dspy.program.confidence import NEEDS_PERSON
 from chateval_dspy.program.task import TaskSpec, as_task
 from chateval_dspy.run.records import is_error
 
@@ -69,9 +70,6 @@ class Uncertainty:
         if self.confidence is not None:
             head += f"confidence={self.confidence:.3f} ({'calibrated' if self.calibrated else 'raw'}), "
         return f"{self.item_id}: {head}U={self.score:.3f}  " + ("; ".join(self.reasons) or "the panel was sure")
-
-
-NEEDS_PERSON = "needs_person"
 
 
 def withheld_of(record: dict) -> bool:
@@ -199,7 +197,8 @@ def margin(record: dict, task=None) -> tuple[float, str | None]:
             said.append(f"{name} {s1:g} vs {s2:g} on {scale}")
         value = round(fmean(values), 3) if values else 0.0
         return value, (f"narrow margin ({', '.join(said)})" if value > 0 else None)
-    scores = record.get("prediction") if isinstance(record.get("prediction"), dict) else {}
+    verdict = record.get("withheld") if withheld_of(record) else record.get("prediction")  # withheld: the panel's
+    scores = verdict if isinstance(verdict, dict) else {}
     values, said = [], []
     for criterion in task.criteria:
         x = scores.get(criterion.name)
@@ -214,16 +213,20 @@ def margin(record: dict, task=None) -> tuple[float, str | None]:
 
 
 def abstained(record: dict, task=None) -> tuple[float, str | None]:
-    """The share of referees' verdicts that are missing; 1 when the whole panel abstained.
+    """The share of referees' verdicts that are missing; 1 when the whole panel abstained. A verdict withheld for
+    a person (``withheld_of``) is no abstention of the panel: the panel reached it, and only its referees' missing
+    verdicts count.
 
     Example:
         >>> abstained({"referees": {"critic": [None, {"score_1": 1, "score_2": 2}], "scientist": [None, None]},
         ...            "abstentions": {"order1:critic@2": "parse_failure"}})
         (0.75, '3 of 4 verdicts missing (parse_failure)')
+        >>> abstained({"abstained": "needs_person", "withheld": "2", "referees": {"critic": [{"score_1": 1, "score_2": 2}]}})
+        (0.0, None)
     """
     reasons = sorted(set((record.get("abstentions") or {}).values()))
     why = f" ({', '.join(reasons)})" if reasons else ""
-    if record.get("abstained"):
+    if record.get("abstained") and not withheld_of(record):
         return 1.0, f"the panel abstained ({record['abstained']})"
     verdicts = [v for verdicts in _orders(record) for _, v in verdicts]
     missing = sum(v is None for v in verdicts)

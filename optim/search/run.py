@@ -141,17 +141,21 @@ def study_settings(data, plan: SearchPlan, spec: StudySpec, space: SearchSpace) 
             "limit": data.limit, "objectives": list(spec.objectives), "space": space.to_dict(),
             "model_spec": lm.model, "base": base_settings(plan.base),
             "max_demos": plan.settings.max_demos if space.compile != ("none",) else None,
-            # Only a mixed panel records its referees' models, so that existing studies resume as they were.
-            **({"referee_models": lm.referee_map} if lm.referee_models else {})}
+            # Only a mixed panel records its referees' models, and only the reading flags given (a worker reading
+            # labels otherwise is refused: some, like --skip-bad-rows, leave the hash alone), so that existing
+            # studies resume as they were.
+            **({"referee_models": lm.referee_map} if lm.referee_models else {}),
+            **({"data": stated} if (stated := {k: v for k, v in data.reading().items() if v not in ("-", "false")})
+               else {})}
 
 
-def parent_run(opened: optuna.Study, spec: StudySpec, recorded: dict, base: DebateConfig, tracking):
-    """The study's MLflow parent run, shared by its workers; the trial runs of its killed workers (on this host)
-    end as KILLED first."""
+def parent_run(opened: optuna.Study, spec: StudySpec, recorded: dict, base: DebateConfig, tracking, data):
+    """The study's MLflow parent run, shared by its workers, with how ``data``'s labels were read (``data.<flag>``,
+    as ``chateval evaluate`` logs them); the trial runs of its killed workers (on this host) end as KILLED first."""
     from optim.tracking import runs as mlflow_tracking
 
     mlflow_tracking.end_dead_runs({"optuna.study": spec.name}, tracking.uri)
-    params = {"study": spec.name, "storage": studies.storage_label(spec.storage), **recorded}
+    params = {"study": spec.name, "storage": studies.storage_label(spec.storage), **recorded, "data": data.reading()}
     if base.task is not None:  # MLflow keeps 6,000 characters a param: the task's compact form
         params["base"] = {**recorded["base"], "task": base.task.params()}
     return studies.study_run(opened, params=params, uri=tracking.uri)
@@ -257,7 +261,7 @@ def run_search(data, base: DebateConfig | Callable[[str], DebateConfig], lm, *, 
     if tracked:
         from optim.tracking import runs as mlflow_tracking
     tested = card = None
-    with parent_run(opened, spec, recorded, plan.base, tracking) if tracked else contextlib.nullcontext() as active:
+    with parent_run(opened, spec, recorded, plan.base, tracking, data) if tracked else contextlib.nullcontext() as active:
         with plan.lm.judging(lm_slots(slot_config(plan.base, space), concurrency)) as judging_lm:
             model, referees = judging_lm.model, referee_names()
             if tracked:

@@ -173,7 +173,8 @@ def given_pairs(lines: list[dict], task, cmap) -> tuple[list[float], list[bool]]
     Pointwise, that is the item's least confident criterion's, for each of its labelled criteria: a verdict is
     given whole or not at all (``chateval_dspy.run.evaluate.selective_fields``), so the threshold is chosen and
     checked on what is given. (Criteria of one item then count as separate verdicts, though they are not
-    independent.) Pairwise it is the verdict's own.
+    independent.) Pairwise it is the verdict's own. A verdict withheld for a person counts with the confidence
+    of the panel's verdict (``optim.tuning.confidence.panel_verdict``).
 
     Example:
         >>> from chateval_dspy.program.confidence import ConfidenceMap
@@ -183,10 +184,10 @@ def given_pairs(lines: list[dict], task, cmap) -> tuple[list[float], list[bool]]
         ([0.463], [True])
     """
     from chateval_dspy.program.confidence import line_confidence
-    from optim.tuning.confidence import calibration_pairs
+    from optim.tuning.confidence import calibration_pairs, panel_verdict
 
     confidence, agreed = [], []
-    for line in lines:
+    for line in map(panel_verdict, lines):
         _, hits = calibration_pairs([line], task)
         raw = line_confidence(line, task) if hits else None
         values = [v for v in (raw.values() if isinstance(raw, dict) else [raw]) if v is not None]

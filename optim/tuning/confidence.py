@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from chateval_dspy.errors import ConfigError
-from chateval_dspy.program.confidence import TOLERANCE, ConfidenceMap, agrees, evidence, raw_confidence
+from chateval_dspy.program.confidence import NEEDS_PERSON, TOLERANCE, ConfidenceMap, agrees, evidence, raw_confidence
 from chateval_dspy.program.task import TaskSpec, as_task
 from chateval_dspy.run.metrics import Estimate, bootstrap
 
@@ -110,11 +110,29 @@ def calibration_error(confidence: Sequence[float], agreed: Sequence[bool], bins:
                      conf, hit, seed=seed, n_resamples=resamples)
 
 
+def panel_verdict(line: dict) -> dict:
+    """The results line with the panel's verdict as its ``prediction``: a verdict a calibrated evaluator withheld
+    for a person (``abstained`` of ``needs_person``, the verdict kept as ``withheld``) is still the panel's verdict,
+    and a fit or a check of the confidence must count it, or refitting on a calibrated evaluator's results would
+    drop exactly the verdicts below the threshold. Any other line is returned as it is.
+
+    Example:
+        >>> panel_verdict({"prediction": None, "withheld": "2", "abstained": "needs_person"})["prediction"]
+        '2'
+        >>> panel_verdict({"prediction": None, "abstained": "parse_failure"})["prediction"] is None
+        True
+    """
+    if line.get("abstained") == NEEDS_PERSON and line.get("withheld") is not None:
+        return {**line, "prediction": line["withheld"]}
+    return line
+
+
 def calibration_pairs(records: Sequence[dict], task: TaskSpec | str, tolerance: float = TOLERANCE,
                       cmap: ConfidenceMap | None = None) -> tuple[list[float], list[bool]]:
     """Each labelled verdict's confidence (raw, or through ``cmap``) and whether people agreed with it, from
     results lines: one pair per line (pairwise) or per labelled criterion of a line (pointwise, by
-    ``chateval_dspy.program.confidence.agrees``). Lines without a person's label, or without a verdict, are left out.
+    ``chateval_dspy.program.confidence.agrees``). A verdict withheld for a person counts as the panel gave it
+    (``panel_verdict``). Lines without a person's label, or without a verdict, are left out.
 
     Example:
         >>> lines = [{"prediction": "1", "human": "1", "referees": {"a": [{"score_1": 9, "score_2": 2}]}},
@@ -125,7 +143,7 @@ def calibration_pairs(records: Sequence[dict], task: TaskSpec | str, tolerance: 
     """
     task = as_task(task)
     confidence, agreed = [], []
-    for line in records:
+    for line in map(panel_verdict, records):
         human, verdict = line.get("human"), line.get("prediction")
         if human is None or verdict is None:
             continue

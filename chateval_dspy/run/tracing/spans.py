@@ -109,15 +109,20 @@ def root_name(task_name: str, item_id) -> str:
     return f"{ROOT_PREFIX} {task_name} · {item}"
 
 
+# A verdict's confidence, and the verdict a calibrated evaluator withheld for a person: the review reads them back.
+SELECTIVE_OUTPUTS = ("confidence", "confidence_calibrated", "withheld")
+
+
 def _panel_outputs(record: dict, task) -> dict:
     # The verdict leads: MLflow previews a trace's response as the start of the root's outputs JSON.
+    selective = {k: record[k] for k in SELECTIVE_OUTPUTS if record.get(k) is not None}
     if task.format != "pairwise":
-        return {"scores": record.get("prediction"), "abstained": record.get("abstained")}
+        return {"scores": record.get("prediction"), "abstained": record.get("abstained"), **selective}
     out = {"verdict": preference_name(record.get("prediction"), task), "winner": record.get("prediction"),
            "consistent": record.get("consistent"), "abstained": record.get("abstained"),
            "order_preferences": record.get("order_preferences")}
     out.update({k: v for k, v in record.items() if re.fullmatch(r"[a-z][a-z0-9_]*_[12]", k)})
-    return out
+    return {**out, **selective}
 
 
 def config_summary(config) -> dict:

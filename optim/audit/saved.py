@@ -1,0 +1,54 @@
+"""The audit of a saved evaluator on a dataset, as ``chateval audit`` runs it, and its MLflow run."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from chateval_dspy.data.spec import DataSpec
+from optim.audit.probes import CLI_PROBES, AuditReport, audit
+
+
+def data_name(data: DataSpec) -> str:
+    """How the report names the items: dataset, split and limit.
+
+    Example:
+        >>> data_name(DataSpec("faireval", limit=20))
+        'faireval split all, first 20'
+    """
+    limit = f", first {data.limit}" if data.limit else ""
+    return f"{Path(data.dataset).name} split {data.split}{limit}"
+
+
+def audit_saved(program: str | Path, data: DataSpec, *, out: str | Path, probes=CLI_PROBES, seed: int = 0,
+                model: str | None = None, served_model: str | None = None, timeout: float = 120.0,
+                concurrency: int = 1, family_columns: tuple[str, ...] = (), bias_column: str | None = None,
+                judge_family: str | None = None) -> AuditReport:
+    """``audit`` of the evaluator saved at ``program`` (loaded on ``model``, default its card's) on ``data``'s items;
+    ``family_columns`` and ``bias_column`` name the data file's columns for self-preference and per-type accuracy."""
+    from chateval_dspy.deploy.judge import load
+    from optim.audit.columns import families_and_types
+
+    columns = families_and_types(data.dataset, family_columns=family_columns, bias_column=bias_column,
+                                 id_column=dict(data.columns).get("id", "id")) \
+        if family_columns or bias_column else {}
+    if family_columns:
+        columns["judge_family"] = judge_family
+    with load(program, model=model, served_model=served_model, timeout=timeout, slots=concurrency) as judge:
+        if data.task is None and data.format is None:  # a custom file's items are the evaluator's task's
+            data = replace(data, task=judge.task)
+        items, _ = data.items()
+        return audit(judge, items, out=out, probes=probes, seed=seed, concurrency=concurrency, data=data_name(data),
+                     **columns)
+
+
+def log_audit(report: AuditReport, *, uri: str | None = None) -> str:
+    """An MLflow run holding the audit: params (model, data, seed), each figure with its interval, and the
+    folder's perturbations and results. Returns its id."""
+    from optim.tracking import runs
+
+    params = {"model": report.model, "data": report.data, "seed": report.seed}
+    with runs.run("audit", params=params, tags={"chateval.command": "audit"}, uri=uri) as active:
+        runs.log_metrics(report.metrics())
+        runs.log_file(report.out, "audit")
+        return active.info.run_id

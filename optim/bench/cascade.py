@@ -1,0 +1,281 @@
+"""Does a two-stage cascade (a cheap single judge, then a strong panel) keep its guarantee, and what does it save?
+
+The items and votes follow the simulated referees' generative model (``chateval_dspy.testing.sim_lm``) with item
+difficulty, drawn directly with numpy as in ``optim.bench.selective`` (what is measured is the threshold procedure
+and the routing, not the DSPy program). Each item has difficulty ``d = spread * u``; both stages see the same ``d``
+(difficulty belongs to the item), and given ``d`` their votes are independent; a vote of a referee with accuracy
+``p`` is right with ``0.5 + (p - 0.5)(1 - d)``.
+
+- Stage 1, the cheap judge: one referee of accuracy ``--cheap-accuracy`` in both answer orders (2 votes: the single
+  agent of ``python -m optim.bench cost``, one role, one turn).
+- Stage 2, the strong panel: the five built-in roles at their untuned accuracies (``SimKnobs().accuracy``), both
+  orders (10 votes), as in the selective benchmark.
+
+Each stage's verdict is its weighted vote (a tie disagrees with people), its raw confidence the vote's naive-Bayes
+posterior assuming ``d = 0``. Per draw, ``--calibration`` items from the calibration mix fit each stage's isotonic
+map (``optim.tuning.confidence.fit_confidence_map``) and choose both thresholds together on the mapped confidences
+(``optim.tuning.selective.choose_cascade_thresholds``: each stage at ``risk / 2``, on the items earlier stages did not
+keep). An item leaves at the first stage whose mapped confidence clears that stage's threshold; an item no stage keeps
+goes to a person (no verdict).
+
+The level asked for is the agreement the panel reaches on every item of the use mix (computed exactly, rounded down to
+0.001), unless ``--level`` says otherwise. Fresh items are counted exactly, summing over every pair of vote outcomes
+and integrating over ``d`` (the population the guarantee speaks of), and as realized on ``--fresh`` drawn items.
+
+Cost model, in units of the cheap judge's cost per item: the cheap judge costs 1 per item it judges (every item), the
+panel ``--panel-cost`` per item it judges (the items stage 1 did not keep). The default 4 is the ratio of LM calls per
+item of the default panel (2 roles, 2 turns, one by one, both orders: 8 calls) to the single judge in both orders
+(2 calls), as measured with the fake LM (their prompt tokens: 7,606 against 1,955 per FairEval item, 3.9x). People's
+cost for the items nobody kept is not counted. The cascade's cost per verdict is pooled over all draws (units spent on
+every item of every draw / verdicts given, a draw reaching no threshold spending units and giving none); the panel on
+every item gives a verdict on each item at ``panel_cost`` units. Their ratio is the target (at most 0.5x).
+
+Rows: per ``--cheap-accuracies`` value, ``exchangeable`` (calibrate and use on spread ``--hard``) and ``control``
+(calibrate on spread ``--easy``, use on ``--hard``: exchangeability broken on purpose).
+
+    python -m optim.bench cascade --draws 200
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from chateval_dspy.testing.sim_lm import SimKnobs
+from optim.bench.selective import over_draws
+from optim.bench.stats import proportion
+from optim.tuning.confidence import expected_calibration_error, fit_confidence_map
+from optim.tuning.selective import choose_cascade_thresholds
+
+D_GRID = 2000  # midpoints over [0, spread] for the exact population rates
+PANEL_COST = 4.0  # default panel's 8 LM calls per item / the single judge's 2 (both answer orders)
+
+
+def add_parser(sub) -> None:
+    ca = sub.add_parser("cascade", help="a cheap judge then a strong panel: does the cascade's guarantee hold over "
+                                        "calibration draws, and its cost against the panel on every item (no LM)")
+    ca.add_argument("--draws", type=int, default=200, help="calibration draws per row (default 200)")
+    ca.add_argument("--calibration", type=int, default=1000, help="labelled calibration items per draw (default 1000)")
+    ca.add_argument("--fresh", type=int, default=2000, help="fresh items per draw for the realized rate (default 2000)")
+    ca.add_argument("--level", type=float, help="agreement asked for (default: the panel's on every item of the use mix)")
+    ca.add_argument("--risk", type=float, default=0.1, help="accepted chance that the guarantee fails (default 0.1)")
+    ca.add_argument("--cheap-accuracies", default="0.7,0.8,0.9", help="the cheap judge's accuracy, one row pair each")
+    ca.add_argument("--panel-cost", type=float, default=PANEL_COST,
+                    help=f"the panel's cost per item in cheap-judge units (default {PANEL_COST:g}: 8 calls / 2)")
+    ca.add_argument("--hard", type=float, default=1.0, help="difficulty spread of the use mix (default 1.0)")
+    ca.add_argument("--easy", type=float, default=0.4, help="difficulty spread the control calibrates on (default 0.4)")
+    ca.add_argument("--seed", type=int, default=0)
+    ca.add_argument("--out", help="also write the rows as JSON here")
+
+
+class Stage:
+    """A judge's votes: referee groups ``(accuracy, votes)``, its weighted vote, confidence and exact outcome rates."""
+
+    def __init__(self, groups: list[tuple[float, int]]):
+        self.ps = np.asarray([p for p, _ in groups], dtype=float)
+        self.counts = np.asarray([c for _, c in groups])
+        self.weights = np.log(self.ps / (1 - self.ps))
+        self.outcomes = np.asarray(list(itertools.product(*(range(c + 1) for c in self.counts))))
+
+    def score(self, right: np.ndarray) -> np.ndarray:
+        """Signed weighted vote towards the right answer, from right votes per group (items x groups)."""
+        return ((2 * right - self.counts) * self.weights).sum(axis=-1)
+
+    @staticmethod
+    def confidence(score: np.ndarray) -> np.ndarray:
+        return 1.0 / (1.0 + np.exp(-np.abs(score)))
+
+    def p_item(self, d: np.ndarray) -> np.ndarray:
+        return 0.5 + (self.ps[None, :] - 0.5) * (1 - d[:, None])
+
+    def draw(self, rng: np.random.Generator, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each item's (raw confidence, agreed with people) given its difficulty."""
+        s = self.score(rng.binomial(self.counts[None, :], self.p_item(d)))
+        return self.confidence(s), s > 0
+
+    def outcome_rates(self, d: np.ndarray) -> np.ndarray:
+        """P(outcome | d), outcomes x d (every combination of right votes per group)."""
+        from scipy.stats import binom
+
+        p = self.p_item(d)
+        out = np.ones((len(self.outcomes), d.size))
+        for g in range(len(self.counts)):
+            out *= binom.pmf(self.outcomes[:, g][:, None], self.counts[g], p[:, g][None, :])
+        return out
+
+
+def stages(cheap_accuracy: float) -> tuple[Stage, Stage]:
+    """The cheap judge (one referee, both orders) and the panel (the five built-in roles, both orders)."""
+    panel = sorted({p for _, p in SimKnobs().accuracy})
+    counts = [2 * sum(1 for _, p in SimKnobs().accuracy if p == q) for q in panel]
+    return Stage([(cheap_accuracy, 2)]), Stage(list(zip(panel, counts)))
+
+
+class Population:
+    """Every pair of vote outcomes (cheap x panel) on a mix: raw confidences, agreement and joint probability."""
+
+    def __init__(self, cheap: Stage, panel: Stage, spread: float):
+        self.spread = spread
+        d = (np.arange(D_GRID) + 0.5) / D_GRID * spread
+        a, b = cheap.outcome_rates(d), panel.outcome_rates(d)
+        self.prob = (a[:, None, :] * b[None, :, :]).mean(axis=-1).ravel()  # independent given d
+        sa, sb = cheap.score(cheap.outcomes), panel.score(panel.outcomes)
+        grid = np.meshgrid(np.arange(len(sa)), np.arange(len(sb)), indexing="ij")
+        ia, ib = grid[0].ravel(), grid[1].ravel()
+        self.conf = (cheap.confidence(sa)[ia], panel.confidence(sb)[ib])
+        self.agreed = (sa[ia] > 0, sb[ib] > 0)
+
+    def panel_agreement(self) -> float:
+        return float(self.prob[self.agreed[1]].sum())
+
+
+def mapped(cmap, raw: np.ndarray) -> np.ndarray:
+    return np.interp(raw, cmap.raw, cmap.calibrated)
+
+
+def leaves(conf: tuple[np.ndarray, np.ndarray], thresholds: list[float | None]) -> np.ndarray:
+    """The stage (0, 1) each item leaves at, or -1 (to a person): its first stage whose confidence clears it."""
+    out = np.full(conf[0].shape, -1)
+    for s in (1, 0):  # the earlier stage wins: written last
+        t = thresholds[s]
+        if t is not None:
+            out[conf[s] >= t] = s
+    return out
+
+
+def rates(left: np.ndarray, agreed: tuple, weight: np.ndarray, panel_cost: float) -> dict:
+    """Shares left at each stage and to a person, agreement of the verdicts given, units spent per item."""
+    total = weight.sum()
+    share = [float(weight[left == s].sum() / total) for s in (0, 1)]
+    right = sum(float(weight[(left == s) & agreed[s]].sum()) for s in (0, 1))
+    given = share[0] + share[1]
+    return {"stage1": share[0], "stage2": share[1], "person": max(0.0, 1 - given), "coverage": given,
+            "agreement": right / total / given if given else math.nan, "units": 1 + panel_cost * (1 - share[0])}
+
+
+def one_draw(pair: tuple[Stage, Stage], pop: Population, args, level: float, rng: np.random.Generator,
+             calibrate_on: float) -> dict:
+    """One calibration draw: maps and thresholds chosen on it, then the cascade on the use mix (exact and fresh)."""
+    cheap, panel = pair
+    d = calibrate_on * rng.random(args.calibration)
+    (c1, a1), (c2, a2) = cheap.draw(rng, d), panel.draw(rng, d)
+    maps = fit_confidence_map(c1, a1), fit_confidence_map(c2, a2)
+    chosen = choose_cascade_thresholds([(mapped(maps[0], c1).tolist(), a1.tolist()),
+                                        (mapped(maps[1], c2).tolist(), a2.tolist())], level=level, risk=args.risk)
+    thresholds = [s.threshold for s in chosen.stages]
+    exact_conf = (mapped(maps[0], pop.conf[0]), mapped(maps[1], pop.conf[1]))
+    exact = rates(leaves(exact_conf, thresholds), pop.agreed, pop.prob, args.panel_cost)
+    fd = pop.spread * rng.random(args.fresh)
+    (f1, fa1), (f2, fa2) = cheap.draw(rng, fd), panel.draw(rng, fd)
+    fresh_conf = (mapped(maps[0], f1), mapped(maps[1], f2))
+    fresh = rates(leaves(fresh_conf, thresholds), (fa1, fa2), np.ones(args.fresh), args.panel_cost)
+    return {"thresholds": thresholds, "exact": exact, "fresh": fresh,
+            "ece": [expected_calibration_error(fresh_conf[0], fa1), expected_calibration_error(fresh_conf[1], fa2)]}
+
+
+def held(r: dict, level: float) -> bool:
+    """The guarantee held on this draw: its verdicts agree at least ``level`` (vacuously when it gives none)."""
+    return r["coverage"] == 0 or r["agreement"] >= level
+
+
+def run_row(cheap_accuracy: float, args, *, level: float | None, calibrate_on: float, use_on: float,
+            rng: np.random.Generator) -> dict:
+    """One row: ``args.draws`` calibration draws of the cascade, and how it did on the use mix."""
+    pair = stages(cheap_accuracy)
+    pop = Population(*pair, use_on)
+    panel_alone = pop.panel_agreement()
+    level = level if level is not None else math.floor(panel_alone * 1000) / 1000
+    draws = [one_draw(pair, pop, args, level, rng, calibrate_on) for _ in range(args.draws)]
+    exact = [r["exact"] for r in draws]
+    reached = [r for r in draws if any(t is not None for t in r["thresholds"])]
+    units, coverage = sum(e["units"] for e in exact), sum(e["coverage"] for e in exact)
+    n = len(draws)
+    return {"cheap_accuracy": cheap_accuracy, "calibrate_spread": calibrate_on, "use_spread": use_on,
+            "level": level, "risk": args.risk, "draws": n, "panel_cost": args.panel_cost,
+            "held": proportion(sum(held(e, level) for e in exact), n),
+            "held_fresh": proportion(sum(held(r["fresh"], level) for r in draws), n),
+            "reached": proportion(len(reached), n),
+            "stage1_reached": proportion(sum(r["thresholds"][0] is not None for r in draws), n),
+            "shares": {k: float(np.mean([e[k] for e in exact])) for k in ("stage1", "stage2", "person", "coverage")},
+            "units_per_item": units / n, "units_per_verdict": units / coverage if coverage else math.nan,
+            "cost_ratio": units / coverage / args.panel_cost if coverage else math.nan,
+            "coverage": over_draws([e["coverage"] for e in exact]),
+            "agreement": over_draws([e["agreement"] for e in exact if e["coverage"] > 0]),
+            "panel_alone": {"agreement": panel_alone, "units_per_verdict": args.panel_cost},
+            "cheap_alone": {"agreement": float(pop.prob[pop.agreed[0]].sum()), "units_per_verdict": 1.0},
+            "ece_cheap": over_draws([r["ece"][0] for r in draws]), "ece_panel": over_draws([r["ece"][1] for r in draws])}
+
+
+def _accuracies(spec: str) -> list[float]:
+    values = [float(x) for x in spec.split(",") if x.strip()]
+    if not values or not all(0.5 < v < 1 for v in values):
+        raise ValueError(f"--cheap-accuracies takes accuracies strictly between 0.5 and 1, got {spec!r}")
+    return values
+
+
+def run_cascade(args) -> int:
+    """Every row, printed with its intervals (and written to ``--out`` as JSON)."""
+    if args.draws < 1 or args.calibration < 1 or args.fresh < 1 or args.panel_cost <= 0:
+        print("bench: error: --draws, --calibration, --fresh and --panel-cost must be positive")
+        return 2
+    try:
+        accuracies = _accuracies(args.cheap_accuracies)
+    except ValueError as exc:
+        print(f"bench: error: {exc}")
+        return 2
+    rng = np.random.default_rng(args.seed)
+    rows = []
+    for acc in accuracies:
+        for name, calibrate_on in (("exchangeable", args.hard), ("control", args.easy)):
+            row = run_row(acc, args, level=args.level, calibrate_on=calibrate_on, use_on=args.hard, rng=rng)
+            rows.append({"row": name, **row})
+    print(render(rows, args))
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+def _rate(d: dict) -> str:
+    return f"{d['value']:.1%} [{d['ci_low']:.1%}, {d['ci_high']:.1%}]"
+
+
+def _pct(d: dict, fmt: str = ".1%") -> str:
+    if not d["n"]:
+        return "n/a"
+    return f"{d['value']:{fmt}} [{d['p2_5']:{fmt}}, {d['p97_5']:{fmt}}]"
+
+
+def render(rows: list[dict], args) -> str:
+    """The rows as text: every figure with its n (draws) and interval."""
+    lines = [f"Cascade: simulated referees (sim_lm's model with item difficulty, numpy draws, no LM): stage 1 a cheap "
+             f"judge (1 referee, both orders), stage 2 the panel (5 built-in roles, untuned, both orders); "
+             f"{args.calibration} calibration items per draw, {args.draws} draws per row, risk {args.risk}, "
+             f"seed {args.seed}; thresholds by choose_cascade_thresholds on isotonic-mapped confidences. Shares of "
+             f"draws: exact 95% CIs; coverage/agreement: mean [2.5-97.5 pct] over draws, exact on the use mix. Cost "
+             f"units: cheap judge 1 per item, panel {args.panel_cost:g} per item it judges; people not counted.",
+             f"{'row':13s} {'cheap p':7s} {'cal/use':9s} {'level':6s} {'held (population)':22s} "
+             f"{'held (' + str(args.fresh) + ' fresh)':22s} {'threshold reached':22s} "
+             f"{'stage1/stage2/person':22s} {'coverage':22s} {'agreement given':22s} units/item units/verdict "
+             f"ratio vs panel"]
+    for r in rows:
+        sh = r["shares"]
+        lines.append(f"{r['row']:13s} {r['cheap_accuracy']:<7.2f} {r['calibrate_spread']:.1f}/{r['use_spread']:.1f}   "
+                     f"{r['level']:<6.3f} {_rate(r['held']):22s} {_rate(r['held_fresh']):22s} {_rate(r['reached']):22s} "
+                     f"{sh['stage1']:.3f}/{sh['stage2']:.3f}/{sh['person']:.3f}{'':3s} {_pct(r['coverage']):22s} "
+                     f"{_pct(r['agreement']):22s} {r['units_per_item']:<10.3f} {r['units_per_verdict']:<13.3f} "
+                     f"{r['cost_ratio']:.3f}x")
+    for r in rows:
+        if r["row"] != "exchangeable":
+            continue
+        lines.append(f"cheap p {r['cheap_accuracy']:.2f}, spread {r['use_spread']:.1f}: panel on every item agreement "
+                     f"{r['panel_alone']['agreement']:.3f} at {r['panel_alone']['units_per_verdict']:g} units/verdict; "
+                     f"cheap judge on every item {r['cheap_alone']['agreement']:.3f} at 1 unit/verdict (exact); "
+                     f"ECE on {args.fresh} fresh items (mean [2.5-97.5 pct]): cheap {_pct(r['ece_cheap'], '.3f')}, panel "
+                     f"{_pct(r['ece_panel'], '.3f')}; target cost <= 0.5x: "
+                     f"{'met' if r['cost_ratio'] <= 0.5 else 'NOT met'} ({r['cost_ratio']:.3f}x); guarantee held in "
+                     f">= {1 - args.risk:.0%} of draws: {'met' if r['held']['value'] >= 1 - args.risk else 'NOT met'}")
+    return "\n".join(lines)

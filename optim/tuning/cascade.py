@@ -1,0 +1,585 @@
+"""``chateval cascade`` as a library: build a cascade of saved evaluators, cheapest first, on labelled items.
+
+A cascade is declared (``read_declaration`` for a YAML file, ``declare`` for the command's ``--stage`` flags): the
+agreement ``level`` guaranteed at ``risk``, and stages, each a saved evaluator and optionally the model it runs on.
+``build_cascade`` takes the items ``chateval calibrate`` takes (the seeded split's ``test`` part, in its
+``calibration`` and ``check`` halves: ``optim.tuning.calibrate.calibration_items``), has every stage judge both
+halves (one resumable results file per stage, ``judge_halves``), fits each stage's confidence map on the calibration
+half (``fit``: a stage that already has one is refitted there, so that every stage is calibrated on the same items),
+chooses the thresholds together (``optim.tuning.selective.choose_cascade_thresholds``, Bonferroni over the stages),
+and saves the cascade (``chateval_dspy.deploy.cascade.save_cascade``).
+
+The check half, which neither the maps nor the thresholds saw, is then routed as the saved cascade would route it:
+every stage judged every check item, so the cascade's cost and the cost of each stage on every item are measured on
+the same items in one run. A level that no stage reaches is reported with the best level reachable, and the cascade
+is saved with no threshold (every item then goes to a person, the last stage's verdict kept as ``withheld``), as
+``chateval calibrate`` saves a map without a threshold: the level asked for is never lowered silently.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from chateval_dspy.data.spec import DataSpec
+from chateval_dspy.errors import ConfigError, shown
+from chateval_dspy.run.metrics import Estimate
+from optim.tuning.calibrate import HALVES, calibration_items, fit, given_pairs, judge_halves
+from optim.tuning.selective import Cascade, choose_cascade_thresholds, exact_rate, route
+
+# A declaration is a few lines; anything much longer is not one (read before parsing).
+MAX_DECLARATION_BYTES = 64 * 1024
+DECLARATION_KEYS = ("level", "risk", "stages")
+STAGE_KEYS = ("name", "program", "model")
+
+
+@dataclass(frozen=True)
+class DeclaredStage:
+    """One stage as declared: its ``name``, its saved evaluator's directory ``program``, and the ``model`` it runs
+    on (None: its card's model)."""
+
+    name: str
+    program: Path
+    model: str | None = None
+
+
+@dataclass(frozen=True)
+class DeclaredCascade:
+    """A cascade as declared: the agreement ``level`` to guarantee at ``risk``, and its ``stages``, cheapest first."""
+
+    level: float
+    risk: float
+    stages: tuple[DeclaredStage, ...]
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def check_declaration(data, source: str, *, model_names_only: bool = True) -> DeclaredCascade:
+    """The ``DeclaredCascade`` of ``data`` (a parsed YAML mapping, untrusted), or a ``ConfigError`` naming
+    ``source`` and the key. A stage's ``program`` is a path as ``--stage`` takes it (relative to the folder the
+    command runs in, not to the file, so that a file and the flags declare the same). With ``model_names_only`` a stage's
+    ``model`` must be a model name (as a card's), never an endpoint URL, a key or settings: a file chooses no
+    endpoint; a base URL is given on the command line (``--stage NAME=DIR@URL``).
+
+    Example:
+        >>> d = check_declaration({"level": 0.85, "risk": 0.1, "stages": [{"name": "single", "program": "p/s"}]}, "x")
+        >>> d.stages[0].name, d.stages[0].model
+        ('single', None)
+        >>> check_declaration({"level": 1.2, "risk": 0.1, "stages": []}, "cascade.yaml")
+        Traceback (most recent call last):
+        ...
+        chateval_dspy.errors.ConfigError: cascade.yaml: key 'level': must be a number strictly between 0 and 1, got 1.2
+    """
+    import chateval_dspy.limits as limits
+
+    if not isinstance(data, dict) or set(data) != set(DECLARATION_KEYS):
+        got = sorted(map(str, data))[:10] if isinstance(data, dict) else shown(data, 60)
+        raise ConfigError(f"{source}: a cascade declares exactly {', '.join(DECLARATION_KEYS)}; got {got}")
+    for key in ("level", "risk"):
+        if not _number(data[key]) or not 0 < data[key] < 1:
+            raise ConfigError(f"{source}: key {key!r}: must be a number strictly between 0 and 1, got "
+                              f"{shown(data[key], 40)}")
+    stages = data["stages"]
+    if not isinstance(stages, list) or not 1 <= len(stages) <= limits.MAX_CASCADE_STAGES:
+        raise ConfigError(f"{source}: key 'stages': a list of 1 to {limits.MAX_CASCADE_STAGES} stages, cheapest "
+                          f"first (limits.MAX_CASCADE_STAGES); got {shown(stages, 60)}")
+    out = [_check_stage(stage, f"stages[{i}]", source, model_names_only)
+           for i, stage in enumerate(stages, start=1)]
+    names = [s.name for s in out]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{source}: key 'stages': stage names must differ, got {names}")
+    return DeclaredCascade(float(data["level"]), float(data["risk"]), tuple(out))
+
+
+def _check_stage(stage, key: str, source: str, model_names_only: bool) -> DeclaredStage:
+    from chateval_dspy.deploy.cascade import NAME
+    from chateval_dspy.deploy.untrusted import check_model_name
+
+    if not isinstance(stage, dict) or not {"name", "program"} <= set(stage) <= set(STAGE_KEYS):
+        raise ConfigError(f"{source}: key {key!r}: a stage is name, program and optionally model; got "
+                          f"{shown(stage, 80)}")
+    if not isinstance(stage["name"], str) or not NAME.match(stage["name"]):
+        raise ConfigError(f"{source}: key '{key}.name': must match {NAME.pattern}, got {shown(stage['name'], 50)}")
+    program = stage["program"]
+    if not isinstance(program, str) or not program or len(program) > 1000 or "\0" in program:
+        raise ConfigError(f"{source}: key '{key}.program': a saved evaluator's directory, got {shown(program, 60)}")
+    model = stage.get("model")
+    if model_names_only:
+        check_model_name(model, source, key=f"{key}.model")
+    if model is not None and (not isinstance(model, str) or not model or len(model) > 1000):
+        raise ConfigError(f"{source}: key '{key}.model': a model spec, got {shown(model, 60)}; leave it out to run "
+                          "the stage on its card's model")
+    return DeclaredStage(stage["name"], Path(program), model)
+
+
+def read_declaration(path: str | Path) -> DeclaredCascade:
+    """The cascade declared in the YAML file ``path``: read within ``MAX_DECLARATION_BYTES``, parsed by
+    ``limits.parse_yaml`` and checked by ``check_declaration``; a ``ConfigError`` naming the file otherwise."""
+    import chateval_dspy.limits as limits
+
+    path = Path(path)
+    raw = limits.read_bounded(path, MAX_DECLARATION_BYTES, "optim.tuning.cascade.MAX_DECLARATION_BYTES",
+                              "cascade declaration")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    # A bounded loader: no alias of a list or mapping, so no document can expand past the file's own size.
+    return check_declaration(limits.parse_yaml(text, str(path)), str(path))
+
+
+def parse_stage(text: str) -> dict:
+    """A ``--stage`` flag, ``NAME=PROGRAM_DIR[@MODEL]``, as a declared stage's keys (the model is split at the first
+    ``@``, so a model spec may hold one).
+
+    Example:
+        >>> parse_stage("single=programs/single@openai/gpt-4o-mini")
+        {'name': 'single', 'program': 'programs/single', 'model': 'openai/gpt-4o-mini'}
+        >>> parse_stage("panel=programs/panel")
+        {'name': 'panel', 'program': 'programs/panel'}
+    """
+    name, eq, rest = text.partition("=")
+    if not eq or not rest:
+        raise ConfigError(f"--stage {text[:80]!r}: write NAME=PROGRAM_DIR or NAME=PROGRAM_DIR@MODEL")
+    program, at, model = rest.partition("@")
+    return {"name": name, "program": program, **({"model": model} if at else {})}
+
+
+def declare(stages: list[str], *, level: float | None, risk: float | None) -> DeclaredCascade:
+    """The cascade the command's flags declare: ``--stage`` values (cheapest first), ``--agree-at-least``, ``--risk``.
+    A stage's model may be any spec ``--model`` takes (a base URL too): the flags are the user's own."""
+    if level is None or risk is None or not stages:
+        raise ConfigError("declare the cascade with --spec FILE, or with --stage NAME=PROGRAM_DIR[@MODEL] (cheapest "
+                          "first, at least one) and --agree-at-least LEVEL --risk R")
+    data = {"level": level, "risk": risk, "stages": [parse_stage(s) for s in stages]}
+    return check_declaration(data, "--stage/--agree-at-least/--risk", model_names_only=False)
+
+
+@dataclass
+class StageRun:
+    """One stage, judged on both halves and fitted on the calibration half.
+
+    Attributes:
+        stage: As declared.
+        model: The LM it ran on (its name, as the results lines and the card give it).
+        results: Its results file (both halves; a rerun resumes it).
+        lines: Per half, item id -> its results line (items the stage failed on are absent).
+        calibration: Its confidence map (``program.confidence.Calibration``, no threshold: the cascade's rule).
+        resumed: Items read back from the results file instead of judged.
+    """
+
+    stage: DeclaredStage
+    model: str
+    results: Path
+    lines: dict[str, dict[str, dict]]
+    calibration: object
+    resumed: int = 0
+
+
+def split_of(declared: DeclaredCascade, data: DataSpec, seed: int | None) -> tuple[DataSpec, object]:
+    """``data``'s test split for every stage, and their task: under ``seed``, else the split seed the stages' cards
+    record (they must agree: calibration items must be ones no stage was tuned on), else ``data.seed``.
+    Checked before any model runs: every stage judges the same task."""
+    from chateval_dspy.deploy.store import load_program
+
+    seeds, tasks = {}, {}
+    for stage in declared.stages:
+        program, card = load_program(stage.program)
+        recorded = (card.get("split") or {}).get("seed") if isinstance(card.get("split"), dict) else None
+        if isinstance(recorded, int) and not isinstance(recorded, bool):
+            seeds[stage.name] = recorded
+        tasks[stage.name] = program.config.task_spec
+    first = declared.stages[0].name
+    for name, task in tasks.items():
+        if task != tasks[first]:
+            raise ConfigError(f"stage {name!r} judges task {task.name!r} ({task.format}), stage "
+                              f"{first!r} task {tasks[first].name!r}: every stage of a cascade judges the same task")
+    if seed is None and len(set(seeds.values())) > 1:
+        raise ConfigError(f"the stages' cards record different split seeds ({seeds}): an item one stage was tested on "
+                          "may have tuned another; give --seed to choose the split")
+    if seed is None:
+        seed = next(iter(seeds.values()), data.seed)
+    task = data.task
+    if task is None and data.format is None and Path(data.dataset).suffix:
+        task = tasks[first]
+    return replace(data, split="test", seed=seed, task=task), tasks[first]
+
+
+def judge_stage(stage: DeclaredStage, index: int, parts: dict[str, list], data: DataSpec, out_dir: Path, *,
+                method: str, timeout: float = 120.0, concurrency: int = 1, on_item=None) -> StageRun:
+    """Stage ``index`` (from 1) on both halves, into ``out_dir/<index>-<name>/``, and its map fitted on the
+    calibration half (any calibration it was saved with is set aside while it judges: ``judge_halves``)."""
+    from chateval_dspy.deploy.judge import load
+
+    with load(stage.program, model=stage.model, timeout=timeout, slots=concurrency) as judge:
+        path, lines, resumed = judge_halves(judge, parts, out_dir / f"{index}-{stage.name}", concurrency=concurrency,
+                                            on_item=on_item)
+        model, task = judge.lm.model, judge.config.task_spec
+    fitted_on = {"data": data.dataset if len(data.dataset) <= 200 else data.name, "model": model, "seed": data.seed,
+                 "split": f"test (seed {data.seed}), calibration half (seed {data.seed})"}
+    calibration, _ = fit(lines["calibration"], task, fitted_on, method=method, level=None, risk=None)
+    by_id = {half: {str(line["id"]): line for line in lines[half]} for half in HALVES}
+    return StageRun(stage, model, path, by_id, calibration, resumed)
+
+
+def save_fitted(run: StageRun, index: int, into: Path) -> Path:
+    """A copy of the stage's saved evaluator carrying its fitted map, in ``into/<index>-<name>``; declared with a
+    model, its card names that model (the one it was calibrated on, which ``load`` then binds)."""
+    from chateval_dspy.deploy.store import load_program, save_program
+
+    program, card = load_program(run.stage.program)
+    program.calibration = run.calibration
+    if run.stage.model is not None:
+        card = {**{k: v for k, v in card.items() if k != "referee_models"}, "model": run.model}
+    return save_program(program, into / f"{index}-{run.stage.name}", card)
+
+
+@dataclass
+class Routed:
+    """One half's items as the stages saw them, ``[stage][item]``: the calibrated confidence a threshold is held
+    against (None: no verdict), whether people agreed with each labelled verdict (``given_pairs``), and the line."""
+
+    ids: list[str]
+    confidence: list[list[float | None]]
+    hits: list[list[list[bool]]]
+    lines: list[list[dict | None]]
+
+    @property
+    def verdicts(self) -> list[int]:
+        """Per item, its labelled verdicts (pointwise: one per labelled criterion), the most any stage compared."""
+        return [max(len(stage[i]) for stage in self.hits) for i in range(len(self.ids))]
+
+    def pairs(self) -> list[tuple[list[float], list[bool]]]:
+        """Per stage, ``(confidence, agreed)`` per labelled verdict, over the same verdicts in the same order, for
+        ``choose_cascade_thresholds``. A stage without a verdict on an item counts it at confidence 0 and disagreeing
+        (the runtime never keeps it, so this can only make the test stricter); so does a criterion it left out."""
+        out = []
+        for conf, hits in zip(self.confidence, self.hits):
+            c, a = [], []
+            for i, m in enumerate(self.verdicts):
+                c += [0.0 if conf[i] is None else conf[i]] * m
+                a += hits[i] + [False] * (m - len(hits[i]))
+            out.append((c, a))
+        return out
+
+
+def routed(runs: list[StageRun], items: list, task) -> Routed:
+    """The half of ``items`` through every stage's results lines and map."""
+    ids = [str(x.id) for x in items]
+    out = Routed(ids, [], [], [])
+    for run in runs:
+        conf, hits, lines = [], [], []
+        for i in ids:
+            line = next((run.lines[h][i] for h in HALVES if i in run.lines[h]), None)
+            c, a = given_pairs([line], task, run.calibration.map) if line is not None else ([], [])
+            conf.append(c[0] if c else None)
+            hits.append(list(a))
+            lines.append(line)
+        out.confidence.append(conf)
+        out.hits.append(hits)
+        out.lines.append(lines)
+    return out
+
+
+@dataclass(frozen=True)
+class StageFigures:
+    """One stage on the check half.
+
+    Attributes:
+        name, model: The stage and the LM it ran on.
+        threshold: Its threshold (None: it gives no verdict).
+        left: Items whose verdict this stage gave (they left the cascade here).
+        agreement: Agreement with people of those verdicts (exact 95% CI; n = their labelled verdicts).
+        reached: Items this stage judged in the cascade (those no earlier stage kept).
+        calls, usd: Its LM calls and US dollars on those items (usd None: a call was unpriced).
+        alone: Agreement with people of this stage's verdicts on every check item (no threshold).
+        alone_calls, alone_usd: Its calls and dollars on every check item.
+    """
+
+    name: str
+    model: str
+    threshold: float | None
+    left: int
+    agreement: Estimate
+    reached: int
+    calls: int
+    usd: float | None
+    alone: Estimate
+    alone_calls: int
+    alone_usd: float | None
+
+
+def _sum_usd(lines: list[dict | None]) -> float | None:
+    values = [(line or {}).get("cost_usd") for line in lines if line is not None]
+    return None if any(v is None for v in values) else float(sum(values))
+
+
+def _calls(lines: list[dict | None]) -> int:
+    return sum(int((line or {}).get("calls") or 0) for line in lines if line is not None)
+
+
+def stage_figures(check: Routed, runs: list[StageRun], cascade: Cascade, leaves: list[int | None]) -> list[StageFigures]:
+    """Each stage's figures on the check half, the items routed by ``leaves`` (``selective.route``)."""
+    out = []
+    verdicts = check.verdicts
+    for s, run in enumerate(runs):
+        here = [i for i, leave in enumerate(leaves) if leave == s]
+        hits = [h for i in here for h in check.hits[s][i] + [False] * (verdicts[i] - len(check.hits[s][i]))]
+        reached = [i for i, leave in enumerate(leaves) if leave is None or leave >= s]
+        every = [h for i in range(len(verdicts)) for h in check.hits[s][i] + [False] * (verdicts[i] - len(check.hits[s][i]))]
+        lines = check.lines[s]
+        out.append(StageFigures(
+            run.stage.name, run.model, cascade.stages[s].threshold, len(here), exact_rate(sum(hits), len(hits)),
+            len(reached), _calls([lines[i] for i in reached]), _sum_usd([lines[i] for i in reached]),
+            exact_rate(sum(every), len(every)), _calls(lines), _sum_usd(lines)))
+    return out
+
+
+def per_thousand(check: Routed, leaves: list[int | None], *, seed: int = 0) -> dict[str, Estimate | None]:
+    """US dollars per 1,000 verdicts on the check half, with 95% bootstrap CIs over its items: the cascade's (its
+    stages' dollars on the items they judged, over the verdicts it gave), and each of the first and the last stage
+    on every item (a verdict on each). None where a call was unpriced."""
+    from chateval_dspy.run.metrics import bootstrap
+
+    def usd(s: int, i: int) -> float | None:
+        line = check.lines[s][i]
+        return 0.0 if line is None else line.get("cost_usd")
+
+    n = len(check.ids)
+    stages = range(len(check.lines))
+    spent = [[usd(s, i) for i in range(n)] for s in stages]
+    out: dict[str, Estimate | None] = {}
+    cascade = [[spent[s][i] for s in stages if leaves[i] is None or leaves[i] >= s] for i in range(n)]
+    given = [leave is not None for leave in leaves]
+    if all(v is not None for row in cascade for v in row) and any(given):
+        out["cascade"] = bootstrap(lambda u, g: 1000 * sum(u) / sum(g) if sum(g) else math.nan,
+                                   [sum(row) for row in cascade], given, seed=seed)
+    else:
+        out["cascade"] = None
+    for key, s in (("first_stage", 0), ("last_stage", len(spent) - 1)):
+        column = spent[s]
+        out[key] = None if any(v is None for v in column) else bootstrap(
+            lambda u: 1000 * sum(u) / len(u), column, seed=seed)
+    return out
+
+
+@dataclass
+class CascadeReport:
+    """What ``build_cascade`` chose, saved and measured.
+
+    Attributes:
+        declared: The cascade as declared.
+        cascade: ``choose_cascade_thresholds``'s answer on the calibration half.
+        header: Data, split, and the items of each half, stated with every figure.
+        n: Labelled verdicts per half.
+        stages: Each stage's figures on the check half.
+        coverage: Share of check items given a verdict (exact 95% CI).
+        agreement: Agreement with people of the verdicts given on the check half (exact 95% CI).
+        per_1000: USD per 1,000 verdicts: ``cascade``, ``first_stage`` and ``last_stage`` on every item.
+        saved: The cascade's ``cascade.json``.
+        report_file: ``report.json`` in the output folder (these figures as JSON).
+        results: Each stage's results file.
+        resumed: Items read back from the results files instead of judged (all stages).
+    """
+
+    declared: DeclaredCascade
+    cascade: Cascade
+    header: dict
+    n: dict[str, int]
+    stages: list[StageFigures]
+    coverage: Estimate
+    agreement: Estimate
+    per_1000: dict = field(default_factory=dict)
+    saved: Path | None = None
+    report_file: Path | None = None
+    results: list[Path] = field(default_factory=list)
+    resumed: int = 0
+
+    @property
+    def reached(self) -> bool:
+        """Some stage reached the level (it has a threshold): the cascade gives verdicts with the guarantee."""
+        return any(s.reached for s in self.cascade.stages)
+
+    @property
+    def best_level(self) -> float | None:
+        """When no stage reached the level, the best level the cascade reaches at this risk on these items: the
+        best of its stages' (each tested on every calibration item, as none kept any)."""
+        levels = [s.best_level for s in self.cascade.stages if s.best_level is not None]
+        return None if self.reached or not levels else max(levels)
+
+    @property
+    def given(self) -> int:
+        return sum(s.left for s in self.stages)
+
+    def metrics(self) -> dict:
+        """The check half's figures, for MLflow."""
+        out: dict = {"coverage_check": self.coverage, "agreement_check": self.agreement}
+        out.update({f"usd_per_1000_{k}_check": v for k, v in self.per_1000.items() if v is not None})
+        for s in self.stages:
+            out.update({f"{s.name}_left_check": s.left, f"{s.name}_agreement_check": s.agreement,
+                        f"{s.name}_calls_check": s.calls, f"{s.name}_alone_agreement_check": s.alone})
+            if s.usd is not None:
+                out[f"{s.name}_usd_check"] = s.usd
+        return out
+
+    def to_dict(self) -> dict:
+        """The figures as JSON (``cascade.json``'s ``report``, and the MLflow artifact)."""
+        from chateval_dspy.run.metrics import plain
+
+        return _finite({"header": self.header, "n": self.n,
+                "selection": [s.to_dict() for s in self.cascade.stages],
+                "check": {"coverage": self.coverage.to_dict(), "agreement": self.agreement.to_dict(),
+                          "usd_per_1000": {k: None if v is None else v.to_dict() for k, v in self.per_1000.items()},
+                          "stages": [plain(vars(s)) for s in self.stages]},
+                "reached": self.reached, "best_level": self.best_level})
+
+    def lines(self) -> list[str]:
+        """What the command prints: every figure with its model, data, split, n and 95% interval."""
+        h = self.header
+        where = f"{h['data']} {h['split']}"
+        stages = ", ".join(f"{i} {s.name} ({s.model})" for i, s in enumerate(self.stages, start=1))
+        out = [f"cascade: {where} | calibration half {h['items']['calibration']} items ({self.n['calibration']} "
+               f"verdicts), check half {h['items']['check']} items ({self.n['check']} verdicts) | stages: {stages}",
+               self._selection_line()]
+        check = f"check half ({where} | n={h['items']['check']} items)"
+        for i, s in enumerate(self.stages, start=1):
+            out.append(f"{check}: stage {i} {s.name} ({s.model}, threshold {_threshold(s.threshold)}): "
+                       f"{s.left} item(s) left here, their agreement with people {_rate(s.agreement)} (exact 95% CI); "
+                       f"judged {s.reached} item(s): {s.calls} calls, {_usd(s.usd)}")
+        out.append(f"{check}: {h['items']['check'] - self.given} item(s) to a person (no stage kept them)")
+        out.append(f"{check}: coverage {_rate(self.coverage)}, agreement with people of the verdicts given "
+                   f"{_rate(self.agreement)} (exact 95% CI)")
+        out.append(self._cost_line(check))
+        if self.saved is not None:
+            out.append(f"cascade: {self.saved}")
+        out += [f"results: {p}" for p in self.results]
+        return out
+
+    def _selection_line(self) -> str:
+        c = self.cascade
+        head = f"level {c.level:g} at risk {c.risk:g} (each stage tested at risk {c.risk / len(c.stages):.3g}, Bonferroni)"
+        chosen = "; ".join(f"{s.name}: {_threshold(sel.threshold)} on {sel.n_calibration} calibration verdicts"
+                           for s, sel in zip(self.declared.stages, c.stages))
+        if self.reached:
+            return f"{head}: reached. Thresholds {chosen}; calibration coverage {_rate(c.coverage)}."
+        best = (f"the best level reachable at this risk with these items is {self.best_level:.1%}"
+                if self.best_level is not None else "no level can be guaranteed at this risk with these items")
+        return (f"{head}: NOT REACHED by any stage ({chosen}); {best}. No threshold saved: the cascade gives no "
+                "verdict, every item goes to a person with the last stage's verdict kept as withheld. Ask for a lower "
+                "level or a higher risk, or build on more labelled items.")
+
+    def _cost_line(self, check: str) -> str:
+        first, last = self.stages[0].name, self.stages[-1].name
+        parts = [f"cascade {_est_usd(self.per_1000.get('cascade'))} ({self.given} verdicts given)",
+                 f"{last} on every item {_est_usd(self.per_1000.get('last_stage'))} (agreement "
+                 f"{_rate(self.stages[-1].alone)})",
+                 f"{first} on every item {_est_usd(self.per_1000.get('first_stage'))} (agreement "
+                 f"{_rate(self.stages[0].alone)})"]
+        return f"{check}: USD per 1,000 verdicts (95% bootstrap CI over items): " + "; ".join(parts)
+
+
+def _finite(value):
+    """``value`` with every NaN made None: JSON has no NaN (an empty rate is NaN)."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _threshold(t: float | None) -> str:
+    return "none (gives no verdict)" if t is None else f">= {t:.4g}"
+
+
+def _rate(e: Estimate) -> str:
+    return "n/a (no verdict)" if not e.n else f"{e.value:.1%} [{e.low:.1%}, {e.high:.1%}] of {e.n}"
+
+
+def _usd(value: float | None) -> str:
+    return "unpriced" if value is None else f"${value:.6f}"
+
+
+def _est_usd(e: Estimate | None) -> str:
+    if e is None:
+        return "unpriced"
+    if math.isnan(e.value):
+        return "n/a"
+    ci = "" if math.isnan(e.low) else f" [${e.low:.4f}, ${e.high:.4f}]"
+    return f"${e.value:.4f}{ci} of {e.n} items"
+
+
+def check_figures(runs: list[StageRun], cascade: Cascade, check: Routed, *, seed: int) -> dict:
+    """The check half routed as the saved cascade routes it: each stage's figures, coverage, agreement, and USD
+    per 1,000 verdicts (``CascadeReport``'s fields)."""
+    leaves = route(check.confidence, cascade)
+    verdicts = check.verdicts
+    hits = [h for i, s in enumerate(leaves) if s is not None
+            for h in check.hits[s][i] + [False] * (verdicts[i] - len(check.hits[s][i]))]
+    return {"stages": stage_figures(check, runs, cascade, leaves),
+            "coverage": exact_rate(sum(s is not None for s in leaves), len(leaves)),
+            "agreement": exact_rate(sum(hits), len(hits)), "per_1000": per_thousand(check, leaves, seed=seed)}
+
+
+def build_cascade(declared: DeclaredCascade, data: DataSpec, *, out: str | Path, out_dir: str | Path,
+                  method: str = "isotonic", seed: int | None = None, timeout: float = 120.0, concurrency: int = 1,
+                  on_item=None) -> CascadeReport:
+    """Judge, fit, choose, save and check a cascade (see the module docstring).
+
+    Args:
+        declared: The cascade (``read_declaration`` or ``declare``).
+        data: The labelled dataset; its ``test`` split (first ``data.limit`` items) in two seeded halves.
+        out: The saved cascade's directory (``save_cascade``: a saved cascade there is replaced).
+        out_dir: Each stage's results file (``<i>-<name>/``, a rerun resumes it), the stages with their fitted maps
+            (``fitted/``) and ``report.json``.
+        method: The confidence maps' shape, ``isotonic`` or ``platt``.
+        seed: The split's seed; default the one the stages' cards record, else ``data.seed``.
+        timeout, concurrency, on_item: As for ``chateval calibrate``.
+    """
+    from chateval_dspy.deploy.cascade import save_cascade
+
+    data, task = split_of(declared, data, seed)
+    out_dir = Path(out_dir)
+    parts = calibration_items(data)
+    runs = [judge_stage(stage, i, parts, data, out_dir, method=method, timeout=timeout, concurrency=concurrency,
+                        on_item=on_item) for i, stage in enumerate(declared.stages, start=1)]
+    calibration = routed(runs, parts["calibration"], task)
+    cascade = choose_cascade_thresholds(calibration.pairs(), level=declared.level, risk=declared.risk)
+    check = routed(runs, parts["check"], task)
+    header = {"data": data.dataset, "split": f"test (seed {data.seed})",
+              "items": {half: len(parts[half]) for half in HALVES},
+              "models": {r.stage.name: r.model for r in runs}}
+    report = CascadeReport(declared, cascade, header, {"calibration": sum(calibration.verdicts),
+                                                       "check": sum(check.verdicts)},
+                           **check_figures(runs, cascade, check, seed=data.seed),
+                           results=[r.results for r in runs], resumed=sum(r.resumed for r in runs))
+    fitted = [save_fitted(r, i, out_dir / "fitted") for i, r in enumerate(runs, start=1)]
+    report.saved = save_cascade(out, [(r.stage.name, d) for r, d in zip(runs, fitted)],
+                                [s.threshold for s in cascade.stages], level=declared.level, risk=declared.risk,
+                                report=report.to_dict())
+    report.report_file = out_dir / "report.json"
+    report.report_file.write_text(json.dumps(report.to_dict(), indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    return report
+
+
+def log_report(report: CascadeReport, data: DataSpec, *, method: str, uri: str | None = None) -> str:
+    """An MLflow run holding the report: params (each stage's name, model and threshold; data, split, level, risk,
+    method), the check half's figures with their intervals, and the cascade, report and results files. Its id."""
+    from optim.tracking import runs
+
+    params = {"dataset": data.dataset, "split": report.header["split"], "seed": data.seed, "limit": data.limit,
+              "method": method, "level": report.cascade.level, "risk": report.cascade.risk,
+              "n_calibration": report.n["calibration"], "n_check": report.n["check"], "reached": report.reached,
+              "best_level": report.best_level}
+    for i, s in enumerate(report.stages, start=1):
+        params.update({f"stage_{i}_name": s.name, f"stage_{i}_model": s.model, f"stage_{i}_threshold": s.threshold})
+    with runs.run("cascade", params=params, tags={"chateval.command": "cascade"}, uri=uri) as active:
+        runs.log_metrics(report.metrics())
+        for path in (report.saved, report.report_file, *report.results):
+            runs.log_file(path, "cascade")
+        return active.info.run_id
