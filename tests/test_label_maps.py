@@ -4,11 +4,11 @@ how the labels were read."""
 from __future__ import annotations
 
 import contextlib
-import json
 import shutil
 
 import pytest
 import yaml
+from test_data_files import LIKERT, write_jsonl  # the same task and file writer
 from test_search import mlflow_db  # noqa: F401 - the MLflow store template, shared
 
 import chateval_dspy.lm.resolve
@@ -28,15 +28,6 @@ PANDALM = {
     "inputs": [{"name": "instruction"}, {"name": "response1", "judged": True}, {"name": "response2", "judged": True}],
     "criteria": [{"name": "quality", "description": "how well {response} follows the instruction", "scale": "1-5"}],
 }
-LIKERT = {
-    "name": "likert", "format": "pointwise", "inputs": [{"name": "answer", "judged": True}],
-    "criteria": [{"name": "quality", "description": "is it good?", "scale": "1-5"}],
-}
-
-
-def write_jsonl(path, rows) -> str:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return str(path)
 
 
 def pairs(labels) -> list[dict]:

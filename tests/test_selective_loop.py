@@ -17,6 +17,7 @@ import json
 import dspy
 import pytest
 from mlflow_server import mlflow_db, tracking_server  # noqa: F401 - shared fixtures
+from test_confidence_runtime import FEW, FITTED_ON, IDENTITY, ITEMS  # the same items and map
 
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.deploy.judge import load
@@ -26,7 +27,6 @@ from chateval_dspy.errors import ConfigError
 from chateval_dspy.lm.adapter import JudgeAdapter
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.confidence import NEEDS_PERSON, Calibration, ConfidenceMap
-from chateval_dspy.program.signatures import INPUTS
 from chateval_dspy.run.evaluate import evaluate
 from chateval_dspy.run.table import summary_table
 from chateval_dspy.testing.fake_lm import fake_lm
@@ -38,19 +38,7 @@ from optim.tuning.calibrate import fit, given_pairs
 from optim.tuning.confidence import calibration_pairs
 
 CFG = DebateConfig(roles=("critic",), turns=1)  # 2 calls per item (both answer orders)
-FEW = 200
-IDENTITY = ConfidenceMap(raw=(0.0, 1.0), calibrated=(0.0, 1.0), method="isotonic", n=50)
 SQUEEZE = ConfidenceMap(raw=(0.0, 1.0), calibrated=(0.2, 0.9), method="isotonic", n=50)
-FITTED_ON = {"data": "faireval", "split": "calibration", "n": 50, "model": "fake/scripted", "seed": 0}
-
-
-def item(i, label="1"):
-    # answer_1 grows and answer_2 shrinks with i: the score margin (and the confidence) changes from item to item
-    return dspy.Example(id=f"item-{i}", label=label, question=f"question {i}", answer_1="a" * (10 + 9 * i),
-                        answer_2="b" * (60 - 4 * i)).with_inputs(*INPUTS["pairwise"])
-
-
-ITEMS = [item(i, label=["1", "2"][i % 2]) for i in range(8)]
 
 
 def run_eval(items, program, **kwargs):

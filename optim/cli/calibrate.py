@@ -3,8 +3,6 @@ threshold that guarantees an agreement level (``optim.tuning.calibrate``)."""
 
 from __future__ import annotations
 
-import sys
-
 from optim.cli import flags, show
 
 
@@ -47,13 +45,6 @@ def run(args) -> int:
         report = calibrate(args.program, data, out_dir=args.out_dir, model=args.model, served_model=args.served_model,
                            timeout=args.timeout, concurrency=flags.concurrency(args), level=args.agree_at_least,
                            risk=args.risk, method=args.method, seed=args.seed, on_item=on_item)
-    if report.resumed:
-        print(f"resumed: {report.resumed} item(s) were already judged in {report.results}", file=sys.stderr)
-    for line in report.lines():
-        print(line)
-    if not report.reached:
-        print(f"calibrate: level {args.agree_at_least:g} not reached at risk {args.risk:g}; no threshold saved",
-              file=sys.stderr)
-    if not args.no_mlflow:
-        print(f"mlflow run: {log_report(report, data, method=args.method, uri=args.tracking_uri)}")
-    return 0
+    log = None if args.no_mlflow else lambda: log_report(report, data, method=args.method, uri=args.tracking_uri)
+    return show.fitted(report, command="calibrate", level=args.agree_at_least, risk=args.risk, log=log,
+                       resumed=f"resumed: {report.resumed} item(s) were already judged in {report.results}")

@@ -3,8 +3,6 @@ guaranteed level, and report each stage's share, agreement and cost (``optim.tun
 
 from __future__ import annotations
 
-import sys
-
 from optim.cli import flags, show
 
 
@@ -63,13 +61,6 @@ def run(args) -> int:
     with show.progress(None, not args.no_progress) as on_item:
         report = build_cascade(cascade, data, out=args.out, out_dir=args.out_dir, method=args.method, seed=args.seed,
                                timeout=args.timeout, concurrency=flags.concurrency(args), on_item=on_item)
-    if report.resumed:
-        print(f"resumed: {report.resumed} stage verdict(s) were already in the results files", file=sys.stderr)
-    for line in report.lines():
-        print(line)
-    if not report.reached:
-        print(f"cascade: level {cascade.level:g} not reached at risk {cascade.risk:g}; no threshold saved",
-              file=sys.stderr)
-    if not args.no_mlflow:
-        print(f"mlflow run: {log_report(report, data, method=args.method, uri=args.tracking_uri)}")
-    return 0
+    log = None if args.no_mlflow else lambda: log_report(report, data, method=args.method, uri=args.tracking_uri)
+    return show.fitted(report, command="cascade", level=cascade.level, risk=cascade.risk, log=log,
+                       resumed=f"resumed: {report.resumed} stage verdict(s) were already in the results files")

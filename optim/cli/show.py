@@ -44,3 +44,19 @@ def wave_progress(enabled: bool = True):
         print(f"wave {p['wave']}{expected}: {p['requests']} request(s), {p['answered']} answered; {batches}; "
               f"submitted {p['submitted']}; cost so far {usd}", file=sys.stderr, flush=True)
     return show
+
+
+
+def fitted(report, *, command: str, level: float | None, risk: float | None, resumed: str, log) -> int:
+    """What ``calibrate`` and ``cascade`` print of their report (``resumed``: the line when it read verdicts
+    back); ``log()`` logs it to MLflow (None: not logged). Exit 0 also when the level is not reached: the report
+    says so, with the best level reachable."""
+    if report.resumed:
+        print(resumed, file=sys.stderr)
+    for line in report.lines():
+        print(line)
+    if not report.reached:
+        print(f"{command}: level {level:g} not reached at risk {risk:g}; no threshold saved", file=sys.stderr)
+    if log is not None:
+        print(f"mlflow run: {log()}")
+    return 0
