@@ -263,6 +263,18 @@ def test_pointwise_results_need_a_criterion(tmp_path):
     assert read_verdicts(str(path), criterion="coherence") == {"1": "2", "2": None}
 
 
+def test_lines_of_chateval_score_are_read_by_winner_or_scores(tmp_path):
+    path = tmp_path / "scored.jsonl"
+    path.write_text('{"id": "a", "format": "pairwise", "winner": "2", "scores": {"answer_1": 3, "answer_2": 8}}\n'
+                    '{"id": "b", "format": "pairwise", "winner": null, "scores": null}\n', encoding="utf-8")
+    assert read_verdicts(str(path)) == {"a": "2", "b": None}
+    path.write_text('{"id": "c", "format": "pointwise", "winner": null, "scores": {"coherence": 2}}\n', encoding="utf-8")
+    assert read_verdicts(str(path), criterion="coherence") == {"c": "2"}
+    path.write_text('{"id": "d", "format": "pairwise"}\n', encoding="utf-8")
+    with pytest.raises(DataError, match="needs a prediction .chateval evaluate. or a winner / scores"):
+        read_verdicts(str(path))
+
+
 def test_certify_command_prints_every_table(tmp_path, capsys):
     study = simulate(80, [0.75, 0.75, 0.75], 0.95, seed=7)
     labels, results = _write_study(tmp_path, study)

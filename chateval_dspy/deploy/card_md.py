@@ -148,6 +148,51 @@ def _calibration_line(block: dict) -> str:
             "drawn like the calibration items); the others abstain as needs_person")
 
 
+def _figure(block: dict) -> str:
+    """A certificate figure: value, 95% interval and n (``n/a`` without a value)."""
+    if block["value"] is None:
+        return f"n/a (n={block['n']})"
+    ci = "no CI" if block["ci_low"] is None else f"{block['ci_low']:.3f}, {block['ci_high']:.3f}"
+    return f"{block['value']:.3f} [{ci}] n={block['n']}"
+
+
+def _people_lines(part: dict) -> list[str]:
+    lines = [f"  - people: {md_text(part['data'])}, {part['n']} items, {part['people']} people, level "
+             f"{md_text(part['level'])}; panel's results {md_text(part['results'] or 'none')}"]
+    lines += [f"    - among the people, {md_text(f['name'])}: {_figure(f['estimate'])}" for f in part["agreement"]]
+    lines += [f"    - {md_text(r['person'])}: other people's kappa {_figure(r['people'])}, the panel's "
+              f"{_figure(r['panel'])}" for r in part["panel"]]
+    if part["alt_test"] is not None:
+        lines.append(f"    - alternative annotator test: {md_text(part['alt_test']['line'], 1000)}")
+    return lines
+
+
+def _certificate_lines(cert: dict) -> list[str]:
+    """The card's ``certificate`` in words: each part filled, with what it was measured on, 95% intervals."""
+    lines = [f"- certificate (program {_code(cert['program'])}; each figure with its 95% bootstrap interval):"]
+    if "people" in cert:
+        lines += _people_lines(cert["people"])
+    if "audit" in cert:
+        audit = cert["audit"]
+        lines.append(f"  - bias audit: model {_code(audit['model'])}, data {md_text(audit['data'])}, {audit['n']} "
+                     f"items, seed {audit['seed']}, position calibration {'on' if audit['calibrated'] else 'off'}")
+        lines += [f"    - {md_text(f['probe'])} {md_text(f['figure'])}: {_figure(f['estimate'])}"
+                  for f in audit["figures"]]
+    if "calibration" in cert:
+        part = cert["calibration"]
+        lines.append(f"  - calibration error (ECE, check half): {_figure(part['ece'])}; model {_code(part['model'])}, "
+                     f"data {md_text(part['data'])}, {md_text(part['split'])}")
+    if "cost" in cert:
+        part = cert["cost"]
+        lines.append(f"  - cost per 1,000 verdicts: {usd_text(part['usd_per_1000'])}, "
+                     f"{md_text(part['calls_per_1000'] if part['calls_per_1000'] is not None else 'n/a')} LM calls "
+                     f"({md_text(part['source'])})")
+    missing = [p for p in ("people", "audit") if p not in cert]
+    if missing:
+        lines.append(f"  - not measured: {', '.join(missing)} (chateval certify --program, chateval audit)")
+    return lines
+
+
 def card_markdown(card: dict) -> str:
     """card.md: the card in words, every value escaped (names and paths come from label files, datasets, flags)."""
     lines = [f"# Judge card: {md_text(card['config']['format'])} ChatEval evaluator", "",
@@ -158,6 +203,8 @@ def card_markdown(card: dict) -> str:
         lines += _cost_lines(card["cost"])
     if card.get("calibration"):
         lines.append(_calibration_line(card["calibration"]))
+    if card.get("certificate"):
+        lines += _certificate_lines(card["certificate"])
     lines.append(f"- versions: {', '.join(f'{md_text(k)} {md_text(v)}' for k, v in card['versions'].items())}")
     lines.append(f"- created: {md_text(card['created'])}")
     return "\n".join(lines) + "\n"

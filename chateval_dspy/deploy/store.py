@@ -23,6 +23,7 @@ from dspy.utils.saving import get_dependency_versions
 import chateval_dspy.limits as limits
 from chateval_dspy.deploy.card import calibration_block, card_json, fit_card, make_card
 from chateval_dspy.deploy.card_md import card_markdown
+from chateval_dspy.deploy.certificate import PARTS, check_certificate, program_digest
 from chateval_dspy.deploy.untrusted import CARD_FORMAT, check_card, check_loaded, check_program_state
 from chateval_dspy.errors import ConfigError, shown
 from chateval_dspy.files import write_atomic
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 
 # make_card lives in ``card``; it is importable from here too, as every card is made to be saved with a program.
 __all__ = ["CALIBRATION_FILE", "CARD_FILE", "CARD_MD", "PROGRAM_FILE", "load_program", "make_card", "read_card",
-           "read_json_file", "save_calibration", "save_program"]
+           "read_json_file", "save_calibration", "save_certificate", "save_program"]
 
 PROGRAM_FILE, CARD_FILE, CARD_MD, CALIBRATION_FILE = "program.json", "card.json", "card.md", "calibration.json"
 
@@ -51,15 +52,17 @@ def save_program(program: ChatEval, directory: str | Path, card: dict) -> Path:
     """
     directory = Path(directory)
     calibration = getattr(program, "calibration", None)
-    card = {k: v for k, v in card.items() if k != "calibration"}
-    card = fit_card({**card, "calibration": calibration_block(calibration)} if calibration else card,
-                    directory / CARD_FILE)
     dumped = json.loads(json.dumps(program.dump_state(), default=str))
     for name, entry in dumped.items():
         if entry.get("lm") is not None:
             log.warning("%s: its LM is not saved; a saved evaluator runs on the LM its loader passes", name)
             entry["lm"] = None
     state = check_program_state(dumped, program, directory / PROGRAM_FILE)
+    block = calibration_block(calibration) if calibration else None
+    card = {k: v for k, v in card.items() if k != "calibration"}
+    if "certificate" not in card:
+        card = _with_certificate(card, directory, program_digest(state), block)
+    card = fit_card({**card, "calibration": block} if calibration else card, directory / CARD_FILE)
     # traces and train stay, empty, so that DSPy's own ``Module.load`` still reads the file
     written = {name: {"traces": [], "train": [], **entry} for name, entry in state.items()}
     written["metadata"] = {"dependency_versions": get_dependency_versions()}
@@ -72,6 +75,25 @@ def save_program(program: ChatEval, directory: str | Path, card: dict) -> Path:
     (directory / CARD_FILE).write_text(card_json(card), encoding="utf-8")
     (directory / CARD_MD).write_text(card_markdown(card), encoding="utf-8")
     return directory
+
+
+def _with_certificate(card: dict, directory: Path, digest: str, calibration: dict | None) -> dict:
+    """``card`` with the certificate of the evaluator saved in ``directory`` when it was measured on this very
+    program (a rerun of the compile or search that saved it); a certificate of another program is dropped, and its
+    calibration error when the calibration changes."""
+    try:
+        old = read_card(directory) if (directory / CARD_FILE).exists() else {}
+        if old.get("certificate") is not None:
+            check_certificate(old["certificate"], directory / CARD_FILE)
+    except ConfigError as exc:
+        log.warning("%s: its certificate is not carried over: %s", directory / CARD_FILE, exc)
+        return card
+    certificate = old.get("certificate")
+    if not certificate or certificate.get("program") != digest:
+        return card
+    if old.get("calibration") != calibration:
+        certificate = {k: v for k, v in certificate.items() if k != "calibration"}
+    return {**card, "certificate": certificate}
 
 
 def _write_calibration(directory: Path, calibration: Calibration) -> None:
@@ -89,6 +111,8 @@ def save_calibration(directory: str | Path, calibration: Calibration) -> Path:
     directory = Path(directory)
     card = read_card(directory)
     check_card(card, directory / CARD_FILE)
+    if isinstance(card.get("certificate"), dict):  # its calibration error was measured on the calibration replaced
+        card["certificate"] = {k: v for k, v in card["certificate"].items() if k != "calibration"}
     card = fit_card({**card, "calibration": calibration_block(calibration)}, directory / CARD_FILE)
     _write_calibration(directory, calibration)
     write_atomic(directory / CARD_FILE, card_json(card).encode("utf-8"))
@@ -118,6 +142,42 @@ def read_calibration(directory: Path, card: dict) -> Calibration | None:
     return calibration
 
 
+def check_certified(card: dict, state: dict, directory: Path) -> None:
+    """A card's certificate must name the program beside it (``program_digest`` of its checked state): figures
+    measured on another evaluator must not travel with this one.
+
+    Raises:
+        ConfigError: naming the card: the certificate names another program.
+    """
+    certificate = card.get("certificate")
+    if certificate is not None and certificate["program"] != program_digest(state):
+        raise ConfigError(f"{directory / CARD_FILE}: its certificate was measured on another program than "
+                          f"{PROGRAM_FILE} (digest {certificate['program']}, the program's {program_digest(state)}): "
+                          "one of them was changed or copied; certify it again (chateval certify --program, "
+                          "chateval audit) or remove the card's certificate")
+
+
+def save_certificate(directory: str | Path, part: str, block: dict) -> dict:
+    """Put ``block`` as the certificate's ``part`` (one of ``PARTS``) into the card of the evaluator saved in
+    ``directory``, replacing that part; parts measured on another program are dropped. Rewrites card.json and
+    card.md and returns the certificate written.
+
+    Raises:
+        ConfigError: ``directory`` is not a saved evaluator, a file breaks a rule, or ``block`` its part's schema.
+    """
+    if part not in PARTS:
+        raise ConfigError(f"unknown certificate part {part!r}; choose one of: {', '.join(PARTS)}")
+    directory = Path(directory)
+    card, _, state = _read_checked(directory)
+    digest = program_digest(state)
+    old = card.get("certificate") or {}
+    certificate = {**(old if old.get("program") == digest else {}), "program": digest, part: block}
+    card = fit_card({**card, "certificate": certificate}, directory / CARD_FILE)
+    write_atomic(directory / CARD_FILE, card_json(card).encode("utf-8"))
+    write_atomic(directory / CARD_MD, card_markdown(card).encode("utf-8"))
+    return certificate
+
+
 def read_json_file(path: Path, limit: int, limit_name: str):
     """The parsed JSON of ``path``, reading at most ``limit`` bytes whatever the file claims to be.
 
@@ -144,6 +204,19 @@ def read_card(directory: str | Path) -> dict:
     return card
 
 
+def _read_checked(directory: Path) -> tuple[dict, ChatEval, dict]:
+    """The card, the program it describes (not yet loaded) and the checked state of ``program.json``."""
+    card = read_card(directory)
+    config, roles = check_card(card, directory / CARD_FILE)
+    program = build_evaluator(config, roles)
+    path = directory / PROGRAM_FILE
+    if not path.exists():
+        raise ConfigError(f"{directory} has a card but no {PROGRAM_FILE}")
+    state = check_program_state(read_json_file(path, limits.MAX_PROGRAM_FILE_BYTES, "limits.MAX_PROGRAM_FILE_BYTES"),
+                                program, path)
+    return card, program, state
+
+
 def load_program(directory: str | Path) -> tuple[ChatEval, dict]:
     """Rebuild a saved evaluator and its card. The LM is chosen by the caller, never read from the files.
     The program's ``calibration`` is its ``calibration.json`` (``read_calibration``), None when there is none.
@@ -153,18 +226,13 @@ def load_program(directory: str | Path) -> tuple[ChatEval, dict]:
             (see ``limits`` and the module's docstring); the message names the file and the key.
     """
     directory = Path(directory)
-    card = read_card(directory)
-    config, roles = check_card(card, directory / CARD_FILE)
-    program = build_evaluator(config, roles)
+    card, program, state = _read_checked(directory)
     path = directory / PROGRAM_FILE
-    if not path.exists():
-        raise ConfigError(f"{directory} has a card but no {PROGRAM_FILE}")
-    state = check_program_state(read_json_file(path, limits.MAX_PROGRAM_FILE_BYTES, "limits.MAX_PROGRAM_FILE_BYTES"),
-                                program, path)
     try:
         program.load_state(state)
     except Exception as exc:  # the state was checked above; DSPy failing on it anyway is still the file's fault
         raise ConfigError(f"{path}: not a valid program state for this card ({type(exc).__name__}: {exc})") from exc
     check_loaded(program, path)
+    check_certified(card, state, directory)
     program.calibration = read_calibration(directory, card)
     return program, card

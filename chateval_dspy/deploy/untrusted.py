@@ -23,6 +23,7 @@ import dspy
 
 import chateval_dspy.limits as limits
 from chateval_dspy.config import DebateConfig
+from chateval_dspy.deploy.certificate import check_certificate
 from chateval_dspy.errors import ConfigError, shown
 from chateval_dspy.lm.pricing import CACHE_RATES, UNPRICED
 from chateval_dspy.program.chateval import ChatEval
@@ -37,7 +38,8 @@ CARD_FORMAT = 1
 CARD_CONFIGURING = ("card_format", "model", "config", "roles", "referee_models")
 # The card keys that describe how the evaluator was made; nothing reads them to configure anything.
 CARD_DESCRIPTIVE = ("created", "versions", "dataset", "dataset_hash", "split", "optimizer", "optimizer_settings",
-                    "metric", "search", "dev_metrics", "test_metrics", "cost", "skipped_rows", "labels", "calibration")
+                    "metric", "search", "dev_metrics", "test_metrics", "cost", "skipped_rows", "labels", "calibration",
+                    "certificate")
 # The card's ``calibration``: a summary of calibration.json (``card.calibration_block``), which it must match.
 CALIBRATION_CARD_KEYS = ("method", "breakpoints", "threshold", "level", "risk", "fitted_on")
 # DSPy writes these predictor keys empty; any content would let the file choose an LM, its sampling or decoding.
@@ -141,6 +143,8 @@ def check_card(card: dict, where) -> tuple[DebateConfig, list[Role]]:
         check_cost(card["cost"], where)
     if "calibration" in card:
         check_calibration_block(card["calibration"], where)
+    if "certificate" in card:
+        check_certificate(card["certificate"], where)
     entries = card["roles"]
     if not isinstance(entries, list):
         raise ConfigError(f"{where}: malformed card, missing or wrong field 'roles' (expected a list)")

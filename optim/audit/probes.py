@@ -297,7 +297,7 @@ def audit(judge, items, *, out: str | Path, probes=CLI_PROBES, seed: int = 0, co
     probes = check_probes(probes)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    model = str(judge.card.get("model") or getattr(judge.lm, "model", "unknown"))
+    model = str(getattr(judge.lm, "model", None) or judge.card.get("model") or "unknown")  # the LM bound, not the card's
     report = AuditReport(model=model, data=data, seed=seed, out=out)
     check_folder(out, model, judge.config.to_dict())
     records, labels = records_of(items, judge.task), labels_of(items)

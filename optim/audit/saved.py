@@ -42,13 +42,27 @@ def audit_saved(program: str | Path, data: DataSpec, *, out: str | Path, probes=
                      **columns)
 
 
-def log_audit(report: AuditReport, *, uri: str | None = None) -> str:
+def certify_audit(program: str | Path, report: AuditReport):
+    """The audit written as the certificate's ``audit`` part into the card of the evaluator saved at ``program``
+    (replacing an earlier audit's); None when ``program`` is not a directory (an MLflow model URI)."""
+    from optim.certify.certificate import audit_part, fill, is_saved, saved_calibrated
+
+    if not is_saved(program):
+        return None
+    return fill(program, "audit", audit_part(report, calibrated=saved_calibrated(program)))
+
+
+def log_audit(report: AuditReport, *, uri: str | None = None, certificate=None, program=None) -> str:
     """An MLflow run holding the audit: params (model, data, seed), each figure with its interval, and the
-    folder's perturbations and results. Returns its id."""
+    folder's perturbations and results, and the evaluator's ``certificate`` when the audit filled one. Returns its
+    id."""
+    from optim.certify.certificate import log_certificate
     from optim.tracking import runs
 
     params = {"model": report.model, "data": report.data, "seed": report.seed}
     with runs.run("audit", params=params, tags={"chateval.command": "audit"}, uri=uri) as active:
         runs.log_metrics(report.metrics())
         runs.log_file(report.out, "audit")
+        if certificate is not None:
+            log_certificate(certificate, program)
         return active.info.run_id

@@ -2,10 +2,10 @@
 people's labels, read into the figures ``chateval certify`` prints.
 
 The results file is one a run of ``chateval evaluate`` or ``chateval score`` wrote (JSON Lines, one line per item,
-read through ``read_rows``: bounded, never modified). A line's ``prediction`` is the panel's label: a preference
-(``1``, ``2``, ``tie``), or, for a scoring task, an object of scores of which ``criterion`` is taken; ``null`` and
-error lines are abstentions. The item ids of both sides must match exactly: an id on one side only is refused, with
-how many there are on each side and a few of them.
+read through ``read_rows``: bounded, never modified). A line's ``prediction`` (score's lines: ``winner``, or
+``scores`` for a scoring task) is the panel's label: a preference (``1``, ``2``, ``tie``), or, for a scoring task, an
+object of scores of which ``criterion`` is taken; ``null`` and error lines are abstentions. The item ids of both
+sides must match exactly: an id on one side only is refused, with how many there are on each side and a few of them.
 """
 
 from __future__ import annotations
@@ -23,13 +23,21 @@ from optim.tuning.labels import check_name
 SHOWN_IDS = 5  # ids named in a mismatch error
 
 
+def _score_field(record: dict) -> str | None:
+    """The field of a ``chateval score`` line holding the panel's label: ``winner`` (pairwise) or ``scores``."""
+    if record.get("format") == "pairwise" and "winner" in record:
+        return "winner"
+    return "scores" if "scores" in record else None
+
+
 def _verdict(record: dict, criterion: str | None, source: str, row: int) -> str | None:
     if is_error(record):
         return None
-    if "prediction" not in record:
-        raise DataError("a results line needs a prediction (null for an abstention)", source=source, row=row,
-                        field="prediction")
-    value = record["prediction"]
+    field = "prediction" if "prediction" in record else _score_field(record)  # evaluate's lines, or score's
+    if field is None:
+        raise DataError("a results line needs a prediction (chateval evaluate) or a winner / scores (chateval "
+                        "score), null for an abstention", source=source, row=row, field="prediction")
+    value = record[field]
     if isinstance(value, dict):
         if criterion is None or criterion not in value:
             raise DataError(f"the prediction holds scores {sorted(map(str, value))[:10]}: name one with the criterion "

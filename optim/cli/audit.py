@@ -38,7 +38,7 @@ def add_command(sub) -> None:
 def run(args) -> int:
     from chateval_dspy.data.loaders import parse_columns, parse_label_map
     from chateval_dspy.data.spec import DataSpec
-    from optim.audit.saved import audit_saved, log_audit
+    from optim.audit.saved import audit_saved, certify_audit, log_audit
 
     data = DataSpec(dataset=args.dataset, format=args.format, columns=parse_columns(args.columns),
                     label_map=parse_label_map(args.label_map), limit=args.limit)
@@ -50,6 +50,9 @@ def run(args) -> int:
         print(f"resumed: {report.resumed} verdict(s) were already in {report.out}", file=sys.stderr)
     for line in report.lines():
         print(line)
+    certificate = certify_audit(args.program, report)
+    if certificate is not None:
+        print(f"certificate: the audit is in {args.program}/card.json and card.md", file=sys.stderr)
     if not args.no_mlflow:
-        print(f"mlflow run: {log_audit(report, uri=args.tracking_uri)}")
+        print(f"mlflow run: {log_audit(report, uri=args.tracking_uri, certificate=certificate, program=args.program)}")
     return 0

@@ -45,6 +45,10 @@ def run(args) -> int:
         report = calibrate(args.program, data, out_dir=args.out_dir, model=args.model, served_model=args.served_model,
                            timeout=args.timeout, concurrency=flags.concurrency(args), level=args.agree_at_least,
                            risk=args.risk, method=args.method, seed=args.seed, on_item=on_item)
+    if report.ece_calibrated is not None:  # the certificate's calibration error, beside the card's calibration
+        from optim.certify.certificate import calibration_part, fill
+
+        fill(args.program, "calibration", calibration_part(report))
     log = None if args.no_mlflow else lambda: log_report(report, data, method=args.method, uri=args.tracking_uri)
     return show.fitted(report, command="calibrate", level=args.agree_at_least, risk=args.risk, log=log,
                        resumed=f"resumed: {report.resumed} item(s) were already judged in {report.results}")

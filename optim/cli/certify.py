@@ -31,7 +31,11 @@ def add_command(sub) -> None:
     p.add_argument("--epsilon", type=float, help="the test's cost-benefit margin (overrides --annotator-kind)")
     p.add_argument("--resamples", type=int, help="bootstrap resamples per interval (default 2000)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
-    p.add_argument("--tracking-uri", help="MLflow tracking URI for mlflow: labels")
+    p.add_argument("--tracking-uri", help="MLflow tracking URI for mlflow: labels, and the certificate's run")
+    p.add_argument("--program", metavar="DIR",
+                   help="the saved evaluator whose panel wrote --results: write these figures into its card's "
+                        "certificate (card.json, card.md; replacing an earlier certify's) and log them to MLflow")
+    p.add_argument("--no-mlflow", action="store_true", help="with --program: do not log the certificate to MLflow")
 
 
 def run(args) -> int:
@@ -54,4 +58,12 @@ def run(args) -> int:
         raise ConfigError(str(exc)) from exc
     for line in cert.lines():
         print(line)
+    if args.program:
+        from optim.certify.certificate import fill, log_run, people_part
+
+        certificate = fill(args.program, "people", people_part(cert))
+        print(f"certificate: written into {args.program}/card.json and card.md")
+        if not args.no_mlflow:
+            params = {"dataset": args.dataset, "results": args.results, "level": cert.level, "seed": args.seed}
+            print(f"mlflow run: {log_run(certificate, args.program, command='certify', params=params, uri=args.tracking_uri)}")
     return 0

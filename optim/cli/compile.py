@@ -36,6 +36,7 @@ def add_command(sub, settings: OptimizerSettings | None = None) -> None:
     p.add_argument("--out", required=True, help="directory for the saved evaluator (programs/NAME)")
     p.add_argument("--no-progress", action="store_true")
     flags.add_tracking_flags(p)
+    flags.add_gate_flags(p)
 
 
 def run(args) -> int:
@@ -48,7 +49,7 @@ def run(args) -> int:
     done = compile_and_save(data, lambda fmt: flags.debate_config(args, fmt), flags.lm_spec(args),
                             optimizer=args.optimizer, out=args.out, metric=args.metric, settings=settings,
                             tracking=flags.tracking_spec(args), concurrency=flags.concurrency(args),
-                            hooks=CompilePrinted(not args.no_progress))
+                            hooks=CompilePrinted(not args.no_progress), gates=flags.gates(args))
     print(f"\nsaved evaluator: {done.out} (card: {done.out / 'card.md'})")
     if done.mlflow_run_id:
         print(f"mlflow run: {done.mlflow_run_id}")

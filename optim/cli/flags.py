@@ -157,6 +157,30 @@ def add_model_flags(g, what: str) -> None:
                         "a few hundred MB), so that it installs where no package index is reachable")
 
 
+def add_gate_flags(p: argparse.ArgumentParser) -> None:
+    """Gates on the saved evaluator's certificate (compile, search): checked before it is registered."""
+    g = p.add_argument_group("gates", "checked on the saved evaluator's certificate (chateval certify --program, "
+                                      "chateval audit, chateval calibrate fill it) before --register; a failing "
+                                      "gate registers nothing and exits non-zero, listing every failing figure")
+    g.add_argument("--require", action="append", default=[], choices=["replaces-annotator"],
+                   help="replaces-annotator: the alternative annotator test says the panel can replace one of your "
+                        "people on their data (repeatable)")
+    g.add_argument("--max-position-flips", type=float, metavar="RATE",
+                   help="the highest flip rate under swapped answers (the audit's, with the evaluator's calibration)")
+    g.add_argument("--min-robustness", type=float, metavar="RATE",
+                   help="the lowest robustness rate of each text probe (verbosity, authority, bandwagon, distraction)")
+    g.add_argument("--max-ece", type=float, metavar="ECE",
+                   help="the highest expected calibration error of the calibrated confidence (check half)")
+
+
+def gates(args):
+    """``--require``, ``--max-position-flips``, ``--min-robustness``, ``--max-ece`` -> ``Gates``."""
+    from optim.certify.gates import Gates
+
+    return Gates(require=tuple(args.require), max_position_flips=args.max_position_flips,
+                 min_robustness=args.min_robustness, max_ece=args.max_ece)
+
+
 def add_loaded_flags(p: argparse.ArgumentParser) -> None:
     """A saved evaluator and the LM it runs on (score, serve)."""
     p.add_argument("evaluator", help="saved evaluator dir, runs:/<run_id>[/path] or models:/<name>/<version>")

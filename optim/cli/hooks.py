@@ -62,11 +62,25 @@ def trial_line(trial, metric: str) -> str:
         said = f"dev {metric} {_fmt(trial.values[0])} [{_fmt(figure.get('ci_low'))}, {_fmt(figure.get('ci_high'))}]"
         if trial.user_attrs.get("agreement_undefined"):
             said = f"dev {metric} undefined (constant scores), counted as 0"
-        if len(trial.values) > 1:
+        if "cascade" in trial.user_attrs:
+            said += ", " + cascade_said(trial.user_attrs["cascade"])
+        elif len(trial.values) > 1:
             said += f", {trial.values[1]:,.0f} tokens/item"
     if "duplicate_of" in trial.user_attrs:
         said += f" (same panel as trial {trial.user_attrs['duplicate_of']}: not judged again)"
     return f"trial {trial.number:>3}  {said}  | {panel}"
+
+
+def cascade_said(figure: dict) -> str:
+    """A trial's cascade cost (``optim.tuning.cascade.CascadeCost.to_dict``), in-sample on the dev items."""
+    n = (figure.get("header") or {}).get("n")
+    if not figure.get("reached"):
+        best = figure.get("best_level")
+        return ("cascade: level not reached on dev" + (f" (best reachable {best:.1%})" if best is not None else "")
+                + ", cost counted as inf")
+    coverage = (figure.get("coverage") or {}).get("value")
+    return (f"cascade ${figure['usd_per_1000']:.4f} per 1,000 verdicts, coverage {_fmt(coverage)} "
+            f"(dev, n={n}, in-sample)")
 
 
 def trials_table(study, metric: str) -> str:

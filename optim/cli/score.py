@@ -66,12 +66,15 @@ def traced(judge, args, *, items: int | None, command: str, tags: dict | None = 
     if cascade or not tracing_default(args.trace, mlflow_target=tracking.tracking_targeted(args.tracking_uri),
                                       items=items):
         return judge
+    from chateval_dspy.deploy.parts import judge_run_key
     from chateval_dspy.deploy.traced import TracedJudge
     from chateval_dspy.run.tracing import Tracer
 
     experiment_id = tracking.start_tracing(args.tracking_uri)
+    # The run key its results lines carry, so that chateval review finds each line's trace.
     tracer = Tracer(judge.config, roles=getattr(judge.program, "roles", None), model=judge.lm.model,
-                    tags={"chateval.command": command, **(tags or {})}, experiment_id=experiment_id)
+                    tags={"chateval.command": command, "chateval.run_key": judge_run_key(judge), **(tags or {})},
+                    experiment_id=experiment_id)
     return TracedJudge(judge, tracer)
 
 

@@ -6,6 +6,8 @@ Usage::
     chateval search --dataset faireval --trials 30                       # one worker
     chateval search --dataset faireval --trials 30 --no-test &           # more workers on the same study
     chateval search --dataset faireval --trials 30 --objectives agreement,tokens --compile none,labeled
+    chateval search --dataset faireval --trials 30 --objectives agreement,cascade_cost \
+        --first-stage programs/single --agree-at-least 0.8 --risk 0.2    # each trial's panel after a cheap judge
 
 Panel flags fix a dimension instead of setting the panel: ``--strategy one_by_one`` searches
 only that strategy, ``--roles 3`` only panels of three, ``--same-role 2`` only the ablation.
@@ -49,7 +51,16 @@ def add_command(sub) -> None:
     g.add_argument("--storage", default=DEFAULT_STORAGE, help=f"Optuna storage URL shared by workers (default {DEFAULT_STORAGE})")
     g.add_argument("--study", help="study name (default: <dataset>-<objectives>)")
     g.add_argument("--objectives", default=",".join(flags.default(StudySpec, "objectives")),
-                   help="agreement, or agreement,tokens for a Pareto front of agreement against tokens per item")
+                   help="agreement; agreement,tokens for a Pareto front of agreement against tokens per item; or "
+                        "agreement,cascade_cost against the USD per 1,000 verdicts of the cascade [--first-stage -> "
+                        "the trial's panel] at the guaranteed level (in-sample on dev: build the cascade to use with "
+                        "chateval cascade on held-out items)")
+    g.add_argument("--first-stage", metavar="PROGRAM_DIR[@MODEL]",
+                   help="with cascade_cost: a saved cheap evaluator, judged once on the dev items and reused by every "
+                        "trial, run on MODEL (default: its card's)")
+    g.add_argument("--agree-at-least", type=float, metavar="LEVEL",
+                   help="with cascade_cost: the agreement with people the cascade's verdicts must reach, e.g. 0.85")
+    g.add_argument("--risk", type=float, help="with cascade_cost: the accepted chance that the guarantee fails")
     g.add_argument("--compile", default=",".join(flags.default(SearchSpace, "compile")),
                    help=f"{', '.join(COMPILE_CHOICES)}; a comma list (none,labeled,bootstrap) lets each trial choose")
     g.add_argument("--max-demos", type=int, default=flags.default(OptimizerSettings, "max_demos"),
@@ -64,6 +75,7 @@ def add_command(sub) -> None:
     p.add_argument("--out", help="directory for the best evaluator (default programs/<study>)")
     p.add_argument("--no-progress", action="store_true")
     flags.add_tracking_flags(p)
+    flags.add_gate_flags(p)
 
 
 def space_from_args(args, defaults: SearchSpace | None = None) -> SearchSpace:
@@ -94,6 +106,21 @@ def base_from_args(args, fmt: str) -> DebateConfig:
                         consensus_stop=args.consensus_stop, weighted_scores=args.weighted_scores, task=flags.task(args))
 
 
+def cascade_from_args(args):
+    """The cascade a ``cascade_cost`` search holds fixed (its first stage, level and risk), or None without
+    ``--first-stage``, ``--agree-at-least`` and ``--risk`` (``run_search`` says which objective wants them)."""
+    from optim.tuning.cascade import FIRST_STAGE, declare
+
+    given = [f for f, v in (("--first-stage", args.first_stage), ("--agree-at-least", args.agree_at_least),
+                            ("--risk", args.risk)) if v is not None]
+    if not given:
+        return None
+    if len(given) < 3:
+        raise ConfigError(f"{', '.join(given)} given: a searched cascade needs --first-stage PROGRAM_DIR[@MODEL], "
+                          "--agree-at-least LEVEL and --risk R together")
+    return declare([f"{FIRST_STAGE}={args.first_stage}"], level=args.agree_at_least, risk=args.risk)
+
+
 def run(args) -> int:
     import optuna
 
@@ -111,9 +138,14 @@ def run(args) -> int:
     done = run_search(flags.data_spec(args), lambda fmt: base_from_args(args, fmt), flags.lm_spec(args), study=spec,
                       space=space_from_args(args), settings=OptimizerSettings(max_demos=args.max_demos, seed=args.seed),
                       out=args.out, test=not args.no_test, tracking=flags.tracking_spec(args),
-                      concurrency=flags.concurrency(args), hooks=SearchPrinted(not args.no_progress))
+                      concurrency=flags.concurrency(args), hooks=SearchPrinted(not args.no_progress),
+                      cascade=cascade_from_args(args), gates=flags.gates(args))
     if done.saved:
         print(f"\nsaved evaluator: {done.out} (card: {done.out / 'card.md'})")
+    if "cascade_cost" in objectives:
+        from optim.tuning.cascade import IN_SAMPLE_NOTE
+
+        print(f"cascade cost: {IN_SAMPLE_NOTE}")
     if done.mlflow_run_id:
         print(f"mlflow run: {done.mlflow_run_id}")
     print(f"resume or extend: the same command with a larger --trials; plots: chateval report {name}"

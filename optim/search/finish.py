@@ -11,6 +11,7 @@ written last, after the card and the MLflow logging: until then a rerun does wha
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,13 +117,17 @@ def final_test(study: optuna.Study, trial: FrozenTrial, parts: dict, out: Path, 
 
 
 def save_final(study: optuna.Study, tested: Tested, out: Path, *, model: str, card: dict, tracking=None,
-               referee_models: dict[str, str] | None = None) -> dict:
+               referee_models: dict[str, str] | None = None, gates=None) -> dict:
     """Save the tested program with its card (``card`` adds data, split and search fields), log it, mark it done.
 
-    ``referee_models``: a mixed panel's ``{role slug: model name}`` for the card. Returns the card written.
+    ``referee_models``: a mixed panel's ``{role slug: model name}`` for the card. ``gates``
+    (``optim.certify.gates.Gates``) are checked on the saved card's certificate before anything is logged or
+    registered: a failure raises ``GateRefused`` and the study is not marked done, so that the same search, rerun
+    once the figures are measured, registers it. Returns the card written.
     """
-    from chateval_dspy.deploy.store import make_card, save_program
+    from chateval_dspy.deploy.store import make_card, read_card, save_program
     from chateval_dspy.run.metrics import plain, primary_metric
+    from optim.certify.gates import enforce
     from optim.tracking.evaluation import unpriced_marks
 
     trial, program = tested.trial, tested.program
@@ -133,12 +138,15 @@ def save_final(study: optuna.Study, tested: Tested, out: Path, *, model: str, ca
                         dev_metrics=trial.user_attrs.get("dev", {}), test_metrics=plain(tested.figures), cost=cost,
                         **card)
     save_program(program, out, written)
+    written = read_card(out)  # with the certificate an unchanged program keeps from an earlier save
+    enforce(written, gates, out)
     if tracking is not None and tracking.enabled:
         from optim.tracking import runs as mlflow_tracking
 
         objectives = written.get("search", {}).get("objectives", ["agreement"])
         mlflow_tracking.log_metrics({"best_trial": trial.number,
-                                     **{f"best.dev.{o}": v for o, v in zip(objectives, trial.values)}})
+                                     **{f"best.dev.{o}": v for o, v in zip(objectives, trial.values)
+                                        if math.isfinite(v)}})
         mlflow_tracking.log_metrics(tested.figures, {**cost, **tested.result.model_metrics()}, prefix="test.")
         mlflow_tracking.log_params(unpriced_marks(cost, prefix="test."))
         mlflow_tracking.log_file(out, "evaluator")

@@ -30,6 +30,7 @@ from optim.search.space import SearchSpace, suggest_config
 from optim.search.study import FINISHED, SurplusTrial, make_sampler
 from optim.search.worker import Worker
 from optim.tracking.evaluation import config_params
+from optim.tuning.cascade import SearchedCascade
 from optim.tuning.compile import OptimizerSettings
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,9 @@ def slot(trial: optuna.Trial) -> int:
 class Objective:
     """One trial: suggest a panel, build (and maybe compile) it, judge the dev split in chunks.
 
-    Returns dev agreement, or ``(agreement, tokens per dev item)`` for two objectives. An
+    Returns dev agreement, or ``(agreement, tokens per dev item)``, or ``(agreement, cascade USD per 1,000
+    verdicts)`` (``cascade_cost``: the cascade [``cascade.first`` -> this panel] on the dev items, thresholds chosen
+    on those items: an in-sample figure for ranking panels; ``math.inf`` where no stage reaches the level). An
     undefined agreement (pointwise: a constant column has no Spearman) counts as 0.0, the
     value of a panel whose scores carry no ranking, and the trial is marked
     ``agreement_undefined``; failing the trial instead would hide it from the sampler and
@@ -116,7 +119,8 @@ class Objective:
         space: What trials may choose.
         base: Everything else (format, calibration, limits); its panel is replaced by each trial's.
         parts: The train and dev splits (already limited); train is used only by trials that compile.
-        objectives: ``("agreement",)`` or ``("agreement", "tokens")``.
+        objectives: ``("agreement",)``, ``("agreement", "tokens")`` or ``("agreement", "cascade_cost")``.
+        cascade: With ``cascade_cost``: the first stage, judged on the dev items, with the level and risk.
         n_trials: The study's budget; a trial started past it (a race between workers) stops.
         seed: The search's seed (sampling and bootstrap CIs).
         n_resamples: The bootstrap's resamples behind each CI (None: ``metrics.N_RESAMPLES``).
@@ -145,7 +149,12 @@ class Objective:
     results_dir: Path | None = None
     track: bool = False
     on_item: Callable[[dict], None] | None = None
+    cascade: SearchedCascade | None = None
     last: int | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        if ("cascade_cost" in self.objectives) != (self.cascade is not None):
+            raise ConfigError("the cascade_cost objective and a first stage go together: give both or neither")
 
     def __call__(self, trial: optuna.Trial):
         # First of all, so that a rerun can tell this trial's worker died should it be killed from here on.
@@ -179,8 +188,7 @@ class Objective:
                 pruned = exc
                 tracking.log_metrics({"pruned": 1.0})
             if same and values is not None:
-                tracking.log_metrics(dict(zip(("objective.agreement", "objective.tokens_per_item"),
-                                              values if isinstance(values, tuple) else (values,))))
+                tracking.log_metrics(objective_metrics(self.objectives, values))
             elif self.results_dir and trial.user_attrs.get("results"):
                 tracking.log_file(trial.user_attrs["results"], "results")
         if pruned is not None:
@@ -196,7 +204,7 @@ class Objective:
 
     def _reuse(self, trial: optuna.Trial, same: FrozenTrial):
         trial.set_user_attr("duplicate_of", same.user_attrs.get("duplicate_of", same.number))
-        for key in ("dev", "cost", "agreement_undefined", "results"):
+        for key in ("dev", "cost", "agreement_undefined", "results", "cascade"):
             if key in same.user_attrs:
                 trial.set_user_attr(key, same.user_attrs[key])
         if same.state == TrialState.PRUNED:
@@ -233,15 +241,18 @@ class Objective:
         key = records.run_key(config, records.context_identity(), dev, program.dump_state())
         out = self._results_file(trial, key)
         result = RunResult(config)
+        lines: list[dict] = []  # what the cascade objective routes
         done: set[str] = set()
         if out is not None:
             stream = records.ResultsStream(out, key)
             for record in stream.records:
                 result.add(record)
+                lines.append(record)
             done = set(stream.done)
 
         def judged(record: dict) -> None:
             result.add(record)
+            lines.append(record)
             if self.on_item:
                 self.on_item(record)
 
@@ -271,8 +282,42 @@ class Objective:
         values = [0.0 if undefined else agreement]
         if "tokens" in self.objectives:
             values.append(tokens_per_item(result))
+        if "cascade_cost" in self.objectives:
+            values.append(self._cascade_cost(trial, lines, config, out, tracking))
         if tracking:
             tracking.log_metrics(metrics, cost, prefix="dev.")
-            tracking.log_metrics({"objective.agreement": values[0], "agreement_undefined": float(undefined),
-                                  **({"objective.tokens_per_item": values[1]} if len(values) > 1 else {})})
+            tracking.log_metrics({**objective_metrics(self.objectives, values), "agreement_undefined": float(undefined)})
         return values[0] if len(values) == 1 else tuple(values)
+
+    def _cascade_cost(self, trial: optuna.Trial, lines: list[dict], config: DebateConfig, out: Path | None,
+                      tracking=None) -> float:
+        """The cascade [first stage -> this panel]'s USD per 1,000 verdicts on the dev items (in-sample), recorded
+        on the trial and its MLflow run."""
+        import dspy
+
+        from optim.tuning.cascade import IN_SAMPLE_NOTE
+
+        model = getattr(dspy.settings.lm, "model", None) or "?"
+        figure = self.cascade.cost_of(lines, self.parts["dev"], config.task_spec, model=model, results=out,
+                                      seed=self.seed)
+        trial.set_user_attr("cascade", figure.to_dict())
+        if tracking:
+            tracking.log_metrics(figure.metrics(), prefix="dev.cascade.")
+            tracking.log_params({"cascade.in_sample": IN_SAMPLE_NOTE})
+        return figure.usd_per_1000
+
+
+OBJECTIVE_METRICS = {"agreement": "objective.agreement", "tokens": "objective.tokens_per_item",
+                     "cascade_cost": "objective.cascade_usd_per_1000"}
+
+
+def objective_metrics(objectives: Sequence[str], values) -> dict[str, float]:
+    """A trial's values as MLflow metrics, one per objective; an infinite one (a cascade that reached no threshold)
+    is left out: MLflow would store the largest float, which reads as a price.
+
+    Example:
+        >>> objective_metrics(("agreement", "cascade_cost"), (0.8, math.inf))
+        {'objective.agreement': 0.8}
+    """
+    values = values if isinstance(values, (tuple, list)) else (values,)
+    return {OBJECTIVE_METRICS[o]: float(v) for o, v in zip(objectives, values) if math.isfinite(v)}

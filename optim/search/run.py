@@ -100,15 +100,16 @@ class SearchPlan:
 
 
 def plan_search(data, base, lm, *, spec: StudySpec, settings: OptimizerSettings | None, out, test: bool,
-                concurrency: int, hooks: SearchHooks) -> SearchPlan:
+                concurrency: int, hooks: SearchHooks, cascade=None) -> SearchPlan:
     """The items, fixed config, split, output folder, LM and optimizer settings of a search; ConfigError for
-    anything it cannot run."""
+    anything it cannot run (``cascade``: a ``cascade_cost`` search's first stage, level and risk)."""
     import chateval_dspy.limits as limits
     from chateval_dspy.program.roles import DEFAULT_ORDER, same_roles
     from chateval_dspy.run.evaluate_dataset import check_task
 
     if data.split != "all":
         raise ConfigError("search uses the seeded train/dev/test split itself: drop --split")
+    check_cascade(spec, cascade)
     if concurrency < 1:
         raise ConfigError(f"concurrency must be positive, got {concurrency}")
     items, fmt = data.load()
@@ -124,20 +125,24 @@ def plan_search(data, base, lm, *, spec: StudySpec, settings: OptimizerSettings 
     out = Path(out or Path("programs") / spec.name)
     if test:
         check_out(out, spec.name)
-    if "tokens" in spec.objectives and lm.cache:
+    costed = next((o for o in ("tokens", "cascade_cost") if o in spec.objectives), None)
+    if costed and lm.cache:
         # A cached answer reports no usage, which would make a panel look free.
-        hooks.note("note: tokens is an objective, so DSPy's LM cache is off for this search")
+        hooks.note(f"note: {costed} is an objective, so DSPy's LM cache is off for this search")
         lm = dataclasses.replace(lm, cache=False)
     settings = dataclasses.replace(settings or OptimizerSettings(), seed=data.seed)
     return SearchPlan(items, fmt, base, parts, out, lm, settings)
 
 
-def study_settings(data, plan: SearchPlan, spec: StudySpec, space: SearchSpace) -> dict:
-    """What the study records of its search: a worker that would search otherwise is refused (``check_settings``)."""
+def study_settings(data, plan: SearchPlan, spec: StudySpec, space: SearchSpace, cascade=None) -> dict:
+    """What the study records of its search: a worker that would search otherwise is refused (``check_settings``).
+    ``cascade``: a ``cascade_cost`` search's declared first stage, level and risk (recorded only then, so that
+    existing studies resume as they were)."""
     from chateval_dspy.data.loaders import dataset_hash
 
     lm = plan.lm
-    return {"dataset": data.dataset, "format": plan.fmt, "dataset_hash": dataset_hash(plan.items), "seed": data.seed,
+    return {**cascade_settings(cascade),
+            "dataset": data.dataset, "format": plan.fmt, "dataset_hash": dataset_hash(plan.items), "seed": data.seed,
             "limit": data.limit, "objectives": list(spec.objectives), "space": space.to_dict(),
             "model_spec": lm.model, "base": base_settings(plan.base),
             "max_demos": plan.settings.max_demos if space.compile != ("none",) else None,
@@ -147,6 +152,59 @@ def study_settings(data, plan: SearchPlan, spec: StudySpec, space: SearchSpace) 
             **({"referee_models": lm.referee_map} if lm.referee_models else {}),
             **({"data": stated} if (stated := {k: v for k, v in data.reading().items() if v not in ("-", "false")})
                else {})}
+
+
+def cascade_settings(cascade) -> dict:
+    """What a ``cascade_cost`` study records of its cascade; nothing for any other study."""
+    if cascade is None:
+        return {}
+    (stage,) = cascade.stages
+    return {"cascade": {"first_stage": str(stage.program), "model": stage.model, "level": cascade.level,
+                        "risk": cascade.risk}}
+
+
+def check_cascade(spec: StudySpec, cascade) -> None:
+    """A ``cascade_cost`` search has exactly one declared first stage, and only it has one."""
+    wanted = "cascade_cost" in spec.objectives
+    if wanted and cascade is None:
+        raise ConfigError("the cascade_cost objective needs the cascade's first stage: --first-stage PROGRAM_DIR "
+                          "(a saved cheap evaluator) with --agree-at-least LEVEL --risk R")
+    if not wanted and cascade is not None:
+        raise ConfigError("--first-stage, --agree-at-least and --risk are for --objectives agreement,cascade_cost")
+    if wanted and len(cascade.stages) != 1:
+        raise ConfigError(f"a searched cascade declares one first stage (each trial's panel is the second), got "
+                          f"{len(cascade.stages)}")
+
+
+def first_stage(data, plan: SearchPlan, spec: StudySpec, cascade, *, concurrency: int, hooks: SearchHooks):
+    """The cascade's first stage judged once on the dev items (``results/<study>/first-stage/``: a rerun or another
+    worker reads it back), as every trial's ``SearchedCascade``; it must judge the search's task."""
+    from chateval_dspy.deploy.store import load_program
+    from optim.tuning.cascade import SearchedCascade, judge_first_stage
+
+    (stage,) = cascade.stages
+    program, _ = load_program(stage.program)
+    if program.config.task_spec != plan.base.task_spec:
+        raise ConfigError(f"--first-stage {stage.program} judges task {program.config.task_spec.name!r}, the search "
+                          f"{plan.base.task_spec.name!r}: both stages of a cascade judge the same task")
+    dev = plan.parts["dev"]
+    header = {"data": data.dataset if len(data.dataset) <= 200 else data.name, "split": f"dev (seed {data.seed})",
+              "seed": data.seed}
+    hooks.note(f"first stage {stage.program}: judged once on the {len(dev)} dev items, reused by every trial")
+    # The search's stated price is its --model's: it prices the first stage only when that runs on the same spec.
+    price = plan.lm.price_per_mtok if stage.model == plan.lm.model else None
+    run = judge_first_stage(stage, dev, Path("results") / spec.name / "first-stage", fitted_on=header,
+                            price_per_mtok=price, concurrency=concurrency)
+    return SearchedCascade(run, cascade.level, cascade.risk, header={**header, "first_stage_model": run.model})
+
+
+def open_checked(data, plan: SearchPlan, spec: StudySpec, space: SearchSpace, cascade=None) -> tuple[optuna.Study, dict]:
+    """The study, opened or resumed, and the settings it records (refused if it was run with others)."""
+    opened = studies.open_study(spec.name, spec.storage, spec.objectives, seed=data.seed, prune=spec.prune,
+                                warmup_steps=2 * spec.report_every)
+    recorded = study_settings(data, plan, spec, space, cascade)
+    studies.check_settings(opened, recorded)
+    return opened, recorded
 
 
 def parent_run(opened: optuna.Study, spec: StudySpec, recorded: dict, base: DebateConfig, tracking, data):
@@ -184,25 +242,35 @@ def tested_best(opened: optuna.Study, trial, data, plan: SearchPlan, *, model: s
 
 def search_card(data, plan: SearchPlan, spec: StudySpec, space: SearchSpace, recorded: dict, tested,
                 finished: int) -> dict:
-    """What the saved evaluator's card says of the data, the split and the search that chose it."""
+    """What the saved evaluator's card says of the data, the split and the search that chose it (a figure that is
+    not finite, a cascade that reached no threshold, as None: JSON has no infinity)."""
+    import math
+
     from chateval_dspy.run.evaluate_dataset import skipped_rows
+    from optim.tuning.cascade import IN_SAMPLE_NOTE
 
     items = plan.items
+    values = [v if math.isfinite(v) else None for v in tested.trial.values]
+    cascade = ({"cascade": {**recorded["cascade"], "dev": tested.trial.user_attrs.get("cascade"),
+                            "note": IN_SAMPLE_NOTE}} if "cascade" in recorded else {})
     return {
         "dataset": data.dataset, "dataset_hash": recorded["dataset_hash"],
         "split": split_record(data.seed, data.limit, plan.parts),
         "search": {"study": spec.name, "storage": studies.storage_label(spec.storage),
                    "trial": tested.trial.number, "objectives": list(spec.objectives),
-                   "trials_finished": finished, "space": space.to_dict(), "values": list(tested.trial.values)},
+                   "trials_finished": finished, "space": space.to_dict(), "values": values, **cascade},
         **({"skipped_rows": skipped_rows(items.skipped)} if getattr(items, "skipped", None) else {})}
 
 
 def objective_for(data, plan: SearchPlan, spec: StudySpec, space: SearchSpace, *, concurrency: int, track: bool,
-                  hooks: SearchHooks) -> Objective:
-    """One trial of the study: a panel drawn from ``space``, judged (and compiled) on the dev split."""
+                  hooks: SearchHooks, cascade=None) -> Objective:
+    """One trial of the study: a panel drawn from ``space``, judged (and compiled) on the dev split; with
+    ``cascade`` (``cascade_cost``), the first stage is judged on the dev split first (``first_stage``)."""
+    searched = first_stage(data, plan, spec, cascade, concurrency=concurrency, hooks=hooks) if cascade else None
     return Objective(space=space, base=plan.base, parts=plan.parts, objectives=spec.objectives, n_trials=spec.trials,
                      seed=data.seed, n_resamples=data.resamples, settings=plan.settings, report_every=spec.report_every,
-                     concurrency=concurrency, results_dir=Path("results") / spec.name, track=track, on_item=hooks.item)
+                     concurrency=concurrency, results_dir=Path("results") / spec.name, track=track, on_item=hooks.item,
+                     cascade=searched)
 
 
 def trials(opened: optuna.Study, objective: Objective, spec: StudySpec, *, wait: bool, poll: float,
@@ -222,7 +290,7 @@ def trials(opened: optuna.Study, objective: Objective, spec: StudySpec, *, wait:
 def run_search(data, base: DebateConfig | Callable[[str], DebateConfig], lm, *, study: StudySpec,
                space: SearchSpace | None = None, settings: OptimizerSettings | None = None,
                out: str | Path | None = None, test: bool = True, tracking=None, concurrency: int = 1,
-               hooks: SearchHooks | None = None, poll: float = 1.0) -> SearchRun:
+               hooks: SearchHooks | None = None, poll: float = 1.0, cascade=None, gates=None) -> SearchRun:
     """Run ``study``'s trials over ``space`` on ``data``'s dev split, then test and save the best panel.
 
     Args:
@@ -238,7 +306,9 @@ def run_search(data, base: DebateConfig | Callable[[str], DebateConfig], lm, *, 
         tracking: A ``TrackingSpec``; None or disabled: nothing goes to MLflow.
         concurrency: Items judged at once.
         hooks: Told about each trial, the final test and why anything is skipped (the CLI prints them).
+        gates: ``optim.certify.gates.Gates`` the best evaluator's certificate must pass before it is registered.
         poll: Seconds between looks at other workers' trials while waiting for them.
+        cascade: For ``cascade_cost``: the first stage, level and risk (``first_stage``; values: ``Objective``).
 
     Example:
         >>> run = run_search(DataSpec("faireval", limit=3), DebateConfig(), LMSpec(model=url),  # doctest: +SKIP
@@ -249,14 +319,12 @@ def run_search(data, base: DebateConfig | Callable[[str], DebateConfig], lm, *, 
 
     hooks, space, spec = hooks or SearchHooks(), space or SearchSpace(), study
     plan = plan_search(data, base, lm, spec=spec, settings=settings, out=out, test=test, concurrency=concurrency,
-                       hooks=hooks)
-    opened = studies.open_study(spec.name, spec.storage, spec.objectives, seed=data.seed, prune=spec.prune,
-                                warmup_steps=2 * spec.report_every)
-    recorded = study_settings(data, plan, spec, space)
-    studies.check_settings(opened, recorded)
+                       hooks=hooks, cascade=cascade)
+    opened, recorded = open_checked(data, plan, spec, space, cascade)
     hooks.started(opened, spec, plan.parts)
     tracked = tracking is not None and tracking.enabled
-    objective = objective_for(data, plan, spec, space, concurrency=concurrency, track=tracked, hooks=hooks)
+    objective = objective_for(data, plan, spec, space, concurrency=concurrency, track=tracked, hooks=hooks,
+                              cascade=cascade)
     mlflow_tracking = None
     if tracked:
         from optim.tracking import runs as mlflow_tracking
@@ -276,7 +344,7 @@ def run_search(data, base: DebateConfig | Callable[[str], DebateConfig], lm, *, 
         _trials_table(opened, spec.name, mlflow_tracking, finished)
         if tested is not None:
             card = save_final(opened, tested, plan.out, model=model, referee_models=referees, tracking=tracking,
-                              card=search_card(data, plan, spec, space, recorded, tested, finished))
+                              gates=gates, card=search_card(data, plan, spec, space, recorded, tested, finished))
     return SearchRun(opened, ran, finished, plan.out, saved=card is not None, card=card,
                      mlflow_run_id=active.info.run_id if tracked else None)
 

@@ -22,7 +22,9 @@ from chateval_dspy.program.strategies import STRATEGIES
 if TYPE_CHECKING:  # Optuna is imported by whoever runs trials: the parser and SearchSpace do without it
     import optuna
 
-OBJECTIVES = {"agreement": "maximize", "tokens": "minimize"}
+# cascade_cost: US dollars per 1,000 verdicts of the cascade [--first-stage -> the trial's panel] (optim.tuning.cascade).
+OBJECTIVES = {"agreement": "maximize", "tokens": "minimize", "cascade_cost": "minimize"}
+OBJECTIVE_SETS = (("agreement",), ("agreement", "tokens"), ("agreement", "cascade_cost"))
 COMPILE_CHOICES = ("none", "labeled", "bootstrap")
 PANELS = ("distinct", "same")
 
@@ -116,8 +118,15 @@ def suggest_config(trial: optuna.Trial, space: SearchSpace, base: DebateConfig) 
 
 
 def parse_objectives(text: str | Sequence[str]) -> tuple[str, ...]:
-    """``agreement`` or ``agreement,tokens``: agreement always comes first (it picks the final program)."""
+    """``agreement``, ``agreement,tokens`` or ``agreement,cascade_cost``: agreement always comes first (it picks the
+    final program).
+
+    Example:
+        >>> parse_objectives("agreement, cascade_cost")
+        ('agreement', 'cascade_cost')
+    """
     names = tuple(p.strip() for p in (text.split(",") if isinstance(text, str) else text) if p.strip())
-    if names not in (("agreement",), ("agreement", "tokens")):
-        raise ConfigError(f"--objectives must be 'agreement' or 'agreement,tokens', got {text!r}")
+    if names not in OBJECTIVE_SETS:
+        raise ConfigError(f"--objectives must be one of {', '.join(repr(','.join(o)) for o in OBJECTIVE_SETS)}, "
+                          f"got {text!r}")
     return names

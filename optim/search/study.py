@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import re
 import time
 import warnings
@@ -301,12 +302,16 @@ def end_failed_trial_runs(failed: Sequence[FrozenTrial], uri: str | None = None)
 
 
 def best_trial(study: optuna.Study) -> FrozenTrial:
-    """The best complete trial; with two objectives, the Pareto trial with the best agreement (then fewest tokens)."""
+    """The best complete trial; with two objectives, the Pareto trial with the best agreement (then the lowest cost:
+    tokens, or a cascade's dollars). Trials with a figure that is not finite (a cascade that reached no threshold)
+    are chosen only when every Pareto trial has one."""
     if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         raise ConfigError(f"study {study.study_name!r} has no complete trial yet")
     if len(study.directions) == 1:
         return study.best_trial
-    return max(study.best_trials, key=lambda t: (t.values[0], -t.values[1], -t.number))
+    front = study.best_trials
+    finite = [t for t in front if all(math.isfinite(v) for v in t.values)]
+    return max(finite or front, key=lambda t: (t.values[0], -t.values[1], -t.number))
 
 
 @contextlib.contextmanager

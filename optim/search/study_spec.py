@@ -25,7 +25,8 @@ class StudySpec:
         name: The study's name in the storage.
         trials: Run until the study holds this many finished (complete or pruned) trials.
         storage: The Optuna storage URL shared by workers.
-        objectives: ``("agreement",)`` or ``("agreement", "tokens")`` (a Pareto front).
+        objectives: ``("agreement",)``, ``("agreement", "tokens")`` or ``("agreement", "cascade_cost")`` (a Pareto
+            front; ``cascade_cost`` needs a first stage: ``run_search``'s ``cascade``).
         prune: Stop trials that cannot beat the median after a chunk of dev items (one objective only).
         report_every: Dev items per chunk between pruning checks.
 

@@ -254,6 +254,10 @@ def _importances(study, path: Path, files: list[Path], target_name: str) -> str:
     return "parameter importances: " + ", ".join(f"{k} {v:.2f}" for k, v in importances.items())
 
 
+SECOND_OBJECTIVE = {"tokens": "tokens per dev item",
+                    "cascade_cost": "cascade USD per 1,000 verdicts (dev, in-sample; inf: level not reached)"}
+
+
 def study_report(study, out: Path) -> Report:
     """Write the study's PNGs under ``out`` and return the table, files and notes."""
     import optuna
@@ -283,11 +287,13 @@ def study_report(study, out: Path) -> Report:
             ax.set_ylabel("dev agreement so far")
             _save(ax.figure, out / "intermediate_values.png", files)
         if len(study.directions) == 2:
+            # The second objective as the study recorded it: tokens, or a cascade's dollars (optim.search.space).
+            second = ((study.user_attrs.get("settings") or {}).get("objectives") or ["agreement", "tokens"])[-1]
             if complete:
-                ax = vis.plot_pareto_front(study, target_names=[target_name, "tokens per dev item"])
+                ax = vis.plot_pareto_front(study, target_names=[target_name, SECOND_OBJECTIVE.get(second, second)])
                 _save(ax.figure, out / "pareto_front.png", files)
             pareto = ", ".join(str(t.number) for t in sorted(study.best_trials, key=lambda t: t.number))
-            notes.append(f"Pareto front (agreement vs tokens): trials {pareto or 'none'}")
+            notes.append(f"Pareto front (agreement vs {second}): trials {pareto or 'none'}")
     final = study.user_attrs.get("final")
     if final:
         notes.append(f"best trial {final['trial']} was tested and saved in {final['out']}")

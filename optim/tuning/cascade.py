@@ -583,3 +583,132 @@ def log_report(report: CascadeReport, data: DataSpec, *, method: str, uri: str |
         for path in (report.saved, report.report_file, *report.results):
             runs.log_file(path, "cascade")
         return active.info.run_id
+
+
+# --- a cascade's cost as a search objective (``chateval search --objectives agreement,cascade_cost``) -------------
+
+FIRST_STAGE = "first"  # the stage names a searched cascade's figures carry
+TRIAL_STAGE = "panel"
+IN_SAMPLE_NOTE = ("in-sample: the stages' confidence maps and the thresholds are fitted on the same dev items the "
+                  "cost is measured on (no separate calibration split inside a trial), so the figure ranks panels and "
+                  "is optimistic; build the cascade to use with `chateval cascade` on held-out items")
+
+
+def fitted_stage(stage: DeclaredStage, lines: list[dict], task, *, model: str, results: Path | None, fitted_on: dict,
+                 method: str = "isotonic") -> StageRun:
+    """``lines`` (one results line per item judged) as a cascade stage, its confidence map fitted on those very lines:
+    what ``routed`` and ``choose_cascade_thresholds`` take, for a stage judged outside ``judge_stage``. Without
+    lines (every item failed) there is no map: the stage then keeps no item."""
+    calibration = fit(lines, task, fitted_on, method=method, level=None, risk=None)[0] if lines else None
+    return StageRun(stage, model, results, {"calibration": {str(line["id"]): line for line in lines}, "check": {}},
+                    calibration)
+
+
+def judge_first_stage(stage: DeclaredStage, items: list, out_dir: Path, *, fitted_on: dict, method: str = "isotonic",
+                      price_per_mtok: str | None = None, timeout: float = 120.0, concurrency: int = 1,
+                      on_item=None) -> StageRun:
+    """A searched cascade's first stage, judged once on ``items`` (a search's dev split) into a resumable results
+    file under ``out_dir`` (a rerun or another worker reads it back), its map fitted on the same items. Its calls
+    must carry US dollars (the cost map's, or ``price_per_mtok``): a ``ConfigError`` otherwise, before any trial."""
+    from chateval_dspy.deploy.judge import load
+
+    # The cache off, as for the trials: a cached answer reports no usage and would make the stage look free.
+    with load(stage.program, model=stage.model, timeout=timeout, slots=concurrency, cache=False,
+              price_per_mtok=price_per_mtok) as judge:
+        path, lines, _ = judge_halves(judge, {"calibration": list(items), "check": []}, Path(out_dir),
+                                      concurrency=concurrency, on_item=on_item)
+        model, task = judge.lm.model, judge.config.task_spec
+    judged = lines["calibration"]
+    if not judged:
+        raise ConfigError(f"first stage {stage.program}: no dev item was judged (see {path})")
+    if any(line.get("cost_usd") is None for line in judged):
+        raise ConfigError(f"first stage {stage.program}: its calls on {model} carry no US dollars (see {path}), so no "
+                          "cascade cost can be measured; run it on a model LiteLLM prices (--first-stage DIR@MODEL)")
+    return fitted_stage(stage, judged, task, model=model, results=path, fitted_on={**fitted_on, "model": model},
+                        method=method)
+
+
+@dataclass
+class CascadeCost:
+    """A cascade [first stage -> a trial's panel] on the search's dev items, thresholds chosen on those items.
+
+    An in-sample estimate for ranking panels: the maps, the thresholds and the figures all come from the same dev
+    items, so it is optimistic; the cascade to use is built with ``chateval cascade`` on held-out items.
+
+    Attributes:
+        usd_per_1000: US dollars per 1,000 verdicts given; ``math.inf`` when no stage reaches the level (the cascade
+            then gives no verdict, so a verdict at the guaranteed level costs without bound).
+        cascade: ``choose_cascade_thresholds``'s answer on the dev items.
+        figures: ``check_figures``'s answer on the same items (stages, coverage, agreement, per_1000).
+        header: Data, split and n, stated with the figure.
+    """
+
+    usd_per_1000: float
+    cascade: Cascade
+    figures: dict
+    header: dict
+
+    @property
+    def reached(self) -> bool:
+        return any(s.reached for s in self.cascade.stages)
+
+    def to_dict(self) -> dict:
+        """The figures as a trial's user attribute (JSON: an unreached cascade's dollars are None)."""
+        from chateval_dspy.run.metrics import plain
+
+        f = self.figures
+        return _finite({"header": self.header, "reached": self.reached, "in_sample": True,
+                        "usd_per_1000": self.usd_per_1000 if self.reached else None,
+                        "best_level": None if self.reached else max(
+                            (s.best_level for s in self.cascade.stages if s.best_level is not None), default=None),
+                        "thresholds": [s.threshold for s in self.cascade.stages],
+                        "coverage": f["coverage"].to_dict(), "agreement": f["agreement"].to_dict(),
+                        "per_1000": {k: None if v is None else v.to_dict() for k, v in f["per_1000"].items()},
+                        "stages": [plain(vars(s)) for s in f["stages"]]})
+
+    def metrics(self) -> dict:
+        """For the trial's MLflow run (``optim.tracking.runs.metric_values``); no dollars when unreached."""
+        f = self.figures
+        out = {"reached": float(self.reached), "coverage": f["coverage"], "agreement": f["agreement"]}
+        out.update({f"usd_per_1000_{k}": v for k, v in f["per_1000"].items() if v is not None})
+        return out
+
+
+def cascade_cost(first: StageRun, panel: StageRun, items: list, task, *, level: float, risk: float, header: dict,
+                 seed: int = 0) -> CascadeCost:
+    """The cascade [``first`` -> ``panel``] on ``items``: thresholds by ``choose_cascade_thresholds`` on the stages'
+    maps (both fitted on these items), routed as the saved cascade would route them (``check_figures``), and its
+    US dollars per 1,000 verdicts. A ``ConfigError`` when a call was unpriced."""
+    runs = [first, panel]
+    dev = routed(runs, items, task)
+    cascade = choose_cascade_thresholds(dev.pairs(), level=level, risk=risk)
+    figures = check_figures(runs, cascade, dev, seed=seed)
+    header = {**header, "n": len(items), "verdicts": sum(dev.verdicts)}
+    if not any(s.reached for s in cascade.stages):
+        return CascadeCost(math.inf, cascade, figures, header)
+    usd = figures["per_1000"]["cascade"]
+    if usd is None:
+        raise ConfigError(f"stage {panel.stage.name!r} ({panel.model}): a call carries no US dollars, so the "
+                          "cascade's cost cannot be measured; search on a model LiteLLM prices, or state its price "
+                          "with --price")
+    return CascadeCost(float(usd.value), cascade, figures, header)
+
+
+@dataclass(frozen=True)
+class SearchedCascade:
+    """What a ``cascade_cost`` search holds fixed: the first stage (judged once on the dev items), the agreement
+    ``level`` to guarantee at ``risk``, and the maps' ``method``."""
+
+    first: StageRun
+    level: float
+    risk: float
+    method: str = "isotonic"
+    header: dict = field(default_factory=dict)
+
+    def cost_of(self, lines: list[dict], items: list, task, *, model: str, results: Path | None,
+                seed: int = 0) -> CascadeCost:
+        """The cascade [first stage -> the panel that wrote ``lines`` on ``items``]'s in-sample cost."""
+        panel = fitted_stage(DeclaredStage(TRIAL_STAGE, Path(".")), lines, task, model=model, results=results,
+                             fitted_on={**self.header, "model": model}, method=self.method)
+        return cascade_cost(self.first, panel, items, task, level=self.level, risk=self.risk, header=self.header,
+                            seed=seed)

@@ -261,6 +261,7 @@ class CompileJob:
     concurrency: int
     tracking: object = None
     mlflow: object = None
+    gates: object = None
 
     def track(self) -> None:
         """Send the compile to MLflow when ``tracking`` is enabled, ending this folder's runs a killed compile left."""
@@ -334,21 +335,26 @@ class CompileJob:
                          **({"skipped_rows": plan.skipped} if plan.skipped else {}),
                          **({"labels": data.label_set().card()} if isinstance(data, LabelledData) else {}))
 
-    def save(self, compiled: ChatEval, card: dict) -> None:
-        """The evaluator written to ``out``, then logged to the run (its models registered if asked)."""
-        from chateval_dspy.deploy.store import save_program
+    def save(self, compiled: ChatEval, card: dict) -> dict:
+        """The evaluator written to ``out``, its certificate checked against the gates (``GateRefused``: nothing
+        is registered), then logged to the run (its models registered if asked). Returns the card written."""
+        from chateval_dspy.deploy.store import read_card, save_program
+        from optim.certify.gates import enforce
 
         save_program(compiled, self.out, card)
+        card = read_card(self.out)  # with the certificate an unchanged program keeps from an earlier save
+        enforce(card, self.gates, self.out)
         if self.mlflow is not None:
             self.mlflow.log_file(self.out, "evaluator")
             if self.tracking.log_model:
                 mlflow_model.log_models(compiled, self.out, registered_name=self.tracking.register,
                                         wheelhouse=self.tracking.wheelhouse)
+        return card
 
 
 def compile_and_save(data, config, lm, *, optimizer: str, out: str | Path, metric: str | None = None,
                      settings: OptimizerSettings = OptimizerSettings(), tracking=None, concurrency: int = 1,
-                     hooks: CompileHooks | None = None) -> CompileRun:
+                     hooks: CompileHooks | None = None, gates=None) -> CompileRun:
     """Judge the test split, compile on train (selecting on dev), judge test again, save, and log to MLflow.
 
     Rerunning the same call after a kill finishes the job: the test results resume from their
@@ -370,6 +376,9 @@ def compile_and_save(data, config, lm, *, optimizer: str, out: str | Path, metri
         tracking: A ``TrackingSpec``; None or disabled: nothing goes to MLflow.
         concurrency: Test items judged at once.
         hooks: Told about progress, compiling and each test's figures (the CLI prints them).
+        gates: ``optim.certify.gates.Gates`` checked on the saved card's certificate before anything is logged or
+            registered; a failure raises ``GateRefused`` and leaves the compile unfinished, so that the same call,
+            rerun once the figures are measured, registers it (an unchanged program keeps its certificate).
 
     Example:
         >>> run = compile_and_save(DataSpec("faireval", limit=3), DebateConfig(roles=("critic",), turns=1),  # doctest: +SKIP
@@ -382,7 +391,7 @@ def compile_and_save(data, config, lm, *, optimizer: str, out: str | Path, metri
 
     plan = plan_compile(data, config, lm, optimizer=optimizer, metric=metric, concurrency=concurrency)
     job = CompileJob(data, plan, lm, optimizer, settings, Path(out), CompileFolder(Path(out)), hooks or CompileHooks(),
-                     concurrency, tracking)
+                     concurrency, tracking, gates=gates)
     job.track()
     job.folder.claim(compile_key(data, plan, lm, optimizer, settings), compile_what(data, plan, lm, optimizer, settings))
     student = build_evaluator(plan.config)
@@ -396,8 +405,7 @@ def compile_and_save(data, config, lm, *, optimizer: str, out: str | Path, metri
             figures["before"], costs["before"] = job.test("before", student, model, referees)
             compiled = job.compiled(student)
             figures["after"], costs["after"] = job.test("after", compiled, model, referees)
-        card = job.card(compiled, model, referees, figures, costs)
-        job.save(compiled, card)
+        card = job.save(compiled, job.card(compiled, model, referees, figures, costs))
         # Done once everything is logged: a kill before this line leaves a folder the rerun completes.
         run_id = active.info.run_id if job.mlflow is not None else None
         job.folder.update(done=True, mlflow_run_id=run_id)

@@ -1,0 +1,209 @@
+"""The judge certificate of a saved evaluator: the parts ``chateval certify --program``, ``chateval audit`` and
+``chateval calibrate`` measure, written into its card (``card.json``, ``card.md``; the schema and the checks a
+loader applies are ``chateval_dspy.deploy.certificate``), read back as a frozen ``CardCertificate``, and logged to
+MLflow.
+
+Each command fills its own part and a later run of it replaces that part; the cost per 1,000 verdicts is taken
+from the card's cost block (the test split the evaluator was saved with) each time a part is written. A figure
+is stored as ``{value, ci_low, ci_high, n}``, NaN as null (JSON has no NaN).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from chateval_dspy.deploy.certificate import MAX_FIGURES, MAX_LINE, MAX_TEXT, check_certificate
+from chateval_dspy.run.metrics import Estimate
+
+COST_SOURCE = "the card's cost block (test split the evaluator was saved with)"
+
+
+def figure(estimate: Estimate | None) -> dict:
+    """An ``Estimate`` as the certificate stores it: NaN as null.
+
+    Example:
+        >>> figure(Estimate(0.5, 0.25, 0.75, 40)), figure(Estimate(math.nan, math.nan, math.nan, 1))
+        ({'value': 0.5, 'ci_low': 0.25, 'ci_high': 0.75, 'n': 40}, {'value': None, 'ci_low': None, 'ci_high': None, 'n': 1})
+    """
+    if estimate is None:
+        return {"value": None, "ci_low": None, "ci_high": None, "n": 0}
+
+    def number(x) -> float | None:
+        return None if x is None or math.isnan(x) else float(x)
+
+    return {"value": number(estimate.value), "ci_low": number(estimate.low), "ci_high": number(estimate.high),
+            "n": int(estimate.n)}
+
+
+def estimate(block: dict) -> Estimate:
+    """The stored figure back as an ``Estimate`` (null as NaN)."""
+    def number(x) -> float:
+        return math.nan if x is None else float(x)
+
+    return Estimate(number(block["value"]), number(block["ci_low"]), number(block["ci_high"]), block["n"])
+
+
+def _short(text, limit: int = MAX_TEXT) -> str:
+    text = str(text)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _kept(among: list) -> list:
+    """The agreement figures a card holds: with many people, the first pairs' kappas, then Fleiss' kappa and
+    Krippendorff's alpha (the last two), which always stay."""
+    return among if len(among) <= MAX_FIGURES else among[:MAX_FIGURES - 2] + among[-2:]
+
+
+def people_part(cert) -> dict:
+    """The ``people`` part from ``optim.certify.report.certify``'s result: agreement among the people, the panel
+    beside each, the alternative annotator test (None when certify ran without the panel's results)."""
+    test = cert.test
+    alt = None
+    if test is not None:
+        omega = None if math.isnan(test.omega) else test.omega
+        alt = {"replaces": test.replaces, "omega": omega, "rho": figure(test.rho), "epsilon": test.epsilon,
+               "q": test.q, "p_values": {_short(c.annotator): c.p_value for c in test.comparisons},
+               "line": _short(test.line(), MAX_LINE), "missing": None if test.missing is None
+               else _short(test.missing, MAX_LINE)}
+    return {"data": _short(cert.people.source), "results": None if cert.results is None else _short(cert.results),
+            "n": len(cert.people.labels), "people": len(cert.people.annotators()), "level": cert.level,
+            "agreement": [{"name": _short(f.name), "estimate": figure(f.estimate)} for f in _kept(cert.among)],
+            "panel": [{"person": _short(r.person), "people": figure(r.people), "panel": figure(r.panel)}
+                      for r in cert.beside],
+            "alt_test": alt}
+
+
+def audit_part(report, *, calibrated: bool) -> dict:
+    """The ``audit`` part from an ``optim.audit.probes.AuditReport``: every figure with an estimate.
+    ``calibrated``: whether the evaluator as saved runs with position calibration (which position figure the
+    gates read)."""
+    figures = [{"probe": _short(f.probe), "figure": _short(f.figure), "estimate": figure(f.estimate)}
+               for f in report.findings if f.estimate is not None]
+    n = max((f["estimate"]["n"] for f in figures if f["probe"].startswith("position")), default=0)
+    return {"data": _short(report.data), "model": _short(report.model), "seed": report.seed,
+            "n": n or max((f["estimate"]["n"] for f in figures), default=0), "calibrated": calibrated,
+            "figures": figures[:MAX_FIGURES]}
+
+
+def calibration_part(report) -> dict:
+    """The ``calibration`` part from an ``optim.tuning.calibrate.CalibrationReport``: the calibrated confidence's
+    expected calibration error on the check half."""
+    header = report.header
+    return {"data": _short(header["data"]), "split": _short(f"{header['split']}, check half"),
+            "model": _short(header["model"]), "ece": figure(report.ece_calibrated), "n": report.n["check"]}
+
+
+def cost_part(card: dict) -> dict | None:
+    """Dollars and LM calls per 1,000 verdicts from the card's cost block (per item), None when it has none.
+
+    Example:
+        >>> cost_part({"cost": {"calls_per_item": 8.0, "cost_usd_per_item": 0.0002}})["usd_per_1000"]
+        0.2
+    """
+    cost = card.get("cost")
+    if not isinstance(cost, dict):
+        return None
+    usd, calls = cost.get("cost_usd_per_item"), cost.get("calls_per_item")
+    number = isinstance(usd, (int, float)) and not isinstance(usd, bool)
+    return {"usd_per_1000": round(usd * 1000, 10) if number else "unpriced" if usd == "unpriced" else None,
+            "calls_per_1000": calls * 1000 if isinstance(calls, (int, float)) and not isinstance(calls, bool)
+            else None, "source": COST_SOURCE}
+
+
+@dataclass(frozen=True)
+class CardCertificate:
+    """A saved evaluator's certificate, as its card holds it (checked): the program it was measured on and its
+    parts, each None when no command has filled it."""
+
+    program: str
+    people: dict | None = None
+    audit: dict | None = None
+    calibration: dict | None = None
+    cost: dict | None = None
+
+    @classmethod
+    def from_dict(cls, block: dict, where="certificate") -> CardCertificate:
+        """The certificate of a card, checked as untrusted (``check_certificate``)."""
+        check_certificate(block, where)
+        return cls(block["program"], block.get("people"), block.get("audit"), block.get("calibration"),
+                   block.get("cost"))
+
+    def to_dict(self) -> dict:
+        return {"program": self.program, **{k: v for k, v in (("people", self.people), ("audit", self.audit),
+                ("calibration", self.calibration), ("cost", self.cost)) if v is not None}}
+
+    def metrics(self) -> dict[str, Estimate | float]:
+        """Every figure for MLflow: ``certificate.<part>.<figure>`` (estimates with their intervals)."""
+        out: dict[str, Estimate | float] = {}
+        if self.people:
+            for f in self.people["agreement"]:
+                out[_key("people", f["name"])] = estimate(f["estimate"])
+            test = self.people["alt_test"]
+            if test is not None:
+                out["certificate.people.alt_test_rho"] = estimate(test["rho"])
+                if test["omega"] is not None:
+                    out["certificate.people.alt_test_omega"] = test["omega"]
+                if test["replaces"] is not None:
+                    out["certificate.people.replaces_annotator"] = float(test["replaces"])
+        for f in (self.audit or {}).get("figures", []):
+            out[_key("audit", f"{f['probe']} {f['figure']}")] = estimate(f["estimate"])
+        if self.calibration:
+            out["certificate.calibration.ece"] = estimate(self.calibration["ece"])
+        if self.cost and isinstance(self.cost["usd_per_1000"], (int, float)):
+            out["certificate.cost.usd_per_1000"] = self.cost["usd_per_1000"]
+        return out
+
+
+def _key(part: str, name: str) -> str:
+    return f"certificate.{part}." + re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+
+
+def fill(program_dir: str | Path, part: str, block: dict) -> CardCertificate:
+    """Write ``block`` as the certificate's ``part`` into the card of the evaluator saved in ``program_dir``
+    (replacing that part; parts measured on another program are dropped), with the cost per 1,000 verdicts.
+
+    Example:
+        >>> fill("programs/p", "audit", audit_part(report, calibrated=True)).audit["figures"][0]  # doctest: +SKIP
+    """
+    from chateval_dspy.deploy.store import read_card, save_certificate
+
+    cost = cost_part(read_card(program_dir))
+    if cost is not None:
+        save_certificate(program_dir, "cost", cost)
+    return CardCertificate.from_dict(save_certificate(program_dir, part, block), Path(program_dir) / "card.json")
+
+
+def log_certificate(certificate: CardCertificate, program_dir: str | Path) -> None:
+    """Log the certificate's figures to the active MLflow run, and the card that holds it (json and md)."""
+    from optim.tracking import runs
+
+    runs.log_metrics(certificate.metrics())
+    for name in ("card.json", "card.md"):
+        runs.log_file(Path(program_dir) / name, "certificate")
+
+
+def log_run(certificate: CardCertificate, program_dir: str | Path, *, command: str, params: dict,
+            uri: str | None = None) -> str:
+    """An MLflow run of ``command`` (certify) holding ``params`` and the certificate (``log_certificate``).
+    Returns its id."""
+    from optim.tracking import runs
+
+    with runs.run(command, params={**params, "program": str(program_dir)}, tags={"chateval.command": command},
+                  uri=uri) as active:
+        log_certificate(certificate, program_dir)
+        return active.info.run_id
+
+
+def saved_calibrated(program_dir: str | Path) -> bool:
+    """Whether the evaluator saved in ``program_dir`` runs with position calibration (its card's config)."""
+    from chateval_dspy.deploy.store import read_card
+
+    return bool((read_card(program_dir).get("config") or {}).get("calibrate"))
+
+
+def is_saved(program: str | Path) -> bool:
+    """Whether ``program`` is a saved evaluator's directory (not an MLflow model URI), whose card can be written."""
+    return Path(program).is_dir() and (Path(program) / "card.json").is_file()
