@@ -304,7 +304,7 @@ def test_the_readme_cascades_subsection_runs_as_written(sandbox):  # noqa: F811 
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()) as err:
                 assert main(shlex.split(command)[1:]) == 0, f"{command}\n{out.getvalue()}\n{err.getvalue()}"
             ran.append(shlex.split(command)[1])
-    assert ran == ["compile", "compile", "cascade", "cascade", "score", "python"]
+    assert ran == ["compile", "compile", "cascade", "cascade", "score", "python", "search"]
     lines = [json.loads(line) for line in open("cascade-verdicts.jsonl", encoding="utf-8")]
     assert lines and all(r["stages_run"] == ["single", "panel"] for r in lines)  # no level reached: both stages ran
     assert namespace["verdict"].stages_run == ["single", "panel"] and namespace["verdict"].stage is None
