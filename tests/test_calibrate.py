@@ -216,3 +216,15 @@ def test_pointwise_verdicts_are_calibrated_per_criterion_and_given_whole(tmp_pat
     confidence, agreed = given_pairs([line], TaskSpec.from_dict(task), ConfidenceMap(raw=(0.0, 1.0),
                                                                                      calibrated=(0.0, 1.0)))
     assert agreed == [True, False] and confidence[0] == confidence[1] < 1.0  # both held at the weaker criterion's
+
+
+def test_calibrate_and_cascade_read_their_items_as_evaluate_does_a_merging_label_map_included():
+    from optim.cli import flags
+    from optim.cli.main import build_parser
+
+    for command in (["calibrate", "--program", "p"], ["cascade", "--out", "o"]):
+        given = [*command, "--dataset", "f.jsonl", "--label-map", "0=tie,1=tie", "--limit", "9"]
+        plain = flags.held_out_spec(build_parser().parse_args(given))
+        merged = flags.held_out_spec(build_parser().parse_args([*given, "--label-map-merge"]))
+        assert (plain.label_map_merge, merged.label_map_merge) == (False, True)
+        assert merged.label_map == {"0": "tie", "1": "tie"} and merged.limit == 9 and merged.dataset == "f.jsonl"

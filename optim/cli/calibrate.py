@@ -11,10 +11,7 @@ def add_command(sub) -> None:
                                          "confidence threshold for a guaranteed agreement level")
     p.add_argument("--program", required=True, metavar="DIR", help="saved evaluator directory (calibration.json is "
                                                                     "written there)")
-    p.add_argument("--dataset", required=True, help="faireval, topical_chat, or a labelled .jsonl/.csv file")
-    p.add_argument("--columns", help="custom file: map fields to your columns, e.g. question=prompt,label=winner")
-    p.add_argument("--label-map", metavar="VALUE=LABEL,...", help="custom file: map your label values to ours")
-    p.add_argument("--limit", type=int, help="use only the first N items of the test split")
+    flags.add_held_out_flags(p)
     p.add_argument("--seed", type=int, help="split seed (default: the one the evaluator's card records, else 0); "
                                             "the calibration/check halves are drawn with it too")
     p.add_argument("--model", help="LM for this evaluator (default: the card's model)")
@@ -35,12 +32,9 @@ def add_command(sub) -> None:
 def run(args) -> int:
     """Exit 0 also when the level asked for is not reached: the map is saved without a threshold and the
     report says so, with the best level reachable (``calibration.json`` then has no threshold)."""
-    from chateval_dspy.data.loaders import parse_columns, parse_label_map
-    from chateval_dspy.data.spec import DataSpec
     from optim.tuning.calibrate import calibrate, log_report
 
-    data = DataSpec(dataset=args.dataset, columns=parse_columns(args.columns),
-                    label_map=parse_label_map(args.label_map), limit=args.limit)
+    data = flags.held_out_spec(args)
     with show.progress(None, not args.no_progress) as on_item:
         report = calibrate(args.program, data, out_dir=args.out_dir, model=args.model, served_model=args.served_model,
                            timeout=args.timeout, concurrency=flags.concurrency(args), level=args.agree_at_least,

@@ -18,10 +18,7 @@ def add_command(sub) -> None:
     p.add_argument("--risk", type=float, help="with --stage: the accepted chance that the guarantee fails, e.g. 0.1")
     p.add_argument("--out", required=True, metavar="DIR", help="the saved cascade's directory (load() and "
                                                                "chateval score/serve take it)")
-    p.add_argument("--dataset", required=True, help="faireval, topical_chat, or a labelled .jsonl/.csv file")
-    p.add_argument("--columns", help="custom file: map fields to your columns, e.g. question=prompt,label=winner")
-    p.add_argument("--label-map", metavar="VALUE=LABEL,...", help="custom file: map your label values to ours")
-    p.add_argument("--limit", type=int, help="use only the first N items of the test split")
+    flags.add_held_out_flags(p)
     p.add_argument("--seed", type=int, help="split seed (default: the one the stages' cards record, else 0); the "
                                             "calibration/check halves are drawn with it too")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds one attempt of one LM request may take")
@@ -51,13 +48,10 @@ def declared(args):
 def run(args) -> int:
     """Exit 0 also when no stage reaches the level: the cascade is saved without thresholds (every item then goes
     to a person) and the report says NOT REACHED, with the best level reachable."""
-    from chateval_dspy.data.loaders import parse_columns, parse_label_map
-    from chateval_dspy.data.spec import DataSpec
     from optim.tuning.cascade import build_cascade, log_report
 
     cascade = declared(args)
-    data = DataSpec(dataset=args.dataset, columns=parse_columns(args.columns),
-                    label_map=parse_label_map(args.label_map), limit=args.limit)
+    data = flags.held_out_spec(args)
     with show.progress(None, not args.no_progress) as on_item:
         report = build_cascade(cascade, data, out=args.out, out_dir=args.out_dir, method=args.method, seed=args.seed,
                                timeout=args.timeout, concurrency=flags.concurrency(args), on_item=on_item)

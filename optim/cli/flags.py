@@ -197,6 +197,24 @@ def add_loaded_flags(p: argparse.ArgumentParser) -> None:
                         "where LiteLLM's cost map has no price")
 
 
+def add_held_out_flags(p: argparse.ArgumentParser) -> None:
+    """The labelled items ``calibrate`` and ``cascade`` judge: the seeded split's test part (``--seed`` is theirs)."""
+    p.add_argument("--dataset", required=True, help="faireval, topical_chat, or a labelled .jsonl/.csv file")
+    p.add_argument("--columns", help="custom file: map fields to your columns, e.g. question=prompt,label=winner")
+    p.add_argument("--label-map", metavar="VALUE=LABEL,...", help="custom file: map your label values to ours")
+    p.add_argument("--label-map-merge", action="store_true",
+                   help="custom file: --label-map may make two of the file's values one label; say so when it is meant")
+    p.add_argument("--limit", type=int, help="use only the first N items of the test split")
+
+
+def held_out_spec(args) -> DataSpec:
+    """``add_held_out_flags``' items as a ``DataSpec``."""
+    from chateval_dspy.data.loaders import parse_columns, parse_label_map
+
+    return DataSpec(dataset=args.dataset, columns=parse_columns(args.columns), label_map=parse_label_map(args.label_map),
+                    label_map_merge=args.label_map_merge, limit=args.limit)
+
+
 def tracking_spec(args):
     """``--tracking-uri``, ``--no-mlflow``, ``--no-log-model``, ``--register``, ``--wheelhouse`` -> ``TrackingSpec``."""
     from optim.tracking.runs import TrackingSpec
