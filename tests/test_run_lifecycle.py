@@ -103,7 +103,7 @@ def test_evaluate_runs_while_it_judges_and_ends_killed_by_sigterm_or_sigint_and_
         assert main(evaluate_args(urls[signal.SIGKILL], out, uri)) == 0
     killed, finished = runs_of(client, out)
     assert (killed.info.status, finished.info.status) == ("KILLED", "FINISHED") and lines(out) == ITEMS
-    assert finished.info.start_time <= server.times[0] * 1000 and finished.info.end_time >= server.times[-1] * 1000
+    assert finished.info.start_time <= server.times[0] * 1000 and finished.info.end_time >= int(server.times[-1] * 1000)
     assert finished.data.metrics["accuracy"] >= 0 and finished.data.params["model"] == "openai-compatible/fake-served"
 
 
@@ -124,7 +124,7 @@ def _check_stopped(client, jobs: dict, seen: dict) -> None:
             continue
         assert proc.returncode == 128 + sig, stdout + stderr
         assert ("terminated" if sig == signal.SIGTERM else "interrupted") in stderr
-        assert ended.info.status == "KILLED" and ended.info.end_time >= server.times[-1] * 1000
+        assert ended.info.status == "KILLED" and ended.info.end_time >= int(server.times[-1] * 1000)
 
 
 def _stop_each_mid_judging(client, jobs: dict) -> dict:
