@@ -19,7 +19,7 @@ from optim.bench import cascade_billing as billing
 
 def sim_args(**over) -> argparse.Namespace:
     values = {"draws": 20, "calibration": 300, "fresh": 300, "level": None, "risk": 0.1, "cheap_accuracies": "0.9",
-              "panel_cost": 4.0, "hard": 1.0, "easy": 0.4, "seed": 0, "out": None}
+              "panel_cost": 4.0, "evidence": "votes", "hard": 1.0, "easy": 0.4, "seed": 0, "out": None}
     return argparse.Namespace(**{**values, **over})
 
 
@@ -42,7 +42,37 @@ def test_the_exact_population_is_a_distribution_and_the_panel_rate_is_its_own():
     assert pop.prob.sum() == pytest.approx(1.0)
     d = (np.arange(sim.D_GRID) + 0.5) / sim.D_GRID
     alone = panel.outcome_rates(d).mean(axis=1)[panel.score(panel.outcomes) > 0].sum()
-    assert pop.panel_agreement() == pytest.approx(alone)
+    assert pop.alone()[1] == pytest.approx(alone)
+
+
+def test_token_evidence_exact_rates_match_drawn_items():
+    """The token population's integral over ``d`` is what drawing items gives, thresholds and maps fixed."""
+    from chateval_dspy.program.confidence import ConfidenceMap
+
+    pair = sim.stages(0.8, "tokens")
+    pop = sim.population(pair, 1.0)
+    maps = [ConfidenceMap(raw=(0.5, 0.9, 1.0), calibrated=(0.4, 0.7, 0.95), method="isotonic", n=10)] * 2
+    thresholds = [0.8, 0.6]
+    exact = pop.rates(maps, thresholds, 4.0)
+    rng = np.random.default_rng(1)
+    d = rng.random(200_000)
+    (c1, a1), (c2, a2) = pair[0].draw(rng, d), pair[1].draw(rng, d)
+    conf = (sim.mapped(maps[0], c1), sim.mapped(maps[1], c2))
+    drawn = sim.rates(sim.leaves(conf, thresholds), (a1, a2), np.ones(d.size), 4.0)
+    for key in ("stage1", "stage2", "person", "agreement"):
+        assert exact[key] == pytest.approx(drawn[key], abs=0.005), key
+    assert pop.alone()[1] == pytest.approx(float(a2.mean()), abs=0.005)
+
+
+def test_a_score_cutoff_is_where_the_mapped_confidence_reaches_the_threshold():
+    from chateval_dspy.program.confidence import ConfidenceMap
+
+    cmap = ConfidenceMap(raw=(0.6, 0.8), calibrated=(0.5, 0.9), method="isotonic", n=10)
+    c = sim.score_cutoff(cmap, 0.7)  # halfway: raw 0.7
+    assert c == pytest.approx(np.log(0.7 / 0.3))
+    assert sim.mapped(cmap, sim.confidence(np.array([c - 1e-6, c + 1e-6]))).tolist() == pytest.approx([0.7, 0.7])
+    assert sim.score_cutoff(cmap, 0.95) == np.inf and sim.score_cutoff(cmap, None) == np.inf
+    assert sim.score_cutoff(cmap, 0.5) == 0.0  # every item clears it
 
 
 def test_an_item_leaves_at_its_first_stage_that_keeps_it():
@@ -92,6 +122,7 @@ def test_the_printed_cost_ratio_follows_from_the_printed_counts(simulated):
 def test_bad_arguments_are_refused(capsys):
     assert sim.run_cascade(sim_args(draws=0)) == 2
     assert sim.run_cascade(sim_args(cheap_accuracies="0.4")) == 2
+    assert sim.run_cascade(sim_args(evidence="logits")) == 2
     assert "strictly between 0.5 and 1" in capsys.readouterr().out
 
 

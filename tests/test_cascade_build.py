@@ -282,18 +282,18 @@ def test_the_command_logs_its_figures_and_files_to_mlflow(built, tmp_path, monke
 
 @pytest.mark.slow  # compiles two programs and builds a cascade on FairEval with the scripted fake LM
 def test_the_readme_cascades_subsection_runs_as_written(sandbox):  # noqa: F811 - test_readme's fixture
-    """README "### Cascades", block by block, after the quick start's compile that makes ``programs/quick`` (the
-    whole README also runs in ``test_readme.py``; this checks the subsection on its own, quicker)."""
+    """docs/selective.md "## Cascades", block by block, after the page's compile that makes ``programs/quick`` (the
+    whole page also runs in ``test_readme.py``; this checks the section on its own, quicker)."""
     import shlex
 
-    from test_readme import README, blocks, commands
+    from test_readme import DOCS, blocks, commands
 
     from optim.cli.main import main
 
-    text = README.read_text(encoding="utf-8")
+    text = (DOCS / "selective.md").read_text(encoding="utf-8")
     quick = next(c for lang, code, _ in blocks(text) if lang == "bash" for c in commands(code)
                  if c.startswith("chateval compile") and c.endswith("--out programs/quick"))
-    section = text[text.index("\n### Cascades\n"): text.index("\n### As a metric for another DSPy program\n")]
+    section = text[text.index("\n## Cascades\n"): text.index("\n## Bias audit\n")]
     ran, namespace = [], {}
     for lang, code, _ in [("bash", quick, 0), *blocks(section)]:
         if lang == "python":
@@ -308,3 +308,62 @@ def test_the_readme_cascades_subsection_runs_as_written(sandbox):  # noqa: F811 
     lines = [json.loads(line) for line in open("cascade-verdicts.jsonl", encoding="utf-8")]
     assert lines and all(r["stages_run"] == ["single", "panel"] for r in lines)  # no level reached: both stages ran
     assert namespace["verdict"].stages_run == ["single", "panel"] and namespace["verdict"].stage is None
+
+
+def people_or_off(items) -> callable:
+    """A pointwise responder: the people's rounded rating on even-numbered items; on odd ones only the critic gives
+    it and every other referee a far rating, so that a lone scientist is right on half the items and a panel of
+    both is split exactly where it is wrong."""
+    from chateval_dspy.testing.fake_lm import default_responder
+
+    people = {x["response"].strip(): (int(x["id"]) % 2 == 0, x["human"]) for x in items}
+
+    def respond(call):
+        out = default_responder(call)
+        even, human = people.get(call.inputs.get("response", "").strip(), (True, {}))
+        critic = "critic" in call.inputs.get("persona", "").lower()
+        for name, score in human.items():
+            right = int(round(score))
+            out[name] = right if even or critic else (0 if name == "groundedness" else 1 if right >= 2 else 3)
+            if name == "groundedness" and not (even or critic):
+                out[name] = 1 - right
+        return out
+
+    return respond
+
+
+def test_a_pointwise_cascade_is_built_per_criterion_and_routes_as_reported(tmp_path, monkeypatch):
+    """Topical-Chat on the scripted fake LM: both stages calibrated on every labelled criterion; the lone scientist
+    keeps nothing (right on half the items), the panel keeps the items its referees agree on, and the saved cascade
+    gives each check item's verdict whole at the stage the report counts it."""
+    from chateval_dspy.data.loaders import load_dataset
+    from chateval_dspy.deploy.judge import load
+    from chateval_dspy.testing.fake_lm import fake_lm
+
+    items, _ = load_dataset("topical_chat")
+
+    @contextlib.contextmanager
+    def resolve(spec="embedded", **kwargs):
+        yield attach_price(fake_lm(people_or_off(items)), stated_price(PRICE))
+
+    monkeypatch.setattr(chateval_dspy.lm.resolve, "resolve_lm", resolve)
+    cfg = DebateConfig(format="pointwise", roles=("critic",), turns=1)
+    for name, roles in (("single", ("scientist",)), ("panel", ("critic", "scientist"))):
+        program = build_evaluator(cfg.replace(roles=roles))
+        save_program(program, tmp_path / name, make_card(program, model="fake/scripted"))
+    report = build_cascade(declare([f"single={tmp_path / 'single'}", f"panel={tmp_path / 'panel'}"], level=0.8,
+                                   risk=0.2), DataSpec("topical_chat", limit=40), out=tmp_path / "cascade",
+                           out_dir=tmp_path / "out")
+    assert report.header["items"] == {"calibration": 20, "check": 20} and report.reached
+    single, panel = report.cascade.stages
+    assert single.threshold is None and panel.threshold is not None
+    left = [s.left for s in report.stages]
+    assert left[0] == 0 and 0 < left[1] < 20 and report.agreement.value >= 0.8 and report.agreement.n == 4 * left[1]
+    check = calibration_items(DataSpec("topical_chat", limit=40, split="test"))["check"]
+    with load(tmp_path / "cascade", cache=False) as judge:
+        verdicts = [judge({k: x[k] for k in ("dialogue_history", "fact", "response")}) for x in check]
+    assert [[v.stage for v in verdicts].count(s.name) for s in report.stages] == left
+    criteria = len(cfg.task_spec.output_fields)
+    for v in verdicts:  # whole or withheld: every criterion or none
+        assert (v.scores is None) == (v.stage is None) and (v.scores is None or len(v.scores) == criteria)
+        assert v.stage is not None or v.withheld is not None

@@ -11,8 +11,18 @@ and the routing, not the DSPy program). Each item has difficulty ``d = spread * 
 - Stage 2, the strong panel: the five built-in roles at their untuned accuracies (``SimKnobs().accuracy``), both
   orders (10 votes), as in the selective benchmark.
 
-Each stage's verdict is its weighted vote (a tie disagrees with people), its raw confidence the vote's naive-Bayes
-posterior assuming ``d = 0``. Per draw, ``--calibration`` items from the calibration mix fit each stage's isotonic
+Two kinds of evidence (``--evidence``, one row set each; both stages and the panel on every item use the same kind):
+
+- ``votes``: each call gives a vote only. A stage's verdict is its weighted vote (a tie disagrees with people), its
+  raw confidence the vote's naive-Bayes posterior assuming ``d = 0``.
+- ``tokens``: each call also gives its token probabilities (``--weighted-scores``), modelled as a Thurstonian judge:
+  a call has a latent score ``s ~ N(mu, 1)`` with ``mu = Phi^-1(0.5 + (p - 0.5)(1 - d))``, names the right answer
+  when ``s > 0`` (so it is right exactly as often as a vote) and puts probability ``Phi(|s|)`` on the answer it names.
+  A stage adds its calls' log-likelihood ratios assuming ``d = 0`` (``2 Phi^-1(p) s`` each): its verdict is the
+  sign (no ties), its raw confidence the posterior ``1 / (1 + exp(-|sum|))``. How informative real token
+  probabilities are is a property of the model; this one is an assumption, stated as such.
+
+Per draw, ``--calibration`` items from the calibration mix fit each stage's isotonic
 map (``optim.tuning.confidence.fit_confidence_map``) and choose both thresholds together on the mapped confidences
 (``optim.tuning.selective.choose_cascade_thresholds``: each stage at ``risk / 2``, on the items earlier stages did not
 keep). An item leaves at the first stage whose mapped confidence clears that stage's threshold; an item no stage keeps
@@ -30,8 +40,8 @@ cost for the items nobody kept is not counted. The cascade's cost per verdict is
 every item of every draw / verdicts given, a draw reaching no threshold spending units and giving none); the panel on
 every item gives a verdict on each item at ``panel_cost`` units. Their ratio is the target (at most 0.5x).
 
-Rows: per ``--cheap-accuracies`` value, ``exchangeable`` (calibrate and use on spread ``--hard``) and ``control``
-(calibrate on spread ``--easy``, use on ``--hard``: exchangeability broken on purpose).
+Rows: per evidence kind and ``--cheap-accuracies`` value, ``exchangeable`` (calibrate and use on spread ``--hard``)
+and ``control`` (calibrate on spread ``--easy``, use on ``--hard``: exchangeability broken on purpose).
 
     python -m optim.bench cascade --draws 200
 """
@@ -64,6 +74,8 @@ def add_parser(sub) -> None:
     ca.add_argument("--level", type=float, help="agreement asked for (default: the panel's on every item of the use mix)")
     ca.add_argument("--risk", type=float, default=0.1, help="accepted chance that the guarantee fails (default 0.1)")
     ca.add_argument("--cheap-accuracies", default="0.7,0.8,0.9", help="the cheap judge's accuracy, one row pair each")
+    ca.add_argument("--evidence", default="votes,tokens",
+                    help="what each call gives: votes, tokens (votes with token probabilities), or both (default)")
     ca.add_argument("--panel-cost", type=float, default=PANEL_COST,
                     help=f"the panel's cost per item in cheap-judge units (default {PANEL_COST:g}: 8 calls / 2)")
     ca.add_argument("--hard", type=float, default=1.0, help="difficulty spread of the use mix (default 1.0)")
@@ -72,7 +84,7 @@ def add_parser(sub) -> None:
     ca.add_argument("--out", help="also write the rows as JSON here")
 
 
-class Stage:
+class VoteStage:
     """A judge's votes: referee groups ``(accuracy, votes)``, its weighted vote, confidence and exact outcome rates."""
 
     def __init__(self, groups: list[tuple[float, int]]):
@@ -85,17 +97,13 @@ class Stage:
         """Signed weighted vote towards the right answer, from right votes per group (items x groups)."""
         return ((2 * right - self.counts) * self.weights).sum(axis=-1)
 
-    @staticmethod
-    def confidence(score: np.ndarray) -> np.ndarray:
-        return 1.0 / (1.0 + np.exp(-np.abs(score)))
-
     def p_item(self, d: np.ndarray) -> np.ndarray:
         return 0.5 + (self.ps[None, :] - 0.5) * (1 - d[:, None])
 
     def draw(self, rng: np.random.Generator, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each item's (raw confidence, agreed with people) given its difficulty."""
         s = self.score(rng.binomial(self.counts[None, :], self.p_item(d)))
-        return self.confidence(s), s > 0
+        return confidence(s), s > 0
 
     def outcome_rates(self, d: np.ndarray) -> np.ndarray:
         """P(outcome | d), outcomes x d (every combination of right votes per group)."""
@@ -108,29 +116,118 @@ class Stage:
         return out
 
 
-def stages(cheap_accuracy: float) -> tuple[Stage, Stage]:
+class TokenStage(VoteStage):
+    """The same referees with token probabilities: the stage's summed log-likelihood ratio is normal given ``d``."""
+
+    def __init__(self, groups: list[tuple[float, int]]):
+        from scipy.stats import norm
+
+        super().__init__(groups)
+        self.weights = 2 * norm.ppf(self.ps)  # log-likelihood ratio per unit of latent score, at d = 0
+
+    def moments(self, d: np.ndarray) -> tuple[np.ndarray, float]:
+        """Mean (per ``d``) and standard deviation of the signed score towards the right answer."""
+        from scipy.stats import norm
+
+        mean = (self.counts * self.weights * norm.ppf(self.p_item(d))).sum(axis=-1)
+        return mean, float(np.sqrt((self.counts * self.weights**2).sum()))
+
+    def draw(self, rng: np.random.Generator, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        mean, sd = self.moments(d)
+        s = rng.normal(mean, sd)
+        return confidence(s), s > 0
+
+
+def confidence(score: np.ndarray) -> np.ndarray:
+    """A stage's raw confidence: the posterior of its verdict assuming ``d = 0``."""
+    return 1.0 / (1.0 + np.exp(-np.abs(score)))
+
+
+def stages(cheap_accuracy: float, evidence: str = "votes") -> tuple[VoteStage, VoteStage]:
     """The cheap judge (one referee, both orders) and the panel (the five built-in roles, both orders)."""
+    kind = TokenStage if evidence == "tokens" else VoteStage
     panel = sorted({p for _, p in SimKnobs().accuracy})
     counts = [2 * sum(1 for _, p in SimKnobs().accuracy if p == q) for q in panel]
-    return Stage([(cheap_accuracy, 2)]), Stage(list(zip(panel, counts)))
+    return kind([(cheap_accuracy, 2)]), kind(list(zip(panel, counts)))
+
+
+def _grid(spread: float) -> np.ndarray:
+    return (np.arange(D_GRID) + 0.5) / D_GRID * spread
 
 
 class Population:
     """Every pair of vote outcomes (cheap x panel) on a mix: raw confidences, agreement and joint probability."""
 
-    def __init__(self, cheap: Stage, panel: Stage, spread: float):
+    def __init__(self, cheap: VoteStage, panel: VoteStage, spread: float):
         self.spread = spread
-        d = (np.arange(D_GRID) + 0.5) / D_GRID * spread
+        d = _grid(spread)
         a, b = cheap.outcome_rates(d), panel.outcome_rates(d)
         self.prob = (a[:, None, :] * b[None, :, :]).mean(axis=-1).ravel()  # independent given d
         sa, sb = cheap.score(cheap.outcomes), panel.score(panel.outcomes)
         grid = np.meshgrid(np.arange(len(sa)), np.arange(len(sb)), indexing="ij")
         ia, ib = grid[0].ravel(), grid[1].ravel()
-        self.conf = (cheap.confidence(sa)[ia], panel.confidence(sb)[ib])
+        self.conf = (confidence(sa)[ia], confidence(sb)[ib])
         self.agreed = (sa[ia] > 0, sb[ib] > 0)
 
-    def panel_agreement(self) -> float:
-        return float(self.prob[self.agreed[1]].sum())
+    def alone(self) -> tuple[float, float]:
+        """Agreement of the cheap judge and of the panel on every item."""
+        return float(self.prob[self.agreed[0]].sum()), float(self.prob[self.agreed[1]].sum())
+
+    def rates(self, maps, thresholds: list[float | None], panel_cost: float) -> dict:
+        conf = (mapped(maps[0], self.conf[0]), mapped(maps[1], self.conf[1]))
+        return rates(leaves(conf, thresholds), self.agreed, self.prob, panel_cost)
+
+
+class TokenPopulation:
+    """Both stages' scores are normal given ``d``: a stage keeps an item when ``|score|`` clears its cutoff."""
+
+    def __init__(self, cheap: TokenStage, panel: TokenStage, spread: float):
+        self.spread = spread
+        d = _grid(spread)
+        self.moments = (cheap.moments(d), panel.moments(d))
+
+    def alone(self) -> tuple[float, float]:
+        from scipy.stats import norm
+
+        return tuple(float(norm.cdf(mean / sd).mean()) for mean, sd in self.moments)
+
+    def rates(self, maps, thresholds: list[float | None], panel_cost: float) -> dict:
+        """Shares and agreement, integrating each stage's normal score over ``d`` (see ``rates``)."""
+        from scipy.stats import norm
+
+        kept = []
+        for (mean, sd), cmap, t in zip(self.moments, maps, thresholds):
+            c = score_cutoff(cmap, t)
+            kept.append((norm.sf((c - mean) / sd), norm.cdf((-c - mean) / sd)))  # (right, wrong), per d
+        (r1, w1), (r2, w2) = kept
+        rest = 1 - r1 - w1
+        share = [float((r1 + w1).mean()), float((rest * (r2 + w2)).mean())]
+        given = share[0] + share[1]
+        right = float((r1 + rest * r2).mean())
+        return {"stage1": share[0], "stage2": share[1], "person": max(0.0, 1 - given), "coverage": given,
+                "agreement": right / given if given else math.nan, "units": 1 + panel_cost * (1 - share[0])}
+
+
+def score_cutoff(cmap, threshold: float | None) -> float:
+    """The ``|score|`` at and above which a stage's mapped confidence clears ``threshold`` (``inf``: never).
+
+    The map is non-decreasing and linear between its breakpoints, so the kept set is an interval ``[c, inf)``.
+    """
+    if threshold is None:
+        return math.inf
+    raw, cal = np.asarray(cmap.raw), np.asarray(cmap.calibrated)
+    above = np.flatnonzero(cal >= threshold)
+    if not above.size:
+        return math.inf
+    j = int(above[0])
+    r = raw[0] if j == 0 else raw[j - 1] + (threshold - cal[j - 1]) / (cal[j] - cal[j - 1]) * (raw[j] - raw[j - 1])
+    if j == 0 or r <= 0.5:
+        return 0.0
+    return math.inf if r >= 1 else math.log(r / (1 - r))
+
+
+def population(pair: tuple[VoteStage, VoteStage], spread: float) -> Population | TokenPopulation:
+    return TokenPopulation(*pair, spread) if isinstance(pair[0], TokenStage) else Population(*pair, spread)
 
 
 def mapped(cmap, raw: np.ndarray) -> np.ndarray:
@@ -157,7 +254,7 @@ def rates(left: np.ndarray, agreed: tuple, weight: np.ndarray, panel_cost: float
             "agreement": right / total / given if given else math.nan, "units": 1 + panel_cost * (1 - share[0])}
 
 
-def one_draw(pair: tuple[Stage, Stage], pop: Population, args, level: float, rng: np.random.Generator,
+def one_draw(pair: tuple[VoteStage, VoteStage], pop, args, level: float, rng: np.random.Generator,
              calibrate_on: float) -> dict:
     """One calibration draw: maps and thresholds chosen on it, then the cascade on the use mix (exact and fresh)."""
     cheap, panel = pair
@@ -167,8 +264,7 @@ def one_draw(pair: tuple[Stage, Stage], pop: Population, args, level: float, rng
     chosen = choose_cascade_thresholds([(mapped(maps[0], c1).tolist(), a1.tolist()),
                                         (mapped(maps[1], c2).tolist(), a2.tolist())], level=level, risk=args.risk)
     thresholds = [s.threshold for s in chosen.stages]
-    exact_conf = (mapped(maps[0], pop.conf[0]), mapped(maps[1], pop.conf[1]))
-    exact = rates(leaves(exact_conf, thresholds), pop.agreed, pop.prob, args.panel_cost)
+    exact = pop.rates(maps, thresholds, args.panel_cost)
     fd = pop.spread * rng.random(args.fresh)
     (f1, fa1), (f2, fa2) = cheap.draw(rng, fd), panel.draw(rng, fd)
     fresh_conf = (mapped(maps[0], f1), mapped(maps[1], f2))
@@ -182,19 +278,19 @@ def held(r: dict, level: float) -> bool:
     return r["coverage"] == 0 or r["agreement"] >= level
 
 
-def run_row(cheap_accuracy: float, args, *, level: float | None, calibrate_on: float, use_on: float,
+def run_row(cheap_accuracy: float, args, *, evidence: str, level: float | None, calibrate_on: float, use_on: float,
             rng: np.random.Generator) -> dict:
     """One row: ``args.draws`` calibration draws of the cascade, and how it did on the use mix."""
-    pair = stages(cheap_accuracy)
-    pop = Population(*pair, use_on)
-    panel_alone = pop.panel_agreement()
+    pair = stages(cheap_accuracy, evidence)
+    pop = population(pair, use_on)
+    cheap_alone, panel_alone = pop.alone()
     level = level if level is not None else math.floor(panel_alone * 1000) / 1000
     draws = [one_draw(pair, pop, args, level, rng, calibrate_on) for _ in range(args.draws)]
     exact = [r["exact"] for r in draws]
     reached = [r for r in draws if any(t is not None for t in r["thresholds"])]
     units, coverage = sum(e["units"] for e in exact), sum(e["coverage"] for e in exact)
     n = len(draws)
-    return {"cheap_accuracy": cheap_accuracy, "calibrate_spread": calibrate_on, "use_spread": use_on,
+    return {"evidence": evidence, "cheap_accuracy": cheap_accuracy, "calibrate_spread": calibrate_on, "use_spread": use_on,
             "level": level, "risk": args.risk, "draws": n, "panel_cost": args.panel_cost,
             "held": proportion(sum(held(e, level) for e in exact), n),
             "held_fresh": proportion(sum(held(r["fresh"], level) for r in draws), n),
@@ -206,7 +302,7 @@ def run_row(cheap_accuracy: float, args, *, level: float | None, calibrate_on: f
             "coverage": over_draws([e["coverage"] for e in exact]),
             "agreement": over_draws([e["agreement"] for e in exact if e["coverage"] > 0]),
             "panel_alone": {"agreement": panel_alone, "units_per_verdict": args.panel_cost},
-            "cheap_alone": {"agreement": float(pop.prob[pop.agreed[0]].sum()), "units_per_verdict": 1.0},
+            "cheap_alone": {"agreement": cheap_alone, "units_per_verdict": 1.0},
             "ece_cheap": over_draws([r["ece"][0] for r in draws]), "ece_panel": over_draws([r["ece"][1] for r in draws])}
 
 
@@ -217,21 +313,29 @@ def _accuracies(spec: str) -> list[float]:
     return values
 
 
+def _evidence(spec: str) -> list[str]:
+    kinds = [x.strip() for x in spec.split(",") if x.strip()]
+    if not kinds or not set(kinds) <= {"votes", "tokens"}:
+        raise ValueError(f"--evidence takes votes, tokens or both, got {spec!r}")
+    return kinds
+
+
 def run_cascade(args) -> int:
     """Every row, printed with its intervals (and written to ``--out`` as JSON)."""
     if args.draws < 1 or args.calibration < 1 or args.fresh < 1 or args.panel_cost <= 0:
         print("bench: error: --draws, --calibration, --fresh and --panel-cost must be positive")
         return 2
     try:
-        accuracies = _accuracies(args.cheap_accuracies)
+        accuracies, kinds = _accuracies(args.cheap_accuracies), _evidence(args.evidence)
     except ValueError as exc:
         print(f"bench: error: {exc}")
         return 2
     rng = np.random.default_rng(args.seed)
     rows = []
-    for acc in accuracies:
+    for evidence, acc in itertools.product(kinds, accuracies):
         for name, calibrate_on in (("exchangeable", args.hard), ("control", args.easy)):
-            row = run_row(acc, args, level=args.level, calibrate_on=calibrate_on, use_on=args.hard, rng=rng)
+            row = run_row(acc, args, evidence=evidence, level=args.level, calibrate_on=calibrate_on,
+                          use_on=args.hard, rng=rng)
             rows.append({"row": name, **row})
     print(render(rows, args))
     if args.out:
@@ -256,14 +360,17 @@ def render(rows: list[dict], args) -> str:
              f"{args.calibration} calibration items per draw, {args.draws} draws per row, risk {args.risk}, "
              f"seed {args.seed}; thresholds by choose_cascade_thresholds on isotonic-mapped confidences. Shares of "
              f"draws: exact 95% CIs; coverage/agreement: mean [2.5-97.5 pct] over draws, exact on the use mix. Cost "
-             f"units: cheap judge 1 per item, panel {args.panel_cost:g} per item it judges; people not counted.",
-             f"{'row':13s} {'cheap p':7s} {'cal/use':9s} {'level':6s} {'held (population)':22s} "
+             f"units: cheap judge 1 per item, panel {args.panel_cost:g} per item it judges; people not counted. Evidence: "
+             f"votes (each call a vote), tokens (each call also its token probabilities, an assumed Thurstonian "
+             f"model; no ties).",
+             f"{'row':13s} {'evidence':8s} {'cheap p':7s} {'cal/use':9s} {'level':6s} {'held (population)':22s} "
              f"{'held (' + str(args.fresh) + ' fresh)':22s} {'threshold reached':22s} "
              f"{'stage1/stage2/person':22s} {'coverage':22s} {'agreement given':22s} units/item units/verdict "
              f"ratio vs panel"]
     for r in rows:
         sh = r["shares"]
-        lines.append(f"{r['row']:13s} {r['cheap_accuracy']:<7.2f} {r['calibrate_spread']:.1f}/{r['use_spread']:.1f}   "
+        lines.append(f"{r['row']:13s} {r['evidence']:8s} {r['cheap_accuracy']:<7.2f} "
+                     f"{r['calibrate_spread']:.1f}/{r['use_spread']:.1f}   "
                      f"{r['level']:<6.3f} {_rate(r['held']):22s} {_rate(r['held_fresh']):22s} {_rate(r['reached']):22s} "
                      f"{sh['stage1']:.3f}/{sh['stage2']:.3f}/{sh['person']:.3f}{'':3s} {_pct(r['coverage']):22s} "
                      f"{_pct(r['agreement']):22s} {r['units_per_item']:<10.3f} {r['units_per_verdict']:<13.3f} "
@@ -271,7 +378,8 @@ def render(rows: list[dict], args) -> str:
     for r in rows:
         if r["row"] != "exchangeable":
             continue
-        lines.append(f"cheap p {r['cheap_accuracy']:.2f}, spread {r['use_spread']:.1f}: panel on every item agreement "
+        lines.append(f"{r['evidence']}, cheap p {r['cheap_accuracy']:.2f}, spread {r['use_spread']:.1f}: panel on every "
+                     f"item agreement "
                      f"{r['panel_alone']['agreement']:.3f} at {r['panel_alone']['units_per_verdict']:g} units/verdict; "
                      f"cheap judge on every item {r['cheap_alone']['agreement']:.3f} at 1 unit/verdict (exact); "
                      f"ECE on {args.fresh} fresh items (mean [2.5-97.5 pct]): cheap {_pct(r['ece_cheap'], '.3f')}, panel "
