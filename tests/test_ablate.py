@@ -1,4 +1,4 @@
-"""``chateval ablate`` (issue 14, item 5): which referee earns its cost. On the scripted fake LM, a referee scripted
+"""``chateval ablate``: which referee earns its cost. On the scripted fake LM, a referee scripted
 to be always wrong shows its removal raising agreement, with the exact McNemar p-value; reruns judge nothing new;
 MLflow gets one parent run and a child per variant; the CLI prints the table and writes the plot. The embedded
 model runs the command on two items."""

@@ -13,10 +13,11 @@ from chateval_dspy.config import DebateConfig
 from chateval_dspy.lm.adapter import JudgeAdapter, Style, rendering
 from chateval_dspy.lm.layout import description
 from chateval_dspy.program.chateval import build_evaluator
-from chateval_dspy.program.signatures import PairwiseVerdict, ScoringArgument, signatures_for
+from chateval_dspy.program.signatures import signatures_for
 from chateval_dspy.testing.fake_lm import ScriptedEngine, fake_lm
 
 PINNED = Path(__file__).parent / "data" / "prompts.json"
+PairwiseVerdict, ScoringArgument = signatures_for("pairwise")[1], signatures_for("pointwise")[0]
 INPUTS = {"question": "What is 2+2?", "answer_1": "4", "answer_2": "5", "persona": "You are strict.",
           "discussion": "(nothing yet)"}
 ITEM = {"question": "Which is the capital of France?", "answer_1": "Paris, on the Seine.", "answer_2": "Lyon."}

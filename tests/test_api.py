@@ -1,9 +1,9 @@
-"""The curated Python API: what ``chateval_dspy`` exports exists and is what the README uses (issue 10, break 1)."""
+"""The curated Python API: what ``chateval_dspy`` exports exists and is what the README uses."""
 
 from __future__ import annotations
 
 import chateval_dspy as ce
-from chateval_dspy.deploy.judge import Judge, Verdict, load
+from chateval_dspy.deploy.saved.judge import Judge, Verdict, load
 
 
 def test_every_exported_name_exists():

@@ -1,4 +1,4 @@
-"""``chateval audit`` (issue 34, part 3): deterministic perturbations, the audit recovering biases planted in
+"""``chateval audit``: deterministic perturbations, the audit recovering biases planted in
 simulated referees (``chateval_dspy.testing.sim_lm``), a no-bias control reading zero, resumable reruns, and
 pointwise items where some probes do not apply.
 
@@ -20,9 +20,9 @@ from test_search import mlflow_db  # noqa: F401 - the MLflow store template, sha
 import chateval_dspy.lm.resolve
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.data.spec import DataSpec
-from chateval_dspy.deploy.card import make_card
-from chateval_dspy.deploy.judge import Judge
-from chateval_dspy.deploy.store import load_program, save_program
+from chateval_dspy.deploy.saved.card import make_card
+from chateval_dspy.deploy.saved.judge import Judge
+from chateval_dspy.deploy.saved.store import load_program, save_program
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.testing.fake_lm import fake_lm

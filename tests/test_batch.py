@@ -1,4 +1,4 @@
-"""Batch mode (issue 20): debates through a Batch API in waves, on the fake batch server (``testing.fake_batches``).
+"""Batch mode: debates through a Batch API in waves, on the fake batch server (``testing.fake_batches``).
 
 A wave holds every call the pending debates can make; a run takes as many waves as its longest chain of dependent
 calls. The verdicts are a live run's; nothing is submitted twice, also across a kill; expired batches and failed
@@ -248,9 +248,10 @@ def test_anthropic_message_batches_give_the_live_verdicts_at_batch_prices(tmp_pa
 
 
 def test_score_and_ablate_run_in_batch_mode(tmp_path):
-    from chateval_dspy.deploy.judge import load
-    from chateval_dspy.deploy.score_file import score_file
-    from chateval_dspy.deploy.store import make_card, save_program
+    from chateval_dspy.deploy.saved.card import make_card
+    from chateval_dspy.deploy.saved.judge import load
+    from chateval_dspy.deploy.saved.store import save_program
+    from chateval_dspy.deploy.scale.score_file import score_file
     from chateval_dspy.lm.batch.setup import BatchRun
     from chateval_dspy.program.chateval import build_evaluator
     from optim.ablation.run import ablate
@@ -308,7 +309,8 @@ def test_answers_enter_the_lm_cache_so_a_new_file_pays_nothing(tmp_path, monkeyp
 def test_the_cli_batches_evaluate_and_score_and_tags_the_mlflow_run(tmp_path, monkeypatch, capsys):
     import mlflow
 
-    from chateval_dspy.deploy.store import make_card, save_program
+    from chateval_dspy.deploy.saved.card import make_card
+    from chateval_dspy.deploy.saved.store import save_program
     from chateval_dspy.program.chateval import build_evaluator
     from optim.cli.main import main
 

@@ -208,7 +208,7 @@ def test_unknown_and_repeated_custom_ids_are_warned_about(wave, caplog):
     with caplog.at_level(logging.WARNING, logger="chateval_dspy.lm.batch.provider"):
         outcomes = wave.outcomes("w1", ASKED)
     assert [o.custom_id for o in outcomes] == ["request-1", "request-2", "request-3"]
-    # Two different answers to one request: neither is trusted (issue 32), it goes out again.
+    # Two different answers to one request: neither is trusted, it goes out again.
     assert outcomes[0].body is None and outcomes[0].error["code"] == "conflicting_answers"
     assert "1 line(s) answer requests this batch never asked; ignored" in caplog.text
     assert "line 3: a second, different answer to request-1; neither is kept" in caplog.text

@@ -1,4 +1,4 @@
-"""Batch mode against hostile files and servers (issue 32, section 5): nothing read or written through a link, a
+"""Batch mode against hostile files and servers: nothing read or written through a link, a
 pipe or a second name; no answer to a request never made is journaled; a request answered twice differently is
 asked again; results are read within a size that follows the requests made; a list of batches is read a bounded
 number of pages.

@@ -162,7 +162,8 @@ def test_config_sets_always_hold_the_single_agent():
 
 
 def test_a_saved_program_is_a_row(tmp_path):
-    from chateval_dspy.deploy.store import make_card, save_program
+    from chateval_dspy.deploy.saved.card import make_card
+    from chateval_dspy.deploy.saved.store import save_program
 
     program = build_evaluator(DebateConfig(roles=("critic",), turns=1))
     save_program(program, tmp_path / "prog", make_card(program, model="fake/scripted", optimizer="labeled"))

@@ -1,5 +1,5 @@
 """The review suite (``python -m optim.bench review``) on the planted fake LM: the flag finds the planted errors,
-and labels in queue order teach the panel more than as many random ones (issue 14, item 4)."""
+and labels in queue order teach the panel more than as many random ones."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ SECONDS = 2.0
 CHILD = r"""
 import json, resource, sys, time
 import yaml
-from chateval_dspy.deploy.store import read_card
+from chateval_dspy.deploy.saved.store import read_card
 from chateval_dspy.errors import ChatEvalError
 from chateval_dspy.program.roles import load_role_file
 from chateval_dspy.program.task import load_task

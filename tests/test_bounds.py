@@ -1,4 +1,4 @@
-"""Issue 11: time bounds of LM calls (items 4) and abstentions in the run summary (item 5).
+"""Time bounds of LM calls and abstentions in the run summary.
 
 The timing tests print what they measured and assert a generous bound: the point is "ends near its
 deadline, never a hang", not the exact second.
@@ -21,7 +21,7 @@ from chateval_dspy.lm.engine import bounds_of, with_bounds
 from chateval_dspy.lm.resolve import resolve_lm
 from chateval_dspy.lm.spec import LMSpec
 from chateval_dspy.program.chateval import build_evaluator
-from chateval_dspy.program.signatures import INPUTS
+from chateval_dspy.program.task import builtin_task
 from chateval_dspy.run.evaluate import evaluate
 from chateval_dspy.run.result import RunResult
 from chateval_dspy.run.table import summary_table
@@ -46,7 +46,7 @@ def judge(lm, cfg=ONE_CALL, **item):
 
 
 def test_default_bounds_follow_the_stated_formula():
-    """Issue 11 (item 4): call deadline 2*timeout + 10 s, item deadline 4*call deadline, each settable."""
+    """Call deadline 2*timeout + 10 s, item deadline 4*call deadline, each settable."""
     assert CallBounds.derive(120) == CallBounds(timeout=120, retries=2, call_deadline=250, item_deadline=1000)
     assert CallBounds.derive(5) == CallBounds(timeout=5, retries=2, call_deadline=20, item_deadline=80)
     assert CallBounds.derive(5, call_deadline=12).item_deadline == 48
@@ -59,7 +59,7 @@ def test_default_bounds_follow_the_stated_formula():
 
 
 def test_exactly_one_layer_retries_a_failing_endpoint():
-    """Issue 11 (item 4): DSPy's num_retries (3) on top of the openai client's max_retries (3) made 16
+    """DSPy's num_retries (3) on top of the openai client's max_retries (3) made 16
     attempts per call; now the engine alone retries, ``1 + retries`` attempts."""
     server = FakeOpenAIServer(faults=[500] * 50)
     with server as url, resolve_lm(url, timeout=5) as lm:
@@ -72,7 +72,7 @@ def test_exactly_one_layer_retries_a_failing_endpoint():
 
 
 def test_a_litellm_model_string_retries_in_one_layer_and_carries_its_bounds():
-    """Issue 11 (item 4): for a model string one layer retries (its engines make one attempt each); issue 32: that
+    """For a model string one layer retries (its engines make one attempt each); that
     layer is the debate's wait for the call, not DSPy's loop (``num_retries`` 0), which slept out any Retry-After
     unseen. The retries and deadlines ride on the LM for the debate to enforce."""
     with resolve_lm("openai/gpt-4o-mini", timeout=7, retries=1, item_deadline=100) as lm:
@@ -85,7 +85,7 @@ def test_a_litellm_model_string_retries_in_one_layer_and_carries_its_bounds():
 
 
 def test_a_call_to_a_hanging_endpoint_ends_at_its_call_deadline():
-    """Issue 11 (item 4): a server that accepts the connection and never answers held one call for
+    """A server that accepts the connection and never answers held one call for
     34.9 minutes; now the call ends by its deadline as the abstention ``lm_error:deadline``."""
     bounds = CallBounds.derive(1.0, call_deadline=3.0, item_deadline=60.0)
     server = FakeOpenAIServer(hang=True)
@@ -101,7 +101,7 @@ def test_a_call_to_a_hanging_endpoint_ends_at_its_call_deadline():
 
 
 def test_an_item_against_a_hanging_endpoint_ends_at_its_item_deadline():
-    """Issue 11 (item 4): once an item's time is spent, its remaining turns abstain without calling the LM,
+    """Once an item's time is spent, its remaining turns abstain without calling the LM,
     so an 8-call item ends by the item deadline rather than after 8 call deadlines."""
     cfg = DebateConfig(roles=("critic", "scientist"), turns=2)  # 8 calls, one after another
     server = FakeOpenAIServer(hang=True)
@@ -110,7 +110,7 @@ def test_an_item_against_a_hanging_endpoint_ends_at_its_item_deadline():
         pred, seconds = judge(lm, cfg)
         attempts = len(server.requests)
     print(f"\nan 8-call item against a hanging server: {seconds:.2f} s, {attempts} attempt(s), "
-          f"{pred.calls} call(s) made (item deadline 4 s)")
+          f"{pred.calls} call(s) made")
     assert seconds < 4.0 + SLACK_S
     assert set(pred.abstentions.values()) == {"lm_error:deadline"} and len(pred.abstentions) == 8
     assert pred.calls < cfg.calls_per_item()  # the turns after the deadline never reached the LM
@@ -118,7 +118,7 @@ def test_an_item_against_a_hanging_endpoint_ends_at_its_item_deadline():
 
 
 def test_a_model_string_lm_against_a_hanging_endpoint_is_cut_by_the_debate():
-    """Issue 11 (item 4): DSPy's own engine (the route a LiteLLM model string takes) cannot be interrupted
+    """DSPy's own engine (the route a LiteLLM model string takes) cannot be interrupted
     from outside, so the debate stops waiting for it at the call deadline."""
     bounds = CallBounds.derive(1.0, retries=2, call_deadline=2.5)
     server = FakeOpenAIServer(hang=True)
@@ -132,7 +132,7 @@ def test_a_model_string_lm_against_a_hanging_endpoint_is_cut_by_the_debate():
 
 
 def test_an_lm_that_never_returns_is_cut_at_the_deadline():
-    """Issue 11 (item 4): whatever the LM (here one blocked for good), a call ends by its deadline."""
+    """Whatever the LM (here one blocked for good), a call ends by its deadline."""
     release = threading.Event()
 
     def stuck(call):
@@ -150,7 +150,7 @@ def test_an_lm_that_never_returns_is_cut_at_the_deadline():
 
 
 def test_an_lm_without_bounds_is_called_as_before():
-    """Issue 11 (item 4): the deadlines belong to the LM; a hand-built LM without any is not cut."""
+    """The deadlines belong to the LM; a hand-built LM without any is not cut."""
     lm = fake_lm(lambda call: (time.sleep(0.2), default_responder(call))[1])
     pred, _ = judge(lm)
     assert bounds_of(lm) is None and pred.abstentions == {} and pred.preference is not None
@@ -172,11 +172,11 @@ def _fault_mix(call):
 
 def _items(*questions):
     return [dspy.Example(id=f"i{n}", question=q, answer_1="a" * (10 + n), answer_2="b" * 30, label="2")
-            .with_inputs(*INPUTS["pairwise"]) for n, q in enumerate(questions)]
+            .with_inputs(*builtin_task("pairwise").input_names) for n, q in enumerate(questions)]
 
 
 def test_referee_abstentions_are_counted_by_cause_beside_whole_items(tmp_path):
-    """Issue 11 (item 5): a fault-mix run had 6 referee abstentions in its results file and the summary said
+    """A fault-mix run had 6 referee abstentions in its results file and the summary said
     'abstained: 0'. The summary now counts referee turns by cause beside whole items, and shows both."""
     cfg = DebateConfig(roles=("general_public", "critic"), turns=1)  # 2 referees x 2 orders
     items = _items("down 1", "garbled 2", "fine 3", "down 4")
@@ -199,7 +199,7 @@ def test_referee_abstentions_are_counted_by_cause_beside_whole_items(tmp_path):
 
 
 def test_item_and_referee_abstentions_both_reach_the_metrics_for_mlflow():
-    """Issue 11 (item 5): the counts by cause as flat numeric metrics with names MLflow accepts everywhere."""
+    """The counts by cause as flat numeric metrics with names MLflow accepts everywhere."""
     result = RunResult(ONE_CALL)
     base = {"human": "1", "prediction": None, "calls": 2, "prompt_tokens": 0, "completion_tokens": 0, "seconds": 1.0}
     result.add({**base, "abstained": "lm_error:deadline",

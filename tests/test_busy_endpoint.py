@@ -1,4 +1,4 @@
-"""Issue 32, section 1: the embedded default gave up on a busy machine. A timeout from a live server is not a dead
+"""The embedded default gave up on a busy machine. A timeout from a live server is not a dead
 endpoint: the breaker counts it only when the endpoint also fails its liveness check (``/health``, else
 ``/v1/models``), and the engine's bounds follow the endpoint's measured speed (``lm.call_limits.Pace``), so a slow
 run finishes, slower. A dead endpoint (``/health`` failing, a refused port) still stops the run.
@@ -144,7 +144,7 @@ def test_a_warm_up_starts_the_pace_from_the_machines_speed_now():
 
 
 def test_the_start_up_benchmark_renders_both_quick_starts_and_ends_its_load(tmp_path):
-    """The quick start idle and under load, side by side (BENCHMARKS.md "Start-up"); its busy processes end with it.
+    """The quick start idle and under load, side by side (benchmarks/startup.md); its busy processes end with it.
     Measured runs are read back from the raw file, so this renders without starting the model."""
     import json
     import os

@@ -1,4 +1,4 @@
-"""Prompt-cache tokens counted and priced (issue 19, item 4): results lines, RunResult, tables, MLflow, cards.
+"""Prompt-cache tokens counted and priced: results lines, RunResult, tables, MLflow, cards.
 
 Expected dollars are computed by hand and from LiteLLM's cost map file itself, never through ``lm.pricing``.
 """
@@ -17,12 +17,13 @@ import pytest
 from dspy.lm15 import Message, Response, TextPart, Usage
 
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.deploy.store import CARD_FILE, CARD_MD, load_program, make_card, save_program
+from chateval_dspy.deploy.saved.card import make_card
+from chateval_dspy.deploy.saved.store import CARD_FILE, CARD_MD, load_program, save_program
 from chateval_dspy.errors import ConfigError, DataError
 from chateval_dspy.lm.adapter import JudgeAdapter
 from chateval_dspy.lm.pricing import Price, litellm_price, price_for, stated_price
 from chateval_dspy.program.chateval import build_evaluator
-from chateval_dspy.program.signatures import INPUTS
+from chateval_dspy.program.task import builtin_task
 from chateval_dspy.run.evaluate import evaluate
 from chateval_dspy.run.records import read_records
 from chateval_dspy.run.result import RunResult
@@ -190,7 +191,7 @@ class PromptCachingEngine(ScriptedEngine):
 
 def items(n: int) -> list[dspy.Example]:
     return [dspy.Example(id=f"item-{i}", label="1", question=f"question {i}", answer_1="a" * (40 + i),
-                         answer_2="b" * 12).with_inputs(*INPUTS["pairwise"]) for i in range(n)]
+                         answer_2="b" * 12).with_inputs(*builtin_task("pairwise").input_names) for i in range(n)]
 
 
 def run_priced(tmp_path, model="openai/gpt-4o-mini", share=0.5):

@@ -1,4 +1,4 @@
-"""``chateval calibrate`` (issue 33): a saved evaluator's confidence fitted on a split tuning never saw, the
+"""``chateval calibrate``: a saved evaluator's confidence fitted on a split tuning never saw, the
 threshold for a guaranteed agreement level, the check half's report, and the review queue's order by confidence.
 
 The referees are the simulated ones (``chateval_dspy.testing.sim_lm``) with item difficulty, so a panel that agrees
@@ -17,9 +17,9 @@ from test_search import mlflow_db  # noqa: F401 - the MLflow store template, sha
 import chateval_dspy.lm.resolve
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.data.spec import DataSpec
-from chateval_dspy.deploy.card import make_card
-from chateval_dspy.deploy.judge import Judge
-from chateval_dspy.deploy.store import CALIBRATION_FILE, save_program
+from chateval_dspy.deploy.saved.card import make_card
+from chateval_dspy.deploy.saved.judge import Judge
+from chateval_dspy.deploy.saved.store import CALIBRATION_FILE, save_program
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.confidence import Calibration
@@ -44,7 +44,7 @@ def saved(tmp_path):
 
 
 def judge_of(program_dir, lm=None):
-    from chateval_dspy.deploy.store import load_program
+    from chateval_dspy.deploy.saved.store import load_program
 
     program, card = load_program(program_dir)
     return Judge(program, card, lm or sim_lm(KNOBS, ITEMS), contextlib.ExitStack())

@@ -1,4 +1,4 @@
-"""The cascade benchmarks (issue 33 targets): the simulation (``python -m optim.bench cascade``) and the billing-fake
+"""The cascade benchmarks: the simulation (``python -m optim.bench cascade``) and the billing-fake
 table (``python -m optim.bench cascade-billing``) run at a small size, and their figures are consistent with one
 another: shares in [0, 1] that sum, per-stage counts that add up, and cost ratios that follow from the printed counts.
 """

@@ -1,4 +1,4 @@
-"""``chateval cascade`` (issue 33 §3-4): a cascade declared in YAML or by flags, built on labelled items (every stage
+"""``chateval cascade``: a cascade declared in YAML or by flags, built on labelled items (every stage
 judges both halves, maps fitted and thresholds chosen on the calibration half), saved, and reported on the check half.
 
 The referees are the simulated ones (``chateval_dspy.testing.sim_lm``) with item difficulty, behind DSPy's real
@@ -19,8 +19,8 @@ from test_search import mlflow_db  # noqa: F401 - the MLflow store template, sha
 import chateval_dspy.lm.resolve
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.data.spec import DataSpec
-from chateval_dspy.deploy.card import make_card
-from chateval_dspy.deploy.store import CALIBRATION_FILE, save_program
+from chateval_dspy.deploy.saved.card import make_card
+from chateval_dspy.deploy.saved.store import CALIBRATION_FILE, save_program
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.lm.pricing import attach_price, stated_price
 from chateval_dspy.program.chateval import build_evaluator
@@ -139,7 +139,7 @@ def test_stage_flags_are_checked():
 
 @pytest.mark.slow  # the shared build judges 200 items on both stages (20 s)
 def test_a_reachable_level_saves_thresholds_and_stages_with_their_maps(built):
-    from chateval_dspy.deploy.cascade import read_cascade
+    from chateval_dspy.deploy.saved.cascade import read_cascade
     from chateval_dspy.program.confidence import Calibration
 
     root, _, _, report = built
@@ -194,7 +194,7 @@ def test_the_dollars_are_those_of_the_results_files(built):
 
 @pytest.mark.slow  # the shared build judges 200 items on both stages (20 s)
 def test_the_saved_cascade_routes_the_check_half_as_reported(built):
-    from chateval_dspy.deploy.judge import load
+    from chateval_dspy.deploy.saved.judge import load
 
     root, data, _, report = built
     check = calibration_items(DataSpec(str(data), format="pairwise", split="test"))["check"]
@@ -337,7 +337,7 @@ def test_a_pointwise_cascade_is_built_per_criterion_and_routes_as_reported(tmp_p
     keeps nothing (right on half the items), the panel keeps the items its referees agree on, and the saved cascade
     gives each check item's verdict whole at the stage the report counts it."""
     from chateval_dspy.data.loaders import load_dataset
-    from chateval_dspy.deploy.judge import load
+    from chateval_dspy.deploy.saved.judge import load
     from chateval_dspy.testing.fake_lm import fake_lm
 
     items, _ = load_dataset("topical_chat")

@@ -1,4 +1,4 @@
-"""A cascade at run time (issue 33 §3): saved and loaded, checked as untrusted input, routing items stage by stage,
+"""A cascade at run time: saved and loaded, checked as untrusted input, routing items stage by stage,
 in ``score_file`` (resumable, and refusing another run's file), in batch mode stage by stage, and in ``serve``.
 
 The fake LM's verdicts follow the answers' lengths: an item whose answers differ much in length gets a wide score
@@ -17,8 +17,8 @@ from fastapi.testclient import TestClient
 
 from chateval_dspy import limits
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.deploy import parts
-from chateval_dspy.deploy.cascade import (
+from chateval_dspy.deploy.saved.card import make_card
+from chateval_dspy.deploy.saved.cascade import (
     CASCADE_FILE,
     CascadeJudge,
     is_cascade,
@@ -26,11 +26,12 @@ from chateval_dspy.deploy.cascade import (
     save_cascade,
     stage_dir,
 )
-from chateval_dspy.deploy.judge import Verdict, load
-from chateval_dspy.deploy.score_file import score_file
-from chateval_dspy.deploy.serve import create_app
-from chateval_dspy.deploy.store import CALIBRATION_FILE, make_card, save_calibration, save_program
-from chateval_dspy.deploy.verdicts import verdict_frame
+from chateval_dspy.deploy.saved.judge import Verdict, load
+from chateval_dspy.deploy.saved.store import CALIBRATION_FILE, save_calibration, save_program
+from chateval_dspy.deploy.saved.verdicts import verdict_frame
+from chateval_dspy.deploy.scale import parts
+from chateval_dspy.deploy.scale.score_file import score_file
+from chateval_dspy.deploy.serving.http import create_app
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.confidence import NEEDS_PERSON, Calibration, ConfidenceMap
@@ -338,7 +339,7 @@ def test_batch_mode_runs_a_two_stage_cascade_stage_by_stage_in_waves(tmp_path):
 
 
 def test_the_mlflow_judge_accepts_a_cascade_and_names_the_stage_in_its_feedback(tmp_path, stages, split, engine):
-    from chateval_dspy.deploy.mlflow_judge import mlflow_judge
+    from chateval_dspy.deploy.mlflow.judge import mlflow_judge
 
     with load(cascade(tmp_path, stages, [split[0], None]), cache=False) as judge:
         scorer = mlflow_judge(judge)
@@ -380,8 +381,8 @@ def test_a_cascade_fetched_from_mlflow_loads_and_its_download_goes_with_the_judg
     MLflow's download) and removes the download when the judge closes."""
     import shutil
 
-    import chateval_dspy.deploy.fetch as fetch
-    import chateval_dspy.deploy.judge as judge_module
+    import chateval_dspy.deploy.saved.fetch as fetch
+    import chateval_dspy.deploy.saved.judge as judge_module
 
     where = cascade(tmp_path, stages, [0.9, None])
     assert fetch._evaluator_in(where, "runs:/r", False) == where  # what the artifacts hold, found as MLflow's would be

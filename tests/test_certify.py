@@ -1,4 +1,4 @@
-"""People against people and the alternative annotator test (issue 34, parts 1-2): agreement figures against hand
+"""People against people and the alternative annotator test: agreement figures against hand
 computations and published worked examples, the test against a hand computation and planted judges, the readers of
 people's labels as untrusted input, and ``chateval certify`` end to end."""
 
@@ -135,6 +135,33 @@ def test_alt_test_matches_a_hand_computation():
     assert result.rho.value == pytest.approx(27 / 30) and result.rho.n == 30
     line = result.line()
     assert line.startswith("can replace an annotator on this data: yes (omega=0.67") and "p-values: a " in line
+
+
+# The authors' published outputs (github.com/nitaytech/AltTest, alt_test_example.ipynb, "Example (paper's data)",
+# commit 13eada2): winning rate omega and advantage probability rho, printed to two decimals, per LLM, on their data
+# (tests/data/alt_test_published.json: two of their sets, item ids replaced by indices), with their epsilons.
+PUBLISHED = {
+    ("mtbench", "accuracy", 0.2): {"gemini_flash": (0.00, 0.72), "gemini_pro": (0.00, 0.76), "gpt-4o": (0.00, 0.77),
+                                   "llama-31": (0.00, 0.69), "gpt-4o-mini": (0.00, 0.74),
+                                   "mistral-v03": (0.00, 0.68)},
+    ("lesion", "neg_rmse", 0.15): {"gemini_flash": (0.17, 0.71), "gemini_pro": (1.00, 0.81), "gpt-4o": (0.00, 0.62),
+                                   "gpt-4o-mini": (0.67, 0.73)},
+}
+
+
+@pytest.mark.parametrize(("dataset", "scoring", "epsilon"), list(PUBLISHED))
+def test_alt_test_reproduces_the_authors_published_example(dataset, scoring, epsilon):
+    data = json.loads((Path(__file__).parent / "data" / "alt_test_published.json").read_text(encoding="utf-8"))
+    found = data["sets"][dataset]
+    labels: dict[str, dict] = {}
+    for who, answers in found["humans"].items():
+        for item, value in answers.items():
+            labels.setdefault(item, {})[who] = value
+    for llm, (omega, rho) in PUBLISHED[(dataset, scoring, epsilon)].items():
+        result = alt_test(found["llms"][llm], labels, scoring=scoring, epsilon=epsilon, n_resamples=20)
+        assert result.missing is None and not result.skipped, llm
+        assert (round(result.omega, 2), round(result.rho.value, 2)) == (omega, rho), llm
+        assert result.replaces is (omega >= 0.5), llm
 
 
 def test_benjamini_yekutieli_thresholds():

@@ -173,7 +173,7 @@ def test_bad_data_row_exit_2_naming_file_row_field(tmp_path, capsys, fake_model)
                        "--out", str(tmp_path / "r.jsonl"), "--no-progress", "--no-cache")
     assert code == 2
     assert "mine.jsonl row 2: field 'question': field is empty" in err
-    assert "--skip-bad-rows" in err  # issue 12: the error names the way past it
+    assert "--skip-bad-rows" in err  # The error names the way past it
 
 
 def test_existing_out_that_is_not_results_exit_2(tmp_path, capsys, fake_model):
@@ -239,7 +239,7 @@ def test_the_lm_is_laid_out_for_the_requests_in_flight(tmp_path, capsys, fake_mo
 
 
 def test_a_blocked_secret_is_one_line_not_a_traceback(tmp_path, capsys, fake_model, monkeypatch):
-    """Issue 10 (break 6): a key about to reach MLflow stops the run with the CLI's one-line error, exit 2."""
+    """A key about to reach MLflow stops the run with the CLI's one-line error, exit 2."""
     secret = "sk-planted-0123456789abcdef"
     monkeypatch.setenv("OPENAI_API_KEY", secret)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")

@@ -9,9 +9,10 @@ from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.lm.adapter import JudgeAdapter
 from chateval_dspy.program.chateval import build_evaluator
+from chateval_dspy.program.demos import label_demo
 from chateval_dspy.run.metrics import accuracy
 from chateval_dspy.testing.fake_lm import Call, fake_lm
-from optim.tuning.compile import OPTIMIZERS, OptimizerSettings, compile_evaluator, label_demo, optimizer_progress
+from optim.tuning.compile import OPTIMIZERS, OptimizerSettings, compile_evaluator, optimizer_progress
 from optim.tuning.objectives import agreement, balanced, make_metric, score_error
 
 
@@ -187,12 +188,12 @@ class _Seen:
 
 @pytest.mark.slow
 def test_compile_and_save_is_the_compile_command_as_a_function(tmp_path, monkeypatch):
-    """Issue 10: the before/after test, the card and the save are one library call on frozen specs."""
+    """The before/after test, the card and the save are one library call on frozen specs."""
     import contextlib
 
     import chateval_dspy.lm.resolve as lm_module
     from chateval_dspy.data.spec import DataSpec
-    from chateval_dspy.deploy.store import load_program
+    from chateval_dspy.deploy.saved.store import load_program
     from chateval_dspy.lm.spec import LMSpec
     from optim.tuning.compile import compile_and_save
 
@@ -221,7 +222,7 @@ def test_compile_and_save_is_the_compile_command_as_a_function(tmp_path, monkeyp
 
 
 def test_compile_flag_defaults_and_choices_come_from_optimizer_settings():
-    """Issue 10: --max-demos/--candidates/--auto/--threads default to OptimizerSettings' fields."""
+    """--max-demos/--candidates/--auto/--threads default to OptimizerSettings' fields."""
     import argparse
 
     from optim.cli import compile as compile_command
@@ -247,6 +248,6 @@ def test_compile_flag_defaults_and_choices_come_from_optimizer_settings():
                                          ({"threads": 0}, "threads must be positive"),
                                          ({"candidates": 0}, "candidates must be positive")])
 def test_optimizer_settings_refuse_what_no_optimizer_can_do(bad, message):
-    """Issue 10: a frozen spec checks itself, as DebateConfig does, before any model starts."""
+    """A frozen spec checks itself, as DebateConfig does, before any model starts."""
     with pytest.raises(ConfigError, match=message):
         OptimizerSettings(**bad)

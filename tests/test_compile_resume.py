@@ -1,4 +1,4 @@
-"""Issue 11: a compile killed at any point finishes when the same command is rerun.
+"""A compile killed at any point finishes when the same command is rerun.
 
 The killed run is a real process killed with SIGKILL (no cleanup runs); the rerun happens in
 this process, against the same fake OpenAI-compatible server, so every LM request is counted.
@@ -73,7 +73,7 @@ def use_mlflow_store(cwd: Path, template: Path) -> Path:
 
 @pytest.mark.parametrize("optimizer,kill_at", [("bootstrap", BEFORE_CALLS + 3), ("mipro", BEFORE_CALLS + 12)])
 def test_compile_killed_mid_optimization_reruns_to_the_identical_program(tmp_path, monkeypatch, optimizer, kill_at):
-    """Issue 11 (item 13): SIGKILL while the optimizer runs; the rerun repeats no finished LM call
+    """SIGKILL while the optimizer runs; the rerun repeats no finished LM call
     (at most the one in flight) and saves the very program an uninterrupted compile saves."""
     monkeypatch.chdir(tmp_path)
     common = ["compile", "--dataset", "faireval", "--limit", "3", "--turns", "1", "--roles", "1",
@@ -99,7 +99,7 @@ def test_compile_killed_mid_optimization_reruns_to_the_identical_program(tmp_pat
 
 def test_compile_killed_after_its_card_completes_mlflow_logging_and_registration_when_rerun(
         tmp_path, monkeypatch, mlflow_db):  # noqa: F811
-    """Issue 11 (item 10): killed after the card was written but before the model was logged, the rerun
+    """Killed after the card was written but before the model was logged, the rerun
     logs and registers it instead of refusing the folder, and the killed MLflow run ends KILLED."""
     import mlflow
 
@@ -154,7 +154,7 @@ DIES_IN = textwrap.dedent("""
 
 
 def test_a_folder_bound_to_another_compile_is_refused_with_what_differs(tmp_path, monkeypatch):
-    """Issue 11 (item 10): the rerun resumes only the same compile; another one is told what differs."""
+    """The rerun resumes only the same compile; another one is told what differs."""
     from chateval_dspy.errors import ConfigError
     from optim.tuning.compile import CompileFolder
 

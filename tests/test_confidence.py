@@ -1,4 +1,4 @@
-"""A confidence on every verdict (issue 33, item 1): evidence from a prediction and from a results line, the fixed
+"""A confidence on every verdict: evidence from a prediction and from a results line, the fixed
 raw summary, the calibrated map read as untrusted input, its fit, the calibration error and the reliability diagram."""
 
 from __future__ import annotations
@@ -25,8 +25,7 @@ from chateval_dspy.program.confidence import (
     pairwise_evidence,
     raw_confidence,
 )
-from chateval_dspy.program.signatures import INPUTS
-from chateval_dspy.program.task import Scale, TaskSpec
+from chateval_dspy.program.task import Scale, TaskSpec, builtin_task
 from chateval_dspy.run.evaluate import judge_item
 from chateval_dspy.testing.fake_lm import fake_lm
 from optim.tuning.confidence import (
@@ -80,7 +79,7 @@ def test_no_verdict_has_no_confidence():
 def test_a_live_run_and_its_results_line_agree(tmp_path):
     cfg = DebateConfig(roles=("general_public", "critic"), turns=1)
     item = dspy.Example(id="x", label="1", question="q?", answer_1="a" * 80, answer_2="b" * 10
-                        ).with_inputs(*INPUTS["pairwise"])
+                        ).with_inputs(*builtin_task("pairwise").input_names)
     with dspy.context(lm=fake_lm(), adapter=JudgeAdapter()):
         pred = build_evaluator(cfg)(**item.inputs())
         line = json.loads(json.dumps(judge_item(build_evaluator(cfg), item, cfg)))

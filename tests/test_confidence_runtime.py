@@ -1,4 +1,4 @@
-"""A confidence on every verdict at run time (issue 33): results lines, the saved calibration.json, withheld
+"""A confidence on every verdict at run time: results lines, the saved calibration.json, withheld
 verdicts (``needs_person``) and coverage, the Judge, ``serve`` and the MLflow feedback.
 
 The fake LM's verdicts follow the answers' lengths, so items whose answers differ more in length get larger score
@@ -16,18 +16,11 @@ from fastapi.testclient import TestClient
 
 from chateval_dspy import limits
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.deploy.assessments import feedback_parts
-from chateval_dspy.deploy.judge import Verdict, load
-from chateval_dspy.deploy.serve import create_app
-from chateval_dspy.deploy.store import (
-    CALIBRATION_FILE,
-    CARD_FILE,
-    CARD_MD,
-    load_program,
-    make_card,
-    save_calibration,
-    save_program,
-)
+from chateval_dspy.deploy.mlflow.assessments import feedback_parts
+from chateval_dspy.deploy.saved.card import make_card
+from chateval_dspy.deploy.saved.judge import Verdict, load
+from chateval_dspy.deploy.saved.store import CALIBRATION_FILE, CARD_FILE, CARD_MD, load_program, save_calibration, save_program
+from chateval_dspy.deploy.serving.http import create_app
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.lm.adapter import JudgeAdapter
 from chateval_dspy.program.chateval import build_evaluator
@@ -38,8 +31,8 @@ from chateval_dspy.program.confidence import (
     evidence,
     raw_confidence,
 )
-from chateval_dspy.program.signatures import INPUTS
-from chateval_dspy.run import records
+from chateval_dspy.program.task import builtin_task
+from chateval_dspy.run import identity
 from chateval_dspy.run.evaluate import evaluate
 from chateval_dspy.run.table import summary_table
 from chateval_dspy.testing.fake_lm import fake_lm
@@ -54,7 +47,7 @@ FITTED_ON = {"data": "faireval", "split": "calibration", "n": 50, "model": "fake
 def item(i, label="1"):
     # answer_1 grows and answer_2 shrinks with i: the score margin (and the confidence) changes from item to item
     return dspy.Example(id=f"item-{i}", label=label, question=f"question {i}", answer_1="a" * (10 + 9 * i),
-                        answer_2="b" * (60 - 4 * i)).with_inputs(*INPUTS["pairwise"])
+                        answer_2="b" * (60 - 4 * i)).with_inputs(*builtin_task("pairwise").input_names)
 
 
 ITEMS = [item(i, label=["1", "2"][i % 2]) for i in range(8)]
@@ -95,8 +88,9 @@ def test_every_results_line_carries_its_confidence_raw_when_uncalibrated(tmp_pat
 def test_pointwise_lines_carry_one_confidence_per_criterion(tmp_path):
     cfg = DebateConfig(format="pointwise", roles=("critic",), turns=1)
     human = {"naturalness": 2.0, "coherence": 2.0, "engagingness": 3.0, "groundedness": 1.0}
+    inputs = builtin_task("pointwise").input_names
     examples = [dspy.Example(id=f"s{i}", dialogue_history=f"A: hi {i}", fact="cats purr", response=r,
-                             human=human).with_inputs(*INPUTS["scoring"]) for i, r in enumerate(["cats purr", "dogs"])]
+                             human=human).with_inputs(*inputs) for i, r in enumerate(["cats purr", "dogs"])]
     out = tmp_path / "s.jsonl"
     run_eval(examples, build_evaluator(cfg), cfg, out=out)
     for line in lines(out):
@@ -178,14 +172,14 @@ def test_old_style_results_lines_still_resume(tmp_path):
 def test_the_run_key_is_unchanged_without_a_calibration_and_differs_with_one(tmp_path):
     lm = {"model": "fake/scripted", "temperature": 0.0}
     state = build_evaluator(CFG).dump_state()
-    from chateval_dspy.data.loaders import dataset_hash
+    from chateval_dspy.data.splits import dataset_hash
 
-    before = records.digest({"config": CFG.changes(), **lm, "items": dataset_hash(ITEMS),
-                             "program": records.digest(state)})  # the key as it was computed before calibrations
-    assert records.run_key(CFG, lm, ITEMS, state) == before
-    assert records.run_key(CFG, lm, ITEMS, state, None) == before
+    before = identity.digest({"config": CFG.changes(), **lm, "items": dataset_hash(ITEMS),
+                             "program": identity.digest(state)})  # the key as it was computed before calibrations
+    assert identity.run_key(CFG, lm, ITEMS, state) == before
+    assert identity.run_key(CFG, lm, ITEMS, state, None) == before
     cal = Calibration(IDENTITY, fitted_on=FITTED_ON)
-    assert records.run_key(CFG, lm, ITEMS, state, cal.to_dict()) != before
+    assert identity.run_key(CFG, lm, ITEMS, state, cal.to_dict()) != before
     # a file written without a calibration is not resumed by the calibrated program, nor mixed into its results
     out = tmp_path / "r.jsonl"
     run_eval(ITEMS[:2], build_evaluator(CFG), out=out)
@@ -332,7 +326,7 @@ def test_a_hand_edited_confidence_in_a_results_line_counts_as_none():
 
 
 def test_a_calibration_changes_the_evaluator_digest_of_ray_and_spark_results(saved):
-    from chateval_dspy.deploy.parts import evaluator_digest
+    from chateval_dspy.deploy.scale.parts import evaluator_digest
 
     program = load_program(saved)[0]
     before = evaluator_digest(program)

@@ -111,7 +111,7 @@ def test_orders_and_calls_per_item(kwargs, orders, calls):
 
 
 def test_changes_are_the_fields_off_their_defaults():
-    assert DebateConfig(format="pointwise").changes() == {"format": "scoring"}
+    assert DebateConfig(format="pointwise").changes() == {"format": "pointwise"}
     cfg = DebateConfig(turns=3, consensus_stop=True)
     assert cfg.changes() == {"format": "pairwise", "turns": 3, "consensus_stop": True}
 

@@ -1,4 +1,4 @@
-"""Cost in US dollars (issue 13, item 4): results lines, summaries, MLflow, bench tables and cards carry it.
+"""Cost in US dollars: results lines, summaries, MLflow, bench tables and cards carry it.
 
 A LiteLLM model string (``openai/gpt-4o-mini``) reaches the scripted OpenAI-compatible server through
 ``OPENAI_BASE_URL``, so the priced model's calls are real HTTP calls with usage the server reports. The
@@ -19,7 +19,7 @@ from test_search import mlflow_db  # noqa: F401 - the MLflow store template, sha
 
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.data.spec import DataSpec
-from chateval_dspy.deploy.store import CARD_FILE, CARD_MD, load_program
+from chateval_dspy.deploy.saved.store import CARD_FILE, CARD_MD, load_program
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.lm.pricing import price_for
 from chateval_dspy.lm.spec import LMSpec

@@ -1,4 +1,4 @@
-"""Tasks of one's own (issue 12 items 3, 6, 7): a SummEval-shaped spec (document + summary, four criteria on 1-5),
+"""Tasks of one's own: a SummEval-shaped spec (document + summary, four criteria on 1-5),
 a RAG-shaped pointwise spec with a label scale (faithful: pass/fail), and a two-criteria pairwise spec, each over a
 small file the test writes, through evaluate, compile (labeled and bootstrap) and save/load, on the fake LM."""
 
@@ -15,8 +15,9 @@ import yaml
 import chateval_dspy.lm.resolve
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.data.spec import DataSpec
-from chateval_dspy.deploy.judge import load
-from chateval_dspy.deploy.store import CARD_FILE, PROGRAM_FILE, load_program, make_card, save_program
+from chateval_dspy.deploy.saved.card import make_card
+from chateval_dspy.deploy.saved.judge import load
+from chateval_dspy.deploy.saved.store import CARD_FILE, PROGRAM_FILE, load_program, save_program
 from chateval_dspy.errors import ConfigError, DataError
 from chateval_dspy.lm.adapter import JudgeAdapter
 from chateval_dspy.lm.spec import LMSpec

@@ -9,18 +9,16 @@ import pytest
 
 from chateval_dspy.data.loaders import (
     DATA_DIR,
-    SPLITS,
     load_custom,
     load_dataset,
     load_faireval,
     load_topical_chat,
     parse_columns,
-    read_rows,
-    select,
-    split,
 )
+from chateval_dspy.data.rows import read_rows
+from chateval_dspy.data.splits import SPLITS, select, split
 from chateval_dspy.errors import ChatEvalError, DataError
-from chateval_dspy.program.signatures import ASPECTS
+from chateval_dspy.program.task import builtin_task
 
 
 @pytest.fixture(scope="module")
@@ -71,9 +69,10 @@ def test_topical_chat_items(topical):
     assert len({x.id for x in topical}) == 360
     contexts = Counter(x.dialogue_history for x in topical)
     assert len(contexts) == 60 and set(contexts.values()) == {6}
+    aspects = builtin_task("pointwise").ordinal_ranges
     for item in topical:
-        assert set(item.human) == set(ASPECTS)
-        assert all(ASPECTS[a][0] <= item.human[a] <= ASPECTS[a][1] for a in ASPECTS)
+        assert set(item.human) == set(aspects)
+        assert all(aspects[a][0] <= item.human[a] <= aspects[a][1] for a in aspects)
     assert set(topical[0].inputs().keys()) == {"dialogue_history", "fact", "response"}
 
 
@@ -402,7 +401,7 @@ def test_scoring_non_numeric_aspect_names_the_field(tmp_path):
 
 
 def test_read_rows_can_keep_bad_rows_as_errors(tmp_path):
-    """Issue 11 (item 7): for a batch of user rows, each malformed row is its own DataError and the rest are read."""
+    """For a batch of user rows, each malformed row is its own DataError and the rest are read."""
     path = tmp_path / "mixed.jsonl"
     path.write_bytes(json.dumps(pair(1)).encode() + b"\n{broken\n\n" + '{"q": "caf\xe9"}'.encode("latin-1")
                      + b'\n"text"\n' + json.dumps(pair(2)).encode() + b"\n")
@@ -430,7 +429,7 @@ def test_csv_rows_keep_their_bad_bytes_to_themselves(tmp_path):
 
 
 def test_a_dataset_still_fails_fast_on_a_bad_row(tmp_path):
-    """Issue 11 (item 7): ``chateval evaluate`` reads a dataset, which must be whole: the first bad row is an error."""
+    """``chateval evaluate`` reads a dataset, which must be whole: the first bad row is an error."""
     path = tmp_path / "data.jsonl"
     path.write_text(json.dumps(pair(1)) + "\n{broken\n" + json.dumps(pair(2)) + "\n", encoding="utf-8")
     with pytest.raises(DataError, match="not valid JSON") as err:

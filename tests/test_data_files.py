@@ -1,4 +1,4 @@
-"""Data files read as people ship them (issue 32, section 2): a CSV error at its record, a JSON array read, and
+"""Data files read as people ship them: a CSV error at its record, a JSON array read, and
 document ids written as a number and as a text never merged."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from chateval_dspy.data.loaders import load_custom, read_rows
+from chateval_dspy.data.loaders import load_custom
+from chateval_dspy.data.rows import read_rows
 from chateval_dspy.errors import DataError
 from chateval_dspy.program.task import TaskSpec
 

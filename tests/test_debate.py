@@ -300,21 +300,21 @@ def test_consensus_stop_keeps_debating_while_referees_disagree():
 
 
 def test_no_lm_configured_raises_dspys_error_not_abstentions():
-    """Issue 10 (break 4): only unparseable output may abstain; a missing LM is the caller's error."""
+    """Only unparseable output may abstain; a missing LM is the caller's error."""
     program = build_evaluator(DebateConfig(roles=(GP,), turns=1, calibrate=False))
     with dspy.context(adapter=JudgeAdapter()), pytest.raises(Exception, match="No LM is loaded"):
         program(**PAIRWISE_ITEM)
 
 
 def test_a_score_outside_the_scale_has_its_own_error_and_abstention_cause(run, monkeypatch):
-    """Issue 10 (break 4): a verdict past DSPy's Literal check (a custom adapter, a hand-made demo) is
+    """A verdict past DSPy's Literal check (a custom adapter, a hand-made demo) is
     ``ScoreRangeError``, recorded as ``score_out_of_range``; our config errors are never swallowed."""
     from chateval_dspy.errors import ConfigError
     from chateval_dspy.program.debater import Debater
-    from chateval_dspy.program.signatures import ScoreRangeError, check_scores
+    from chateval_dspy.program.signatures import ScoreRangeError, check_verdict
 
     with pytest.raises(ScoreRangeError, match="score_1=99"):
-        check_scores("pairwise", {"preference": "1", "score_1": 99, "score_2": 3})
+        check_verdict("pairwise", {"preference": "1", "score_1": 99, "score_2": 3})
     monkeypatch.setattr(Debater, "forward", lambda self, **kw: dspy.Prediction(
         evidence="x", argument="x", preference="1", score_1=99, score_2=3))
     pred = run(build_evaluator(DebateConfig(roles=(GP,), turns=1, calibrate=False)), fake_lm(), **PAIRWISE_ITEM)
@@ -328,11 +328,11 @@ def test_a_score_outside_the_scale_has_its_own_error_and_abstention_cause(run, m
         run(build_evaluator(DebateConfig(roles=(GP,), turns=1, calibrate=False)), fake_lm(), **PAIRWISE_ITEM)
 
 
-# ---------------------------------------------------------------- deadlines (issue 11)
+# ---------------------------------------------------------------- deadlines
 
 
 def test_an_lm_deadline_is_recorded_as_its_own_abstention_cause(run):
-    """Issue 11 (item 4): an engine's DeadlineExceeded reaches the debate wrapped by DSPy as LMTimeoutError;
+    """An engine's DeadlineExceeded reaches the debate wrapped by DSPy as LMTimeoutError;
     the abstention names the deadline, not a plain timeout."""
     from chateval_dspy.lm.engine import DeadlineExceeded
 
@@ -346,7 +346,7 @@ def test_an_lm_deadline_is_recorded_as_its_own_abstention_cause(run):
 
 
 def test_turns_after_the_item_deadline_abstain_without_calling_the_lm(run):
-    """Issue 11 (item 4): the item's time is shared by all its calls; once it is spent the rest abstain at once."""
+    """The item's time is shared by all its calls; once it is spent the rest abstain at once."""
     import time
 
     from chateval_dspy.lm.call_limits import CallBounds
@@ -366,7 +366,7 @@ def test_turns_after_the_item_deadline_abstain_without_calling_the_lm(run):
 
 
 def test_a_summary_cut_by_the_deadline_degrades_to_a_note(run):
-    """Issue 11 (item 4): a summarizer call past its deadline costs the next round its summary, not the verdicts."""
+    """A summarizer call past its deadline costs the next round its summary, not the verdicts."""
     import threading
 
     from chateval_dspy.lm.call_limits import CallBounds

@@ -1,4 +1,4 @@
-"""Every docstring example in the runtime and in optim runs (issue 10: docs are executed).
+"""Every docstring example in the runtime and in optim runs.
 
 The doctest namespace offers ``tmp`` (a fresh directory) and ``fake_url`` (a running scripted
 OpenAI-compatible server), so examples that need an LM use a real URL, as a user would.

@@ -72,7 +72,7 @@ def test_embedded_server_renders_gemma_template():
 
 
 def test_custom_pointwise_task_end_to_end(tmp_path):
-    """Issue 12: the embedded model judges a declared task (a label scale and a 1-5 scale) from the CLI, and every
+    """The embedded model judges a declared task (a label scale and a 1-5 scale) from the CLI, and every
     verdict parses under the spec's scales."""
     import shutil
     from pathlib import Path

@@ -206,11 +206,11 @@ def test_engine_serves_a_dspy_program(server, run):
     assert server.seen[0]["body"]["response_format"]["json_schema"]["schema"]["properties"]["score_1"]
 
 
-# --- retries and deadlines (issue 11) ---------------------------------------------------------------------------
+# --- retries and deadlines ---------------------------------------------------------------------------
 
 
 def test_the_engine_is_the_only_layer_that_retries(server):
-    """Issue 11 (item 4): the openai client's own retries are off; the engine makes 1 + max_retries attempts."""
+    """The openai client's own retries are off; the engine makes 1 + max_retries attempts."""
     server.reply = (503, {"error": {"message": "busy", "type": "server_error"}})
     eng = OpenAICompatEngine(url(server), "m", max_retries=2, timeout=5)
     assert eng.client.max_retries == 0
@@ -220,7 +220,7 @@ def test_the_engine_is_the_only_layer_that_retries(server):
 
 
 def test_a_request_the_server_refuses_is_not_retried(server):
-    """Issue 11 (item 4): only transient failures (timeouts, lost connections, 408/409/429, 5xx) are retried."""
+    """Only transient failures (timeouts, lost connections, 408/409/429, 5xx) are retried."""
     server.reply = (404, {"error": {"message": "no such route", "type": "x"}})
     with pytest.raises(lm15.ServerError):
         OpenAICompatEngine(url(server), "m", max_retries=2, timeout=5).complete(request())
@@ -228,8 +228,8 @@ def test_a_request_the_server_refuses_is_not_retried(server):
 
 
 def test_a_retry_after_past_the_deadline_ends_the_call_at_once(server):
-    """Issue 11 (item 4): backoff never sleeps past the call deadline, not even for a server's Retry-After; a rate
-    limit is no item's fault, so the call stops the run (issue 32) rather than becoming an abstention."""
+    """Backoff never sleeps past the call deadline, not even for a server's Retry-After; a rate
+    limit is no item's fault, so the call stops the run rather than becoming an abstention."""
     from chateval_dspy.lm.breaker import RateLimited
 
     server.reply, server.headers = (429, {"error": {"message": "slow down", "type": "x"}}), {"Retry-After": "100"}
@@ -243,7 +243,7 @@ def test_a_retry_after_past_the_deadline_ends_the_call_at_once(server):
 
 
 def test_a_hanging_server_is_cut_at_the_call_deadline_and_not_restarted():
-    """Issue 11 (item 4): a server that takes the request and never answers ends the call by its deadline;
+    """A server that takes the request and never answers ends the call by its deadline;
     it is still there, so the engine that owns it does not restart it (only a lost server is restarted)."""
     restarts = []
     hanging = FakeOpenAIServer(hang=True)

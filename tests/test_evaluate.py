@@ -13,7 +13,7 @@ from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import FatalLMError
 from chateval_dspy.lm.adapter import JudgeAdapter
 from chateval_dspy.program.chateval import build_evaluator
-from chateval_dspy.program.signatures import INPUTS
+from chateval_dspy.program.task import builtin_task
 from chateval_dspy.run.evaluate import TRUNCATION_MARK, evaluate, judge_item, prepare, truncate
 from chateval_dspy.run.result import RunResult
 from chateval_dspy.testing.fake_lm import default_responder, fake_lm
@@ -29,7 +29,7 @@ FEW = 200  # bootstrap resamples: enough for the figures these tests check
 def item(i, label="1", **texts):
     fields = {"question": f"question {i}", "answer_1": "a" * (10 + 7 * i), "answer_2": "b" * (40 - 3 * i)}
     fields.update(texts)
-    return dspy.Example(id=f"item-{i}", label=label, **fields).with_inputs(*INPUTS["pairwise"])
+    return dspy.Example(id=f"item-{i}", label=label, **fields).with_inputs(*builtin_task("pairwise").input_names)
 
 
 ITEMS = [item(i, label=["1", "2", "tie"][i % 3]) for i in range(6)]
@@ -232,7 +232,7 @@ def test_scoring_records(tmp_path):
     cfg = DebateConfig(format="pointwise", roles=("critic",), turns=1)
     human = {"naturalness": 2.0, "coherence": 2.0, "engagingness": 3.0, "groundedness": 1.0}
     examples = [dspy.Example(id=f"s{i}", dialogue_history=f"A: hi {i}", fact="cats purr", response=r,
-                             human=human).with_inputs(*INPUTS["scoring"])
+                             human=human).with_inputs(*builtin_task("pointwise").input_names)
                 for i, r in enumerate(["cats purr loudly", "dogs bark", "cats purr too"])]
     out = tmp_path / "s.jsonl"
     result, _ = run_eval(examples, cfg, out=out)

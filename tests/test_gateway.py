@@ -2,7 +2,7 @@
 the run cleanly and resumes, a shared response cache, and run tags in the proxy's spend logs.
 
 The proxy (``tests/gateway.py``) runs from ``.gateway`` in front of the scripted upstream ``FakeOpenAIServer``; the
-workers are real ``chateval evaluate`` processes. Skipped only where the ``.gateway`` venv is absent.
+workers are real ``chateval evaluate`` processes.
 """
 
 from __future__ import annotations
@@ -25,15 +25,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from gateway import LITELLM, MISSING, OFFLINE_ENV, ROOT, Gateway, free_port
-from readme_section import subsection_blocks
+from gateway import OFFLINE_ENV, ROOT, Gateway, ensure_proxy, free_port
+from readme_section import MANY_MACHINES, subsection_blocks
 
 from chateval_dspy.testing.fake_lm import default_responder
 from chateval_dspy.testing.fake_server import FakeOpenAIServer
 
 pytestmark = pytest.mark.slow  # a real LiteLLM proxy on loopback
-
-needs_proxy = pytest.mark.skipif(not LITELLM.exists(), reason=MISSING)
 
 EXAMPLE = ROOT / "data" / "examples" / "gateway.yaml"
 UPSTREAM_MODEL = "Qwen/Qwen2.5-7B-Instruct"  # the example config's upstream model id
@@ -186,13 +184,13 @@ class RateScenario:
 @pytest.fixture(scope="module")
 def rate_scenario(tmp_path_factory):
     """The ``RateScenario``, started by the first proxy test that names it, read by the last."""
+    ensure_proxy()  # built here, not on the thread: the README's commands run .gateway/bin/litellm themselves
     scenario = RateScenario(tmp_path_factory.mktemp("rate"))
     scenario.thread.start()
     yield scenario
     scenario.close()
 
 
-@needs_proxy
 @pytest.mark.usefixtures("rate_scenario")  # started first: its minute-long wait overlaps this test and the next
 def test_a_spent_budget_stops_the_run_cleanly_and_a_rerun_resumes_without_repaying(tmp_path):
     """The proxy's budget is spent mid-run: the worker stops at once (no retries) with one line naming the gateway
@@ -232,7 +230,7 @@ def readme_script(upstream: str, port: int) -> str:
     """The README's three command blocks as one script, with loopback addresses: the upstream's host:port for
     ``vllm-host:8000``, ``127.0.0.1`` for ``gateway-host`` and ``0.0.0.0``, a free port for 4000, 2 items a worker,
     and ``disown -a`` between the gateway host's block and the workers'."""
-    gateway, *workers = (c for lang, c in subsection_blocks("A shared LLM gateway") if lang == "bash")
+    gateway, *workers = (c for lang, c in subsection_blocks(MANY_MACHINES, "A shared LLM gateway") if lang == "bash")
     # One shell plays both hosts: the workers' ``wait`` must not wait for the gateway host's proxy as well.
     code = "\n".join([gateway, "disown -a", *workers])
     for old, new in (("vllm-host:8000", upstream.split("//")[1].split("/")[0]), ("gateway-host", "127.0.0.1"),
@@ -243,7 +241,6 @@ def readme_script(upstream: str, port: int) -> str:
     return code
 
 
-@needs_proxy
 @pytest.mark.usefixtures("rate_scenario")
 def test_the_readme_commands_share_one_gateway_and_its_cache(tmp_path):
     """The README's config and commands as written (``data/examples/gateway.yaml``): two workers on disjoint
@@ -277,9 +274,8 @@ def test_the_readme_commands_share_one_gateway_and_its_cache(tmp_path):
     print(f"README commands (proxy start, 3 workers) took {took:.1f} s; upstream answered {len(bodies)} requests")
 
 
-@needs_proxy
 def test_the_cache_holds_runs_of_hundreds_of_calls(tmp_path):
-    """Issue 32, at the README's size: two workers of 32 items each (the default panel, 8 calls an item: 256 calls
+    """Two workers of 32 items each (the default panel, 8 calls an item: 256 calls
     each) fill the example's cache with 512 answers, then a third worker repeating the first one's items is
     answered from it: the upstream sees no call more. LiteLLM's in-memory cache kept 200 and sent all 256 again."""
     key, upstream = "sk-" + secrets.token_hex(32), Upstream()
@@ -398,7 +394,6 @@ def test_requests_carry_the_run_tags_in_one_header(monkeypatch):
     assert tags.header() == {}
 
 
-@needs_proxy
 def test_two_workers_share_one_rate_limit_and_tag_their_requests(rate_scenario):
     """``RateScenario``: both workers get 429s, wait out the 60 s Retry-After and finish every item; the upstream
     never sees more than the limit in a minute. Each request is tagged chateval, run and task; the proxy's callback

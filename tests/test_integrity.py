@@ -21,7 +21,7 @@ import pytest
 from test_search import mlflow_db  # noqa: F401 - the MLflow store template, shared
 
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.data.loaders import read_rows
+from chateval_dspy.data.rows import read_rows
 from chateval_dspy.errors import ConfigError, DataError
 from chateval_dspy.lm.adapter import JudgeAdapter
 from chateval_dspy.lm.engine import OpenAICompatEngine
@@ -98,8 +98,8 @@ def test_evaluate_skip_bad_rows_keeps_the_good_rows_of_a_huge_cell_file(tmp_path
 
 
 def test_score_keeps_the_good_rows_of_a_huge_cell_file(tmp_path, saved, engine):
-    from chateval_dspy.deploy.judge import load
-    from chateval_dspy.deploy.score_file import score_file
+    from chateval_dspy.deploy.saved.judge import load
+    from chateval_dspy.deploy.scale.score_file import score_file
 
     src = huge_csv(tmp_path / "items.csv")
     with load(saved[1]) as judge:
@@ -119,7 +119,7 @@ def test_a_huge_csv_cell_is_read_in_bounded_memory(tmp_path):
         f.write(",b,1\nq3,c,d,2\n")
     code = textwrap.dedent(f"""
         import resource, sys
-        from chateval_dspy.data.loaders import read_rows
+        from chateval_dspy.data.rows import read_rows
         mapped = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
         resource.setrlimit(resource.RLIMIT_AS, (mapped + 300 * 2**20, resource.RLIM_INFINITY))
         rows = read_rows({str(src)!r}, bad_rows="keep")
@@ -171,8 +171,8 @@ def test_a_second_run_on_the_same_out_is_refused_naming_the_first(tmp_path):
 
 
 def test_score_refuses_an_out_another_writer_holds(tmp_path, saved, engine):
-    from chateval_dspy.deploy.judge import load
-    from chateval_dspy.deploy.score_file import score_file
+    from chateval_dspy.deploy.saved.judge import load
+    from chateval_dspy.deploy.scale.score_file import score_file
 
     src = tmp_path / "items.jsonl"
     src.write_text(json.dumps({"id": "a", "question": "q", "answer_1": "x", "answer_2": "y"}) + "\n")
@@ -218,8 +218,8 @@ def test_foreign_and_repeated_ids_are_dropped_and_never_counted(tmp_path, capsys
 
 
 def test_score_drops_a_repeated_line_and_warns_of_a_foreign_one(tmp_path, saved, engine, caplog):
-    from chateval_dspy.deploy.judge import load
-    from chateval_dspy.deploy.score_file import score_file
+    from chateval_dspy.deploy.saved.judge import load
+    from chateval_dspy.deploy.scale.score_file import score_file
 
     src = tmp_path / "items.jsonl"
     src.write_text("".join(json.dumps({"id": i, "question": "q", "answer_1": "x" * (n + 1), "answer_2": "y"}) + "\n"
@@ -306,8 +306,8 @@ def test_overwrite_never_writes_through_a_linked_out_or_journal(tmp_path, capsys
 
 
 def test_score_refuses_a_linked_out(tmp_path, saved, engine):
-    from chateval_dspy.deploy.judge import load
-    from chateval_dspy.deploy.score_file import score_file
+    from chateval_dspy.deploy.saved.judge import load
+    from chateval_dspy.deploy.scale.score_file import score_file
 
     src = tmp_path / "items.jsonl"
     src.write_text(json.dumps({"id": "a", "question": "q", "answer_1": "x", "answer_2": "y"}) + "\n")

@@ -13,8 +13,8 @@ import httpx
 import pandas as pd
 import pytest
 
-from chateval_dspy.deploy.judge import Verdict, load
-from chateval_dspy.deploy.store import CARD_FILE
+from chateval_dspy.deploy.saved.judge import Verdict, load
+from chateval_dspy.deploy.saved.store import CARD_FILE
 from chateval_dspy.errors import ConfigError, DataError
 from chateval_dspy.lm.adapter import JudgeAdapter
 from chateval_dspy.testing.fake_lm import ScriptedEngine
@@ -97,7 +97,7 @@ def test_a_pickled_program_is_refused_unless_trusted(saved, engine, tmp_path):
 
 def test_evaluate_batch_keeps_order_and_reports_bad_rows(saved, engine):
     _, path = saved
-    # An empty question is a malformed row (an empty answer is data since issue 12: it is judged).
+    # An empty question is a malformed row (an empty answer is data since it is judged).
     frame = pd.DataFrame([ITEM, {**ITEM, "id": "b", "question": ""}, {**ITEM, "id": "c", "answer_1": "a long one here"}])
     with load(path) as judge:
         out = judge.evaluate_batch(frame, concurrency=3)
@@ -119,7 +119,7 @@ def _free_port() -> int:
 def serving(judge, **kwargs):
     import uvicorn
 
-    from chateval_dspy.deploy.serve import create_app
+    from chateval_dspy.deploy.serving.http import create_app
 
     port = _free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(judge, **kwargs), host="127.0.0.1", port=port, log_level="error"))

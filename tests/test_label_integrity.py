@@ -12,8 +12,9 @@ from test_labels import feedback, store, traced  # noqa: F401 - store: the MLflo
 
 import chateval_dspy.limits as limits
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.deploy import store as card_store
-from chateval_dspy.deploy.card import CARD_REVIEWERS
+from chateval_dspy.deploy.saved import card as card_module
+from chateval_dspy.deploy.saved import store as card_store
+from chateval_dspy.deploy.saved.card import CARD_REVIEWERS
 from chateval_dspy.errors import ConfigError, DataError
 from chateval_dspy.program.chateval import build_evaluator
 from optim.tuning.labels import LabelledData, read_labels
@@ -89,7 +90,7 @@ def test_card_md_escapes_what_reaches_it(tmp_path):
     labels = {"sources": [{"source": "l.csv\n# forged heading"}], "items": 1, "traces": ["tr-1", "tr`2\n- x"],
               "labels": 3, "from_review": 0, "from_files": 3, "disagreements": 0, "unlabelled": 0, "overridden": 0,
               "reviewers": {FORGED: 1, "<script>alert(1)</script>": 1, "\x1b[31mred": 1}}
-    card = card_store.make_card(program, model="fake/model", dataset="d<img src=x onerror=alert(1)>", labels=labels)
+    card = card_module.make_card(program, model="fake/model", dataset="d<img src=x onerror=alert(1)>", labels=labels)
     card_store.save_program(program, tmp_path / "p", card)
     md = (tmp_path / "p" / card_store.CARD_MD).read_text(encoding="utf-8")
     lines = md.splitlines()
@@ -105,7 +106,7 @@ def test_card_md_escapes_what_reaches_it(tmp_path):
 def test_60000_reviewers_compile_to_a_card_that_loads(tmp_path, monkeypatch):
     """The finding: compile wrote a 2.3 MB card.json that load() then refused."""
     import chateval_dspy.lm.resolve as lm_module
-    from chateval_dspy.deploy.judge import load
+    from chateval_dspy.deploy.saved.judge import load
     from chateval_dspy.lm.spec import LMSpec
     from chateval_dspy.testing.fake_lm import fake_lm
     from optim.tuning.compile import OptimizerSettings, compile_and_save
@@ -137,7 +138,7 @@ def test_60000_reviewers_compile_to_a_card_that_loads(tmp_path, monkeypatch):
 def test_a_card_is_fitted_to_the_loader_limits_or_refused_with_counts(tmp_path):
     program = build_evaluator(DebateConfig(roles=("critic",), turns=1))
     traces = [f"tr-{n:032x}" for n in range(40_000)]  # ~1.8 MB of trace ids
-    card = card_store.make_card(program, model="fake/model", labels={"traces": traces, "reviewers": {"ann": 1}})
+    card = card_module.make_card(program, model="fake/model", labels={"traces": traces, "reviewers": {"ann": 1}})
     got = card["labels"]
     assert got["traces"] == traces[: len(got["traces"])] and len(got["traces"]) + got["traces_left_out"] == 40_000
     card_store.save_program(program, tmp_path / "p", card)
@@ -147,4 +148,4 @@ def test_a_card_is_fitted_to_the_loader_limits_or_refused_with_counts(tmp_path):
     rows = [{"row": n, "field": "question", "reason": "x" * 200} for n in range(10_000)]
     with pytest.raises(ConfigError, match=r"make_card would be \d+ bytes.*MAX_CARD_FILE_BYTES.*"
                                           r"skipped_rows \d+ bytes \(10000 entries\)"):
-        card_store.make_card(program, model="fake/model", skipped_rows=rows)
+        card_module.make_card(program, model="fake/model", skipped_rows=rows)

@@ -1,4 +1,4 @@
-"""Label maps that contradict or merge are refused unless stated (issue 32, section 2), and the MLflow run records
+"""Label maps that contradict or merge are refused unless stated, and the MLflow run records
 how the labels were read."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 13 (item 3): human feedback on traced debates becomes training labels, by a stated rule."""
+"""Human feedback on traced debates becomes training labels, by a stated rule."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from chateval_dspy.data.spec import DataSpec
-from chateval_dspy.deploy.trace_labels import resolve
+from chateval_dspy.deploy.mlflow.trace_labels import resolve
 from chateval_dspy.errors import ConfigError, DataError
 from chateval_dspy.program.task import load_task
 from optim.tuning.labels import LabelledData, labels_from_mlflow, parse_source, read_labels

@@ -1,4 +1,4 @@
-"""The last gaps of issue 32 ("The last mile"): a search's MLflow run says how its labels were read, data files are
+"""The last mile's gaps: a search's MLflow run says how its labels were read, data files are
 bounded before they are read, and a LiteLLM model string stopped by a rate limit says so."""
 
 from __future__ import annotations
@@ -79,16 +79,16 @@ ROWS = 1_000  # the child's MAX_DATA_ROWS: the files below hold 5,000 times as m
 # imports plus CAP_MB; prints one JSON line: case -> the error's class and message.
 CHILD = r"""
 import json, resource, sys
-from chateval_dspy.data import loaders
+from chateval_dspy.data import rows
 from chateval_dspy.errors import ChatEvalError
 
-loaders.MAX_DATA_ROWS = int(sys.argv[2])  # the bound, made small enough that the files stay small
+rows.MAX_DATA_ROWS = int(sys.argv[2])  # the bound, made small enough that the files stay small
 size = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize:"))
 resource.setrlimit(resource.RLIMIT_AS, (size + CAP_MB * 2**20,) * 2)
 results = {}
 for case, path in json.loads(sys.argv[1]):
     try:
-        json.loads(open(path).read()) if case == "control" else loaders.read_rows(path)
+        json.loads(open(path).read()) if case == "control" else rows.read_rows(path)
         results[case] = {"error": None}
     except ChatEvalError as exc:
         results[case] = {"error": type(exc).__name__, "message": str(exc)[:500]}
@@ -160,23 +160,23 @@ def test_a_named_pipe_is_refused_not_waited_on(data_bombs):
 
 
 def test_a_file_at_the_row_bound_is_read_whole(tmp_path, monkeypatch):
-    from chateval_dspy.data import loaders
+    from chateval_dspy.data import rows as data_rows
 
-    monkeypatch.setattr(loaders, "MAX_DATA_ROWS", 3)
+    monkeypatch.setattr(data_rows, "MAX_DATA_ROWS", 3)
     rows = [{"question": f"q{i}", "answer_1": "a", "answer_2": "b"} for i in range(3)]
     (tmp_path / "three.json").write_text(json.dumps(rows), encoding="utf-8")
     (tmp_path / "three.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     (tmp_path / "three.csv").write_text("question\nq0\nq1\nq2\n", encoding="utf-8")  # the header is no row
-    assert [r for _, r in loaders.read_rows(tmp_path / "three.json")] == rows
-    assert [r for _, r in loaders.read_rows(tmp_path / "three.jsonl")] == rows
-    assert [r["question"] for _, r in loaders.read_rows(tmp_path / "three.csv")] == ["q0", "q1", "q2"]
+    assert [r for _, r in data_rows.read_rows(tmp_path / "three.json")] == rows
+    assert [r for _, r in data_rows.read_rows(tmp_path / "three.jsonl")] == rows
+    assert [r["question"] for _, r in data_rows.read_rows(tmp_path / "three.csv")] == ["q0", "q1", "q2"]
 
 
 # ---- the summary-level bootstrap at scale ------------------------------------------------------------------------
 
 
 def test_the_summary_level_report_of_thousands_of_documents_states_each_figures_documents():
-    """Issue 32: the summary-level bootstrap at scale (its speed is BENCHMARKS "Summary-level figures at scale",
+    """The summary-level bootstrap at scale (its speed is benchmarks/agreement.md "Summary-level figures at scale",
     not a timed test): 5,000 documents, four criteria, the default 2,000 resamples, each figure with its own n."""
     import numpy as np
 

@@ -1,4 +1,4 @@
-"""Latency per verdict (issue 19, item 5): both answer orders at once, the critical path, and the serve bench."""
+"""Latency per verdict: both answer orders at once, the critical path, and the serve bench."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The tree's architecture, checked: imports run one way (CLI -> optim -> chateval_dspy, and within the runtime
 from the program up to deployment), no module imports a layer above it, no import cycle exists, and no
-``_private`` name is imported from another module (issue 10). Functions stay short, and importing the package or
+``_private`` name is imported from another module. Functions stay short, and importing the package or
 building the command's parser is light: no heavy library loaded, no environment variable set."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ PACKAGES = ("chateval_dspy", "optim")
 
 # Lower layers first; a module may import its own layer or lower ones, never a higher one.
 LAYERS = [
-    ("chateval_dspy.errors", "chateval_dspy.lazy", "chateval_dspy.renamed", "chateval_dspy.limits",
+    ("chateval_dspy.errors", "chateval_dspy.lazy", "chateval_dspy.limits",
      "chateval_dspy.concurrency", "chateval_dspy.files", "chateval_dspy.scrub"),
     ("chateval_dspy.lm",),
     ("chateval_dspy.program", "chateval_dspy.config"),
@@ -129,8 +129,8 @@ def test_no_import_cycles():
 
 # Runtime modules that are MLflow code by nature, each imported only where MLflow is wanted (checked below).
 MLFLOW_BOUND = {
-    "chateval_dspy.deploy.pyfunc": "logged as code: MLflow executes the file when it loads the model",
-    "chateval_dspy.deploy.mlflow_scorer": "an MLflow judge class, imported when an MLflow judge is built",
+    "chateval_dspy.deploy.mlflow.pyfunc": "logged as code: MLflow executes the file when it loads the model",
+    "chateval_dspy.deploy.mlflow.scorer": "an MLflow judge class, imported when an MLflow judge is built",
 }
 
 

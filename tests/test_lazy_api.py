@@ -1,9 +1,12 @@
-"""The package's names load on first use and stay the objects they name; ``FatalLMError`` is ours, not DSPy's
-``LMError``, and an ``except`` clause catches exactly what its class says."""
+"""The package's names load on first use and stay the objects they name, type checkers read the same table as
+imports, ``FatalLMError`` is ours, not DSPy's ``LMError``, and an ``except`` clause catches exactly what its class
+says."""
 
 from __future__ import annotations
 
-import warnings
+import ast
+import importlib
+from pathlib import Path
 
 import dspy
 import pytest
@@ -32,33 +35,28 @@ def test_dir_lists_every_exported_name_before_it_is_loaded():
 def test_an_unknown_name_is_an_attribute_error():
     with pytest.raises(AttributeError, match="module 'chateval_dspy' has no attribute 'Evaluator'"):
         ce.Evaluator  # noqa: B018
-    import chateval_dspy.lm as lm
-
-    assert not hasattr(lm, "resolve_lm_typo")
 
 
-def test_subpackages_export_their_names_lazily():
-    import chateval_dspy.data as data
-    import chateval_dspy.lm as lm
-    import chateval_dspy.program as program
-    import chateval_dspy.run as run
-    from chateval_dspy.lm.resolve import EMBEDDED, resolve_lm
-    from chateval_dspy.program.strategies import STRATEGIES
-
-    assert lm.resolve_lm is resolve_lm and lm.EMBEDDED is EMBEDDED
-    assert program.STRATEGIES is STRATEGIES and program.build_evaluator is build_evaluator
-    assert data.split is ce.split and run.RunResult.__name__ == "RunResult"
+def _init_tables() -> tuple[dict[str, str], dict[str, str]]:
+    """``(lazy table, TYPE_CHECKING imports)`` of ``chateval_dspy/__init__.py``, each as name -> module."""
+    tree = ast.parse(Path(ce.__file__).read_text(encoding="utf-8"))
+    lazy = next(ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == "_LAZY" for t in node.targets))
+    block = next(node for node in tree.body if isinstance(node, ast.If) and isinstance(node.test, ast.Name)
+                 and node.test.id == "TYPE_CHECKING")
+    seen = {a.asname or a.name: node.module for node in block.body if isinstance(node, ast.ImportFrom) for a in node.names}
+    return lazy, seen
 
 
-def test_the_old_name_lmerror_is_the_same_class_and_says_it_is_renamed():
-    import chateval_dspy.errors as errors
-
-    with pytest.warns(DeprecationWarning, match="renamed FatalLMError"):
-        old = errors.LMError
-    assert old is FatalLMError
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        assert ce.LMError is FatalLMError
+def test_type_checkers_see_the_lazy_table_as_imports():
+    """What mypy and pyright read (the ``TYPE_CHECKING`` block) is what the package imports on first use."""
+    lazy, seen = _init_tables()
+    assert seen == lazy
+    eager = {"BudgetExceeded", "ChatEvalError", "ConfigError", "DataError", "FatalLMError"}
+    assert set(ce.__all__) == set(lazy) | eager and not set(lazy) & eager
+    for name, module in lazy.items():
+        assert getattr(ce, name) is getattr(importlib.import_module(module), name)
+    assert ce.TYPE_CHECKING is False  # never true when the package runs: its imports stay lazy
 
 
 def test_fatal_lm_error_is_not_a_dspy_lm_error():

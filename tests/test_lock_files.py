@@ -1,4 +1,4 @@
-"""Lock files (issue 32 §5): a lock file is the run's own regular file, or it is refused; the refusal names the
+"""Lock files: a lock file is the run's own regular file, or it is refused; the refusal names the
 process that holds the lock, as the kernel says, not whatever pid the file claims."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from chateval_dspy.errors import ConfigError
-from chateval_dspy.run.records import exclusive, lock_file
+from chateval_dspy.run.locks import exclusive, lock_file
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="POSIX locks, links and named pipes")
 
@@ -36,7 +36,7 @@ def test_a_named_pipe_as_lock_file_is_a_clear_error(tmp_path):
 
 HOLDER = textwrap.dedent("""
     import sys
-    from chateval_dspy.run.records import exclusive
+    from chateval_dspy.run.locks import exclusive
     with exclusive(sys.argv[1]):
         print("held", flush=True)
         sys.stdin.read()
@@ -61,7 +61,7 @@ def test_the_refusal_names_the_process_that_holds_the_lock_not_the_pid_in_the_fi
 
 
 def test_the_store_init_lock_refuses_a_named_pipe_instead_of_blocking(tmp_path):
-    from optim.tracking.stores import _file_lock
+    from optim.tracking.stores import init_lock
 
     database = tmp_path / "optuna.db"
     os.mkfifo(tmp_path / "optuna.db.init.lock")
@@ -69,7 +69,7 @@ def test_the_store_init_lock_refuses_a_named_pipe_instead_of_blocking(tmp_path):
 
     def take():
         try:
-            with _file_lock(database):
+            with init_lock(f"sqlite:///{database}", "optuna"):
                 outcome.append("locked")
         except ConfigError as exc:
             outcome.append(exc)

@@ -1,4 +1,4 @@
-"""The registered pyfunc model as a cluster receives it (issue 32, items 2 and 4).
+"""The registered pyfunc model as a cluster receives it.
 
 Its signature names the task's inputs, so that Spark's positional columns are matched (the Spark runs themselves
 are in tests/test_spark_model.py) and a frame whose columns cannot be matched is refused, not judged into
@@ -20,8 +20,9 @@ import pandas as pd
 import pytest
 
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.deploy import judge as judge_module
-from chateval_dspy.deploy.store import make_card, save_program
+from chateval_dspy.deploy.saved import judge as judge_module
+from chateval_dspy.deploy.saved.card import make_card
+from chateval_dspy.deploy.saved.store import save_program
 from chateval_dspy.errors import DataError
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.task import TaskSpec
@@ -38,8 +39,8 @@ RAG = TaskSpec.from_dict({"name": "rag", "format": "pointwise",
 
 
 def _pyfunc_module():
-    """``chateval_dspy/deploy/pyfunc.py`` as MLflow runs it: by path (nothing imports it)."""
-    spec = importlib.util.spec_from_file_location("logged_pyfunc", ROOT / "chateval_dspy/deploy/pyfunc.py")
+    """``chateval_dspy/deploy/mlflow/pyfunc.py`` as MLflow runs it: by path (nothing imports it)."""
+    spec = importlib.util.spec_from_file_location("logged_pyfunc", ROOT / "chateval_dspy/deploy/mlflow/pyfunc.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -1,4 +1,4 @@
-"""A tuned evaluator as another program's DSPy metric (issue 12, item 5): ``as_metric`` values for pairwise and
+"""A tuned evaluator as another program's DSPy metric: ``as_metric`` values for pairwise and
 pointwise judges, abstentions, the cache, and the metric driving ``dspy.Evaluate`` and ``BootstrapFewShot``.
 
 One scripted engine answers both the student program (``question -> answer``) and the judge's referees, so every
@@ -18,9 +18,10 @@ import pytest
 import chateval_dspy as ce
 import chateval_dspy.lm.resolve
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.deploy.judge import Verdict
-from chateval_dspy.deploy.metric import MetricScale, as_metric, pointwise_value, scales_of
-from chateval_dspy.deploy.store import make_card, save_program
+from chateval_dspy.deploy.saved.card import make_card
+from chateval_dspy.deploy.saved.judge import Verdict
+from chateval_dspy.deploy.saved.store import save_program
+from chateval_dspy.deploy.serving.as_metric import MetricScale, as_metric, pointwise_value, scales_of
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.testing.fake_lm import ScriptedEngine, default_responder
@@ -132,7 +133,7 @@ def test_an_uncalibrated_judge_is_asked_in_both_orders_by_the_metric(saved, engi
 def test_an_abstention_scores_zero_is_logged_and_counted(saved, engine, caplog):
     with ce.load(saved(), cache=False) as judge:
         metric = as_metric(judge, inputs=PAIRWISE, reference="example.answer")
-        with caplog.at_level(logging.WARNING, logger="chateval_dspy.deploy.metric"):
+        with caplog.at_level(logging.WARNING, logger="chateval_dspy.deploy.serving.as_metric"):
             result = metric.result(qa("Which?"), dspy.Prediction(answer="JUNK answer"))
             assert metric(qa("Which?"), dspy.Prediction(answer="JUNK answer"), trace=[]) is False
         before = len(engine.calls)
@@ -241,7 +242,7 @@ def test_mistakes_are_config_errors_naming_the_fix(saved, engine):
     assert judge_calls(engine) == 0
 
 
-# ---------------------------------------------------------------- a declared task (issue 12), read generically
+# ---------------------------------------------------------------- a declared task, read generically
 
 
 class StubJudge:

@@ -1,4 +1,4 @@
-"""Mixed-model panels (issue 12, item 4): each referee may run on its own LM, as in "Replacing Judges with Juries".
+"""Mixed-model panels: each referee may run on its own LM, as in "Replacing Judges with Juries".
 
 Two scripted OpenAI-compatible servers stand for two models. Every request a server receives is recorded, so
 "each referee's calls reach only its own server" is counted on the servers themselves, by the persona each
@@ -16,13 +16,14 @@ import pytest
 import chateval_dspy.lm.resolve as lm_module
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.data.spec import DataSpec
-from chateval_dspy.deploy.judge import load
-from chateval_dspy.deploy.store import CARD_FILE, CARD_MD, load_program, make_card, save_program
+from chateval_dspy.deploy.saved.card import make_card
+from chateval_dspy.deploy.saved.judge import load
+from chateval_dspy.deploy.saved.store import CARD_FILE, CARD_MD, load_program, save_program
 from chateval_dspy.errors import ConfigError, FatalLMError
 from chateval_dspy.lm.spec import LMSpec
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.roles import resolve_roles
-from chateval_dspy.run import records
+from chateval_dspy.run import identity
 from chateval_dspy.run.evaluate_dataset import evaluate_dataset
 from chateval_dspy.testing.fake_lm import prompt_fields
 from chateval_dspy.testing.fake_server import FakeOpenAIServer
@@ -92,7 +93,7 @@ def test_single_model_identity_and_run_keys_are_unchanged():
     mixed = LMSpec("embedded", referee_models={"critic": "openai/gpt-4o-mini"})
     assert mixed.identity()["referee_models"] == {"critic": "openai/gpt-4o-mini"}
     cfg = DebateConfig()
-    assert records.run_key(cfg, mixed.identity(), []) != records.run_key(cfg, LMSpec("embedded").identity(), [])
+    assert identity.run_key(cfg, mixed.identity(), []) != identity.run_key(cfg, LMSpec("embedded").identity(), [])
 
 
 def test_referee_flags_on_the_command_line(two, tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""A judge MLflow understands, against a real tracking server (issue 13, items 1, 2 and 5).
+"""A judge MLflow understands, against a real tracking server.
 
 A ``mlflow server`` process (sqlite backend, temporary artifact root, loopback, no job runner) is started once
 for the module; the LM is the scripted fake behind an OpenAI-compatible URL, called with a planted API key.
@@ -21,7 +21,8 @@ from stored_traces import span_tree
 import chateval_dspy
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.data.loaders import load_dataset
-from chateval_dspy.deploy.store import make_card, save_program
+from chateval_dspy.deploy.saved.card import make_card
+from chateval_dspy.deploy.saved.store import save_program
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.testing.fake_server import FakeOpenAIServer
 

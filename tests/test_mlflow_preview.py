@@ -1,4 +1,4 @@
-"""What MLflow shows of a ChatEval judge (issue 22, item 5): preferences that read as preferences, run metrics for
+"""What MLflow shows of a ChatEval judge: preferences that read as preferences, run metrics for
 them, rationales per answer order, traces named by task and item, and verdicts first in a trace's preview.
 
 Everything runs ``mlflow.genai.evaluate`` for real on a local sqlite store in ``tmp_path`` (copied from the
@@ -16,7 +16,8 @@ from test_search import mlflow_db  # noqa: F401 - the MLflow store template, sha
 
 import chateval_dspy
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.deploy.store import make_card, save_program
+from chateval_dspy.deploy.saved.card import make_card
+from chateval_dspy.deploy.saved.store import save_program
 from chateval_dspy.errors import DataError
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.task import TaskSpec

@@ -1,4 +1,4 @@
-"""Run identity of Ray and Spark results directories (issue 32 §5, §4): every line carries the evaluator's digest and
+"""Run identity of Ray and Spark results directories: every line carries the evaluator's digest and
 the run key; lines of another evaluator or run, or with none, are refused naming their file; a damaged line in the
 middle of a part is skipped and counted, not fatal; the directory is locked before anything else; the cluster's
 resources are checked before Ray waits forever; and an actor's LM calls in flight can be bounded.
@@ -21,12 +21,13 @@ import pytest
 
 from chateval_dspy.concurrency import parallel_map
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.deploy import parts
-from chateval_dspy.deploy.judge import load
-from chateval_dspy.deploy.store import make_card, save_program
+from chateval_dspy.deploy.saved.card import make_card
+from chateval_dspy.deploy.saved.judge import load
+from chateval_dspy.deploy.saved.store import save_program
+from chateval_dspy.deploy.scale import parts
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.program.chateval import build_evaluator
-from chateval_dspy.run.records import exclusive
+from chateval_dspy.run.locks import exclusive
 from chateval_dspy.testing.fake_server import FakeOpenAIServer
 
 ITEMS = [{"id": f"i{i}", "question": f"q{i}", "answer_1": "a" * (80 if i % 2 else 10), "answer_2": "b" * 40}
@@ -141,7 +142,7 @@ def test_a_torn_line_in_the_middle_is_skipped_counted_and_judged_again(saved, tm
         lines[1] = lines[1][: len(lines[1]) // 2] + "\n"  # torn in the middle of the file
         part.write_text("".join(lines) + '{"id": "i3", "win')  # and a torn last line, as a killed worker leaves
         torn_id = json.loads(lines[0])["id"], json.loads(lines[2])["id"]
-        with caplog.at_level(logging.WARNING, logger="chateval_dspy.deploy.parts"):
+        with caplog.at_level(logging.WARNING, logger="chateval_dspy.deploy.scale.parts"):
             report = run(out, saved, ITEMS, url)
     assert (report.total, report.skipped, report.torn, report.scored) == (4, 2, 1, 2)
     assert "line 2" in caplog.text and "judged again" in caplog.text
@@ -157,7 +158,7 @@ def test_verdicts_of_one_id_in_two_parts_resolve_to_the_part_that_sorts_first(sa
     first = parts.part_files(out)[0]
     line = json.loads(first.read_text())
     (out / "part-zzz-retried.jsonl").write_text(json.dumps({**line, "winner": "tie"}) + "\n")
-    with caplog.at_level(logging.WARNING, logger="chateval_dspy.deploy.parts"):
+    with caplog.at_level(logging.WARNING, logger="chateval_dspy.deploy.scale.parts"):
         got = parts.read_results(out)
     assert got["winner"].tolist() == [line["winner"]] and "part whose name sorts first counts" in caplog.text
 
@@ -186,9 +187,9 @@ def test_the_results_directory_is_locked_before_the_ids_are_collected(engine, sa
     held.wait(30)
     try:
         if engine == "ray":
-            from chateval_dspy.deploy.ray import score_dataset as score
+            from chateval_dspy.deploy.scale.ray import score_dataset as score
         else:
-            from chateval_dspy.deploy.spark import score_spark as score
+            from chateval_dspy.deploy.scale.spark import score_spark as score
         with pytest.raises(ConfigError, match="being written by another"):
             score(Untouchable(), saved, out=str(out))
     finally:
@@ -210,7 +211,7 @@ def fake_ray(monkeypatch, resources: dict) -> None:
 
 
 def test_an_actor_pool_the_cluster_cannot_hold_is_refused_saying_what_to_change(monkeypatch):
-    from chateval_dspy.deploy.ray import check_resources
+    from chateval_dspy.deploy.scale.ray import check_resources
 
     fake_ray(monkeypatch, {"CPU": 2.0, "memory": 8e9})
     lazy = object()  # read_json(...).repartition(4): read and split tasks need a CPU beside the actors
@@ -258,8 +259,8 @@ def test_max_in_flight_bounds_an_actors_lm_calls(saved, tmp_path):
 @pytest.mark.parametrize("engine", ["ray", "spark"])
 def test_a_bound_of_no_calls_is_refused_before_anything_runs(engine, saved, tmp_path):
     if engine == "ray":
-        from chateval_dspy.deploy.ray import score_dataset as score
+        from chateval_dspy.deploy.scale.ray import score_dataset as score
     else:
-        from chateval_dspy.deploy.spark import score_spark as score
+        from chateval_dspy.deploy.scale.spark import score_spark as score
     with pytest.raises(ConfigError, match=r"max_in_flight: LM calls in flight must be a whole number of 1 or more"):
         score(Untouchable(), saved, out=str(tmp_path / "out"), max_in_flight=0)

@@ -1,5 +1,5 @@
-"""Issue 24: PostgreSQL as the store that workers on many hosts share, and workers that start together on a fresh
-store (SQLite or PostgreSQL, Optuna's or MLflow's). Real PostgreSQL 15 and ``mlflow server`` processes on loopback;
+"""PostgreSQL as the store that workers on many hosts share, and workers that start together on a fresh
+store (SQLite or PostgreSQL, Optuna's or MLflow's). Real PostgreSQL 16 and ``mlflow server`` processes on loopback;
 the LM is the scripted fake. The README's two subsections on it run as written (see ``test_readme_...``)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 from mlflow_server import stop_group
 from optuna.trial import TrialState
 from postgres import PG_BIN, postgres  # noqa: F401 - the fixture
-from readme_section import README, subsection_blocks
+from readme_section import MANY_MACHINES, subsection_blocks
 
 import chateval_dspy.lm.resolve
 from chateval_dspy.testing.fake_lm import fake_lm
@@ -73,7 +73,7 @@ def test_search_runs_on_plain_postgresql_urls_and_never_shows_the_password(postg
     assert not _leaks(json.dumps(study.user_attrs, default=str))
     runs = _runs(uri)
     (parent,) = [r for r in runs if r.info.run_name == "search-pg"]
-    # Kind and database only: the host (and any password) stay out of MLflow and the card (issue 32).
+    # Kind and database only: the host (and any password) stay out of MLflow and the card.
     assert parent.data.params["storage"] == "postgresql:" + storage.rsplit("/", 1)[1] and parent.info.status == "FINISHED"
     assert sorted(r.data.tags["optuna.trial"] for r in runs if "optuna.trial" in r.data.tags) == ["0", "1"]
     assert not any(_leaks(repr(r.data.params) + repr(r.data.tags)) for r in runs)
@@ -173,14 +173,14 @@ def _readme_scripts(pg: str, port: int, artifacts: Path) -> tuple[str, str]:
     """The two subsections' bash blocks with the README's placeholders swapped for this test's servers: the
     PostgreSQL URL (the fixture's, with a planted password), the MLflow host and port (loopback, a free port), and
     the artifact folder. Nothing else changes."""
-    text = README.read_text(encoding="utf-8")
+    text = MANY_MACHINES.read_text(encoding="utf-8")
     swaps = {"postgresql://chateval@db.internal:5432": pg, "mlflow.internal:5000": f"127.0.0.1:{port}",
              "--host 0.0.0.0 --port 5000": f"--host 127.0.0.1 --port {port}", "/srv/mlflow-artifacts": str(artifacts)}
     missing = [k for k in swaps if k not in text]
     assert not missing, f"README placeholders changed: {missing}; update this test's swaps"
     scripts = []
     for heading in (STORE, WORKERS):
-        blocks = subsection_blocks(heading)
+        blocks = subsection_blocks(MANY_MACHINES, heading)
         assert blocks and all(lang == "bash" for lang, _ in blocks), heading
         script = "\n".join(code for _, code in blocks)
         for old, new in swaps.items():

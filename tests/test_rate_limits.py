@@ -1,4 +1,4 @@
-"""Issue 32, section 5 "A gateway that answers 429 forever": a rate limit is not the item's fault. It used to turn
+"""A rate limit is not the item's fault. It used to turn
 every item into a permanent abstention with exit status 0, and a rerun after the gateway recovered made no call
 ("resumed: 3"). Now the run waits within a stated bound (each Retry-After honoured up to a cap, all of them together
 at most ``rate_limit_wait`` seconds), then stops like the breaker does, with an error saying rate limited, by which
@@ -105,7 +105,7 @@ def test_a_model_string_lm_stops_with_the_rate_limit_as_its_reason(tmp_path):
 @pytest.mark.parametrize("retry_after", [30, 86400])
 @pytest.mark.parametrize("route", ["lm15", pytest.param("litellm", marks=pytest.mark.slow)])  # importing LiteLLM: ~10 s
 def test_a_model_string_lm_asked_to_wait_past_the_bound_stops_at_once_saying_so(tmp_path, retry_after, route):
-    """Issue 32: DSPy's retry loop slept out the Retry-After unseen, and the silence opened the breaker as "no answer".
+    """DSPy's retry loop slept out the Retry-After unseen, and the silence opened the breaker as "no answer".
     The model-string LM makes one attempt a call, so its 429 reaches the breaker: the run stops as the direct path's.
     Both of DSPy's routes: its own client, and LiteLLM's (``litellm.RateLimitError``, which ``resolve_lm`` takes for
     models that cache at marked breakpoints)."""

@@ -14,10 +14,11 @@ from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.lm.adapter import JudgeAdapter
 from chateval_dspy.program.chateval import build_evaluator
-from chateval_dspy.program.signatures import INPUTS
+from chateval_dspy.program.task import builtin_task
 from chateval_dspy.run import records
 from chateval_dspy.run.evaluate import evaluate
-from chateval_dspy.run.records import ResultsStream, lm_identity, run_key
+from chateval_dspy.run.identity import lm_identity, run_key
+from chateval_dspy.run.records import ResultsStream
 from chateval_dspy.testing.fake_lm import fake_lm
 
 ONE = DebateConfig(roles=("critic",), turns=1)  # 2 calls per item
@@ -25,7 +26,7 @@ ONE = DebateConfig(roles=("critic",), turns=1)  # 2 calls per item
 
 def items(n=5):
     return [dspy.Example(id=f"i{i}", question=f"q{i}", answer_1="a" * (10 + 5 * i), answer_2="b" * 30, label="1")
-            .with_inputs(*INPUTS["pairwise"]) for i in range(n)]
+            .with_inputs(*builtin_task("pairwise").input_names) for i in range(n)]
 
 
 def judged(cfg, xs, out, *, lm=None, program=None, **kwargs):
@@ -42,7 +43,7 @@ def lines(path):
 
 
 def test_another_panel_does_not_resume_a_file_silently(tmp_path):
-    """Issue 10 (break 3): a 1-referee panel over the default panel's file reported resumed: 5 and made 0 calls."""
+    """A 1-referee panel over the default panel's file reported resumed: 5 and made 0 calls."""
     out = tmp_path / "results.jsonl"
     judged(DebateConfig(), items(), out)
     before, lm = out.read_bytes(), fake_lm()
@@ -52,7 +53,7 @@ def test_another_panel_does_not_resume_a_file_silently(tmp_path):
 
 
 def test_the_same_run_still_resumes_without_a_key(tmp_path):
-    """Issue 10 (break 3): the derived key is stable, so rerunning the same call resumes it with no LM call."""
+    """The derived key is stable, so rerunning the same call resumes it with no LM call."""
     out = tmp_path / "results.jsonl"
     judged(ONE, items(3), out)
     rerun, lm = judged(ONE, items(3), out)
@@ -62,7 +63,7 @@ def test_the_same_run_still_resumes_without_a_key(tmp_path):
 
 @pytest.mark.parametrize("change", ["temperature", "max_tokens", "model", "items", "compiled"])
 def test_what_makes_another_run(tmp_path, change):
-    """Issue 10 (break 3): the LM's model and sampling, the items and the tuned program all belong to the key."""
+    """The LM's model and sampling, the items and the tuned program all belong to the key."""
     out = tmp_path / "results.jsonl"
     judged(ONE, items(3), out)
     xs, lm, program = items(3), fake_lm(), build_evaluator(ONE)
@@ -83,7 +84,7 @@ def test_what_makes_another_run(tmp_path, change):
 
 
 def test_items_may_be_an_iterator(tmp_path):
-    """Issue 10 (break 3): the items are hashed for the key and judged, so an iterator is read once, not twice."""
+    """The items are hashed for the key and judged, so an iterator is read once, not twice."""
     out = tmp_path / "results.jsonl"
     result, lm = judged(ONE, iter(items(4)), out)
     assert result.n == 4 and len(lm.engine.calls) == 8 and [r["id"] for r in lines(out)] == ["i0", "i1", "i2", "i3"]
@@ -92,7 +93,7 @@ def test_items_may_be_an_iterator(tmp_path):
 
 
 def test_an_explicit_key_is_kept_as_given(tmp_path):
-    """Issue 10 (break 3): callers with their own key (the CLI) keep resuming the files they wrote."""
+    """Callers with their own key (the CLI) keep resuming the files they wrote."""
     out = tmp_path / "results.jsonl"
     judged(ONE, items(2), out, run_key="cli-key")
     assert {r["run_key"] for r in lines(out)} == {"cli-key"}
@@ -103,8 +104,9 @@ def test_an_explicit_key_is_kept_as_given(tmp_path):
 
 
 def test_run_key_output_is_unchanged_for_the_same_inputs():
-    """Issue 10 (break 3): the CLI's existing results files name their run by this key; it must not drift."""
-    x = dspy.Example(id="1", question="q", answer_1="a", answer_2="b", label="1").with_inputs(*INPUTS["pairwise"])
+    """The CLI's existing results files name their run by this key; it must not drift."""
+    x = dspy.Example(id="1", question="q", answer_1="a", answer_2="b", label="1")
+    x = x.with_inputs(*builtin_task("pairwise").input_names)
     assert run_key(DebateConfig(), {"model": "m"}, []) == "4c8451652e6c"
     assert run_key(DebateConfig(turns=3), {"model": "m", "temperature": 0.0}, [x], {"demos": []}) == "c43f3a9793a8"
 
@@ -119,7 +121,7 @@ def test_lm_identity_keeps_model_and_sampling_but_no_credentials():
 
 
 def test_stream_reads_what_is_finished_and_cuts_a_torn_line(tmp_path):
-    """Issue 10 (one results stream): done ids exclude error lines; a kill's torn last line is cut before appending."""
+    """Done ids exclude error lines; a kill's torn last line is cut before appending."""
     out = tmp_path / "r.jsonl"
     out.write_text('{"id": "a", "v": 1}\n{"id": 2, "v": 2}\n{"id": "c", "err', encoding="utf-8")
     with ResultsStream(out) as stream:
@@ -130,7 +132,7 @@ def test_stream_reads_what_is_finished_and_cuts_a_torn_line(tmp_path):
 
 
 def test_stream_drops_error_lines_atomically_and_keeps_the_rest_byte_for_byte(tmp_path):
-    """Issue 10 (break 5): an error line never counts as done; opening drops it and keeps the other lines as written."""
+    """An error line never counts as done; opening drops it and keeps the other lines as written."""
     out = tmp_path / "r.jsonl"
     kept = '{"id":"a",  "x": 1.50}\n{"id": "b", "x": "é"}\n'  # spacing and 1.50 would not survive a re-dump
     out.write_text('{"id":"a",  "x": 1.50}\n{"id": "e", "row": 2, "error": "bad"}\n{"id": "b", "x": "é"}\n',
@@ -159,7 +161,7 @@ def test_stream_refuses_another_runs_file_and_stamps_its_key(tmp_path):
 
 
 def test_stream_append_is_thread_safe_whole_lines(tmp_path, monkeypatch):
-    """Issue 10 (one results stream): concurrent appends never interleave, and each line is fsynced."""
+    """Concurrent appends never interleave, and each line is fsynced."""
     out = tmp_path / "r.jsonl"
     synced = []
     real_fsync = os.fsync
@@ -186,7 +188,7 @@ def test_stream_without_a_path_passes_records_through(tmp_path):
 
 
 def test_evaluate_resumes_after_a_torn_last_line(tmp_path):
-    """Issue 10 (one results stream): evaluate() reads through the same stream, so a kill mid-line costs nothing."""
+    """Evaluate() reads through the same stream, so a kill mid-line costs nothing."""
     out = tmp_path / "r.jsonl"
     judged(ONE, items(3), out, run_key="k")
     text = out.read_text(encoding="utf-8").splitlines(keepends=True)

@@ -1,4 +1,4 @@
-"""Issue 32, section 5 "Redirects": nothing read or answered may choose an endpoint. An OpenAI-compatible endpoint
+"""Nothing read or answered may choose an endpoint. An OpenAI-compatible endpoint
 that answers every request with a 307 to another port used to have every prompt sent to, and answered by, that
 other endpoint (rc 0); batch mode uploaded and read there too. Now a 3xx is an error naming the endpoint and the
 Location it tried to send us to, and the run stops; the other port receives nothing.

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from said import said
 
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.data.loaders import item_from_record, parse_columns, read_rows
+from chateval_dspy.data.loaders import item_from_record, parse_columns
+from chateval_dspy.data.rows import read_rows
 from chateval_dspy.errors import ConfigError, DataError, FatalLMError
 from chateval_dspy.lm.adapter import JudgeAdapter
 from chateval_dspy.lm.engine import OpenAICompatEngine, RestartingEngine
@@ -47,7 +48,7 @@ def test_transient_5xx_are_retried_with_backoff_and_leave_no_trace():
     assert result.abstentions == {} and result.n == 3
 
 
-# A 429 is no item's fault: it is waited out, never an abstention (issue 32, tests/test_rate_limits.py).
+# A 429 is no item's fault: it is waited out, never an abstention.
 @pytest.mark.parametrize("fault,cause", [(500, "lm_error:LMServerError")])
 def test_persistent_http_errors_become_abstentions_and_the_batch_finishes(fault, cause):
     # first item: both orders hit the fault (no client retries); the other items are judged normally

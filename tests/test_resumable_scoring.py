@@ -1,4 +1,4 @@
-"""Ray and Spark scoring that resumes (issue 24): verdicts by item id in a results directory, reruns pay only for
+"""Ray and Spark scoring that resumes: verdicts by item id in a results directory, reruns pay only for
 what is missing, a SIGKILLed job loses at most the items in flight, and the README subsection runs as written.
 
 Real Ray (a local cluster of 2 CPUs) and real PySpark (``local[2]``); the LM is ``FakeOpenAIServer`` in this process,
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import warnings
 
@@ -17,13 +16,14 @@ import pandas as pd
 import pytest
 
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.deploy.parts import part_files, read_results
-from chateval_dspy.deploy.store import make_card, save_program
+from chateval_dspy.deploy.saved.card import make_card
+from chateval_dspy.deploy.saved.store import save_program
+from chateval_dspy.deploy.scale.parts import part_files, read_results
 from chateval_dspy.errors import DataError
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.testing.fake_server import FakeOpenAIServer
 from optim.bench.scale import kill_when_written, start_ray_job, start_spark_job, verdict_lines
-from tests.readme_section import subsection_blocks
+from tests.readme_section import MANY_MACHINES, subsection_blocks
 
 pytestmark = pytest.mark.slow  # real Ray and Spark jobs
 
@@ -52,10 +52,7 @@ def ray_session():
 
 
 @pytest.fixture(scope="module")
-def spark(tmp_path_factory):
-    pytest.importorskip("pyspark", reason="pyspark is not installed")
-    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-        pytest.skip("no Java runtime (java on PATH or JAVA_HOME): PySpark cannot start")
+def spark(tmp_path_factory, java_home):
     from pyspark.sql import SparkSession
 
     os.environ["PYSPARK_PYTHON"] = sys.executable  # workers run this venv's Python, not the system's python3
@@ -71,7 +68,7 @@ def chat_calls(fake: FakeOpenAIServer) -> int:
 
 
 def test_ray_scores_by_id_and_reruns_pay_only_for_the_missing(ray_session, saved, tmp_path):
-    from chateval_dspy.deploy.ray import score_dataset
+    from chateval_dspy.deploy.scale.ray import score_dataset
 
     out = tmp_path / "verdicts"
     bad = {"id": "bad", "question": "q", "answer_1": "x"}  # no answer_2: an error line, never done
@@ -90,7 +87,7 @@ def test_ray_scores_by_id_and_reruns_pay_only_for_the_missing(ray_session, saved
 
 
 def test_ray_rerun_makes_calls_only_for_unfinished_items(ray_session, saved, tmp_path):
-    from chateval_dspy.deploy.ray import score_dataset
+    from chateval_dspy.deploy.scale.ray import score_dataset
 
     out = tmp_path / "verdicts"
     with FakeOpenAIServer() as url:
@@ -108,7 +105,7 @@ def test_ray_rerun_makes_calls_only_for_unfinished_items(ray_session, saved, tmp
 
 
 def test_repeated_or_missing_ids_are_refused_before_any_call(ray_session, saved, tmp_path):
-    from chateval_dspy.deploy.ray import score_dataset
+    from chateval_dspy.deploy.scale.ray import score_dataset
 
     server = FakeOpenAIServer()
     with server as url:
@@ -122,7 +119,7 @@ def test_repeated_or_missing_ids_are_refused_before_any_call(ray_session, saved,
 
 
 def test_an_actor_pool_the_cluster_cannot_hold_is_refused_before_it_starts(ray_session, saved, tmp_path):
-    from chateval_dspy.deploy.ray import judge_dataset, score_dataset
+    from chateval_dspy.deploy.scale.ray import judge_dataset, score_dataset
     from chateval_dspy.errors import ConfigError
 
     server = FakeOpenAIServer()
@@ -136,8 +133,8 @@ def test_an_actor_pool_the_cluster_cannot_hold_is_refused_before_it_starts(ray_s
 
 
 def test_a_rerun_on_another_model_is_refused_by_the_workers_before_any_call(ray_session, spark, saved, tmp_path):
-    from chateval_dspy.deploy.ray import score_dataset
-    from chateval_dspy.deploy.spark import score_spark
+    from chateval_dspy.deploy.scale.ray import score_dataset
+    from chateval_dspy.deploy.scale.spark import score_spark
 
     for engine in ("ray", "spark"):
         out = tmp_path / engine
@@ -160,7 +157,7 @@ def test_a_rerun_on_another_model_is_refused_by_the_workers_before_any_call(ray_
 
 
 def test_ray_knobs_pass_through_without_deprecation_warnings(ray_session, saved, tmp_path):
-    from chateval_dspy.deploy.ray import judge_dataset
+    from chateval_dspy.deploy.scale.ray import judge_dataset
 
     cache = tmp_path / "actor-cache"
     # Ray builds its DataContext once, warning about its own deprecated fields as it does: none of our arguments.
@@ -177,7 +174,7 @@ def test_ray_knobs_pass_through_without_deprecation_warnings(ray_session, saved,
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc to stop the killed job's workers")
 def test_a_killed_ray_job_reruns_losing_at_most_the_items_in_flight(ray_session, saved, tmp_path):
-    from chateval_dspy.deploy.ray import score_dataset
+    from chateval_dspy.deploy.scale.ray import score_dataset
 
     out = tmp_path / "verdicts"
     server = FakeOpenAIServer(delay=0.1)
@@ -198,7 +195,7 @@ def test_a_killed_ray_job_reruns_losing_at_most_the_items_in_flight(ray_session,
 
 
 def test_spark_scores_by_id_and_reruns_pay_only_for_the_missing(spark, saved, tmp_path):
-    from chateval_dspy.deploy.spark import score_spark
+    from chateval_dspy.deploy.scale.spark import score_spark
 
     out = tmp_path / "verdicts"
     server = FakeOpenAIServer()
@@ -222,7 +219,7 @@ def test_spark_scores_by_id_and_reruns_pay_only_for_the_missing(spark, saved, tm
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc to stop the killed job's workers")
 def test_a_killed_spark_job_reruns_losing_at_most_the_items_in_flight(spark, saved, tmp_path):
-    from chateval_dspy.deploy.spark import score_spark
+    from chateval_dspy.deploy.scale.spark import score_spark
 
     out = tmp_path / "verdicts"
     server = FakeOpenAIServer(delay=0.1)
@@ -240,7 +237,7 @@ def test_a_killed_spark_job_reruns_losing_at_most_the_items_in_flight(spark, sav
 
 
 def test_spark_resumes_after_a_torn_part(spark, saved, tmp_path):
-    from chateval_dspy.deploy.spark import score_spark
+    from chateval_dspy.deploy.scale.spark import score_spark
 
     out = tmp_path / "verdicts"
     with FakeOpenAIServer() as url:
@@ -255,7 +252,7 @@ def test_spark_resumes_after_a_torn_part(spark, saved, tmp_path):
 
 
 def test_the_readme_blocks_run_as_written(ray_session, spark, saved, tmp_path, monkeypatch):
-    blocks = [code for lang, code in subsection_blocks(HEADING) if lang == "python"]
+    blocks = [code for lang, code in subsection_blocks(MANY_MACHINES, HEADING) if lang == "python"]
     assert len(blocks) == 2, "the subsection has one Ray block and one Spark block"
     items = tmp_path / "items.jsonl"
     items.write_text("".join(json.dumps(x) + "\n" for x in ITEMS))

@@ -1,4 +1,4 @@
-"""Where the panel is unsure, people decide (issue 14, items 1-3): the uncertainty score, the label questions, and
+"""Where the panel is unsure, people decide: the uncertainty score, the label questions, and
 ``chateval review`` against a real ``mlflow server``.
 
 The score's components are checked one by one on hand-made records. Against the server, six FairEval items are
@@ -168,7 +168,7 @@ def test_results_are_matched_to_traces_by_item_and_run():
 
 
 def test_a_score_verdict_line_ranks_as_its_evaluate_line_does():
-    from chateval_dspy.deploy.judge import Verdict
+    from chateval_dspy.deploy.saved.judge import Verdict
 
     line = {"id": "q1", "format": "pairwise", "human": "1", "prediction": "tie", "score_1": 6.0, "score_2": 5.0,
             "order_preferences": ["1", "2"], "consistent": False, "abstained": None, "abstentions": {},

@@ -32,7 +32,7 @@ from chateval_dspy.testing.fake_server import FakeOpenAIServer
 
 pytestmark = [pytest.mark.slow,  # a real browser (Debian's chromium)
               pytest.mark.skipif(find_chromium() is None, reason="Debian's chromium is not installed (apt-get "
-                                                                "install -y chromium); the setup and CI install it")]
+                                                                "install -y chromium, as docs/contributing.md says; CI does)")]
 SHOTS = os.environ.get("CHATEVAL_REVIEW_SCREENSHOTS") and Path(os.environ["CHATEVAL_REVIEW_SCREENSHOTS"]).resolve()
 # Verdict words the page must not hold before the reviewer answers.
 BLIND = ("verdict", "panel said", "score_1", "score_2", "winner", "consistent")

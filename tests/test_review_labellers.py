@@ -1,4 +1,4 @@
-"""The review page as labellers and their queue's owner use it (issue 32, sections 3 and 5).
+"""The review page as labellers and their queue's owner use it.
 
 The quick tests serve the page over a queue held in memory (``FakeDesk``: no MLflow), through FastAPI's test
 client: links that work (a name with ``:``, ``--public-url``), the key checked before the queue is read, forms the
@@ -72,7 +72,7 @@ def app_for(desk: FakeDesk, reviewer: str | None = None):
     return c, state
 
 
-# ---- §5: links, keys and forms ------------------------------------------------------------------------------
+# ---- links, keys and forms ------------------------------------------------------------------------------
 
 def test_requests_without_a_valid_key_never_read_the_queue_from_mlflow():
     desk = FakeDesk([pair_item("t1")], ["ann"])
@@ -150,7 +150,7 @@ def test_the_serve_command_refuses_a_bad_public_url_before_reading_mlflow():
     assert code != 0 and "--public-url 'review.example.org'" in err, out + err
 
 
-# ---- §3: what labellers see ---------------------------------------------------------------------------------
+# ---- what labellers see ---------------------------------------------------------------------------------
 
 def test_bidi_controls_are_shown_as_the_lm_read_them_not_applied():
     spoofed = "Open invoice\u202efdp.exe, then \u2066isolated\u2069 and a \u200bhidden space"
@@ -247,7 +247,7 @@ def test_comment_cant_judge_and_withdraw_as_mlflow_and_the_labels_reader_hold_th
     import mlflow
     from mlflow.genai.review_queues import list_review_queue_items
 
-    from chateval_dspy.deploy.trace_labels import human_answers
+    from chateval_dspy.deploy.mlflow.trace_labels import human_answers
 
     uri, _, _ = queued
     ann, state = client("pairs", uri, "ann")

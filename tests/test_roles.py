@@ -237,5 +237,5 @@ def test_a_builtin_task_reads_its_formats_personas_and_any_other_task_only_the_g
 
     faireval, topical_chat = builtin_task("pairwise"), builtin_task("pointwise")
     assert persona_keys(faireval) == ("pairwise", "*")
-    assert persona_keys(topical_chat) == (topical_chat.config_format, "*")
+    assert persona_keys(topical_chat) == (topical_chat.format, "*")
     assert persona_keys(TaskSpec.from_dict({**faireval.to_dict(), "name": "own"})) == ("*",)

@@ -1,4 +1,4 @@
-"""Issue 22 (item 5): a command's MLflow run exists from the start, RUNNING while it judges, and ends FINISHED,
+"""A command's MLflow run exists from the start, RUNNING while it judges, and ends FINISHED,
 FAILED or KILLED; MLflow's own "View run" lines stay out of the commands' output.
 
 Against a real ``mlflow server``: ``chateval evaluate`` runs as a process on a slow fake OpenAI-compatible server

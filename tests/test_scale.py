@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.deploy.store import make_card, save_program
+from chateval_dspy.deploy.saved.card import make_card
+from chateval_dspy.deploy.saved.store import save_program
 from chateval_dspy.lm.resolve import resolve_lm
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.testing.fake_server import FakeOpenAIServer
@@ -23,7 +24,7 @@ def saved(tmp_path):
 
 
 def test_a_base_url_selects_an_openai_compatible_server(saved):
-    from chateval_dspy.deploy.judge import load
+    from chateval_dspy.deploy.saved.judge import load
 
     with FakeOpenAIServer() as url, load(saved, model=url) as judge:
         verdicts = [judge(x) for x in ITEMS]
@@ -46,7 +47,7 @@ def test_resolve_lm_reports_a_dead_endpoint_clearly():
 
 def test_dspy_context_is_untouched_by_loading(saved):
     # load() binds its LM to the evaluator, never to DSPy's global settings
-    from chateval_dspy.deploy.judge import load
+    from chateval_dspy.deploy.saved.judge import load
 
     with FakeOpenAIServer() as url, load(saved, model=url):
         assert dspy.settings.lm is None
@@ -55,7 +56,7 @@ def test_dspy_context_is_untouched_by_loading(saved):
 def test_mlflow_pyfunc_model_judges_without_pickle(saved, tmp_path, monkeypatch):
     import mlflow
 
-    from chateval_dspy.deploy.verdicts import VERDICT_COLUMNS
+    from chateval_dspy.deploy.saved.verdicts import VERDICT_COLUMNS
     from optim.tracking import runs as tracking
     from optim.tracking.models import log_pyfunc_model
 

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from chateval_dspy.deploy.judge import load
-from chateval_dspy.deploy.score_file import score_file
+from chateval_dspy.deploy.saved.judge import load
+from chateval_dspy.deploy.scale.score_file import score_file
 
 ITEM = {"id": "a", "question": "Which?", "answer_1": "short", "answer_2": "a considerably longer answer"}
 CALLS = 8  # per item: 2 referees x 2 turns x 2 orders
@@ -67,7 +67,7 @@ def test_score_resumes_after_an_interruption_without_repeating_calls(saved, engi
 
 
 def test_rerunning_a_finished_file_adds_no_line(saved, engine, tmp_path):
-    """Issue 10 (break 5): 3 input rows gave 3, then 4, then 5 output lines (one more error line per rerun)."""
+    """3 input rows gave 3, then 4, then 5 output lines (one more error line per rerun)."""
     _, path = saved
     src = write_jsonl(tmp_path / "in.jsonl", [{**ITEM, "id": "i0"}, {"id": "bad", "question": "q", "answer_1": "a"},
                                               {**ITEM, "id": "i2"}])
@@ -83,7 +83,7 @@ def test_rerunning_a_finished_file_adds_no_line(saved, engine, tmp_path):
 
 
 def test_a_row_fixed_after_a_rejection_is_scored_on_rerun(saved, engine, tmp_path):
-    """Issue 11 (item 8): a row rejected once counted as done forever, so fixing it and rerunning never scored it."""
+    """A row rejected once counted as done forever, so fixing it and rerunning never scored it."""
     _, path = saved
     rows = [{**ITEM, "id": "i0"}, {"id": "bad", "question": "q", "answer_1": "a"}, {**ITEM, "id": "i2"}]
     src = write_jsonl(tmp_path / "in.jsonl", rows)
@@ -101,7 +101,7 @@ def test_a_row_fixed_after_a_rejection_is_scored_on_rerun(saved, engine, tmp_pat
 
 
 def test_duplicate_ids_keep_one_error_line_across_reruns(saved, engine, tmp_path):
-    """Issue 10 (break 5): a repeated id is one error line for its row, not one more per rerun."""
+    """A repeated id is one error line for its row, not one more per rerun."""
     _, path = saved
     src = write_jsonl(tmp_path / "in.jsonl", [ITEM, {**ITEM, "answer_1": "other"}])
     out = tmp_path / "out.jsonl"
@@ -117,7 +117,7 @@ def test_duplicate_ids_keep_one_error_line_across_reruns(saved, engine, tmp_path
 
 
 def test_columns_map_every_input_field(saved, engine, tmp_path):
-    """Issue 11 (item 6): --columns question=prompt,... rejected every row ("field 'question': field is missing")."""
+    """--columns question=prompt,... rejected every row ("field 'question': field is missing")."""
     _, path = saved
     src = tmp_path / "in.csv"
     src.write_text("key,prompt,a,b\nk1,Which?,short,a considerably longer answer\nk2,Which?,a long answer here,b\n",
@@ -132,7 +132,7 @@ def test_columns_map_every_input_field(saved, engine, tmp_path):
 
 
 def test_a_missing_mapped_column_names_the_users_column(saved, engine, tmp_path):
-    """Issue 11 (item 6): the error names the column the user mapped (prompt), which is what they can fix."""
+    """The error names the column the user mapped (prompt), which is what they can fix."""
     _, path = saved
     src = write_jsonl(tmp_path / "in.jsonl", [{"prompt": "q", "a": "x", "b": "y"}, {"a": "x", "b": "y"}])
     out = tmp_path / "out.jsonl"
@@ -143,7 +143,7 @@ def test_a_missing_mapped_column_names_the_users_column(saved, engine, tmp_path)
 
 
 def test_the_cli_maps_columns(saved, engine, tmp_path, capsys):
-    """Issue 11 (item 6), as reported: ``chateval score PROGRAM --in file --columns question=prompt,...``."""
+    """As reported: ``chateval score PROGRAM --in file --columns question=prompt,...``."""
     from optim.cli.main import main
 
     _, path = saved
@@ -158,7 +158,7 @@ def test_the_cli_maps_columns(saved, engine, tmp_path, capsys):
 
 
 def test_score_prices_an_unpriced_model_when_asked(saved, engine, tmp_path, capsys):
-    """Issue 13 (item 4): ``--price-per-mtok`` reaches ``load()`` from ``chateval score``; without it the
+    """``--price-per-mtok`` reaches ``load()`` from ``chateval score``; without it the
     fake model is unpriced (``cost_usd`` null, never 0)."""
     from optim.cli.main import main
 
@@ -181,7 +181,7 @@ def test_score_prices_an_unpriced_model_when_asked(saved, engine, tmp_path, caps
 
 
 def test_a_malformed_json_line_or_bad_byte_does_not_stop_the_batch(saved, engine, tmp_path):
-    """Issue 11 (item 7): one malformed JSON line or one non-UTF-8 byte stopped the batch: 0 of 4 good rows scored."""
+    """One malformed JSON line or one non-UTF-8 byte stopped the batch: 0 of 4 good rows scored."""
     _, path = saved
     good = [json.dumps({**ITEM, "id": f"g{i}"}).encode() for i in range(4)]
     src = tmp_path / "in.jsonl"
@@ -203,7 +203,7 @@ def test_a_malformed_json_line_or_bad_byte_does_not_stop_the_batch(saved, engine
 
 
 def test_a_bad_byte_in_one_csv_row_spoils_only_that_row(saved, engine, tmp_path):
-    """Issue 11 (item 7): the same for CSV: the row with the bad byte is rejected, the others are scored."""
+    """The same for CSV: the row with the bad byte is rejected, the others are scored."""
     _, path = saved
     src = tmp_path / "in.csv"
     src.write_bytes(b"id,question,answer_1,answer_2\nc1,Which?,short,a long answer\nc2,caf\xe9,short,long answer\n"

@@ -19,7 +19,8 @@ from optuna.trial import TrialState
 
 import chateval_dspy.lm.resolve
 from chateval_dspy.config import AGGREGATES, DebateConfig
-from chateval_dspy.data.loaders import load_faireval, load_topical_chat, split
+from chateval_dspy.data.loaders import load_faireval, load_topical_chat
+from chateval_dspy.data.splits import split
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.lm.adapter import JudgeAdapter
 from chateval_dspy.program.chateval import build_evaluator
@@ -341,7 +342,7 @@ def test_search_logs_nested_trial_runs_saves_the_best_and_leaks_no_key(workdir, 
         assert child.data.metrics["objective.agreement"] == t.value and child.data.metrics["dev.calls_per_item"] > 0
         assert child.info.run_id == t.user_attrs["mlflow_run_id"]
     assert parent.data.params["dataset"] == "faireval" and "test.accuracy" in parent.data.metrics
-    assert parent.data.params["storage"] == "sqlite:optuna.db"  # issue 32: no path or host of the storage
+    assert parent.data.params["storage"] == "sqlite:optuna.db"  # No path or host of the storage
     client = mlflow.MlflowClient()
     assert {"evaluator/card.json", "evaluator/program.json"} <= {a.path for a in client.list_artifacts(parent.info.run_id,
                                                                                                      "evaluator")}
@@ -373,7 +374,7 @@ def test_search_refuses_to_mix_settings_into_a_study(workdir, capsys):
 
 
 def test_run_search_is_the_search_command_as_a_function(workdir, tmp_path):
-    """Issue 10: trials, the final test, the card and the save are one library call on frozen specs."""
+    """Trials, the final test, the card and the save are one library call on frozen specs."""
     from chateval_dspy.data.spec import DataSpec
     from chateval_dspy.lm.spec import LMSpec
     from optim.search.run import SearchHooks, run_search
@@ -398,7 +399,7 @@ def test_run_search_is_the_search_command_as_a_function(workdir, tmp_path):
     card = json.loads((tmp_path / "best" / "card.json").read_text())
     assert card["search"] == done.card["search"] and card["config"] == done.card["config"]
     assert done.card["config"]["calibrate"] is False  # the base config's fixed part reached the saved panel
-    # Issue 32: the card travels with the model: the storage's kind and database name, no path of this machine.
+    # The card travels with the model: the storage's kind and database name, no path of this machine.
     assert card["search"]["storage"] == "sqlite:o.db" and str(tmp_path) not in json.dumps(card)
     assert not (tmp_path / "mlruns" / "optuna.db").exists()  # nothing outside what the specs named
 
@@ -413,13 +414,13 @@ def test_run_search_is_the_search_command_as_a_function(workdir, tmp_path):
     ("db.internal:5432", "storage"),
 ])
 def test_a_storage_url_is_recorded_without_its_host_or_credentials(url, label):
-    """Issue 32: what the card and the MLflow params say of a study's storage names no host, port, user, password
+    """What the card and the MLflow params say of a study's storage names no host, port, user, password
     or local path."""
     assert search.storage_label(url) == label
 
 
 def test_search_flag_defaults_come_from_the_search_space():
-    """Issue 10: unset panel flags leave the space's own ranges (no second copy in the CLI)."""
+    """Unset panel flags leave the space's own ranges (no second copy in the CLI)."""
     from optim.cli.main import build_parser
     from optim.cli.search import space_from_args
 
@@ -432,7 +433,7 @@ def test_search_flag_defaults_come_from_the_search_space():
 
 
 def test_search_space_bounds_come_from_limits():
-    """Issue 10: the space draws nothing DebateConfig would refuse, and allows what limits allow."""
+    """The space draws nothing DebateConfig would refuse, and allows what limits allow."""
     from chateval_dspy import limits
 
     with pytest.raises(ConfigError, match="limits.MAX_TURNS"):
@@ -444,7 +445,7 @@ def test_search_space_bounds_come_from_limits():
 
 
 def test_a_trial_streams_all_its_dev_chunks_to_one_resumable_file(tmp_path):
-    """Issue 11 (item 9): a trial's chunks append to one results file under one run key, so a retry of a
+    """A trial's chunks append to one results file under one run key, so a retry of a
     killed trial can resume it (each chunk used to be keyed apart, and the second was refused)."""
     study = optuna.create_study(direction="maximize", pruner=optuna.pruners.NopPruner())
     objective = Objective(space=SearchSpace(n_roles=(1, 1), turns=(1, 1)), base=DebateConfig(),

@@ -1,4 +1,4 @@
-"""``chateval search --objectives agreement,cascade_cost`` (issue 33 §3: a cascade "tunable by chateval search"): each
+"""``chateval search --objectives agreement,cascade_cost``: each
 trial's panel is the second stage after a saved cheap evaluator judged once on the dev items, and the trial's value
 is the cascade's US dollars per 1,000 verdicts at the guaranteed level on those items (in-sample).
 
@@ -9,6 +9,7 @@ The referees are the simulated ones (``chateval_dspy.testing.sim_lm``) with item
 from __future__ import annotations
 
 import contextlib
+import csv
 import json
 import math
 
@@ -19,8 +20,8 @@ from test_search import mlflow_db  # noqa: F401 - the MLflow store template, sha
 
 import chateval_dspy.lm.resolve
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.deploy.card import make_card
-from chateval_dspy.deploy.store import save_program
+from chateval_dspy.deploy.saved.card import make_card
+from chateval_dspy.deploy.saved.store import save_program
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.lm.pricing import attach_price, stated_price
 from chateval_dspy.program.chateval import build_evaluator
@@ -118,6 +119,9 @@ def test_a_trial_is_valued_at_the_cascade_dollars_per_1000_verdicts_and_logged(w
     card = json.loads((workdir / "programs" / "best" / "card.json").read_text())
     assert card["search"]["objectives"] == ["agreement", "cascade_cost"]
     assert card["search"]["cascade"]["level"] == 0.75 and "held-out" in card["search"]["cascade"]["note"]
+    # trials.csv carries each trial's cascade dollars beside its agreement
+    table = csv.DictReader((workdir / "results" / "c" / "trials.csv").read_text(encoding="utf-8").splitlines())
+    assert [float(row["cascade_usd_per_1000"]) for row in table] == pytest.approx([t.values[1] for t in study.trials])
 
 
 def test_the_first_stage_is_judged_once_and_a_rerun_reads_it_back(workdir, capsys):

@@ -1,4 +1,4 @@
-"""Issue 32 (section 4): a killed search worker's trial run does not stay RUNNING in MLflow once Optuna fails its trial.
+"""A killed search worker's trial run does not stay RUNNING in MLflow once Optuna fails its trial.
 
 A worker on another host cannot be seen to die: Optuna's heartbeat fails its trial after the grace period, and another
 worker runs the trial's panel again. Its MLflow run, which the killed worker could not end, is ended then as KILLED

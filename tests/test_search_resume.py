@@ -1,4 +1,4 @@
-"""Issue 11: an interrupted or shared search finishes, tested and saved, when rerun.
+"""An interrupted or shared search finishes, tested and saved, when rerun.
 
 Kills are real SIGKILLs of a worker process (no cleanup runs); the rerun happens in this process
 against the same fake OpenAI-compatible server, so every LM request is counted. The searches run
@@ -50,7 +50,7 @@ def _clean_run(tmp_path, monkeypatch, argv) -> FakeOpenAIServer:
 
 def test_search_killed_in_a_trial_finishes_and_saves_on_the_first_rerun(tmp_path, monkeypatch, capsys,
                                                                         mlflow_db):  # noqa: F811
-    """Issue 11 (items 9, 10, 13): rerun at once after a SIGKILL in trial 0, the search fails the dead
+    """Rerun at once after a SIGKILL in trial 0, the search fails the dead
     trial without waiting for its heartbeat, draws its panel again (resuming its dev results), runs
     the rest of the budget, tests and saves; the killed trial's MLflow run ends KILLED."""
     monkeypatch.chdir(tmp_path)
@@ -87,7 +87,7 @@ def test_search_killed_in_a_trial_finishes_and_saves_on_the_first_rerun(tmp_path
 
 
 def test_search_killed_in_its_final_test_resumes_the_test_and_saves(tmp_path, monkeypatch):
-    """Issue 11 (items 10, 13): killed while judging the test split, the rerun accepts its own
+    """Killed while judging the test split, the rerun accepts its own
     unfinished folder, judges only the test items left, and saves the program."""
     monkeypatch.chdir(tmp_path)
     argv = [*SEARCH, "--trials", "1", "--no-mlflow"]
@@ -129,7 +129,7 @@ WORKER = textwrap.dedent("""
 
 def test_two_workers_share_one_parent_run_and_the_study_ends_tested_whoever_finishes_last(
         tmp_path, mlflow_db):  # noqa: F811
-    """Issue 11 (item 11): the README's pattern, a slow ``--no-test`` worker in the background and a fast
+    """The README's pattern, a slow ``--no-test`` worker in the background and a fast
     one in front: one MLflow parent run holds every trial, and the front worker waits for the other's
     last trial, then tests and saves the best panel."""
     store = use_mlflow_store(tmp_path, mlflow_db)
@@ -157,7 +157,7 @@ def test_two_workers_share_one_parent_run_and_the_study_ends_tested_whoever_fini
 
 
 def test_claiming_a_study_attribute_is_first_writer_wins_across_workers(tmp_path):
-    """Issue 11 (item 11): workers that start a study together agree on one parent run (one value)."""
+    """Workers that start a study together agree on one parent run (one value)."""
     storage = f"sqlite:///{tmp_path / 'o.db'}"
     studies.open_study("race", storage, ("agreement",))
     n = 6
@@ -178,7 +178,7 @@ def test_claiming_a_study_attribute_is_first_writer_wins_across_workers(tmp_path
 
 
 def test_only_trials_of_workers_known_dead_are_failed(tmp_path):
-    """Issue 11 (item 9): a RUNNING trial whose worker on this host has exited is failed at once; one of a
+    """A RUNNING trial whose worker on this host has exited is failed at once; one of a
     live worker, or of another host (left to Optuna's heartbeat), is not."""
     study = studies.open_study("dead", f"sqlite:///{tmp_path / 'o.db'}", ("agreement",))
     ended = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -203,7 +203,7 @@ def test_only_trials_of_workers_known_dead_are_failed(tmp_path):
 
 @pytest.mark.parametrize("tag", ["", "nocolon", "host:notapid", None, 7])
 def test_an_unreadable_worker_tag_is_never_taken_for_dead(tag):
-    """Issue 11 (item 9): only a trial whose worker is known to have ended is failed early."""
+    """Only a trial whose worker is known to have ended is failed early."""
     from optim.search.worker import dead
 
     assert dead(tag) is False

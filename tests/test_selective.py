@@ -1,4 +1,4 @@
-"""Selective verdicts (issue 33, item 2): a threshold with Trust or Escalate's guarantee, and item difficulty in the
+"""Selective verdicts: a threshold with Trust or Escalate's guarantee, and item difficulty in the
 simulated referees that makes a panel's confidence carry information."""
 
 from __future__ import annotations

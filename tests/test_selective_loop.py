@@ -1,4 +1,4 @@
-"""Selective verdicts, the loop back to people (issue 33, "How it is checked"): a verdict withheld for a person
+"""Selective verdicts, the loop back to people: a verdict withheld for a person
 still counts in a refit of the confidence, ranks first in ``chateval review`` and reads as the panel's leaning
 there, comes back as a label through ``--labels mlflow:``; results of an evaluator before and after its calibration
 are never mixed; the summary and the MLflow metrics state the coverage.
@@ -20,9 +20,10 @@ from mlflow_server import mlflow_db, tracking_server  # noqa: F401 - shared fixt
 from test_confidence_runtime import FEW, FITTED_ON, IDENTITY, ITEMS  # the same items and map
 
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.deploy.judge import load
-from chateval_dspy.deploy.score_file import score_file
-from chateval_dspy.deploy.store import make_card, save_calibration, save_program
+from chateval_dspy.deploy.saved.card import make_card
+from chateval_dspy.deploy.saved.judge import load
+from chateval_dspy.deploy.saved.store import save_calibration, save_program
+from chateval_dspy.deploy.scale.score_file import score_file
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.lm.adapter import JudgeAdapter
 from chateval_dspy.program.chateval import build_evaluator

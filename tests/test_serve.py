@@ -1,4 +1,4 @@
-"""The HTTP API against hostile requests (issue 11, items 14-16): deep JSON, oversized bodies, unguarded docs.
+"""The HTTP API against hostile requests: deep JSON, oversized bodies, unguarded docs.
 
 A stub evaluator stands in for a loaded judge: what is tested here is the server around it, and no request
 that reaches the stub needs an LM.
@@ -22,7 +22,7 @@ import httpx
 import pytest
 import uvicorn
 
-from chateval_dspy.deploy.serve import MAX_JSON_DEPTH, create_app
+from chateval_dspy.deploy.serving.http import MAX_JSON_DEPTH, create_app
 
 ITEM = {"id": "a", "question": "Which?", "answer_1": "short", "answer_2": "a considerably longer answer"}
 TOKEN = {"Authorization": "Bearer s3cret"}
@@ -103,7 +103,7 @@ def raw_exchange(port: int, request: bytes, wait: float = 10.0) -> tuple[int | N
 
 
 def test_a_deeply_nested_body_is_a_400_naming_the_problem():
-    """Issue 11 (item 14): 200 KB of '[' answered 500 with a RecursionError traceback; it must be a one-line 400."""
+    """200 KB of '[' answered 500 with a RecursionError traceback; it must be a one-line 400."""
     with serving() as port:
         url = f"http://127.0.0.1:{port}"
         r = httpx.post(f"{url}/evaluate", content=b"[" * 200_000, headers={"Content-Type": "application/json"},
@@ -116,7 +116,7 @@ def test_a_deeply_nested_body_is_a_400_naming_the_problem():
 
 
 def test_nesting_is_capped_at_a_fixed_depth_not_at_the_recursion_limit():
-    """Issue 11 (item 14): a body that parses but nests past the cap (here in an ignored field) is refused alike,
+    """A body that parses but nests past the cap (here in an ignored field) is refused alike,
     so nothing later walks a structure near the recursion limit; ordinary nesting still gets judged."""
     def nested(depth):
         return json.loads("[" * depth + "]" * depth)
@@ -133,7 +133,7 @@ def test_nesting_is_capped_at_a_fixed_depth_not_at_the_recursion_limit():
 
 
 def test_json_that_python_refuses_to_decode_is_a_400_not_a_500():
-    """Issue 11 (item 14): an integer past Python's digit limit raised a bare ValueError (500); it is bad JSON here."""
+    """An integer past Python's digit limit raised a bare ValueError (500); it is bad JSON here."""
     with serving() as port:
         body = b'{"question": "q", "answer_1": "a", "answer_2": "b", "id": ' + b"7" * 50_000 + b"}"
         r = httpx.post(f"http://127.0.0.1:{port}/evaluate", content=body, timeout=30)
@@ -146,7 +146,7 @@ def test_json_that_python_refuses_to_decode_is_a_400_not_a_500():
 
 
 def test_a_chunked_body_gets_413_as_soon_as_it_passes_the_limit():
-    """Issue 11 (item 15): a chunked body (no Content-Length) was read whole before the size check; the server
+    """A chunked body (no Content-Length) was read whole before the size check; the server
     must answer 413 once the limit is passed, here without the client ever finishing the body, and then close."""
     limit = 10_000
     chunk = b"x" * 4096
@@ -161,7 +161,7 @@ def test_a_chunked_body_gets_413_as_soon_as_it_passes_the_limit():
 
 
 def test_a_declared_oversized_body_gets_413_and_is_not_drained():
-    """Issue 11 (item 15): with Content-Length past the limit the answer is 413 before the body is read, and the
+    """With Content-Length past the limit the answer is 413 before the body is read, and the
     connection is closed rather than kept alive while the server reads and discards the rest."""
     limit = 10_000
     head = (b"POST /evaluate HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
@@ -173,7 +173,7 @@ def test_a_declared_oversized_body_gets_413_and_is_not_drained():
 
 
 def test_bodies_within_the_limit_still_work_chunked_or_not():
-    """Issue 11 (item 15): streaming the body keeps small bodies, chunked or with Content-Length, working."""
+    """Streaming the body keeps small bodies, chunked or with Content-Length, working."""
     def pieces():
         text = json.dumps([ITEM, {**ITEM, "id": "b"}]).encode()
         yield from (text[i:i + 7] for i in range(0, len(text), 7))
@@ -192,7 +192,7 @@ SERVER = textwrap.dedent("""
     from chateval_dspy.lm.offline import ensure_offline
     ensure_offline()
     import uvicorn
-    from chateval_dspy.deploy.serve import create_app
+    from chateval_dspy.deploy.serving.http import create_app
 
     class Stub:
         format, card, lm = "pairwise", {"versions": {}}, types.SimpleNamespace(model="stub")
@@ -209,7 +209,7 @@ def _peak_rss_kib(pid: int) -> int:
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads peak RSS from /proc")
 def test_an_oversized_chunked_body_does_not_grow_server_memory():
-    """Issue 11 (item 15): a 300 MB chunked body grew server RSS 272 -> 805 MiB. Here 24 MB against a 256 KB limit
+    """A 300 MB chunked body grew server RSS 272 -> 805 MiB. Here 24 MB against a 256 KB limit
     (bounded, so a regression costs tens of MB, not the machine): the server's peak RSS must barely move."""
     limit, body_mb = 256_000, 24
     port = _free_port()
@@ -243,7 +243,7 @@ def test_an_oversized_chunked_body_does_not_grow_server_memory():
 
 
 def test_with_a_token_the_schema_needs_it_and_the_browser_docs_are_off():
-    """Issue 11 (item 16): /docs, /redoc and /openapi.json answered without the bearer token. Now the schema needs
+    """/docs, /redoc and /openapi.json answered without the bearer token. Now the schema needs
     the token and the HTML docs are not served (a browser page cannot send the header); /health stays open."""
     with serving(token="s3cret") as port:
         url = f"http://127.0.0.1:{port}"
@@ -264,7 +264,7 @@ def test_with_a_token_the_schema_needs_it_and_the_browser_docs_are_off():
 
 
 def test_without_a_token_the_schema_and_docs_stay_open():
-    """Issue 11 (item 16): an open server (no token) keeps FastAPI's schema and browser docs."""
+    """An open server (no token) keeps FastAPI's schema and browser docs."""
     with serving() as port:
         url = f"http://127.0.0.1:{port}"
         assert "/evaluate" in httpx.get(f"{url}/openapi.json", timeout=10).json()["paths"]

@@ -1,4 +1,4 @@
-"""The simulated referees against their own equations, and the simulation study (issue 15).
+"""The simulated referees against their own equations, and the simulation study.
 
 Rates are checked against exact 99% binomial intervals over a couple of thousand items, so a
 simulator that drifted from its stated model fails; the study's sanity tests check that it finds

@@ -1,4 +1,4 @@
-"""The evaluator as an MLflow model that Spark scores with (issue 24, item 1).
+"""The evaluator as an MLflow model that Spark scores with.
 
 The README subsection "The evaluator in MLflow's registry, on Spark" is run as written, in a temporary folder (its
 default MLflow store under ./mlruns), with two stated substitutions: its LM URL ``http://127.0.0.1:8000/v1`` becomes
@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from readme_section import ROOT, subsection_blocks
+from java_runtime import missing as why_no_spark
+from readme_section import MANY_MACHINES, ROOT, subsection_blocks
 
 pytestmark = pytest.mark.slow  # a real Spark session and rebuilt model environments
 
@@ -26,23 +27,13 @@ README_URL = "http://127.0.0.1:8000/v1"
 VERDICTS = {"1", "2", "tie"}
 
 
-def _why_no_spark() -> str | None:
-    if shutil.which("java") is None:
-        return "no java on PATH: PySpark needs a JRE (Debian: openjdk-17-jre-headless)"
-    try:
-        import pyspark  # noqa: F401
-    except ImportError:
-        return "pyspark is not installed"
-    return None
-
-
 def _why_no_uv() -> str | None:
     if shutil.which("uv", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")) is None:
         return "uv is not installed (pip install uv): env_manager='uv' rebuilds the model's environment with it"
-    return _why_no_spark()
+    return why_no_spark()
 
 
-needs_spark = pytest.mark.skipif(_why_no_spark() is not None, reason=_why_no_spark() or "")
+needs_spark = pytest.mark.skipif(why_no_spark() is not None, reason=why_no_spark() or "")
 needs_uv = pytest.mark.skipif(_why_no_uv() is not None, reason=_why_no_uv() or "")
 
 
@@ -62,14 +53,14 @@ def run_commands(code: str, url: str, mp: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(scope="module")
-def registered(tmp_path_factory):
+def registered(tmp_path_factory, java_home):
     """The README's commands run as written (compile and search, both with --register) and a local Spark session;
     yields (folder, fake server URL, the session, the README's items as a Spark DataFrame)."""
     from pyspark.sql import SparkSession
 
     from chateval_dspy.testing.fake_server import FakeOpenAIServer
 
-    (_, commands), _ = subsection_blocks(HEADING)
+    (_, commands), _ = subsection_blocks(MANY_MACHINES, HEADING)
     here = tmp_path_factory.mktemp("spark-model")
     (here / "data/examples").mkdir(parents=True)
     shutil.copy(ROOT / "data/examples/items.jsonl", here / "data/examples/items.jsonl")
@@ -105,7 +96,7 @@ def test_the_readme_scores_registered_models_on_spark_rebuilding_the_env_from_th
     """The README's Python block as written: struct rows with env_manager="uv" (the environment rebuilt from the
     model's wheel and pins, and PyPI), strings in the local env; verdicts as the judge gives them, never ids."""
     here, url, _, _ = registered
-    (_, python), = [b for b in subsection_blocks(HEADING) if b[0] == "python"]
+    (_, python), = [b for b in subsection_blocks(MANY_MACHINES, HEADING) if b[0] == "python"]
     namespace: dict = {}
     exec(compile(python, "README (Spark)", "exec"), namespace)
     compiled = judged("models:/chateval-judge/1", here, url)
@@ -155,7 +146,7 @@ def test_string_and_struct_results_of_both_models_in_the_local_env(registered):
     import mlflow
     from pyspark.sql.functions import struct
 
-    from chateval_dspy.deploy.verdicts import RESULT_TYPE
+    from chateval_dspy.deploy.saved.verdicts import RESULT_TYPE
 
     here, url, spark, items = registered
     cols = struct(*items.columns)
@@ -184,7 +175,7 @@ def test_string_and_struct_results_of_both_models_in_the_local_env(registered):
 
 @needs_spark
 def test_positional_columns_are_named_from_the_signature(registered):
-    """Issue 32: ``udf(*df.columns)`` and ``udf("question", "answer_1", "answer_2")`` (MLflow's positional form) gave
+    """``udf(*df.columns)`` and ``udf("question", "answer_1", "answer_2")`` (MLflow's positional form) gave
     None for every row, exit 0: without input names in the signature, MLflow named the columns ``0``, ``1``, ... .
     Positional columns are now the task's inputs in order (then ``id``), as the signature declares them."""
     import mlflow
@@ -205,7 +196,7 @@ def test_verdict_frame_puts_the_verdict_first_for_both_formats_and_invalid_rows(
     """Pairwise: the winner; pointwise: the scores' JSON text; an invalid row: no verdict, zero tokens (not NaN)."""
     import pandas as pd
 
-    from chateval_dspy.deploy.verdicts import RESULT_TYPE, VERDICT_COLUMNS, verdict_frame
+    from chateval_dspy.deploy.saved.verdicts import RESULT_TYPE, VERDICT_COLUMNS, verdict_frame
 
     frame = pd.DataFrame([
         {"id": "a", "format": "pairwise", "winner": "2", "scores": '{"answer_1": 3, "answer_2": 8}',

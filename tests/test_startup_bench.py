@@ -1,6 +1,6 @@
 """Smoke test of the start-up benchmark (``python -m optim.bench startup``): it runs, writes its raw runs and figures,
 renders them beside the targets, and a rerun on the same raw file measures nothing again. Timings are the
-benchmark's to report (BENCHMARKS.md), never a test's to assert."""
+benchmark's to report (benchmarks/startup.md), never a test's to assert."""
 
 from __future__ import annotations
 

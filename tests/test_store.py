@@ -8,7 +8,8 @@ import dspy
 import pytest
 
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.deploy.store import CARD_FILE, PROGRAM_FILE, load_program, make_card, save_program
+from chateval_dspy.deploy.saved.card import make_card
+from chateval_dspy.deploy.saved.store import CARD_FILE, PROGRAM_FILE, load_program, save_program
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.lm.adapter import JudgeAdapter
 from chateval_dspy.program.chateval import build_evaluator

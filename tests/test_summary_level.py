@@ -1,4 +1,4 @@
-"""Summary-level figures (issue 32): each states the documents it rests on, and the vectorised bootstrap is the
+"""Summary-level figures: each states the documents it rests on, and the vectorised bootstrap is the
 resampling it replaced (scipy's, per resample), not an approximation of it."""
 
 from __future__ import annotations

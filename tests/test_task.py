@@ -1,4 +1,4 @@
-"""Task specs (issue 12 items 1, 2, 6): the spec as YAML/JSON and as Python objects, the signatures built from
+"""Task specs: the spec as YAML/JSON and as Python objects, the signatures built from
 it, the two benchmarks as built-in specs whose prompts are byte for byte those the benchmarks were measured
 with, and bad specs refused before any model starts with the file and key named."""
 
@@ -17,7 +17,7 @@ from chateval_dspy import limits
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.program.chateval import build_evaluator
-from chateval_dspy.program.roles import role_library
+from chateval_dspy.program.roles import make_role, role_library
 from chateval_dspy.program.signatures import Summarize, check_verdict, signatures_for
 from chateval_dspy.program.task import (
     Criterion,
@@ -29,7 +29,6 @@ from chateval_dspy.program.task import (
     load_task,
     render,
 )
-from chateval_dspy.renamed import FORMAT_ALIASES
 
 # DSPy's JSONAdapter().format(...) of the hand-written signatures (with one demo each), their JSON schema and saved
 # state, recorded before the signatures were built from specs.
@@ -94,8 +93,8 @@ def test_builtin_spec_prompts_are_byte_identical_to_the_recorded_ones(key):
     if key == "summarize":
         sig = Summarize
     else:
-        fmt, step = key.split(".")  # the recording keys the pointwise built-in by its old name, "scoring"
-        sig = signatures_for(FORMAT_ALIASES.get(fmt, fmt))[0 if step == "argue" else 1]
+        fmt, step = key.split(".")
+        sig = signatures_for(fmt)[0 if step == "argue" else 1]
     assert list(sig.fields) == recorded["fields"]
     assert dspy.JSONAdapter().format(sig, demos=recorded["demos"], inputs=recorded["inputs"]) == recorded["messages"]
     assert _get_structured_outputs_response_format(sig).model_json_schema() == recorded["schema"]
@@ -114,7 +113,7 @@ def test_the_programs_predictors_use_the_builtin_spec_signatures(fmt):
 def test_builtin_specs_are_files_that_round_trip():
     for name, fmt in (("faireval", "pairwise"), ("topical_chat", "pointwise")):
         task = load_task(name)
-        assert task is builtin_task(fmt) and task.config_format == fmt
+        assert task is builtin_task(fmt) and task.format == fmt
         assert TaskSpec.from_dict(task.to_dict()) == task
         assert TaskSpec.from_dict(json.loads(json.dumps(task.to_dict()))) == task
     assert load_task("faireval").output_fields == ("score_1", "score_2")
@@ -131,7 +130,7 @@ def test_a_task_file_and_the_same_python_objects_are_one_spec(tmp_path, suffix):
     path.write_text(SUMMEVAL_YAML if suffix == ".yaml" else json.dumps(data), encoding="utf-8")
     from_file = load_task(str(path))
     assert from_file == summeval_python() == TaskSpec.from_dict(from_file.to_dict())
-    assert from_file.judged == ("summary_text",) and from_file.config_format == "pointwise"
+    assert from_file.judged == ("summary_text",) and from_file.format == "pointwise"
     # Defaults are written out, so a card or run key states the exact prompts.
     assert from_file.to_dict()["instructions"]["verdict"].startswith("You are one referee")
     assert "coherence (1-5)" in from_file.verdict_instructions
@@ -212,17 +211,24 @@ def test_config_carries_a_task_as_plain_values():
     back = DebateConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
     assert back == cfg and back.task == task
     assert cfg.changes()["task"] == task.to_dict()  # a run key tells two tasks apart
-    with pytest.warns(DeprecationWarning, match="config format 'scoring' is renamed 'pointwise'"):
-        assert DebateConfig(format="scoring", task=task, roles=("critic",)) == cfg  # the old name, still read
 
 
 def test_builtin_task_keeps_todays_config_dicts_and_run_keys():
-    # Run keys of existing results files are built from changes(): a built-in task adds nothing to them, and the
-    # pointwise format keeps the spelling those keys were made with ("scoring").
+    # Run keys of existing results files are built from changes(): a built-in task adds nothing to them.
     assert DebateConfig(task=builtin_task("pairwise")) == DebateConfig()
-    assert DebateConfig(task=load_task("topical_chat")).changes() == {"format": "scoring"}
+    assert DebateConfig(task=load_task("topical_chat")).changes() == {"format": "pointwise"}
     assert "task" not in DebateConfig().to_dict()
-    assert DebateConfig(format="pointwise", turns=3).changes() == {"format": "scoring", "turns": 3}
+    assert DebateConfig(format="pointwise", turns=3).changes() == {"format": "pointwise", "turns": 3}
+
+
+def test_a_format_has_one_name_in_configs_task_files_and_roles():
+    # Nothing was released under another name: an unknown spelling is refused where it is read, with the choices.
+    with pytest.raises(ConfigError, match="unknown format 'scoring'; choose one of: pairwise, pointwise"):
+        DebateConfig.from_dict({"format": "scoring"})
+    with pytest.raises(ConfigError, match="key 'format': unknown format 'scoring'"):
+        TaskSpec.from_dict({**spec(), "format": "scoring"})
+    with pytest.raises(ConfigError, match="persona for 'scoring'"):
+        make_role("editor", "Editor", {"pairwise": "P", "scoring": "S"}, "roles.yaml role #1")
 
 
 def test_config_refuses_a_task_of_another_format_and_a_mean_without_scores():

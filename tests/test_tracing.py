@@ -1,4 +1,4 @@
-"""Every debate a trace (issue 13, item 2): the span tree built from a judged item's record, the default rule,
+"""Every debate a trace: the span tree built from a judged item's record, the default rule,
 secrets scrubbed, and traces on the default local MLflow store from a batch, ``chateval score`` and ``serve``.
 
 The tracking-server and ``mlflow.genai.evaluate`` checks are in ``test_mlflow_genai.py``.
@@ -281,7 +281,8 @@ def test_a_tracing_fault_is_logged_and_the_batch_goes_on(local_store, monkeypatc
 
 @pytest.fixture
 def saved_pairwise(tmp_path):
-    from chateval_dspy.deploy.store import make_card, save_program
+    from chateval_dspy.deploy.saved.card import make_card
+    from chateval_dspy.deploy.saved.store import save_program
 
     program = build_evaluator(DebateConfig(roles=("critic", "scientist"), turns=1))
     return save_program(program, tmp_path / "prog", make_card(program, model="openai-compatible/fake-served"))
@@ -314,8 +315,8 @@ def test_chateval_score_traces_by_default_when_mlflow_is_the_target(local_store,
 def test_serve_traces_each_request_item_only_when_asked(local_store, saved_pairwise, tmp_path):
     from fastapi.testclient import TestClient
 
-    from chateval_dspy.deploy.judge import load
-    from chateval_dspy.deploy.serve import create_app
+    from chateval_dspy.deploy.saved.judge import load
+    from chateval_dspy.deploy.serving.http import create_app
     from chateval_dspy.testing.fake_server import FakeOpenAIServer
     from optim.cli.score import traced
 

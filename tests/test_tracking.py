@@ -101,7 +101,7 @@ def _local_store(tmp_path, monkeypatch, template) -> None:
 
 def test_runs_of_a_dead_worker_end_killed_with_their_children_and_nothing_else(tmp_path, monkeypatch,
                                                                               mlflow_db):  # noqa: F811
-    """Issue 11 (item 10): a killed command's RUNNING runs (and the optimizer's child runs under them) are
+    """A killed command's RUNNING runs (and the optimizer's child runs under them) are
     ended as KILLED by the rerun; runs of live workers, other hosts or other folders are left alone."""
     import subprocess
     import sys
@@ -136,7 +136,7 @@ def test_runs_of_a_dead_worker_end_killed_with_their_children_and_nothing_else(t
 
 
 def test_a_run_that_raises_ends_failed_and_is_tagged_with_its_worker(tmp_path, monkeypatch, mlflow_db):  # noqa: F811
-    """Issue 11 (item 10): an exception ends the run FAILED (never RUNNING), and every run names its worker."""
+    """An exception ends the run FAILED (never RUNNING), and every run names its worker."""
     import mlflow
 
     from optim.search.worker import Worker
@@ -161,7 +161,7 @@ def default_sigterm():
 
 def test_ctrl_c_and_sigterm_end_the_run_and_its_open_child_killed(tmp_path, monkeypatch, mlflow_db,  # noqa: F811
                                                                   default_sigterm):
-    """Issue 22 (item 5): a run stopped by Ctrl-C or SIGTERM ends KILLED, the child run open in it too; SIGTERM
+    """A run stopped by Ctrl-C or SIGTERM ends KILLED, the child run open in it too; SIGTERM
     becomes ``Terminated`` only while a run is open, and MLflow's link lines are switched off only meanwhile."""
     import signal
 
@@ -218,7 +218,7 @@ def test_sigterm_is_left_alone_off_the_main_thread_and_under_a_handler_of_ones_o
 
 @pytest.mark.slow
 def test_a_tracking_spec_costs_no_mlflow_import():
-    """Issue 10: the CLI builds a TrackingSpec even with --no-mlflow; that must not import mlflow (2-3 s)."""
+    """The CLI builds a TrackingSpec even with --no-mlflow; that must not import mlflow (2-3 s)."""
     import subprocess
     import sys
 

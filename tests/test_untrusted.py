@@ -1,4 +1,4 @@
-"""A saved evaluator from a stranger (issue 11): loading it must not let it choose where data goes or what it costs.
+"""A saved evaluator from a stranger: loading it must not let it choose where data goes or what it costs.
 
 A program directory may come from a registry, a colleague or a download. ``load_program`` and ``load``
 accept from it only what an evaluator is (instructions, demos, the panel config, personas), each checked
@@ -24,8 +24,9 @@ from hypothesis import strategies as st
 
 from chateval_dspy import limits
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.deploy.judge import load
-from chateval_dspy.deploy.store import CARD_FILE, PROGRAM_FILE, load_program, make_card, save_program
+from chateval_dspy.deploy.saved.card import make_card
+from chateval_dspy.deploy.saved.judge import load
+from chateval_dspy.deploy.saved.store import CARD_FILE, PROGRAM_FILE, load_program, save_program
 from chateval_dspy.errors import ChatEvalError, ConfigError
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.roles import same_roles
@@ -294,7 +295,7 @@ def load_in_a_small_process(directory: Path) -> str:
         import resource
         from chateval_dspy.lm.offline import ensure_offline
         ensure_offline()
-        from chateval_dspy.deploy.store import load_program
+        from chateval_dspy.deploy.saved.store import load_program
         from chateval_dspy.errors import ConfigError
         size = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) * 1024
         resource.setrlimit(resource.RLIMIT_AS, (size + 512 * 1024**2, resource.RLIM_INFINITY))

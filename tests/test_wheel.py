@@ -1,4 +1,4 @@
-"""A wheel works for someone who installs the package instead of working in a checkout (issue 10).
+"""A wheel works for someone who installs the package instead of working in a checkout.
 
 The wheel is built from this tree and installed into a fresh virtual environment that sees this environment's
 dependencies but not the source tree (no editable install, a working directory outside the repository). From
@@ -15,6 +15,7 @@ import site
 import subprocess
 import sys
 import sysconfig
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,7 @@ def installed(tmp_path_factory):
                             "-w", str(work / "dist"), str(ROOT)], capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, build.stderr
     wheel = next((work / "dist").glob("chateval_dspy-*.whl"))
+    assert not [n for n in zipfile.ZipFile(wheel).namelist() if n.startswith("optim/bench/")]  # run from a checkout
     venv = work / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
     py = venv / "bin" / "python"

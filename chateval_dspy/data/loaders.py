@@ -9,26 +9,14 @@ row and field.
 
 from __future__ import annotations
 
-import csv
-import hashlib
-import io
-import json
 import logging
-import os
-import random
-import re
-import stat
-import threading
-from collections import defaultdict
 from pathlib import Path
 
 import dspy
 
-from chateval_dspy.data.splits import SPLIT_FRACTIONS, SPLITS
+from chateval_dspy.data.rows import read_rows
 from chateval_dspy.errors import ConfigError, DataError
-from chateval_dspy.limits import MAX_DATA_FILE_BYTES, MAX_DATA_ROWS, MAX_TEXT_CHARS
 from chateval_dspy.program.task import TaskSpec, as_task
-from chateval_dspy.renamed import canonical_format
 
 log = logging.getLogger(__name__)
 
@@ -40,280 +28,6 @@ BUILTIN = {
 }
 LABELS = {"1": "1", "2": "2", "tie": "tie", "a": "1", "b": "2", "draw": "tie"}
 FAIREVAL_LABELS = {"chatgpt": "1", "vicuna13b": "2", "tie": "tie"}
-
-
-def read_rows(path: str | Path, *, bad_rows: str = "raise") -> list[tuple[int, dict | DataError]]:
-    """``(row number, record)`` pairs from a JSONL, JSON-array or CSV file.
-
-    Row numbers are 1-based: a JSONL file's lines; a CSV file's records (the header is row 1, a record whose quoted
-    cells span lines is one row); a JSON array's elements (a ``.json`` file whose first character is ``[``, as
-    PandaLM ships its data: one array of objects, read element by element). A file of more than
-    ``MAX_DATA_FILE_BYTES`` is refused before it is read, and one of more than ``MAX_DATA_ROWS`` rows as the row past
-    the limit is reached (``limits``).
-
-    Args:
-        path: A ``.jsonl``/``.json``/``.ndjson`` or ``.csv`` file.
-        bad_rows: ``"raise"``: the first malformed row (invalid JSON, not an object, not UTF-8) raises its
-            ``DataError``, as a dataset must be whole. ``"keep"``: such a row comes back as
-            ``(row, DataError)`` in its place and the other rows still come back, for a batch of user rows
-            where one bad row must not stop the rest. A file that cannot be read at all raises either way.
-    """
-    if bad_rows not in ("raise", "keep"):
-        raise ValueError(f"bad_rows must be 'raise' or 'keep', got {bad_rows!r}")
-    keep = bad_rows == "keep"
-    path = Path(path)
-    source = str(path)
-    raw = _read_data_file(path, source)
-    if raw.startswith(b"\xef\xbb\xbf"):
-        raw = raw[3:]
-    suffix = path.suffix.lower()
-    if suffix == ".csv":
-        rows = _csv_rows(raw, source, keep)
-        if not rows:
-            raise DataError("file has no items (only a header, or empty)", source=source)
-        return rows
-    if suffix not in (".jsonl", ".json", ".ndjson"):
-        raise DataError(f"unknown file type {suffix!r}: use .jsonl or .csv", source=source)
-    rows = _array_rows(raw, source, keep) if suffix == ".json" and raw.lstrip().startswith(b"[") else \
-        _jsonl_rows(raw, source, keep)
-    if not rows:
-        raise DataError("file has no items", source=source)
-    return rows
-
-
-def _read_data_file(path: Path, source: str) -> bytes:
-    """The bytes of the regular file ``path``, checked against ``MAX_DATA_FILE_BYTES`` before they are read (a
-    sparse giant is never read; a named pipe, opened without blocking, is refused as not a regular file)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError as exc:
-        raise DataError(f"cannot read file: {exc.strerror or exc}", source=source) from exc
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_DATA_FILE_BYTES:
-        os.close(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise DataError("cannot read file: not a regular file", source=source)
-        raise _too_large(info.st_size, source)
-    with os.fdopen(fd, "rb") as f:
-        try:
-            raw = f.read(info.st_size + 1)  # read(n) allocates n bytes at once: the file's size, not the limit
-        except OSError as exc:
-            raise DataError(f"cannot read file: {exc.strerror or exc}", source=source) from exc
-    if len(raw) > info.st_size:  # a half-written last row would be read as a bad one
-        raise DataError("the file grew while it was read; read it once it is written", source=source)
-    return raw
-
-
-def _too_large(size: int, source: str) -> DataError:
-    return DataError(f"the file is {size:,} bytes, more than {MAX_DATA_FILE_BYTES:,} (limits.MAX_DATA_FILE_BYTES); "
-                     "split it into smaller files", source=source)
-
-
-def _check_row_count(count: int, source: str, *, row: int | None = None) -> None:
-    """A ``DataError`` at ``row`` (default: ``count``) once ``count`` rows pass ``MAX_DATA_ROWS``: rows are parsed
-    into memory, a few bytes each in the file (``{}``) but hundreds once parsed."""
-    if count > MAX_DATA_ROWS:
-        raise DataError(f"more than {MAX_DATA_ROWS:,} rows (limits.MAX_DATA_ROWS); split the file into smaller files",
-                        source=source, row=count if row is None else row)
-
-
-def _jsonl_rows(raw: bytes, source: str, keep: bool) -> list[tuple[int, dict | DataError]]:
-    rows = []
-    # Line by line from the bytes, never a list of every line: a file of newlines would be a list of a billion.
-    for i, line in enumerate(io.BytesIO(raw), start=1):
-        _check_row_count(i, source)
-        if not line.strip():
-            continue
-        try:
-            rows.append((i, _json_row(line, source, i)))
-        except DataError as exc:
-            if not keep:
-                raise
-            rows.append((i, exc))
-    return rows
-
-
-_JSON_SPACE = re.compile(r"[ \t\n\r]*")
-
-
-def _array_rows(raw: bytes, source: str, keep: bool) -> list[tuple[int, dict | DataError]]:
-    """A JSON array's elements as rows (row ``k``: the ``k``-th element), parsed one element at a time.
-
-    An element that is not an object is its own ``DataError`` (kept with ``keep``); text that is not JSON stops the
-    read with ``keep`` too: after it, where the next element starts is unknown, so no row could be trusted.
-    """
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise DataError(f"not UTF-8 (line {line}, byte {exc.start}); re-save the file as UTF-8", source=source) from exc
-    decoder, rows = json.JSONDecoder(), []
-    pos = _JSON_SPACE.match(text, text.index("[") + 1).end()
-    more = not text.startswith("]", pos)
-    while more:
-        try:
-            record, pos = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError as exc:
-            raise _array_error(f"{exc.msg} (line {exc.lineno}, column {exc.colno})", len(rows) + 1, source) from exc
-        except RecursionError as exc:
-            raise _array_error("nested too deeply", len(rows) + 1, source) from exc
-        row = len(rows) + 1
-        _check_row_count(row, source)
-        error = None if isinstance(record, dict) else \
-            DataError(f"expected a JSON object, got {type(record).__name__}", source=source, row=row)
-        if error is not None and not keep:
-            raise error
-        rows.append((row, error or record))
-        pos = _JSON_SPACE.match(text, pos).end()
-        more = text.startswith(",", pos)
-        pos = _JSON_SPACE.match(text, pos + 1).end() if more else pos
-    if not text.startswith("]", pos) or _JSON_SPACE.match(text, pos + 1).end() != len(text):
-        line = text.count("\n", 0, pos) + 1
-        raise _array_error(f"expected ',' or the closing ']' (line {line})", len(rows) + 1, source)
-    return rows
-
-
-def _array_error(problem: str, element: int, source: str) -> DataError:
-    return DataError(f"not valid JSON: {problem}, in or after element {element} of the array; a .json file holds one "
-                     "JSON array of objects, a .jsonl file one JSON object per line", source=source)
-
-
-def _json_row(line: bytes, source: str, row: int) -> dict:
-    try:
-        record = json.loads(line.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise DataError(f"not UTF-8 (column {exc.start + 1}); re-save the file as UTF-8", source=source, row=row) from exc
-    except json.JSONDecodeError as exc:
-        raise DataError(f"not valid JSON: {exc.msg} (column {exc.colno})", source=source, row=row) from exc
-    except RecursionError as exc:  # a line of nested brackets: the parser's stack, not the line's size, runs out
-        raise DataError("not valid JSON: nested too deeply", source=source, row=row) from exc
-    if not isinstance(record, dict):
-        raise DataError(f"expected a JSON object, got {type(record).__name__} (one object per line)", source=source,
-                        row=row)
-    return record
-
-
-def _csv_rows(raw: bytes, source: str, keep: bool) -> list[tuple[int, dict | DataError]]:
-    """CSV rows as ``read_rows`` gives them: a row holding non-UTF-8 bytes or a cell longer than ``MAX_TEXT_CHARS``
-    is its own ``DataError`` with ``keep``, and raises without it."""
-    # surrogateescape keeps every byte, so one bad byte spoils only the record (or quoted field) it sits in, and the
-    # error names that record's row and column, not the physical line (a quoted cell may span many).
-    text = raw.decode("utf-8", errors="surrogateescape")
-    records = iter(csv_records(text, source=source))
-    header = next(records, [])
-    if isinstance(header, csv.Error):
-        raise DataError(f"a column name is longer than {MAX_TEXT_CHARS} characters", source=source, row=1)
-    if any(_undecodable(name) for name in header):
-        raise DataError("not UTF-8 in the header; re-save the file as UTF-8", source=source, row=1)
-    rows: list[tuple[int, dict | DataError]] = []
-    row = 1  # the header is row 1, as a spreadsheet shows it; blank lines are no rows (as csv.DictReader has it)
-    for cells in records:
-        if cells == []:
-            continue
-        row += 1
-        if isinstance(cells, csv.Error):
-            error = DataError(f"a cell is longer than {MAX_TEXT_CHARS} characters (limits.MAX_TEXT_CHARS), more than a "
-                              "judged text may hold; shorten it or leave the row out", source=source, row=row)
-        else:
-            record = _as_dict(header, cells)
-            bad = [k for k, v in record.items() if _undecodable(v)]
-            error = DataError("not UTF-8; re-save the file as UTF-8", source=source, row=row, field=bad[0]) if bad else None
-        if error is not None and not keep:
-            raise error
-        rows.append((row, error or record))
-    return rows
-
-
-def _as_dict(header: list[str], cells: list[str]) -> dict:
-    """A record as ``csv.DictReader`` makes it: surplus cells in a list under None, missing cells None."""
-    record = dict(zip(header, cells))
-    if len(cells) > len(header):
-        record[None] = cells[len(header):]
-    for name in header[len(cells):]:
-        record[name] = None
-    return record
-
-
-# A line as open(newline="") splits them (only \r, \n and \r\n end one), and a run of characters that mean nothing
-# to the CSV reader (neither quote, comma nor line end) under the default dialect.
-_LINE = re.compile(r"[^\r\n]*(?:\r\n?|\n)|[^\r\n]+")
-_PLAIN = re.compile(r'[^",\r\n]+')
-_FIELD_LIMIT = threading.Lock()  # csv.field_size_limit is one setting for the whole process
-
-
-class _Lines:
-    """The lines of ``text`` from ``pos`` on, one at a time; ``pos`` is always where the next one starts.
-
-    Example:
-        >>> lines = _Lines("a,b\\r\\nc\\n\\nd")
-        >>> list(lines), lines.pos
-        (['a,b\\r\\n', 'c\\n', '\\n', 'd'], 9)
-    """
-
-    def __init__(self, text: str, pos: int = 0):
-        self.text, self.pos = text, pos
-
-    def __iter__(self):
-        return self
-
-    def __next__(self) -> str:
-        match = _LINE.match(self.text, self.pos)
-        if match is None:
-            raise StopIteration
-        self.pos = match.end()
-        return match.group()
-
-
-def csv_records(text: str, *, source: str = "CSV text") -> list[list[str] | csv.Error]:
-    """Every record of CSV ``text`` (the header first) as its cells, or as the ``csv.Error`` of a record with a cell
-    longer than ``MAX_TEXT_CHARS``: that record is skipped whole and the reading goes on after it, so no cell is
-    ever held past the limit. More than ``MAX_DATA_ROWS`` records (blank lines included) is a ``DataError`` naming
-    ``source``.
-
-    Example:
-        >>> csv_records('a,b\\n1,"' + "x" * 100_001 + '\\n2,3"\\n4,5\\n')
-        [['a', 'b'], Error('field larger than field limit (100000)'), ['4', '5']]
-    """
-    with _FIELD_LIMIT:
-        before = csv.field_size_limit(MAX_TEXT_CHARS)
-        try:
-            out: list[list[str] | csv.Error] = []
-            lines = _Lines(text)
-            reader = csv.reader(lines)
-            while True:
-                start = lines.pos
-                try:
-                    out.append(next(reader))
-                    _check_row_count(len(out) - 1, source, row=len(out))  # the header is row 1 and no row
-                except StopIteration:
-                    return out
-                except csv.Error as exc:
-                    # The reader gave up inside the record: its rest (more lines, if a quoted cell goes on) must not
-                    # be read as records of their own.
-                    lines.pos = _record_end(text, start)
-                    reader = csv.reader(lines)
-                    out.append(exc)
-        finally:
-            csv.field_size_limit(before)
-
-
-def _record_end(text: str, start: int) -> int:
-    """Where the CSV record that starts at ``start`` ends. It is read again with every run of plain characters cut
-    to one: the reader goes through the same states (in quotes or not, cell and record ends), and no cell is long."""
-    lines = _Lines(text, start)
-    limit = csv.field_size_limit(len(text) + 1)  # only quotes are left to make a cell long
-    try:
-        next(csv.reader(_PLAIN.sub("x", line) for line in lines), None)
-    except csv.Error:
-        pass  # not expected: the record then ends where the reader stopped
-    finally:
-        csv.field_size_limit(limit)
-    return lines.pos
-
-
-def _undecodable(value) -> bool:
-    values = value if isinstance(value, list) else [value]  # DictReader puts surplus cells in a list
-    return any(isinstance(v, str) and any("\udc80" <= c <= "\udcff" for c in v) for v in values)
 
 
 class Items(list):
@@ -733,18 +447,17 @@ def load_dataset(name_or_path: str, *, fmt: str | None = None, columns: dict[str
             system id columns, the criteria it does not rate, and whether the map may make two values one label
             (see ``load_custom``).
     """
-    fmt = canonical_format(fmt, "--format")
     if task is not None:
-        if fmt and fmt != task.config_format:
+        if fmt and fmt != task.format:
             raise DataError(f"--format {fmt} does not match task {task.name!r}, which is {task.format}")
-        fmt = task.config_format
+        fmt = task.format
     if name_or_path in BUILTIN and (label_map or group_by or system or unlabelled or label_map_merge):
         raise DataError(f"--label-map(-merge), --group-by, --system and --unlabelled are for a file of your own, not "
                         f"{name_or_path}")
     if name_or_path in BUILTIN:
         own = BUILTIN[name_or_path][1]
         spec = task or as_task(own)
-        if spec.config_format != own or spec.input_names != as_task(own).input_names:
+        if spec.format != own or spec.input_names != as_task(own).input_names:
             raise DataError(f"{name_or_path} holds {as_task(own).format} items with the fields "
                             f"{', '.join(as_task(own).input_names)}; task {spec.name!r} needs "
                             f"{', '.join(spec.input_names)}")
@@ -755,76 +468,3 @@ def load_dataset(name_or_path: str, *, fmt: str | None = None, columns: dict[str
                         f"(built-ins: {', '.join(BUILTIN)})")
     return load_custom(name_or_path, task or fmt, columns, skip_bad_rows=skip_bad_rows, label_map=label_map,
                        group_by=group_by, system=system, unlabelled=unlabelled, label_map_merge=label_map_merge), fmt
-
-
-def dataset_hash(items) -> str:
-    """A stable hash of the items a run saw (their ids, inputs and labels)."""
-    h = hashlib.sha256()
-    for x in items:
-        h.update(json.dumps(x.toDict(), sort_keys=True, default=str).encode())
-    return h.hexdigest()[:16]
-
-
-def _group(item: dspy.Example) -> str:
-    # Topical-Chat's six responses to one context stay in one split, so no context leaks from train to test.
-    return item.get("dialogue_history") or item.id
-
-
-def grouping(task: TaskSpec | str):
-    """How ``split`` keeps items together: pointwise items by their first input that is not judged (the
-    context several responses answer, as Topical-Chat's dialogue history), pairwise items one by one.
-
-    Example:
-        >>> grouping("pointwise")(dspy.Example(id="7", dialogue_history="h", response="r"))
-        'h'
-    """
-    task = as_task(task)
-    context = next((i.name for i in task.inputs if not i.judged), None)
-    if task.format == "pairwise" or context is None:
-        return lambda item: item.id
-    return lambda item: item.get(context) or item.id
-
-
-def split(items: list[dspy.Example], *, seed: int = 0, fractions=SPLIT_FRACTIONS,
-          group=None) -> dict[str, list[dspy.Example]]:
-    """Seeded, stratified train/dev/test split.
-
-    Pairwise items are stratified by label; pointwise items are split by context (``group``, default the
-    dialogue history: all responses to one context land in the same split). The same seed and items
-    always give the same split.
-
-    Example:
-        >>> parts = split(load_faireval(), seed=0)
-        >>> [len(parts[s]) for s in SPLITS]
-        [32, 16, 32]
-    """
-    if abs(sum(fractions) - 1) > 1e-9 or len(fractions) != 3:
-        raise ValueError("fractions must be three numbers summing to 1")
-    strata: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
-    for item in items:
-        stratum = str(item.get("label")) if "label" in item else "all"
-        strata[stratum][(group or _group)(item)].append(item)
-    rng = random.Random(seed)
-    out = {s: [] for s in SPLITS}
-    for stratum in sorted(strata):
-        groups = sorted(strata[stratum])
-        rng.shuffle(groups)
-        n = len(groups)
-        n_train = round(n * fractions[0])
-        n_dev = round(n * (fractions[0] + fractions[1])) - n_train
-        bounds = {"train": groups[:n_train], "dev": groups[n_train:n_train + n_dev], "test": groups[n_train + n_dev:]}
-        for name, keys in bounds.items():
-            for key in keys:
-                out[name].extend(strata[stratum][key])
-    order = {id(x): i for i, x in enumerate(items)}
-    return {s: sorted(v, key=lambda x: order[id(x)]) for s, v in out.items()}
-
-
-def select(items: list[dspy.Example], part: str = "all", *, seed: int = 0, limit: int | None = None,
-           group=None) -> list[dspy.Example]:
-    """One split (or ``all``), then the first ``limit`` items."""
-    if part != "all":
-        if part not in SPLITS:
-            raise DataError(f"unknown split {part!r}; choose all, {', '.join(SPLITS)}")
-        items = split(items, seed=seed, group=group)[part]
-    return items[:limit] if limit else items

@@ -21,7 +21,7 @@ class DataSpec:
 
     Args:
         dataset: ``faireval``, ``topical_chat``, or a JSONL/CSV file of your own.
-        format: The format of a custom file (``pairwise`` or ``pointwise``; ``scoring``, its old name, is still read).
+        format: The format of a custom file (``pairwise`` or ``pointwise``).
         columns: Our field name -> your column name, for a custom file.
         split: ``all``, ``train``, ``dev`` or ``test`` of the seeded 40/20/40 split.
         seed: The split's (and the bootstrap's) seed.
@@ -99,14 +99,15 @@ class DataSpec:
                             system=self.system, unlabelled=tuple(self.unlabelled), label_map_merge=self.label_map_merge)
 
     def _group(self):
-        from chateval_dspy.data.loaders import grouping
+        from chateval_dspy.data.splits import grouping
 
         task = self.task_spec()
         return grouping(task) if task is not None else None
 
     def items(self) -> tuple[Items, str]:
         """The items of ``split`` (first ``limit``), and the format."""
-        from chateval_dspy.data.loaders import Items, select
+        from chateval_dspy.data.loaders import Items
+        from chateval_dspy.data.splits import select
 
         items, fmt = self.load()
         return Items(select(items, self.split, seed=self.seed, limit=self.limit, group=self._group()),
@@ -114,7 +115,7 @@ class DataSpec:
 
     def parts(self, items: list[dspy.Example]) -> dict[str, list[dspy.Example]]:
         """The seeded train/dev/test split of ``items``, each cut to ``limit`` (for compile and search)."""
-        from chateval_dspy.data.loaders import split
+        from chateval_dspy.data.splits import split
 
         return {k: v[: self.limit] if self.limit else v
                 for k, v in split(items, seed=self.seed, group=self._group()).items()}

@@ -1,2 +1,3 @@
-"""A tuned evaluator in production: saved to disk with its card (``store``), loaded as a ``Judge``
-bound to an LM (``judge``), scoring files (``score_file``), serving HTTP (``serve``), and Ray (``ray``)."""
+"""A tuned evaluator in production, one subpackage per idea: a saved evaluator and ``load()`` (``saved``), the
+evaluator in MLflow (``mlflow``), scoring files past one process (``scale``), and verdicts for other programs over
+HTTP or as a DSPy metric (``serving``)."""

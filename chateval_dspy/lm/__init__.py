@@ -1,18 +1,6 @@
-"""LM plumbing, entered once at the edge: the offline switches, ``resolve_lm`` (embedded server,
-base URL or LiteLLM string), the OpenAI-compatible engine and the JSON adapter.
+"""LM plumbing, entered once at the edge: the offline switches (``offline``), ``resolve_lm`` (``resolve``: embedded
+server, base URL or LiteLLM string), the OpenAI-compatible engine (``engine``) and the JSON adapter (``adapter``).
 
-Names are imported on first use (``chateval_dspy.lazy``): importing a light module of this package,
-such as ``chateval_dspy.lm.offline``, does not import DSPy or the OpenAI client.
+Import the module you need: this package's ``__init__`` imports nothing, so a light module such as
+``chateval_dspy.lm.offline`` loads without DSPy or the OpenAI client.
 """
-
-import chateval_dspy.lazy as lazy
-
-__getattr__, __dir__ = lazy.exports(__name__, {
-    "EMBEDDED": "chateval_dspy.lm.resolve",
-    "JudgeAdapter": "chateval_dspy.lm.adapter",
-    "configure_cache": "chateval_dspy.lm.resolve",
-    "ensure_offline": "chateval_dspy.lm.offline",
-    "resolve_lm": "chateval_dspy.lm.resolve",
-})
-
-__all__ = ["EMBEDDED", "JudgeAdapter", "configure_cache", "ensure_offline", "resolve_lm"]

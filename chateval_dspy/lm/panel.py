@@ -19,7 +19,7 @@ import dspy
 
 import chateval_dspy.limits as limits
 from chateval_dspy.errors import ConfigError, FatalLMError, shown
-from chateval_dspy.lm.bound import binding, referee_lm, referee_lms  # noqa: F401 - the panel's public names
+from chateval_dspy.lm.bound import referee_lms
 
 
 def check_referee_models(referees, *, where: str = "referee_models") -> tuple[tuple[str, str], ...]:
@@ -82,6 +82,7 @@ def referee_names(lms: Mapping[str, dspy.LM] | None = None) -> dict[str, str]:
     """``{slug: model name}`` of the bound referees (what a card records; a URL's LM is ``openai-compatible/<id>``).
 
     Example:
+        >>> from chateval_dspy.lm.bound import binding
         >>> with binding({"critic": dspy.LM("openai/gpt-4o-mini")}):
         ...     referee_names()
         {'critic': 'openai/gpt-4o-mini'}

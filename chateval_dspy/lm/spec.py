@@ -199,6 +199,7 @@ class LMSpec:
 
         from chateval_dspy.lm import panel
         from chateval_dspy.lm.adapter import JudgeAdapter
+        from chateval_dspy.lm.bound import binding
         from chateval_dspy.lm.pricing import attach_price
 
         if self.batch:
@@ -210,7 +211,7 @@ class LMSpec:
                               retries=self.retries, call_deadline=self.call_deadline,
                               item_deadline=self.item_deadline, threads=threads, breaker=self.breaker,
                               rate_limit_wait=self.rate_limit_wait) as (lm, referees), \
-                dspy.context(lm=attach_price(lm, self.price()), adapter=JudgeAdapter()), panel.binding(referees):
+                dspy.context(lm=attach_price(lm, self.price()), adapter=JudgeAdapter()), binding(referees):
             yield lm
 
     def batching(self, journal: str | Path | None, on_wave: Callable[[dict], None] | None = None):

@@ -12,7 +12,6 @@ from collections.abc import Iterable, Sequence
 from statistics import fmean
 
 from chateval_dspy.program.task import TaskSpec, as_task
-from chateval_dspy.renamed import old_names
 
 
 def preference(score_1: float, score_2: float) -> str:
@@ -161,6 +160,3 @@ def pairwise_verdict(verdicts: Sequence[dict | None], how: str,
 def pointwise_verdict(verdicts: Sequence[dict | None], how: str, task: TaskSpec | str = "pointwise") -> dict | None:
     """Per-criterion panel scores of one response: the mean (the paper) or the most common rating; labels by majority."""
     return panel_scores(verdicts, how, task)
-
-
-__getattr__ = old_names(__name__, {"scoring_verdict": "pointwise_verdict"}, globals())

@@ -89,8 +89,7 @@ class ChatEval(dspy.Module):
 
     def _debates(self, orders: list[dict]) -> list[dspy.Prediction]:
         """One debate per answer order, at once when allowed; results (and the DSPy trace) in order."""
-        # getattr: a program pickled before this attribute existed still loads and runs.
-        if not getattr(self, "parallel_orders", True) or len(orders) < 2:
+        if not self.parallel_orders or len(orders) < 2:
             return [self.debate(**order) for order in orders]
         trace = dspy.settings.trace
 

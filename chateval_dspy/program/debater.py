@@ -6,7 +6,7 @@ import contextlib
 
 import dspy
 
-from chateval_dspy.lm.panel import referee_lm
+from chateval_dspy.lm.bound import referee_lm
 from chateval_dspy.program.roles import Role
 from chateval_dspy.program.signatures import signatures_for
 from chateval_dspy.program.task import TaskSpec, as_task

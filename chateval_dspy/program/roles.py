@@ -15,7 +15,6 @@ from pathlib import Path
 import chateval_dspy.limits as limits
 from chateval_dspy.errors import ConfigError, shown
 from chateval_dspy.program.task import TaskSpec, as_task, builtin_task
-from chateval_dspy.renamed import canonical_format
 
 SLUG = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 # The paper's "same role prompt for all agents" ablation: referee_1..referee_N
@@ -30,8 +29,7 @@ class Role:
     """A referee: a stable slug (used in predictor names), a display name and its personas.
 
     Persona keys: ``pairwise`` and ``pointwise`` (the built-in tasks, FairEval and Topical-Chat) and ``*``
-    (any task, and the only one your own task specs read); ``scoring``, the old name of ``pointwise``, is still
-    read, with a ``DeprecationWarning``.
+    (any task, and the only one your own task specs read).
     """
 
     slug: str
@@ -65,8 +63,8 @@ def persona_keys(spec: TaskSpec) -> tuple[str, ...]:
         ...                                                                           "name": "mine"}))
         (('pairwise', '*'), ('*',))
     """
-    if spec == builtin_task(spec.config_format):
-        return (spec.config_format, "*")
+    if spec == builtin_task(spec.format):
+        return (spec.format, "*")
     return ("*",)
 
 
@@ -108,7 +106,6 @@ def make_role(slug, name, personas, where: str, *, same_role_slugs: bool = False
         raise ConfigError(f"{where}: 'persona' must be a text or a mapping of format -> text")
     texts = {}
     for fmt, text in personas.items():
-        fmt = canonical_format(fmt, f"{where}: persona key")
         if fmt not in FORMATS or not isinstance(text, str) or not text.strip():
             raise ConfigError(f"{where}: persona for {shown(fmt, 40)} must be a non-empty text (keys: * for any task, "
                               "pairwise, pointwise)")

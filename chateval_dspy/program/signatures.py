@@ -40,8 +40,8 @@ _BUILTIN_NAMES = {"pairwise": "Pairwise", "pointwise": "Scoring"}
 
 
 def _class_name(task: TaskSpec, step: str) -> str:
-    if task == builtin_task(task.config_format):
-        return f"{_BUILTIN_NAMES[task.config_format]}{step}"  # PairwiseVerdict, ScoringArgument: the names they had
+    if task == builtin_task(task.format):
+        return f"{_BUILTIN_NAMES[task.format]}{step}"  # PairwiseVerdict, ScoringArgument: the names they had
     return "".join(part.capitalize() for part in task.name.split("_")) + step
 
 
@@ -120,35 +120,3 @@ def check_verdict(task: TaskSpec | str, verdict: dict) -> dict:
             raise ScoreRangeError(f"{name}={value!r} is not {what}")
         out[name] = value
     return out
-
-
-def check_scores(fmt: str, verdict: dict) -> dict:
-    """``check_verdict`` of a format's built-in task (the name older callers use).
-
-    Example:
-        >>> check_scores("pairwise", {"score_1": 7, "score_2": 3, "preference": "1"})
-        {'preference': '1', 'score_1': 7, 'score_2': 3}
-    """
-    return check_verdict(fmt, verdict)
-
-
-_OLD_KEYS = (("pairwise", "pairwise"), ("scoring", "pointwise"))
-_LEGACY = {
-    "PairwiseArgument": lambda: signatures_for("pairwise")[0],
-    "PairwiseVerdict": lambda: signatures_for("pairwise")[1],
-    "ScoringArgument": lambda: signatures_for("pointwise")[0],
-    "ScoringVerdict": lambda: signatures_for("pointwise")[1],
-    # Keyed as they always were ("scoring" for the pointwise built-in), for the code written against them.
-    "SIGNATURES": lambda: {k: signatures_for(f) for k, f in _OLD_KEYS},
-    "INPUTS": lambda: {k: builtin_task(f).input_names for k, f in _OLD_KEYS},
-    "SCORE_RANGES": lambda: {k: builtin_task(f).ordinal_ranges for k, f in _OLD_KEYS},
-    # Topical-Chat's human scales per aspect: the built-in pointwise task's criteria.
-    "ASPECTS": lambda: builtin_task("pointwise").ordinal_ranges,
-}
-
-
-def __getattr__(name: str):
-    # The built-in tasks' names, read from their spec files on first use, not at import.
-    if name in _LEGACY:
-        return _LEGACY[name]()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

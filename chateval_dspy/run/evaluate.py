@@ -20,8 +20,9 @@ from chateval_dspy.concurrency import bounded_unordered, run_gated
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import ChatEvalError
 from chateval_dspy.program.confidence import NEEDS_PERSON, Calibration, calibrated, line_confidence, lowest
-from chateval_dspy.run.records import ResultsStream, check_result, context_identity
-from chateval_dspy.run.records import run_key as derive_run_key
+from chateval_dspy.run.identity import context_identity
+from chateval_dspy.run.identity import run_key as derive_run_key
+from chateval_dspy.run.records import ResultsStream, check_result
 from chateval_dspy.run.result import RunResult
 from chateval_dspy.run.usage import ModelMeter, item_cost, item_tokens, usage_by_model
 
@@ -234,7 +235,7 @@ def evaluate(program: dspy.Module, items: Iterable[dspy.Example], config: Debate
         out: A JSONL file; one complete line per item is appended as soon as it is judged. If it already
             holds records of the same run (same ``run_key``), those items are not judged again: their
             records count in the result and the run goes on with the rest (resume after a crash or kill).
-            One run writes it at a time (``records.exclusive``); a symbolic link is refused.
+            One run writes it at a time (``locks.exclusive``); a symbolic link is refused.
         concurrency: Items judged at once (bounded; results may finish out of order).
         on_item: Called with each record (the CLI advances its progress bar here). If it has a ``resumed`` method
             (a ``Tracer``'s has), that is called first with the records resumed from ``out``.

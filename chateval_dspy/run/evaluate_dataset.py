@@ -21,7 +21,7 @@ from chateval_dspy.lm.panel import referee_names
 from chateval_dspy.lm.spec import LMSpec
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.critical_path import critical_path
-from chateval_dspy.run import records
+from chateval_dspy.run import identity, locks, records
 from chateval_dspy.run.evaluate import evaluate
 from chateval_dspy.run.result import RunResult
 
@@ -148,13 +148,13 @@ def results_for(data: DataSpec, config: DebateConfig, lm: LMSpec, items, out: st
                 ) -> tuple[str, Path]:
     """The run key of judging ``items`` with ``config`` on ``lm``, and its results file (``results_file``), known
     before any model starts (a tracker tags its run with the file from the start)."""
-    key = records.run_key(config, lm.identity(), items)
+    key = identity.run_key(config, lm.identity(), items)
     return key, results_file(data, key, out)
 
 
 def results_path(data: DataSpec, key: str, out: str | Path | None = None, *, overwrite: bool = False,
                  ids=None) -> Path:
-    """``results_file(data, key, out)``, checked before any model starts (as its one writer, ``records.exclusive``).
+    """``results_file(data, key, out)``, checked before any model starts (as its one writer, ``locks.exclusive``).
 
     A file of another run is refused (``ConfigError``), and so is a symbolic link as the file or as its batch
     journal (``journal_folder``): neither is written through. ``overwrite`` empties the file (and its journal)
@@ -162,9 +162,9 @@ def results_path(data: DataSpec, key: str, out: str | Path | None = None, *, ove
     dropped (``records.ResultsStream``).
     """
     path = results_file(data, key, out)
-    records.refuse_link(path)
-    records.refuse_link(journal_folder(path), "batch journal")
-    with records.exclusive(path):
+    locks.refuse_link(path)
+    locks.refuse_link(journal_folder(path), "batch journal")
+    with locks.exclusive(path):
         if overwrite and path.exists():
             path.write_text("", encoding="utf-8")
         if overwrite and journal_folder(path).is_dir():
@@ -212,7 +212,7 @@ def evaluate_dataset(data: DataSpec, config: DebateConfig | Callable[[str], Deba
     lm.check_panel(cfg.roles)  # before any model starts
     program = build_evaluator(cfg)
     key, path = results_for(data, cfg, lm, items, out)
-    with records.exclusive(path):  # one writer, from emptying or resuming the file to its last line
+    with locks.exclusive(path):  # one writer, from emptying or resuming the file to its last line
         results_path(data, key, path, overwrite=overwrite, ids=[x.id for x in items])
         todo = _todo(path, key, items) if lm.batch else None  # the waves' plan: a live run needs no count
         at_once = batch_items(concurrency, todo) if lm.batch else concurrency

@@ -25,7 +25,6 @@ from scipy import stats
 from sklearn.metrics import cohen_kappa_score
 
 from chateval_dspy.program.task import TaskSpec, as_task
-from chateval_dspy.renamed import old_names
 
 PAIRWISE_CLASSES = ["1", "2", "tie"]
 ABSTAIN = "abstain"
@@ -474,6 +473,3 @@ def _nested_means(sums: np.ndarray, spans: dict) -> dict[str, np.ndarray]:
             known = ~np.isnan(per_row)
             out[key] = np.where(known, per_row, 0.0).sum(axis=1) / known.sum(axis=1)
     return out
-
-
-__getattr__ = old_names(__name__, {"scoring_report": "pointwise_report"}, globals())

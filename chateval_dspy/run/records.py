@@ -1,40 +1,30 @@
-"""Results files and run identity: JSON Lines written one whole line at a time, read back to resume a run,
-and the run key that says which run a file belongs to.
+"""Results files: JSON Lines written one whole line at a time, read back to resume a run, each line carrying the
+run key (``run.identity``) that says which run it belongs to.
 
 A line is written with one ``write`` then flushed and fsynced, so a crash leaves at most one
 incomplete last line; ``read_records`` cuts such a line off before a run appends again.
 ``ResultsStream`` is the one resumable results file that ``evaluate()`` and ``score_file`` share.
 
-One writer per results file: ``exclusive`` holds ``flock`` on ``<file>.lock`` (which names the holder's pid) for
-as long as a run writes it, so a second run on the same file is refused instead of judging every item again, naming
-the pid that the kernel says holds the lock. A lock file that is a link, a pipe or another file's second name is
-refused, never written.
-``flock`` is POSIX; where ``fcntl`` is missing (Windows) results files are not locked.
+One writer per results file: ``run.locks``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import math
 import os
 import shutil
-import stat
 import tempfile
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO
 
 from chateval_dspy.errors import ConfigError, DataError, shown
 from chateval_dspy.files import fsync_dir
-
-try:
-    import fcntl
-except ImportError:  # not POSIX: no lock (see the module docstring)
-    fcntl = None
+from chateval_dspy.run.locks import exclusive, refuse_link
 
 log = logging.getLogger(__name__)
 
@@ -166,40 +156,6 @@ def _refuse(path, row: int, field: str, what: str, value) -> None:
                     source=str(path), row=row, field=field)
 
 
-def run_key(config, lm: dict, items: Iterable, program_state: dict | None = None,
-            calibration: dict | None = None) -> str:
-    """What makes two runs the same run: the panel's config, the LM's identity, the exact items,
-    (when given) the program's tuned state and its calibration. A results file resumes only under the same key.
-
-    Args:
-        config: The ``DebateConfig`` (only fields off their defaults count, so new fields keep old keys).
-        lm: The LM's identity (``LMSpec.identity()``, or model and sampling of the LM in context).
-        items: The items judged (ids, inputs and labels are hashed).
-        program_state: A compiled program's ``dump_state()``; None for a program as built.
-        calibration: The program's ``Calibration.to_dict()`` (its confidences and which verdicts it withholds);
-            None without one, which keeps the key of an uncalibrated run what it always was.
-
-    Example:
-        >>> from chateval_dspy.config import DebateConfig
-        >>> a = run_key(DebateConfig(), {"model": "m"}, [])
-        >>> a == run_key(DebateConfig(turns=3), {"model": "m"}, []), len(a)
-        (False, 12)
-    """
-    from chateval_dspy.data.loaders import dataset_hash
-
-    key = {"config": config.changes(), **lm, "items": dataset_hash(items)}
-    if program_state is not None:
-        key["program"] = digest(program_state)
-    if calibration is not None:
-        key["calibration"] = digest(calibration)
-    return digest(key)
-
-
-def digest(parts) -> str:
-    """A short stable hash of JSON-able ``parts`` (the run key's, and the benchmarks' own keys)."""
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
-
-
 def _check_key(out, records: list[dict], key: str | None) -> None:
     for record in records:
         if record.get("run_key") != key:
@@ -213,179 +169,6 @@ def finished_records(out: str | Path, key: str | None) -> list[dict]:
     records = read_records(out)
     _check_key(out, records, key)
     return records
-
-
-# Sampling settings change the answers; transport settings (keys, URLs, timeouts, retries) do not, and a
-# credential must not feed a hash that is written into every results line.
-SAMPLING_KWARGS = ("temperature", "max_tokens", "max_completion_tokens", "top_p", "top_k", "n", "stop", "seed",
-                   "frequency_penalty", "presence_penalty", "logit_bias", "reasoning_effort", "response_format")
-
-
-def lm_identity(lm) -> dict:
-    """The part of a ``dspy.LM`` that decides its answers: the model and its sampling settings.
-
-    Example:
-        >>> import dspy
-        >>> lm_identity(dspy.LM("openai/m", temperature=0.5, max_tokens=64, api_key="sk-x"))
-        {'model': 'openai/m', 'temperature': 0.5, 'max_tokens': 64}
-    """
-    if lm is None:
-        return {"model": None}
-    kwargs = getattr(lm, "kwargs", None) or {}
-    return {"model": getattr(lm, "model", repr(lm)), **{k: kwargs[k] for k in SAMPLING_KWARGS if k in kwargs}}
-
-
-def context_identity() -> dict:
-    """The identity of the LMs in the current DSPy context: the main LM's (``lm_identity``), plus a mixed panel's
-    referee LMs by role slug when any are bound (so a single-model run's key is what it always was).
-
-    Example:
-        >>> import dspy
-        >>> from chateval_dspy.lm.panel import binding
-        >>> with dspy.context(lm=dspy.LM("openai/a")), binding({"critic": dspy.LM("openai/b")}):
-        ...     context_identity()["referees"]["critic"]["model"]
-        'openai/b'
-    """
-    import dspy
-
-    from chateval_dspy.lm.panel import referee_lms
-
-    out = lm_identity(dspy.settings.lm)
-    referees = referee_lms()
-    if referees:
-        out["referees"] = {slug: lm_identity(lm) for slug, lm in sorted(referees.items())}
-    return out
-
-
-def refuse_link(path: str | Path, what: str = "results file") -> None:
-    """A ``ConfigError`` if ``path`` is a symbolic link: a run writes (and ``--overwrite`` empties) its own files,
-    never one that a link leads to.
-
-    Example:
-        >>> (tmp / "real.jsonl").touch(); (tmp / "link.jsonl").symlink_to(tmp / "real.jsonl")
-        >>> refuse_link(tmp / "link.jsonl")  # doctest: +ELLIPSIS
-        Traceback (most recent call last):
-        ...
-        chateval_dspy.errors.ConfigError: results file .../link.jsonl is a symbolic link; ...
-    """
-    if Path(path).is_symlink():
-        raise ConfigError(f"{what} {path} is a symbolic link; refusing to write through it: give the file's own "
-                          "path, or another one")
-
-
-def lock_file(path: str | Path) -> Path:
-    """The lock file of a results file: ``<file>.lock`` beside it."""
-    path = Path(path)
-    return path.with_name(path.name + ".lock")
-
-
-_held: dict[str, list] = {}  # lock file -> [fd, holding thread, depth]
-_held_guard = threading.Lock()
-
-
-@contextlib.contextmanager
-def exclusive(path: str | Path) -> Iterator[None]:
-    """Hold the results file ``path`` for writing during the block: ``flock`` on ``lock_file(path)``, which holds
-    this process's id while held and is removed on release. Re-entrant in the thread that holds it.
-
-    Another process (or thread) holding it is a ``ConfigError`` naming its pid. A lock file left by a killed run
-    holds no lock (the kernel releases a dead process's locks), so the next run takes it over.
-
-    Example:
-        >>> with exclusive(tmp / "r.jsonl"), exclusive(tmp / "r.jsonl"):
-        ...     lock_file(tmp / "r.jsonl").read_text().strip() == str(os.getpid())
-        True
-        >>> lock_file(tmp / "r.jsonl").exists()
-        False
-    """
-    if fcntl is None:
-        yield
-        return
-    key = os.path.abspath(lock_file(path))
-    with _held_guard:
-        entry = _held.get(key)
-        if entry is not None and entry[1] != threading.get_ident():
-            raise ConfigError(f"{path} is being written by another thread of this process (pid {os.getpid()})")
-        if entry is None:
-            entry = _held[key] = [_lock(Path(key), path), threading.get_ident(), 0]
-        entry[2] += 1
-    try:
-        yield
-    finally:
-        with _held_guard:
-            entry[2] -= 1
-            if entry[2] == 0:
-                del _held[key]
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(key)  # while still locked: a run that opened this file meanwhile sees it went (_lock)
-                os.close(entry[0])
-
-
-def _lock(lock: Path, path) -> int:
-    """A descriptor of ``lock`` locked by this process, with its pid written in; a ``ConfigError`` naming the
-    holder when another process holds it, or when ``lock`` is not a file of its own (``_own_lock_file``)."""
-    while True:
-        try:
-            # O_NONBLOCK: a named pipe put in the lock file's place must not block the open (it is refused next).
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0), 0o644)
-        except OSError as exc:
-            raise ConfigError(f"cannot lock {path} for writing ({lock}: {exc.strerror or exc}): remove {lock} if it "
-                              "is a link or not a regular file") from exc
-        try:
-            _own_lock_file(fd, lock, path)
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            who = lock_holder(fd, lock)
-            os.close(fd)
-            raise ConfigError(f"{path} is being written by another run ({who}): wait for it to finish or stop it, or "
-                              "choose another output file") from None
-        except BaseException:
-            os.close(fd)
-            raise
-        # The last holder removes the file as it lets go; a lock on a file that is gone keeps nobody out.
-        try:
-            here = os.stat(lock, follow_symlinks=False)
-        except FileNotFoundError:
-            here = None
-        mine = os.fstat(fd)
-        if here is not None and (here.st_ino, here.st_dev) == (mine.st_ino, mine.st_dev) and mine.st_nlink == 1:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-            return fd
-        os.close(fd)
-
-
-def _own_lock_file(fd: int, lock: Path, path) -> None:
-    """A ``ConfigError`` unless ``fd`` is a regular file with no other name: the pid is written into a lock file, so a
-    hard link to another file (which writing would overwrite) or a pipe or device is refused, not written."""
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        raise ConfigError(f"cannot lock {path} for writing: {lock} is not a regular file (a named pipe, a device or a "
-                          "folder): remove it")
-    if st.st_nlink > 1:
-        raise ConfigError(f"cannot lock {path} for writing: {lock} has {st.st_nlink} names (a hard link to another "
-                          "file, which locking would overwrite): remove it")
-
-
-def lock_holder(fd: int, lock: Path) -> str:
-    """Who holds the ``flock`` on ``fd``'s file, as the kernel says (``/proc/locks``, Linux): ``"pid N"``. Elsewhere,
-    or where the kernel names no process this one can see, the pid the lock file claims, said to be unconfirmed
-    (anyone who can write the file can write any number in it)."""
-    st = os.fstat(fd)
-    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    try:
-        with open("/proc/locks", encoding="ascii", errors="replace") as table:
-            for line in table:
-                fields = line.split()
-                # "1: FLOCK  ADVISORY  WRITE 1234 fe:00:5678 0 EOF"; waiters are listed as "1: -> FLOCK ...".
-                if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == inode and fields[4].isdigit() \
-                        and fields[4] != "0":
-                    return f"pid {fields[4]}"
-    except OSError:
-        pass
-    claim = os.pread(fd, 40, 0).decode("ascii", "replace").strip()
-    said = f"its lock file {lock} says pid {claim}" if claim.isdigit() else f"lock file {lock}"
-    return f"a process the system does not name; {said}, unconfirmed"
 
 
 def is_error(record: dict) -> bool:

@@ -261,7 +261,7 @@ class AblationPlan:
 
 def _plan(data: DataSpec, config, lm: LMSpec, out, overwrite: bool) -> AblationPlan:
     """The variants, their configs, run keys and results files, all checked before any model starts."""
-    from chateval_dspy.run import records
+    from chateval_dspy.run import identity
     from chateval_dspy.run.evaluate_dataset import check_task, results_path
 
     items, fmt = data.items()
@@ -270,7 +270,7 @@ def _plan(data: DataSpec, config, lm: LMSpec, out, overwrite: bool) -> AblationP
     check_task(data, cfg)
     lm.check_panel(cfg.roles)  # before any model starts
     configs = {v.slug: replace(cfg, roles=v.roles) for v in panels}
-    keys = {slug: records.run_key(c, lm.identity(), items) for slug, c in configs.items()}
+    keys = {slug: identity.run_key(c, lm.identity(), items) for slug, c in configs.items()}
     out = Path(out) if out else Path("results") / f"ablate-{data.name}-{keys['full']}"
     # Every file is checked before the model starts: one of another run is refused up front, not halfway.
     paths = {v.slug: results_path(data, keys[v.slug], out / f"{v.slug}.jsonl", overwrite=overwrite) for v in panels}

@@ -31,7 +31,7 @@ def extra_columns(path: str | Path, columns: tuple[str, ...], *, id_column: str 
         >>> extra_columns(p, ("model_1", "model_2"))
         {'a': ('gpt', 'claude')}
     """
-    from chateval_dspy.data.loaders import read_rows
+    from chateval_dspy.data.rows import read_rows
 
     path = Path(path)
     if not path.is_file():

@@ -1,7 +1,7 @@
 """``chateval audit`` as a library: run a loaded panel on a user's items and on their perturbations, and measure
 how often each bias moves its verdicts (``measures``), with 95% intervals.
 
-Layout of ``out`` (every results file is ``deploy.score_file``'s, so a rerun judges nothing twice):
+Layout of ``out`` (every results file is ``deploy.scale.score_file``'s, so a rerun judges nothing twice):
 ``inputs/<name>.jsonl`` the items each run judges; ``<name>.jsonl`` its verdicts, where ``name`` is ``original``
 or a probe, and for the position probe under the other calibration setting ``original-calibration-off`` /
 ``swap-calibration-off`` (or ``-on``); ``perturbations.jsonl`` every perturbed item with its probe, seed and what
@@ -31,6 +31,9 @@ from optim.audit.perturb import Perturbation, applies, pairwise, pointwise, swap
 PERTURBATIONS = "perturbations.jsonl"
 MAX_FAMILY_CHARS = 100
 CLI_PROBES = ("position", "verbosity", "authority", "bandwagon", "distraction")
+# The probes whose figure is a robustness rate (the share of verdicts a perturbation left unchanged): what
+# ``--min-robustness`` gates and the search's ``robustness`` objective averages. Position is read as its flip rate.
+ROBUSTNESS_PROBES = ("verbosity", "authority", "bandwagon", "distraction")
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,25 @@ class AuditReport:
     def metrics(self) -> dict[str, Estimate]:
         """Every figure with an estimate, named ``<probe>_<figure>`` for MLflow."""
         return {_metric_name(f.probe, f.figure): f.estimate for f in self.findings if f.estimate is not None}
+
+    def robustness(self) -> dict[str, Estimate]:
+        """Each probe's robustness rate that was measured on at least one item, by probe."""
+        return {f.probe: f.estimate for f in self.findings
+                if f.figure == "robustness rate" and f.estimate is not None and f.estimate.n}
+
+    def mean_robustness(self) -> float:
+        """The mean of ``robustness()``'s rates (each probe counts once, whatever its n); NaN when none was measured.
+
+        Example:
+            >>> report = AuditReport("m", "d", 0, Path("."))
+            >>> report.findings = [Finding("verbosity", "robustness rate", Estimate(0.8, 0.6, 0.9, 20)),
+            ...                    Finding("authority", "robustness rate", Estimate(0.6, 0.4, 0.8, 20)),
+            ...                    Finding("bandwagon", "robustness rate", None, "does not apply")]
+            >>> round(report.mean_robustness(), 3)
+            0.7
+        """
+        rates = [e.value for e in self.robustness().values()]
+        return sum(rates) / len(rates) if rates else float("nan")
 
 
 def _metric_name(probe: str, figure: str) -> str:
@@ -116,7 +138,7 @@ def verdict_of(record: dict, fmt: str):
 def judge_into(judge, name: str, records: list[dict], out: Path, report: AuditReport, concurrency: int = 1) -> dict:
     """Judge ``records`` into ``out/<name>.jsonl`` (resuming it) and return item id -> verdict, for these records
     only (the file may hold more, from an earlier run on more items)."""
-    from chateval_dspy.deploy.score_file import score_file
+    from chateval_dspy.deploy.scale.score_file import score_file
     from chateval_dspy.run.records import ResultsStream
 
     src = out / "inputs" / f"{name}.jsonl"
@@ -195,7 +217,7 @@ def perturbed(probe: str, records: list[dict], task, seed: int, verdicts: Mappin
 
 def with_calibration(judge, on: bool):
     """``judge``, or a judge of the same program and LM with position calibration turned ``on`` or off."""
-    from chateval_dspy.deploy.judge import Judge
+    from chateval_dspy.deploy.saved.judge import Judge
     from chateval_dspy.program.chateval import build_evaluator
 
     if judge.config.calibrate == on:

@@ -96,9 +96,9 @@ def known(items, seed: int):
 def measure(probe: str, planted: float, referees: int, *, n: int, seed: int, work: Path) -> Recovery:
     """One row: a saved panel of ``referees`` simulated referees (one round, uncalibrated) with ``planted`` bias."""
     from chateval_dspy.config import DebateConfig
-    from chateval_dspy.deploy.card import make_card
-    from chateval_dspy.deploy.judge import Judge
-    from chateval_dspy.deploy.store import load_program, save_program
+    from chateval_dspy.deploy.saved.card import make_card
+    from chateval_dspy.deploy.saved.judge import Judge
+    from chateval_dspy.deploy.saved.store import load_program, save_program
     from chateval_dspy.program.chateval import build_evaluator
     from chateval_dspy.program.roles import DEFAULT_ORDER
     from chateval_dspy.testing.sim_lm import SimKnobs, sim_lm

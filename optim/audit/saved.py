@@ -26,7 +26,7 @@ def audit_saved(program: str | Path, data: DataSpec, *, out: str | Path, probes=
                 judge_family: str | None = None) -> AuditReport:
     """``audit`` of the evaluator saved at ``program`` (loaded on ``model``, default its card's) on ``data``'s items;
     ``family_columns`` and ``bias_column`` name the data file's columns for self-preference and per-type accuracy."""
-    from chateval_dspy.deploy.judge import load
+    from chateval_dspy.deploy.saved.judge import load
     from optim.audit.columns import families_and_types
 
     columns = families_and_types(data.dataset, family_columns=family_columns, bias_column=bias_column,

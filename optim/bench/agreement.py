@@ -13,9 +13,10 @@ from collections import Counter
 from pathlib import Path
 
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.data.loaders import load_dataset, select
+from chateval_dspy.data.loaders import load_dataset
+from chateval_dspy.data.splits import select
 from chateval_dspy.errors import ConfigError
-from chateval_dspy.program.signatures import ASPECTS
+from chateval_dspy.program.task import builtin_task
 from chateval_dspy.run.metrics import pairwise_report, plain, pointwise_report
 from optim.bench import common as bench
 from optim.bench.common import REFERENCE, Entry
@@ -81,7 +82,7 @@ def run_agreement(args, factory: bench.LMFactory) -> dict:
     items = select(all_items, args.split, seed=args.seed, limit=args.limit)
     entries = bench.choose(args.configs, fmt, mec_k=args.mec_k, bertscore=args.bertscore)
     if args.program:
-        from chateval_dspy.deploy.store import read_card
+        from chateval_dspy.deploy.saved.store import read_card
 
         card = read_card(args.program)
         entries.append(Entry("compiled", f"compiled program ({Path(args.program).name}, "
@@ -115,7 +116,7 @@ def run_agreement(args, factory: bench.LMFactory) -> dict:
             if scores is None:
                 print(f"bench: skipping {entry.name}: {note}", file=sys.stderr)
                 continue
-            preds = {i: {a: s for a in ASPECTS} for i, s in scores.items()}
+            preds = {i: dict.fromkeys(builtin_task("pointwise").ordinal_ranges, s) for i, s in scores.items()}
             row = _row(entry, fmt, items, preds, None, args.seed, args.resamples)
             row["note"] = note
             rows.append(row)

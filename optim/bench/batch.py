@@ -18,7 +18,8 @@ import tempfile
 from pathlib import Path
 
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.data.loaders import load_dataset, select
+from chateval_dspy.data.loaders import load_dataset
+from chateval_dspy.data.splits import select
 from chateval_dspy.lm.spec import LMSpec
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.critical_path import critical_path

@@ -26,7 +26,8 @@ from pathlib import Path
 import dspy
 
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.data.loaders import load_dataset, select
+from chateval_dspy.data.loaders import load_dataset
+from chateval_dspy.data.splits import select
 from chateval_dspy.lm.adapter import JudgeAdapter
 from chateval_dspy.lm.pricing import price_for
 from chateval_dspy.program.chateval import build_evaluator

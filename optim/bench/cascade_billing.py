@@ -3,7 +3,7 @@
 Each model judges FairEval's seeded test split (first ``--limit`` items, in the calibration and check halves of
 ``optim.tuning.calibrate.calibration_items``) with two saved evaluators: ``single`` (one referee, one turn, both answer
 orders) and ``panel`` (the default: two referees, two turns, one by one, both orders). The LM path is the product's
-(``chateval_dspy.deploy.judge.load`` -> ``resolve_lm``: DSPy, the OpenAI client or LiteLLM for Anthropic, HTTP) to a
+(``chateval_dspy.deploy.saved.judge.load`` -> ``resolve_lm``: DSPy, the OpenAI client or LiteLLM for Anthropic, HTTP) to a
 fake provider on 127.0.0.1 that bills input tokens by the provider's documented caching rule
 (``chateval_dspy.testing.billing``); dollars come from the results lines, priced with LiteLLM's offline cost map. The
 fake provider answers as the simulated referees (``chateval_dspy.testing.sim_lm``, item difficulty spread 1.0), so
@@ -67,8 +67,8 @@ def panels() -> dict[str, DebateConfig]:
 
 def save_stages(root: Path, model: str) -> list[tuple[str, Path]]:
     """Both stages as saved evaluators whose card names ``model``."""
-    from chateval_dspy.deploy.card import make_card
-    from chateval_dspy.deploy.store import save_program
+    from chateval_dspy.deploy.saved.card import make_card
+    from chateval_dspy.deploy.saved.store import save_program
     from chateval_dspy.program.chateval import build_evaluator
 
     out = []
@@ -143,7 +143,7 @@ def model_rows(model: str, args, root: Path) -> dict:
 
 def saved_cascade(result: dict, args, root: Path) -> Path:
     """The first model's stages with their fitted maps, saved as a cascade at the illustrative thresholds."""
-    from chateval_dspy.deploy.cascade import save_cascade
+    from chateval_dspy.deploy.saved.cascade import save_cascade
     from optim.tuning.cascade import save_fitted
 
     fitted = [save_fitted(run, i, root / "fitted") for i, run in enumerate(result["runs"], start=1)]
@@ -162,7 +162,7 @@ def parsed(verdict) -> bool:
 def embedded_rows(cascade_dir: Path, items: list, args) -> dict:
     """The saved cascade on the embedded model (every stage), through ``load()``: per item, stages run, the stage
     that gave the verdict, whether it parsed, calls and seconds."""
-    from chateval_dspy.deploy.judge import load
+    from chateval_dspy.deploy.saved.judge import load
 
     rows = []
     with load(cascade_dir, model="embedded", slots=1) as judge:

@@ -13,7 +13,7 @@ from chateval_dspy.program.aggregate import pairwise_verdict, pointwise_verdict
 from chateval_dspy.program.calibration import consistent
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.roles import first_roles, same_roles
-from chateval_dspy.program.signatures import ASPECTS
+from chateval_dspy.program.task import builtin_task
 
 REFERENCE = "single"
 
@@ -129,7 +129,8 @@ class MultipleEvidence(dspy.Module):
                                    consistent=consistent(*per_order) if len(per_order) == 2 else None,
                                    abstained=None if pref else "no_verdict", **common)
         scores = pointwise_verdict(verdicts, "mean")
-        return dspy.Prediction(**{a: (scores[a] if scores else None) for a in ASPECTS}, consistent=None,
+        aspects = builtin_task("pointwise").ordinal_ranges  # Topical-Chat's criteria
+        return dspy.Prediction(**{a: (scores[a] if scores else None) for a in aspects}, consistent=None,
                                abstained=None if scores else "no_verdict", **common)
 
 
@@ -138,7 +139,7 @@ def program_for(entry: Entry, args):
     if entry.kind == "mec":
         return MultipleEvidence(build_evaluator(entry.config), k=args.mec_k), entry.config
     if entry.kind == "compiled":
-        from chateval_dspy.deploy.store import load_program
+        from chateval_dspy.deploy.saved.store import load_program
 
         program, _ = load_program(args.program)
         return program, program.config

@@ -24,7 +24,8 @@ import dspy
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.lm.adapter import JudgeAdapter
 from chateval_dspy.run.evaluate import evaluate
-from chateval_dspy.run.records import digest, read_records
+from chateval_dspy.run.identity import digest
+from chateval_dspy.run.records import read_records
 from chateval_dspy.run.result import RunResult
 from optim.bench.catalogue import CONFIG_SETS, REFERENCE, Entry, MultipleEvidence, catalogue, choose, list_configs, program_for  # noqa: E402,F401
 

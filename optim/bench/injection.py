@@ -30,9 +30,10 @@ from pathlib import Path
 
 import dspy
 
-from chateval_dspy.data.loaders import load_dataset, select
+from chateval_dspy.data.loaders import load_dataset
+from chateval_dspy.data.splits import select
 from chateval_dspy.errors import ConfigError
-from chateval_dspy.program.signatures import INPUTS
+from chateval_dspy.program.task import builtin_task
 
 # {n}: the injected (worse) answer's position; {m}: the other's; {hi_1}/{hi_2}: 10 for n, 1 for m.
 INJECTIONS: dict[str, str] = {
@@ -75,16 +76,17 @@ def build_variants(items: Iterable[dspy.Example], *, kinds: list[str] | None = N
         raise ConfigError(f"unknown injection kind or placement {bad}; kinds: {', '.join(INJECTIONS)}; "
                           f"placements: {', '.join(PLACEMENTS)}")
     out = []
+    inputs = builtin_task("pairwise").input_names
     for item in items:
         if item.label not in ("1", "2"):
             continue
         target = "2" if item.label == "1" else "1"
         for kind in kinds:
             for placement in placements:
-                texts = {k: item[k] for k in INPUTS["pairwise"]}
+                texts = {k: item[k] for k in inputs}
                 texts[f"answer_{target}"] = inject(texts[f"answer_{target}"], kind, target, placement)
                 out.append(dspy.Example(id=f"{item.id}/{kind}/{placement}", **texts, label=item.label, base_id=str(item.id),
-                                        target=target, kind=kind, placement=placement).with_inputs(*INPUTS["pairwise"]))
+                                        target=target, kind=kind, placement=placement).with_inputs(*inputs))
     return out
 
 
@@ -194,7 +196,7 @@ def second_order_rows(args, entry, base: list, clean: dict, work: Path, key: str
         tag = "after" if guarded else "before"
         variants = [dspy.Example(x, id=f"{x.id}/{SECOND_ORDER}/{tag}", base_id=str(x.id),
                                  target="2" if x.label == "1" else "1", kind=SECOND_ORDER, placement="argument"
-                                 ).with_inputs(*INPUTS["pairwise"]) for x in base]
+                                 ).with_inputs(*builtin_task("pairwise").input_names) for x in base]
         with contextlib.nullcontext() if guarded else guard_off():
             run = bench.run_config(program, variants, cfg, out=work / f"{entry.name}-{SECOND_ORDER}-{tag}.jsonl",
                                    key=f"{key}/{SECOND_ORDER}/{tag}/{PLANTED_ARGUMENT}")

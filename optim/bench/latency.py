@@ -1,6 +1,6 @@
 """``python -m optim.bench latency``: verdict latency of ``chateval serve`` at a stated request rate.
 
-The real app (``deploy.serve.create_app`` over a ``Judge``) runs under uvicorn on 127.0.0.1, in a thread of
+The real app (``deploy.serving.http.create_app`` over a ``Judge``) runs under uvicorn on 127.0.0.1, in a thread of
 this process. Its LM is the scripted fake LM with a fixed time per call, so the figures measure the panel's
 shape and the framework around it, not a model. Requests (one FairEval item each) are sent open loop on a
 seeded schedule, and a latency runs from the request's scheduled time to its response: a server that falls
@@ -65,7 +65,7 @@ def served(judge, **app_options) -> Iterator[str]:
     """``chateval serve``'s app over ``judge``, under uvicorn in a thread on 127.0.0.1; yields its base URL."""
     import uvicorn
 
-    from chateval_dspy.deploy.serve import create_app
+    from chateval_dspy.deploy.serving.http import create_app
 
     port = _free_port()
     # log_config=None: uvicorn's own logging setup would replace (and close) the handlers already installed.
@@ -145,8 +145,8 @@ def latency_figures(seconds: list[float], *, seed: int = 0) -> dict:
 def measure(name: str, config: DebateConfig, *, parallel_orders: bool, payloads: list[dict], due: list[float],
             per_call: float, queue: int, seed: int = 0) -> dict:
     """One row: a fresh judge on the fake LM, served, warmed with one request, then loaded on the schedule."""
-    from chateval_dspy.deploy.judge import Judge
-    from chateval_dspy.deploy.store import make_card
+    from chateval_dspy.deploy.saved.card import make_card
+    from chateval_dspy.deploy.saved.judge import Judge
     from chateval_dspy.program.chateval import ChatEval
     from chateval_dspy.testing.fake_lm import fake_lm
 

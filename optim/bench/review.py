@@ -32,11 +32,12 @@ import numpy as np
 from scipy import stats
 
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.data.loaders import load_faireval, select
+from chateval_dspy.data.loaders import load_faireval
+from chateval_dspy.data.splits import select
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.roles import first_roles
+from chateval_dspy.run.identity import digest
 from chateval_dspy.run.metrics import accuracy, bootstrap
-from chateval_dspy.run.records import digest
 from chateval_dspy.testing.fake_lm import FIELD, Call, default_responder, fake_lm
 from optim.bench import common as bench
 from optim.bench.stats import proportion

@@ -21,9 +21,11 @@ import time
 from pathlib import Path
 
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.data.loaders import load_dataset, select
-from chateval_dspy.deploy.parts import part_files, read_results
-from chateval_dspy.deploy.store import make_card, save_program
+from chateval_dspy.data.loaders import load_dataset
+from chateval_dspy.data.splits import select
+from chateval_dspy.deploy.saved.card import make_card
+from chateval_dspy.deploy.saved.store import save_program
+from chateval_dspy.deploy.scale.parts import part_files, read_results
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.testing.fake_server import FakeOpenAIServer
 from optim.bench import common as bench
@@ -35,7 +37,7 @@ import json, sys
 from chateval_dspy.lm.offline import ensure_offline
 ensure_offline()
 import pandas as pd, ray
-from chateval_dspy.deploy.ray import score_dataset
+from chateval_dspy.deploy.scale.ray import score_dataset
 evaluator, out, url, items, actors, per_actor, batch = sys.argv[1:8]
 ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
 ds = ray.data.from_pandas(pd.DataFrame(json.loads(items)))
@@ -51,7 +53,7 @@ from chateval_dspy.lm.offline import ensure_offline
 ensure_offline()
 import pandas as pd
 from pyspark.sql import SparkSession
-from chateval_dspy.deploy.spark import score_spark
+from chateval_dspy.deploy.scale.spark import score_spark
 evaluator, out, url, items, per_task = sys.argv[1:6]
 os.environ["PYSPARK_PYTHON"] = sys.executable
 spark = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false").getOrCreate()
@@ -151,7 +153,7 @@ def _time_cli(saved: str, rows: list[dict], workdir: Path, url: str, n: int) -> 
 def _time_ray(ray, saved: str, rows: list[dict], out: Path, url: str, actors: int, per_actor: int) -> float:
     import pandas as pd
 
-    from chateval_dspy.deploy.ray import score_dataset
+    from chateval_dspy.deploy.scale.ray import score_dataset
 
     frame = pd.DataFrame(rows)
     blocks = [frame.iloc[i::actors] for i in range(actors)]  # a block per actor: one block would feed one actor
@@ -165,7 +167,7 @@ def _time_ray(ray, saved: str, rows: list[dict], out: Path, url: str, actors: in
 def _time_spark(spark, saved: str, rows: list[dict], out: Path, url: str, per_task: int) -> float:
     import pandas as pd
 
-    from chateval_dspy.deploy.spark import score_spark
+    from chateval_dspy.deploy.scale.spark import score_spark
 
     df = spark.createDataFrame(pd.DataFrame(rows)).repartition(2)
     start = time.perf_counter()
@@ -184,7 +186,7 @@ def _spark_session(workdir: Path):
 def _kill_rerun(ray, saved: str, rows: list[dict], workdir: Path, url: str, server, actors: int, per_actor: int) -> dict:
     import pandas as pd
 
-    from chateval_dspy.deploy.ray import score_dataset
+    from chateval_dspy.deploy.scale.ray import score_dataset
 
     out = workdir / "killed"
     server.requests.clear()

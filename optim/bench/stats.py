@@ -13,7 +13,7 @@ import math
 import numpy as np
 from scipy import stats
 
-from chateval_dspy.program.signatures import ASPECTS
+from chateval_dspy.program.task import builtin_task
 from chateval_dspy.run.metrics import Estimate, bootstrap, kendall, spearman
 from optim.ablation.paired import mcnemar_exact
 
@@ -46,8 +46,8 @@ def paired_correlation_delta(human: dict[str, dict], reference: dict[str, dict |
                              *, seed: int = 0, n_resamples: int | None = None) -> dict:
     """Difference in mean (over aspects) Spearman and Kendall, row minus reference, with a paired bootstrap CI."""
     shared = [i for i in human if reference.get(i) is not None and row.get(i) is not None]
-    columns = []
-    for aspect in ASPECTS:
+    columns, aspects = [], builtin_task("pointwise").ordinal_ranges  # Topical-Chat's criteria
+    for aspect in aspects:
         columns += [[float(human[i][aspect]) for i in shared], [float(row[i][aspect]) for i in shared],
                     [float(reference[i][aspect]) for i in shared]]
     out = {"test": "paired bootstrap", "n": len(shared)}
@@ -56,7 +56,7 @@ def paired_correlation_delta(human: dict[str, dict], reference: dict[str, dict |
         out[f"delta_average_{name}"] = (bootstrap(_delta(corr), *columns, seed=seed, n_resamples=n_resamples) if shared
                                            else none).to_dict()
     # Per aspect too: a judge with a constant aspect leaves the average undefined, not the other aspects.
-    for i, aspect in enumerate(ASPECTS):
+    for i, aspect in enumerate(aspects):
         cols = columns[3 * i: 3 * i + 3]
         out[f"delta_{aspect}_spearman"] = (bootstrap(_delta(spearman), *cols, seed=seed, n_resamples=n_resamples) if shared
                                             else none).to_dict()

@@ -6,8 +6,8 @@ import json
 import re
 from pathlib import Path
 
-from chateval_dspy.program.signatures import ASPECTS
-from optim.bench.markdown import stated, table  # noqa: F401 - re-exported: the suites' renderers' names
+from chateval_dspy.program.task import builtin_task
+from optim.bench.markdown import stated, table
 from optim.bench.stats import fmt_est, fmt_num, fmt_p
 
 
@@ -41,7 +41,7 @@ def _delta_cell(s: dict | None) -> str:
     avg = fmt_est(s["delta_average_spearman"], digits=2)
     if avg != "n/a":
         return avg
-    parts = [f"{a[:3]} {fmt_est(s[f'delta_{a}_spearman'], digits=2)}" for a in ASPECTS
+    parts = [f"{a[:3]} {fmt_est(s[f'delta_{a}_spearman'], digits=2)}" for a in builtin_task("pointwise").ordinal_ranges
              if fmt_est(s.get(f"delta_{a}_spearman")) != "n/a"]
     return "avg n/a" + (f"; {'; '.join(parts)}" if parts else "")
 
@@ -58,12 +58,13 @@ def agreement_markdown(report: dict, markdown: bool = True) -> str:
                          "-" if not s else f"{s['delta_accuracy'] * 100:+.1f}", "-" if not s else fmt_p(s["p"]),
                          *_cost_cells(r.get("cost"), h.get("model"))])
     else:
-        columns = ["configuration", "n", *[f"{a[:3]} ρ / τ" for a in ASPECTS], "avg ρ [95% CI]", "avg τ [95% CI]",
+        aspects = builtin_task("pointwise").ordinal_ranges  # Topical-Chat's criteria
+        columns = ["configuration", "n", *[f"{a[:3]} ρ / τ" for a in aspects], "avg ρ [95% CI]", "avg τ [95% CI]",
                    "Δ avg ρ vs single [95% CI]", *cost_cols]
         body = []
         for r in rows:
             m, s = r["metrics"], r.get("vs_single")
-            cells = [f"{fmt_est(m[f'{a}_spearman'], digits=2)} / {fmt_est(m[f'{a}_kendall'], digits=2)}" for a in ASPECTS]
+            cells = [f"{fmt_est(m[f'{a}_spearman'], digits=2)} / {fmt_est(m[f'{a}_kendall'], digits=2)}" for a in aspects]
             body.append([r["label"], m["n"], *cells, fmt_est(m["average_spearman"]), fmt_est(m["average_kendall"]),
                          _delta_cell(s), *_cost_cells(r.get("cost"), h.get("model"))])
     notes = [f"{r['label']}: {r['note']}" for r in rows if r.get("note")]

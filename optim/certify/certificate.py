@@ -1,6 +1,6 @@
 """The judge certificate of a saved evaluator: the parts ``chateval certify --program``, ``chateval audit`` and
 ``chateval calibrate`` measure, written into its card (``card.json``, ``card.md``; the schema and the checks a
-loader applies are ``chateval_dspy.deploy.certificate``), read back as a frozen ``CardCertificate``, and logged to
+loader applies are ``chateval_dspy.deploy.saved.certificate``), read back as a frozen ``CardCertificate``, and logged to
 MLflow.
 
 Each command fills its own part and a later run of it replaces that part; the cost per 1,000 verdicts is taken
@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from chateval_dspy.deploy.certificate import MAX_FIGURES, MAX_LINE, MAX_TEXT, check_certificate
+from chateval_dspy.deploy.saved.certificate import MAX_FIGURES, MAX_LINE, MAX_TEXT, check_certificate
 from chateval_dspy.run.metrics import Estimate
 
 COST_SOURCE = "the card's cost block (test split the evaluator was saved with)"
@@ -168,7 +168,7 @@ def fill(program_dir: str | Path, part: str, block: dict) -> CardCertificate:
     Example:
         >>> fill("programs/p", "audit", audit_part(report, calibrated=True)).audit["figures"][0]  # doctest: +SKIP
     """
-    from chateval_dspy.deploy.store import read_card, save_certificate
+    from chateval_dspy.deploy.saved.store import read_card, save_certificate
 
     cost = cost_part(read_card(program_dir))
     if cost is not None:
@@ -199,7 +199,7 @@ def log_run(certificate: CardCertificate, program_dir: str | Path, *, command: s
 
 def saved_calibrated(program_dir: str | Path) -> bool:
     """Whether the evaluator saved in ``program_dir`` runs with position calibration (its card's config)."""
-    from chateval_dspy.deploy.store import read_card
+    from chateval_dspy.deploy.saved.store import read_card
 
     return bool((read_card(program_dir).get("config") or {}).get("calibrate"))
 

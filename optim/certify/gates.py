@@ -1,7 +1,9 @@
 """Gates on a judge certificate: what ``chateval compile`` and ``chateval search`` check before they register a
-saved evaluator (``--register``), and refuse when a figure fails.
+saved evaluator (``--register``), and refuse when a figure fails. Those commands measure the figures their gates
+read on the evaluator they have just saved (``optim.certify.measure``); ``check_gates`` reads a certificate however
+it was filled.
 
-``check_gates`` is a pure function of the card's certificate (``chateval_dspy.deploy.certificate``) and the
+``check_gates`` is a pure function of the card's certificate (``chateval_dspy.deploy.saved.certificate``) and the
 ``Gates`` asked for; it returns every failure, each naming the figure, its value with its 95% interval and n, the
 gate, and, where the certificate lacks the figure, the command that measures it. A gate compares the figure's
 point value (its interval is shown beside it, so a reader sees how sure the pass or the failure is).
@@ -10,9 +12,7 @@ point value (its interval is shown beside it, so a reader sees how sure the pass
   on the people's data (``chateval certify --program``);
 - ``max_position_flips``: the flip rate under swapped answers, with the position calibration the evaluator runs
   with (``chateval audit``);
-- ``min_robustness``: every text probe's robustness rate (verbosity, authority, bandwagon, distraction);
-- ``max_ece``: the expected calibration error of the calibrated confidence on the check half (``chateval
-  calibrate``).
+- ``min_robustness``: every text probe's robustness rate (verbosity, authority, bandwagon, distraction).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from chateval_dspy.errors import ChatEvalError, ConfigError
+from optim.certify.people import People
 
 REQUIREMENTS = ("replaces-annotator",)
 
@@ -30,27 +31,27 @@ class GateRefused(ChatEvalError):
 
 @dataclass(frozen=True)
 class Gates:
-    """The gates asked for; None (or an empty ``require``): that gate is not checked."""
+    """The gates asked for; None (or an empty ``require``): that gate is not checked. ``people``: several people's
+    labels, which ``replaces-annotator`` is measured on (``optim.certify.measure``)."""
 
     require: tuple[str, ...] = ()
     max_position_flips: float | None = None
     min_robustness: float | None = None
-    max_ece: float | None = None
+    people: People | None = None
 
     def __post_init__(self) -> None:
         unknown = [r for r in self.require if r not in REQUIREMENTS]
         if unknown:
             raise ConfigError(f"unknown requirement(s) {', '.join(map(repr, unknown))}; choose from: "
                               f"{', '.join(REQUIREMENTS)}")
-        for name in ("max_position_flips", "min_robustness", "max_ece"):
+        for name in ("max_position_flips", "min_robustness"):
             value = getattr(self, name)
             if value is not None and not 0 <= value <= 1:
                 raise ConfigError(f"--{name.replace('_', '-')} is a rate from 0 to 1, got {value}")
 
     @property
     def any(self) -> bool:
-        return bool(self.require) or any(v is not None for v in (self.max_position_flips, self.min_robustness,
-                                                                  self.max_ece))
+        return bool(self.require) or any(v is not None for v in (self.max_position_flips, self.min_robustness))
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,8 @@ class Failure:
 
 def _shown(block: dict | None) -> str:
     if block is None or block["value"] is None:
-        return f"n/a (n={0 if block is None else block['n']})"
+        n = 0 if block is None else block["n"]
+        return f"n/a, no item to measure it on (n={n})" if not n else f"n/a (n={n})"
     ci = "no CI" if block["ci_low"] is None else f"95% CI [{block['ci_low']:.3f}, {block['ci_high']:.3f}]"
     return f"{block['value']:.3f} {ci}, n={block['n']}"
 
@@ -117,17 +119,6 @@ def _robustness(certificate: dict, limit: float, program: str) -> list[Failure]:
             if f["estimate"]["value"] is None or f["estimate"]["value"] < limit]
 
 
-def _ece(certificate: dict, limit: float, program: str) -> list[Failure]:
-    gate = f"--max-ece {limit:g}"
-    part = certificate.get("calibration")
-    if part is None:
-        return [Failure("calibration error (ECE)", "not in the certificate", gate,
-                        f"chateval calibrate {program} --dataset DATA")]
-    if part["ece"]["value"] is None or part["ece"]["value"] > limit:
-        return [Failure("calibration error (ECE, check half)", _shown(part["ece"]), gate)]
-    return []
-
-
 def check_gates(certificate: dict | None, gates: Gates, *, program: str = "DIR") -> list[Failure]:
     """Every gate of ``gates`` the ``certificate`` (a card's, checked; None: the card has none) fails.
     ``program`` names the evaluator in the commands that measure a missing figure.
@@ -147,8 +138,6 @@ def check_gates(certificate: dict | None, gates: Gates, *, program: str = "DIR")
         failures += _position(certificate, gates.max_position_flips, program)
     if gates.min_robustness is not None:
         failures += _robustness(certificate, gates.min_robustness, program)
-    if gates.max_ece is not None:
-        failures += _ece(certificate, gates.max_ece, program)
     return failures
 
 
@@ -165,5 +154,4 @@ def enforce(card: dict, gates: Gates | None, program_dir) -> None:
     if failures:
         raise GateRefused(f"{program_dir} fails {len(failures)} gate(s), so it was saved but not registered:\n  "
                           + "\n  ".join(f.line() for f in failures)
-                          + "\nMeasure what is missing, then rerun the same command: an unchanged program keeps "
-                            "its certificate")
+                          + f"\nIts certificate, with every figure measured, is in {program_dir}/card.md")

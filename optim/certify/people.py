@@ -13,7 +13,7 @@ Three ways in:
   the responses in file order from 0, which are the ids of the shipped ``topical_chat_usr.jsonl``. The file is not
   shipped: its release names no licence.
 
-Everything read is untrusted: files are read through ``chateval_dspy.data.loaders.read_rows`` (bounded size and
+Everything read is untrusted: files are read through ``chateval_dspy.data.rows.read_rows`` (bounded size and
 rows), ids and names are one line of printable text (``optim.tuning.labels.check_name``), a label is a number or a
 short one-line text (``check_label``), at most ``MAX_ANNOTATORS`` people; errors name the file and row.
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from chateval_dspy.data.loaders import read_rows
+from chateval_dspy.data.rows import read_rows
 from chateval_dspy.errors import DataError, shown
 from optim.tuning.labels import PREFIX, check_label, check_name
 
@@ -171,7 +171,7 @@ def from_traces(traces, *, question: str = "label", source: str = "traces") -> P
     Example:
         >>> p = from_traces(mlflow.search_traces(return_type="list"), question="label")  # doctest: +SKIP
     """
-    from chateval_dspy.deploy.trace_labels import human_answers, item_id_of
+    from chateval_dspy.deploy.mlflow.trace_labels import human_answers, item_id_of
 
     labels: dict[str, dict[str, str]] = {}
     for row, trace in enumerate(traces, 1):

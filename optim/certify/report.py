@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chateval_dspy.data.loaders import read_rows
+from chateval_dspy.data.rows import read_rows
 from chateval_dspy.errors import DataError, shown
 from chateval_dspy.run.records import is_error
 from optim.certify.agreement import Figure, PanelBeside, check_level, level_for, panel_beside_people, people_agreement
@@ -133,10 +133,31 @@ def certify(results: str | None, people: People, *, criterion: str | None = None
         return Certificate(None, people, level, people_agreement(people, level, **ci), [], None, 0)
     verdicts = read_verdicts(results, criterion=criterion)
     people = check_join(verdicts, people, results, judged_only=judged_only)
+    return certify_judged(verdicts, people, results=results, level=level, epsilon=epsilon, kind=kind, **ci)
+
+
+def certify_judged(verdicts: dict[str, str | None], people: People, *, results: str, level: str | None = None,
+                   epsilon: float | None = None, kind: str = DEFAULT_KIND, seed: int = 0,
+                   n_resamples: int | None = None) -> Certificate:
+    """``certify`` of the panel's ``verdicts`` (item id -> label, None: abstained; read from ``results``, which the
+    certificate names) on exactly the items ``people`` labelled.
+
+    Example:
+        >>> labels = {str(i): {"a": "1", "b": "1", "c": "2" if i % 2 else "1"} for i in range(40)}
+        >>> cert = certify_judged({str(i): "1" for i in range(40)}, People(labels, "people.csv"), results="r.jsonl",
+        ...                       level="nominal", n_resamples=50)
+        >>> cert.test.replaces, cert.abstained
+        (True, 0)
+    """
+    level = check_level(level or level_for(people))
+    if sorted(verdicts) != sorted(people.labels):
+        raise DataError(f"the panel judged {len(verdicts)} item(s) and the people labelled {len(people.labels)}: "
+                        "both must name the same items", source=results)
     bad = sorted(i for i, v in verdicts.items() if level != "nominal" and v is not None and not is_number(v))
     if bad:
         raise DataError(f"level {level} needs numbers; the panel's label of item(s) {bad[:SHOWN_IDS]} is not one",
                         source=results)
+    ci = {"seed": seed, "n_resamples": n_resamples}
     test = alt_test(verdicts, people.labels, scoring="accuracy" if level == "nominal" else "neg_rmse",
                     epsilon=epsilon, kind=kind, **ci)
     return Certificate(results, people, level, people_agreement(people, level, **ci),

@@ -46,11 +46,14 @@ def run(args) -> int:
     data = compile_data(args)
     settings = OptimizerSettings(max_demos=args.max_demos, candidates=args.candidates, auto=args.auto,
                                  threads=args.threads, seed=args.seed)
+    gates = flags.gates(args)
     done = compile_and_save(data, lambda fmt: flags.debate_config(args, fmt), flags.lm_spec(args),
                             optimizer=args.optimizer, out=args.out, metric=args.metric, settings=settings,
                             tracking=flags.tracking_spec(args), concurrency=flags.concurrency(args),
-                            hooks=CompilePrinted(not args.no_progress), gates=flags.gates(args))
+                            hooks=CompilePrinted(not args.no_progress), gates=gates)
     print(f"\nsaved evaluator: {done.out} (card: {done.out / 'card.md'})")
+    if gates.any:
+        print(f"gates passed, measured on the test split: certificate in {done.out / 'card.md'}")
     if done.mlflow_run_id:
         print(f"mlflow run: {done.mlflow_run_id}")
     return 0

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import logging
 
 from chateval_dspy.config import AGGREGATES, DebateConfig
 from chateval_dspy.data.spec import DataSpec
 from chateval_dspy.data.splits import SPLITS
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.lm.spec import LMSpec
-from chateval_dspy.renamed import FORMAT_ALIASES
 
 
 def default(cls, name: str):
@@ -30,9 +28,8 @@ def add_data_flags(p: argparse.ArgumentParser, *, dataset_required: bool = True)
                    help="faireval, topical_chat, or a .jsonl/.csv file of your own")
     g.add_argument("--task", help="what is judged: a task file (.yaml/.json: inputs, criteria and scales, "
                                   "instructions) or a built-in task (faireval, topical_chat); sets the format")
-    g.add_argument("--format", choices=["pairwise", "pointwise", "scoring"],
-                   help="the format of a custom file without --task (its built-in task's fields); scoring is the old "
-                        "name of pointwise, still read")
+    g.add_argument("--format", choices=["pairwise", "pointwise"],
+                   help="the format of a custom file without --task (its built-in task's fields)")
     g.add_argument("--columns", help="custom file: map fields to your columns, e.g. question=prompt,answer_1=a,label=winner "
                                      "(with --task: its inputs, id, and label or each criterion)")
     g.add_argument("--skip-bad-rows", action="store_true",
@@ -158,27 +155,40 @@ def add_model_flags(g, what: str) -> None:
 
 
 def add_gate_flags(p: argparse.ArgumentParser) -> None:
-    """Gates on the saved evaluator's certificate (compile, search): checked before it is registered."""
-    g = p.add_argument_group("gates", "checked on the saved evaluator's certificate (chateval certify --program, "
-                                      "chateval audit, chateval calibrate fill it) before --register; a failing "
-                                      "gate registers nothing and exits non-zero, listing every failing figure")
+    """Gates on the saved evaluator's certificate (compile, search): measured on it, then checked before it is
+    registered."""
+    g = p.add_argument_group("gates", "measured on the saved evaluator over the test split (the bias audit; the "
+                                      "alternative annotator test against --people) into its certificate (card.json, "
+                                      "card.md), then checked before --register; a failing gate registers nothing and "
+                                      "exits non-zero, listing every failing figure")
     g.add_argument("--require", action="append", default=[], choices=["replaces-annotator"],
                    help="replaces-annotator: the alternative annotator test says the panel can replace one of your "
-                        "people on their data (repeatable)")
+                        "people on their labels of the test split's items (needs --people; repeatable)")
     g.add_argument("--max-position-flips", type=float, metavar="RATE",
                    help="the highest flip rate under swapped answers (the audit's, with the evaluator's calibration)")
     g.add_argument("--min-robustness", type=float, metavar="RATE",
                    help="the lowest robustness rate of each text probe (verbosity, authority, bandwagon, distraction)")
-    g.add_argument("--max-ece", type=float, metavar="ECE",
-                   help="the highest expected calibration error of the calibrated confidence (check half)")
+    g.add_argument("--people", metavar="SOURCE",
+                   help="several people's labels for --require replaces-annotator: a .jsonl/.csv file (one column per "
+                        "person with --annotators, else long: id,annotator,label) or mlflow:<experiment>")
+    g.add_argument("--annotators", metavar="A1,A2,...", help="--people's per-person label columns")
 
 
 def gates(args):
-    """``--require``, ``--max-position-flips``, ``--min-robustness``, ``--max-ece`` -> ``Gates``."""
+    """``--require``, ``--max-position-flips``, ``--min-robustness``, ``--people``, ``--annotators``
+    -> ``Gates`` (the people's labels read: untrusted, checked by ``optim.certify.people``)."""
     from optim.certify.gates import Gates
 
+    people = None
+    if args.annotators and not args.people:
+        raise ConfigError("--annotators names the label columns of --people FILE: pass --people too")
+    if args.people:
+        from optim.certify.people import read_people
+
+        people = read_people(args.people, annotators=names(args.annotators),
+                             tracking_uri=getattr(args, "tracking_uri", None))
     return Gates(require=tuple(args.require), max_position_flips=args.max_position_flips,
-                 min_robustness=args.min_robustness, max_ece=args.max_ece)
+                 min_robustness=args.min_robustness, people=people)
 
 
 def add_loaded_flags(p: argparse.ArgumentParser) -> None:
@@ -226,9 +236,6 @@ def tracking_spec(args):
 def data_spec(args) -> DataSpec:
     from chateval_dspy.data.loaders import parse_columns, parse_label_map
 
-    if args.format in FORMAT_ALIASES:  # said on the terminal: a DeprecationWarning is hidden outside __main__
-        logging.getLogger(__name__).warning("--format %s is renamed %s; the old name still works, for now",
-                                            args.format, FORMAT_ALIASES[args.format])
     return DataSpec(dataset=args.dataset, format=args.format, columns=parse_columns(args.columns),
                     split=args.split or "all", seed=args.seed, limit=args.limit, task=task(args),
                     skip_bad_rows=getattr(args, "skip_bad_rows", False),

@@ -36,7 +36,7 @@ def add_command(sub) -> None:
 
 def load_judge(args, batch=None):
     """The saved evaluator named by the flags, bound to its LM (score, serve); ``batch``: in batch mode."""
-    from chateval_dspy.deploy.judge import load
+    from chateval_dspy.deploy.saved.judge import load
     from chateval_dspy.lm.panel import parse_referees
 
     return load(args.evaluator, model=args.model, trust_pickle=args.trust_pickle, slots=flags.concurrency(args),
@@ -66,8 +66,8 @@ def traced(judge, args, *, items: int | None, command: str, tags: dict | None = 
     if cascade or not tracing_default(args.trace, mlflow_target=tracking.tracking_targeted(args.tracking_uri),
                                       items=items):
         return judge
-    from chateval_dspy.deploy.parts import judge_run_key
-    from chateval_dspy.deploy.traced import TracedJudge
+    from chateval_dspy.deploy.mlflow.traced import TracedJudge
+    from chateval_dspy.deploy.scale.parts import judge_run_key
     from chateval_dspy.run.tracing import Tracer
 
     experiment_id = tracking.start_tracing(args.tracking_uri)
@@ -80,7 +80,7 @@ def traced(judge, args, *, items: int | None, command: str, tags: dict | None = 
 
 def run(args) -> int:
     from chateval_dspy.data.loaders import parse_columns
-    from chateval_dspy.deploy.score_file import score_file
+    from chateval_dspy.deploy.scale.score_file import score_file
     from chateval_dspy.run.tracing import DEFAULT_MAX_ITEMS, at_most_lines
 
     columns = parse_columns(args.columns)

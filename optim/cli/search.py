@@ -8,6 +8,7 @@ Usage::
     chateval search --dataset faireval --trials 30 --objectives agreement,tokens --compile none,labeled
     chateval search --dataset faireval --trials 30 --objectives agreement,cascade_cost \
         --first-stage programs/single --agree-at-least 0.8 --risk 0.2    # each trial's panel after a cheap judge
+    chateval search --dataset faireval --trials 30 --objectives agreement,robustness --min-robustness 0.9
 
 Panel flags fix a dimension instead of setting the panel: ``--strategy one_by_one`` searches
 only that strategy, ``--roles 3`` only panels of three, ``--same-role 2`` only the ablation.
@@ -51,10 +52,13 @@ def add_command(sub) -> None:
     g.add_argument("--storage", default=DEFAULT_STORAGE, help=f"Optuna storage URL shared by workers (default {DEFAULT_STORAGE})")
     g.add_argument("--study", help="study name (default: <dataset>-<objectives>)")
     g.add_argument("--objectives", default=",".join(flags.default(StudySpec, "objectives")),
-                   help="agreement; agreement,tokens for a Pareto front of agreement against tokens per item; or "
+                   help="agreement; agreement,tokens for a Pareto front of agreement against tokens per item; "
                         "agreement,cascade_cost against the USD per 1,000 verdicts of the cascade [--first-stage -> "
                         "the trial's panel] at the guaranteed level (in-sample on dev: build the cascade to use with "
-                        "chateval cascade on held-out items)")
+                        "chateval cascade on held-out items); add ,robustness for the bias audit's mean robustness "
+                        "rate (verbosity, authority, bandwagon, distraction) on the dev items, e.g. "
+                        "agreement,robustness or agreement,cascade_cost,robustness (each trial then judges its dev items "
+                        "up to five more times)")
     g.add_argument("--first-stage", metavar="PROGRAM_DIR[@MODEL]",
                    help="with cascade_cost: a saved cheap evaluator, judged once on the dev items and reused by every "
                         "trial, run on MODEL (default: its card's)")
@@ -131,6 +135,7 @@ def run(args) -> int:
     if args.split is not None:
         raise ConfigError("search uses the seeded train/dev/test split itself: drop --split")
     objectives = parse_objectives(args.objectives)
+    gates = flags.gates(args)
     name = args.study or default_study_name(args.dataset, objectives)
     spec = StudySpec(name, trials=args.trials, storage=args.storage, objectives=objectives, prune=not args.no_prune,
                      report_every=args.report_every)
@@ -139,9 +144,11 @@ def run(args) -> int:
                       space=space_from_args(args), settings=OptimizerSettings(max_demos=args.max_demos, seed=args.seed),
                       out=args.out, test=not args.no_test, tracking=flags.tracking_spec(args),
                       concurrency=flags.concurrency(args), hooks=SearchPrinted(not args.no_progress),
-                      cascade=cascade_from_args(args), gates=flags.gates(args))
+                      cascade=cascade_from_args(args), gates=gates)
     if done.saved:
         print(f"\nsaved evaluator: {done.out} (card: {done.out / 'card.md'})")
+        if gates.any:
+            print(f"gates passed, measured on the test split: certificate in {done.out / 'card.md'}")
     if "cascade_cost" in objectives:
         from optim.tuning.cascade import IN_SAMPLE_NOTE
 

@@ -31,7 +31,7 @@ def add_command(sub) -> None:
 def run(args) -> int:
     import uvicorn
 
-    from chateval_dspy.deploy.serve import create_app
+    from chateval_dspy.deploy.serving.http import create_app
     from chateval_dspy.scrub import register_secret
 
     if args.batch or args.batch_dir:

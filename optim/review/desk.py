@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from chateval_dspy.deploy.trace_labels import trace_inputs
+from chateval_dspy.deploy.mlflow.trace_labels import trace_inputs
 from chateval_dspy.errors import ChatEvalError, ConfigError, DataError
 from chateval_dspy.program.task import TaskSpec, as_task, load_task
 from optim.review import sources

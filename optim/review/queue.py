@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 
 from chateval_dspy.errors import ChatEvalError, ConfigError
 from chateval_dspy.program.task import TaskSpec, as_task, load_task
-from chateval_dspy.renamed import FORMAT_ALIASES
 from optim.review import sources
 from optim.review.desk import RANK_TAG, SHOW_PANEL_TAG, find_queue, queue_items
 from optim.review.questions import Question, questions
@@ -68,8 +67,7 @@ def resolve_task(task, records: list[dict]) -> TaskSpec:
         return task
     if task:
         return load_task(task)
-    # Results written before the rename say "scoring" for "pointwise": one format, whichever name it carries.
-    formats = {FORMAT_ALIASES.get(r.get("format"), r.get("format")) or "pairwise" for r in records}
+    formats = {r.get("format") or "pairwise" for r in records}
     if len(formats) > 1:
         raise ConfigError(f"the items are of several formats ({sorted(formats)}); review one task at a time")
     return as_task(formats.pop() if formats else "pairwise")
@@ -100,7 +98,7 @@ def origin(trace) -> str:
 
 def _answered(trace, names: set[str]) -> bool:
     """Whether a person already answered one of the questions on this trace (the answers labels are read from)."""
-    from chateval_dspy.deploy.trace_labels import human_answers
+    from chateval_dspy.deploy.mlflow.trace_labels import human_answers
 
     return bool(set(human_answers(trace)) & names)
 

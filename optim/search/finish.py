@@ -20,7 +20,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.program.chateval import ChatEval
-from chateval_dspy.run import records
+from chateval_dspy.run import identity, records
 from chateval_dspy.run.evaluate import evaluate
 from chateval_dspy.run.result import RunResult
 from optim.search.objective import build_for_trial, config_of
@@ -35,7 +35,7 @@ def check_out(out: Path, study_name: str) -> None:
     """Refuse to write over anything but this study's own result, finished or not."""
     if not out.exists() or not any(p.is_file() for p in out.rglob("*")):  # a kill may leave empty folders
         return
-    from chateval_dspy.deploy.store import read_card
+    from chateval_dspy.deploy.saved.store import read_card
 
     try:
         owner = read_card(out).get("search", {}).get("study")
@@ -92,6 +92,7 @@ class Tested:
     result: RunResult
     figures: dict
     results: Path
+    items: list
 
 
 def final_test(study: optuna.Study, trial: FrozenTrial, parts: dict, out: Path, *,
@@ -107,27 +108,30 @@ def final_test(study: optuna.Study, trial: FrozenTrial, parts: dict, out: Path, 
     results.parent.mkdir(parents=True, exist_ok=True)
     (out / "results" / OWNER_FILE).write_text(json.dumps({"study": study.study_name, "trial": trial.number}),
                                               encoding="utf-8")
-    key = records.run_key(cfg, records.context_identity(), parts["test"], program.dump_state())
+    key = identity.run_key(cfg, identity.context_identity(), parts["test"], program.dump_state())
     try:
         records.finished_records(results, key)
     except ValueError:  # an earlier best panel's test (ConfigError) or a damaged file: this test starts afresh
         results.write_text("", encoding="utf-8")
     result = evaluate(program, parts["test"], cfg, out=results, concurrency=concurrency, on_item=on_item, run_key=key)
-    return Tested(trial, program, result, result.metrics(seed=seed, n_resamples=n_resamples), results)
+    return Tested(trial, program, result, result.metrics(seed=seed, n_resamples=n_resamples), results, parts["test"])
 
 
 def save_final(study: optuna.Study, tested: Tested, out: Path, *, model: str, card: dict, tracking=None,
-               referee_models: dict[str, str] | None = None, gates=None) -> dict:
+               referee_models: dict[str, str] | None = None, gates=None, lm=None, seed: int = 0,
+               concurrency: int = 1) -> dict:
     """Save the tested program with its card (``card`` adds data, split and search fields), log it, mark it done.
 
     ``referee_models``: a mixed panel's ``{role slug: model name}`` for the card. ``gates``
-    (``optim.certify.gates.Gates``) are checked on the saved card's certificate before anything is logged or
-    registered: a failure raises ``GateRefused`` and the study is not marked done, so that the same search, rerun
-    once the figures are measured, registers it. Returns the card written.
+    (``optim.certify.gates.Gates``): what they read is measured on the saved program over the test split (on ``lm``,
+    an ``LMSpec``; ``optim.certify.measure``) and checked before anything is logged or registered: a failure raises
+    ``GateRefused`` naming each failing figure, and the study is not marked done. Returns the card written.
     """
-    from chateval_dspy.deploy.store import make_card, read_card, save_program
+    from chateval_dspy.deploy.saved.card import make_card
+    from chateval_dspy.deploy.saved.store import save_program
     from chateval_dspy.run.metrics import plain, primary_metric
-    from optim.certify.gates import enforce
+    from optim.certify.certificate import log_certificate
+    from optim.certify.measure import HeldOut, held_out_name, measure_and_enforce
     from optim.tracking.evaluation import unpriced_marks
 
     trial, program = tested.trial, tested.program
@@ -138,10 +142,14 @@ def save_final(study: optuna.Study, tested: Tested, out: Path, *, model: str, ca
                         dev_metrics=trial.user_attrs.get("dev", {}), test_metrics=plain(tested.figures), cost=cost,
                         **card)
     save_program(program, out, written)
-    written = read_card(out)  # with the certificate an unchanged program keeps from an earlier save
-    enforce(written, gates, out)
+    held_out = HeldOut(tested.items, tested.results, held_out_name(card.get("dataset"), seed, len(tested.items)))
+    written, certificate = measure_and_enforce(out, program, gates, lm=lm, held_out=held_out, seed=seed,
+                                               concurrency=concurrency)
     if tracking is not None and tracking.enabled:
         from optim.tracking import runs as mlflow_tracking
+
+        if certificate is not None:
+            log_certificate(certificate, out)
 
         objectives = written.get("search", {}).get("objectives", ["agreement"])
         mlflow_tracking.log_metrics({"best_trial": trial.number,

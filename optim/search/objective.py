@@ -22,7 +22,7 @@ from optuna.trial import FrozenTrial, TrialState
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.program.chateval import ChatEval, build_evaluator
-from chateval_dspy.run import records
+from chateval_dspy.run import identity, records
 from chateval_dspy.run.evaluate import evaluate
 from chateval_dspy.run.metrics import primary_metric
 from chateval_dspy.run.result import RunResult
@@ -109,7 +109,9 @@ class Objective:
 
     Returns dev agreement, or ``(agreement, tokens per dev item)``, or ``(agreement, cascade USD per 1,000
     verdicts)`` (``cascade_cost``: the cascade [``cascade.first`` -> this panel] on the dev items, thresholds chosen
-    on those items: an in-sample figure for ranking panels; ``math.inf`` where no stage reaches the level). An
+    on those items: an in-sample figure for ranking panels; ``math.inf`` where no stage reaches the level), each
+    followed by the mean robustness rate when ``robustness`` is an objective (the bias audit's text probes on the
+    dev items, ``robustness_of``; undefined counts as 0.0 and marks the trial ``robustness_undefined``). An
     undefined agreement (pointwise: a constant column has no Spearman) counts as 0.0, the
     value of a panel whose scores carry no ranking, and the trial is marked
     ``agreement_undefined``; failing the trial instead would hide it from the sampler and
@@ -119,7 +121,7 @@ class Objective:
         space: What trials may choose.
         base: Everything else (format, calibration, limits); its panel is replaced by each trial's.
         parts: The train and dev splits (already limited); train is used only by trials that compile.
-        objectives: ``("agreement",)``, ``("agreement", "tokens")`` or ``("agreement", "cascade_cost")``.
+        objectives: One of ``optim.search.space.OBJECTIVE_SETS``.
         cascade: With ``cascade_cost``: the first stage, judged on the dev items, with the level and risk.
         n_trials: The study's budget; a trial started past it (a race between workers) stops.
         seed: The search's seed (sampling and bootstrap CIs).
@@ -204,7 +206,7 @@ class Objective:
 
     def _reuse(self, trial: optuna.Trial, same: FrozenTrial):
         trial.set_user_attr("duplicate_of", same.user_attrs.get("duplicate_of", same.number))
-        for key in ("dev", "cost", "agreement_undefined", "results", "cascade"):
+        for key in ("dev", "cost", "agreement_undefined", "results", "cascade", "robustness", "robustness_undefined"):
             if key in same.user_attrs:
                 trial.set_user_attr(key, same.user_attrs[key])
         if same.state == TrialState.PRUNED:
@@ -238,7 +240,7 @@ class Objective:
         program = build_for_trial(config, compile_choice, self.parts["train"], self.settings)
         dev = self.parts["dev"]
         # One key for the whole dev split: each chunk appends to the same file, which a retry then resumes.
-        key = records.run_key(config, records.context_identity(), dev, program.dump_state())
+        key = identity.run_key(config, identity.context_identity(), dev, program.dump_state())
         out = self._results_file(trial, key)
         result = RunResult(config)
         lines: list[dict] = []  # what the cascade objective routes
@@ -284,6 +286,8 @@ class Objective:
             values.append(tokens_per_item(result))
         if "cascade_cost" in self.objectives:
             values.append(self._cascade_cost(trial, lines, config, out, tracking))
+        if "robustness" in self.objectives:
+            values.append(self._robustness(trial, program, tracking))
         if tracking:
             tracking.log_metrics(metrics, cost, prefix="dev.")
             tracking.log_metrics({**objective_metrics(self.objectives, values), "agreement_undefined": float(undefined)})
@@ -306,9 +310,50 @@ class Objective:
             tracking.log_params({"cascade.in_sample": IN_SAMPLE_NOTE})
         return figure.usd_per_1000
 
+    def _robustness(self, trial: optuna.Trial, program: ChatEval, tracking=None) -> float:
+        """The bias audit's mean robustness rate of this panel on the dev items (``robustness_of``), recorded on
+        the trial (each probe's rate with its interval) and its MLflow run; undefined counts as 0.0."""
+        import contextlib
+        import tempfile
+
+        with contextlib.ExitStack() as stack:
+            folder = (Path(self.results_dir) / f"trial-{trial.number:04d}-audit" if self.results_dir
+                      else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="trial-audit-"))))
+            report = robustness_of(program, self.parts["dev"], out=folder, seed=self.seed,
+                                   concurrency=self.concurrency)
+        mean = report.mean_robustness()
+        undefined = math.isnan(mean)
+        trial.set_user_attr("robustness", {"mean": None if undefined else mean, "data": report.data,
+                                           "probes": {p: e.to_dict() for p, e in report.robustness().items()}})
+        trial.set_user_attr("robustness_undefined", undefined)
+        if tracking:
+            tracking.log_metrics({f"{p}_robustness_rate": e for p, e in report.robustness().items()},
+                                 prefix="dev.audit.")
+        return 0.0 if undefined else mean
+
+
+def robustness_of(program: ChatEval, items, *, out: Path, seed: int = 0, concurrency: int = 1):
+    """The bias audit's text probes (``optim.audit.probes.ROBUSTNESS_PROBES``, those that apply) of ``program`` on
+    ``items``, on the LM of the current DSPy context, into ``out`` (an ``AuditReport``: ``mean_robustness()``). The
+    audit judges the unperturbed items again, then each perturbation: five passes over the items for a pairwise
+    panel."""
+    import contextlib
+
+    import dspy
+
+    from chateval_dspy.deploy.saved.judge import Judge
+    from optim.audit.perturb import applies
+    from optim.audit.probes import ROBUSTNESS_PROBES, audit
+
+    lm = dspy.settings.lm
+    judge = Judge(program, {"model": getattr(lm, "model", None)}, lm, contextlib.ExitStack())
+    probes = tuple(p for p in ROBUSTNESS_PROBES if applies(p, program.config.format))
+    return audit(judge, items, out=out, probes=probes, seed=seed, concurrency=concurrency,
+                 data=f"dev split, {len(items)} items")
+
 
 OBJECTIVE_METRICS = {"agreement": "objective.agreement", "tokens": "objective.tokens_per_item",
-                     "cascade_cost": "objective.cascade_usd_per_1000"}
+                     "cascade_cost": "objective.cascade_usd_per_1000", "robustness": "objective.robustness"}
 
 
 def objective_metrics(objectives: Sequence[str], values) -> dict[str, float]:

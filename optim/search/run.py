@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,12 +101,14 @@ class SearchPlan:
 
 
 def plan_search(data, base, lm, *, spec: StudySpec, settings: OptimizerSettings | None, out, test: bool,
-                concurrency: int, hooks: SearchHooks, cascade=None) -> SearchPlan:
+                concurrency: int, hooks: SearchHooks, cascade=None, gates=None) -> SearchPlan:
     """The items, fixed config, split, output folder, LM and optimizer settings of a search; ConfigError for
-    anything it cannot run (``cascade``: a ``cascade_cost`` search's first stage, level and risk)."""
+    anything it cannot run (``cascade``: a ``cascade_cost`` search's first stage, level and risk; ``gates``: a gate
+    whose data is missing, ``optim.certify.measure.check_gate_data``)."""
     import chateval_dspy.limits as limits
     from chateval_dspy.program.roles import DEFAULT_ORDER, same_roles
     from chateval_dspy.run.evaluate_dataset import check_task
+    from optim.certify.measure import check_gate_data
 
     if data.split != "all":
         raise ConfigError("search uses the seeded train/dev/test split itself: drop --split")
@@ -125,6 +128,7 @@ def plan_search(data, base, lm, *, spec: StudySpec, settings: OptimizerSettings 
     out = Path(out or Path("programs") / spec.name)
     if test:
         check_out(out, spec.name)
+        check_gate_data(gates, fmt, [x.id for x in parts["test"]])
     costed = next((o for o in ("tokens", "cascade_cost") if o in spec.objectives), None)
     if costed and lm.cache:
         # A cached answer reports no usage, which would make a panel look free.
@@ -138,7 +142,7 @@ def study_settings(data, plan: SearchPlan, spec: StudySpec, space: SearchSpace, 
     """What the study records of its search: a worker that would search otherwise is refused (``check_settings``).
     ``cascade``: a ``cascade_cost`` search's declared first stage, level and risk (recorded only then, so that
     existing studies resume as they were)."""
-    from chateval_dspy.data.loaders import dataset_hash
+    from chateval_dspy.data.splits import dataset_hash
 
     lm = plan.lm
     return {**cascade_settings(cascade),
@@ -179,7 +183,7 @@ def check_cascade(spec: StudySpec, cascade) -> None:
 def first_stage(data, plan: SearchPlan, spec: StudySpec, cascade, *, concurrency: int, hooks: SearchHooks):
     """The cascade's first stage judged once on the dev items (``results/<study>/first-stage/``: a rerun or another
     worker reads it back), as every trial's ``SearchedCascade``; it must judge the search's task."""
-    from chateval_dspy.deploy.store import load_program
+    from chateval_dspy.deploy.saved.store import load_program
     from optim.tuning.cascade import SearchedCascade, judge_first_stage
 
     (stage,) = cascade.stages
@@ -306,7 +310,7 @@ def run_search(data, base: DebateConfig | Callable[[str], DebateConfig], lm, *, 
         tracking: A ``TrackingSpec``; None or disabled: nothing goes to MLflow.
         concurrency: Items judged at once.
         hooks: Told about each trial, the final test and why anything is skipped (the CLI prints them).
-        gates: ``optim.certify.gates.Gates`` the best evaluator's certificate must pass before it is registered.
+        gates: ``optim.certify.gates.Gates``, measured on the best panel saved, checked before it is registered.
         poll: Seconds between looks at other workers' trials while waiting for them.
         cascade: For ``cascade_cost``: the first stage, level and risk (``first_stage``; values: ``Objective``).
 
@@ -319,15 +323,13 @@ def run_search(data, base: DebateConfig | Callable[[str], DebateConfig], lm, *, 
 
     hooks, space, spec = hooks or SearchHooks(), space or SearchSpace(), study
     plan = plan_search(data, base, lm, spec=spec, settings=settings, out=out, test=test, concurrency=concurrency,
-                       hooks=hooks, cascade=cascade)
+                       hooks=hooks, cascade=cascade, gates=gates)
     opened, recorded = open_checked(data, plan, spec, space, cascade)
     hooks.started(opened, spec, plan.parts)
     tracked = tracking is not None and tracking.enabled
     objective = objective_for(data, plan, spec, space, concurrency=concurrency, track=tracked, hooks=hooks,
                               cascade=cascade)
-    mlflow_tracking = None
-    if tracked:
-        from optim.tracking import runs as mlflow_tracking
+    mlflow_tracking = importlib.import_module("optim.tracking.runs") if tracked else None
     tested = card = None
     with parent_run(opened, spec, recorded, plan.base, tracking, data) if tracked else contextlib.nullcontext() as active:
         with plan.lm.judging(lm_slots(slot_config(plan.base, space), concurrency)) as judging_lm:
@@ -341,20 +343,45 @@ def run_search(data, base: DebateConfig | Callable[[str], DebateConfig], lm, *, 
             else:
                 tested, referees = tested_best(opened, final.trial, data, plan, model=model, referees=referees,
                                              concurrency=concurrency, hooks=hooks)
-        _trials_table(opened, spec.name, mlflow_tracking, finished)
+        _trials_table(opened, spec, mlflow_tracking, finished)
         if tested is not None:
             card = save_final(opened, tested, plan.out, model=model, referee_models=referees, tracking=tracking,
-                              gates=gates, card=search_card(data, plan, spec, space, recorded, tested, finished))
+                              gates=gates, lm=plan.lm, seed=data.seed, concurrency=concurrency,
+                              card=search_card(data, plan, spec, space, recorded, tested, finished))
     return SearchRun(opened, ran, finished, plan.out, saved=card is not None, card=card,
                      mlflow_run_id=active.info.run_id if tracked else None)
 
 
-def _trials_table(study: optuna.Study, name: str, mlflow_tracking, finished: int) -> None:
+def objective_columns(study: optuna.Study, objectives) -> dict[str, list[float]]:
+    """The columns ``trials.csv`` adds for the objectives beyond agreement, one value per trial in the study's order
+    (NaN for a trial without one: pruned, failed, running; a cascade that reached no level stays ``inf``):
+    ``cascade_usd_per_1000``, ``robustness``.
+
+    Example:
+        >>> study = optuna.create_study(directions=["maximize", "maximize"])
+        >>> study.add_trial(optuna.trial.create_trial(values=[0.8, 0.75]))
+        >>> objective_columns(study, ("agreement", "robustness"))
+        {'robustness': [0.75]}
+    """
+    import math
+
+    names = {"cascade_cost": "cascade_usd_per_1000", "robustness": "robustness"}
+    trials = study.get_trials(deepcopy=False)
+    return {names[o]: [t.values[i] if t.values else math.nan for t in trials]
+            for i, o in enumerate(objectives) if o in names}
+
+
+def _trials_table(study: optuna.Study, spec: StudySpec, mlflow_tracking, finished: int) -> None:
     from optim.tracking.report import trials_frame
 
-    table = Path("results") / name / "trials.csv"
+    table = Path("results") / spec.name / "trials.csv"
     table.parent.mkdir(parents=True, exist_ok=True)
-    trials_frame(study).to_csv(table, index=False)
+    frame = trials_frame(study)
+    if not frame.empty:
+        at = frame.columns.get_loc("tokens_per_item") + 1
+        for offset, (column, values) in enumerate(objective_columns(study, spec.objectives).items()):
+            frame.insert(at + offset, column, values)
+    frame.to_csv(table, index=False)
     if mlflow_tracking is not None:
         mlflow_tracking.log_metrics({"trials_finished": finished})
         mlflow_tracking.log_file(table, "search")

@@ -23,8 +23,10 @@ if TYPE_CHECKING:  # Optuna is imported by whoever runs trials: the parser and S
     import optuna
 
 # cascade_cost: US dollars per 1,000 verdicts of the cascade [--first-stage -> the trial's panel] (optim.tuning.cascade).
-OBJECTIVES = {"agreement": "maximize", "tokens": "minimize", "cascade_cost": "minimize"}
-OBJECTIVE_SETS = (("agreement",), ("agreement", "tokens"), ("agreement", "cascade_cost"))
+# robustness: the bias audit's mean robustness rate over its text probes on the dev items (optim.audit).
+OBJECTIVES = {"agreement": "maximize", "tokens": "minimize", "cascade_cost": "minimize", "robustness": "maximize"}
+OBJECTIVE_SETS = (("agreement",), ("agreement", "tokens"), ("agreement", "cascade_cost"), ("agreement", "robustness"),
+                  ("agreement", "tokens", "robustness"), ("agreement", "cascade_cost", "robustness"))
 COMPILE_CHOICES = ("none", "labeled", "bootstrap")
 PANELS = ("distinct", "same")
 
@@ -118,12 +120,12 @@ def suggest_config(trial: optuna.Trial, space: SearchSpace, base: DebateConfig) 
 
 
 def parse_objectives(text: str | Sequence[str]) -> tuple[str, ...]:
-    """``agreement``, ``agreement,tokens`` or ``agreement,cascade_cost``: agreement always comes first (it picks the
-    final program).
+    """``agreement``, then ``tokens`` or ``cascade_cost`` or neither, then ``robustness`` or not (``OBJECTIVE_SETS``):
+    agreement always comes first (it picks the final program).
 
     Example:
-        >>> parse_objectives("agreement, cascade_cost")
-        ('agreement', 'cascade_cost')
+        >>> parse_objectives("agreement, cascade_cost"), parse_objectives("agreement,robustness")
+        (('agreement', 'cascade_cost'), ('agreement', 'robustness'))
     """
     names = tuple(p.strip() for p in (text.split(",") if isinstance(text, str) else text) if p.strip())
     if names not in OBJECTIVE_SETS:

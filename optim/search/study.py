@@ -29,7 +29,7 @@ from chateval_dspy.errors import ConfigError
 from optim.search.space import OBJECTIVES
 from optim.search.worker import Worker, dead
 from optim.tracking import stores
-from optim.tracking.stores import redact_url  # noqa: F401 - where callers have imported it from
+from optim.tracking.stores import redact_url
 
 log = logging.getLogger(__name__)
 
@@ -302,16 +302,18 @@ def end_failed_trial_runs(failed: Sequence[FrozenTrial], uri: str | None = None)
 
 
 def best_trial(study: optuna.Study) -> FrozenTrial:
-    """The best complete trial; with two objectives, the Pareto trial with the best agreement (then the lowest cost:
-    tokens, or a cascade's dollars). Trials with a figure that is not finite (a cascade that reached no threshold)
-    are chosen only when every Pareto trial has one."""
+    """The best complete trial; with several objectives, the Pareto trial with the best agreement, then the best of
+    each later objective in turn (the lowest cost: tokens or a cascade's dollars; the highest robustness). Trials with
+    a figure that is not finite (a cascade that reached no threshold) are chosen only when every Pareto trial has
+    one."""
     if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         raise ConfigError(f"study {study.study_name!r} has no complete trial yet")
     if len(study.directions) == 1:
         return study.best_trial
     front = study.best_trials
     finite = [t for t in front if all(math.isfinite(v) for v in t.values)]
-    return max(finite or front, key=lambda t: (t.values[0], -t.values[1], -t.number))
+    signs = [1 if d == optuna.study.StudyDirection.MAXIMIZE else -1 for d in study.directions]
+    return max(finite or front, key=lambda t: (*(s * v for s, v in zip(signs, t.values)), -t.number))
 
 
 @contextlib.contextmanager

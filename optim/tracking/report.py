@@ -87,8 +87,10 @@ def mlflow_client(uri: str | None):
     resolved = tracking.tracking_uri(uri)
     if _sqlite_missing(resolved):
         return None, resolved
-    # tracking.py has no read helpers yet (get a run, list, download and attach artifacts): the client does that here.
-    return tracking.mlflow.MlflowClient(resolved), resolved
+    import mlflow
+
+    # runs.py has no read helpers (get a run, list, download and attach artifacts): the client does that here.
+    return mlflow.MlflowClient(resolved), resolved
 
 
 def find(target: str, *, storage: str, uri: str | None = None):
@@ -100,7 +102,7 @@ def find(target: str, *, storage: str, uri: str | None = None):
         ...
         chateval_dspy.errors.ConfigError: no study named 'no-such-study' (studies in sqlite:///.../optuna.db: none); ...
     """
-    from optim.search.study import redact_url
+    from optim.tracking.stores import redact_url
 
     study = load_study(target, storage)
     if study is not None:
@@ -111,11 +113,11 @@ def find(target: str, *, storage: str, uri: str | None = None):
         client, resolved = mlflow_client(uri)
         if client is None:
             raise ConfigError(f"no study or MLflow run {target!r}: there is no MLflow store at {resolved} ({where})")
-        from optim.tracking import runs as tracking
+        import mlflow
 
         try:
             return "run", (client, client.get_run(target))
-        except tracking.mlflow.exceptions.MlflowException as exc:
+        except mlflow.exceptions.MlflowException as exc:
             raise ConfigError(f"no study or MLflow run {target!r}: the run is not in {resolved} ({where})") from exc
     raise ConfigError(f"no study named {target!r} ({where}); an MLflow run id is 32 hex characters, "
                       "as printed on a command's 'mlflow run:' line")
@@ -222,7 +224,7 @@ def figure3(study, path: Path, files: list[Path]) -> None:
 
 def _metric_name(study) -> str:
     settings = study.user_attrs.get("settings", {})
-    return "average Spearman" if settings.get("format") in ("pointwise", "scoring") else "accuracy"  # old runs: scoring
+    return "average Spearman" if settings.get("format") == "pointwise" else "accuracy"
 
 
 def _agreement_target(study):

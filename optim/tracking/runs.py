@@ -27,20 +27,11 @@ from pathlib import Path
 
 from chateval_dspy.errors import SecretError
 from chateval_dspy.run.metrics import Estimate
-from chateval_dspy.scrub import secret_values, secrets_in_environment  # noqa: F401 - one check for all
+from chateval_dspy.scrub import secret_values
 
 DEFAULT_DIR = "mlruns"
 EXPERIMENT = "chateval-dspy"
 WORKER_TAG = "chateval.worker"
-
-
-def __getattr__(name: str):
-    # ``tracking.mlflow`` without importing mlflow (2-3 s) for callers that only need ``TrackingSpec``.
-    if name == "mlflow":
-        import mlflow
-
-        return mlflow
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Both libraries create their tables on first use, and neither guards that against another process doing the same:
 two workers started at once on a fresh SQLite file or PostgreSQL database both run the migrations, and the loser
 crashes (Optuna: a duplicate table; MLflow: ``_alembic_tmp_experiments already exists`` on SQLite, a duplicate
-key on PostgreSQL). ``init_lock`` serialises that first use: an ``fcntl.flock`` on a file next to a SQLite database
+key on PostgreSQL). ``init_lock`` serialises that first use: ``run.locks.waiting`` on a file next to a SQLite database
 (every process that opens it shares its filesystem), a PostgreSQL advisory lock held on a connection of its own
 (workers on any host). The second worker in finds the tables made and goes on. Other URLs (an MLflow server over
 HTTP creates its store once, at start) need no lock.
@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
-import stat
 from collections.abc import Iterator
 from pathlib import Path
 
 from chateval_dspy.errors import ConfigError
+from chateval_dspy.run.locks import waiting
 
 
 def _parse(url: str):
@@ -80,30 +79,6 @@ def _lock_key(purpose: str) -> int:
 
 
 @contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    import fcntl
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # The lock file stays: unlinking a flock'ed file lets a third process lock a new inode while the second holds the old.
-    lock = path.with_name(path.name + ".init.lock")
-    try:
-        # No link followed, and no wait on a named pipe put in its place (refused below, as is any non-regular file).
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
-    except OSError as exc:
-        raise ConfigError(f"cannot lock {lock} ({exc.strerror or exc}): remove it if it is a link") from exc
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ConfigError(f"cannot lock {lock}: not a regular file (a named pipe, a device or a folder): remove it")
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
-
-
-@contextlib.contextmanager
 def _advisory_lock(url: str, purpose: str) -> Iterator[None]:
     """``pg_advisory_lock`` on a connection of its own (closing it releases the lock, should this process die)."""
     import sqlalchemy
@@ -129,7 +104,8 @@ def init_lock(url: str, purpose: str) -> Iterator[None]:
     for a URL that is not a SQLite file or PostgreSQL database."""
     kind = backend(url)
     if kind == "sqlite" and sqlite_path(url) is not None:
-        with _file_lock(sqlite_path(url)):
+        db = sqlite_path(url)
+        with waiting(db.with_name(db.name + ".init.lock"), db):
             yield
     elif kind == "postgresql":
         with _advisory_lock(url, purpose):

@@ -2,7 +2,7 @@
 
 MLflow aligns a judge with ``judge.align(traces, optimizer)``, where the optimizer learns from the human feedback
 on the traces. ``CompileAligner`` is such an optimizer for a ChatEval panel (``chateval_dspy.mlflow_judge``): it
-reads the labels by the rule of ``chateval_dspy.deploy.trace_labels``, splits them into train and dev by its seed,
+reads the labels by the rule of ``chateval_dspy.deploy.mlflow.trace_labels``, splits them into train and dev by its seed,
 and runs one of ``optim.tuning.compile.OPTIMIZERS`` over every referee's instructions and demonstrations on the judge's
 own LM. Held-out figures before and after are ``chateval compile --labels mlflow:<experiment>``'s job.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import dspy
 
-from chateval_dspy.data.loaders import grouping, split
-from chateval_dspy.deploy.trace_labels import labels_from_traces
+from chateval_dspy.data.splits import grouping, split
+from chateval_dspy.deploy.mlflow.trace_labels import labels_from_traces
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.lm.adapter import JudgeAdapter
 from optim.tuning.compile import OPTIMIZERS, OptimizerSettings, compile_evaluator

@@ -1,12 +1,12 @@
 """``chateval calibrate`` as a library: fit a saved evaluator's confidence map, choose its threshold, check both.
 
-The items are ones tuning never saw: the seeded split's ``test`` part (``chateval_dspy.data.loaders.split``, the
+The items are ones tuning never saw: the seeded split's ``test`` part (``chateval_dspy.data.splits.split``, the
 seed the evaluator's card records unless another is given), divided by a second seeded draw into two halves,
 ``calibration`` and ``check`` (``halves``). Both are judged in one resumable results file under ``out_dir``
 through the normal evaluate path (``chateval_dspy.run.evaluate.evaluate``: a rerun judges nothing twice). The
 map (``optim.tuning.confidence.fit_confidence_map``) and, when a level is asked for, the threshold
 (``optim.tuning.selective.choose_threshold`` on the calibrated confidence) are fitted on the calibration half
-only and saved beside the evaluator (``chateval_dspy.deploy.store.save_calibration``); the check half, which
+only and saved beside the evaluator (``chateval_dspy.deploy.saved.store.save_calibration``); the check half, which
 neither saw, reports the calibration error before and after the map, and the coverage and agreement of the
 verdicts the threshold gives, each with its 95% interval.
 
@@ -154,7 +154,8 @@ def judge_halves(judge, parts: dict[str, list], out_dir: Path, *, concurrency: i
 
     from chateval_dspy.lm.adapter import JudgeAdapter
     from chateval_dspy.run.evaluate import evaluate
-    from chateval_dspy.run.records import context_identity, is_error, read_records, run_key
+    from chateval_dspy.run.identity import context_identity, run_key
+    from chateval_dspy.run.records import is_error, read_records
 
     items = [x for half in HALVES for x in parts[half]]
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -255,7 +256,7 @@ def calibrate_judge(judge, program_dir: str | Path, data: DataSpec, *, out_dir: 
     """Fit, choose, save and check the calibration of a loaded ``judge`` (see the module docstring).
 
     Args:
-        judge: A loaded evaluator (``chateval_dspy.deploy.judge.load``) bound to the model it will run on.
+        judge: A loaded evaluator (``chateval_dspy.deploy.saved.judge.load``) bound to the model it will run on.
         program_dir: The evaluator's directory: ``calibration.json`` is written there.
         data: The labelled dataset; its ``test`` split (seed ``data.seed``, first ``data.limit`` items) is used.
         out_dir: Where the results file and the reliability diagrams go.
@@ -264,7 +265,7 @@ def calibrate_judge(judge, program_dir: str | Path, data: DataSpec, *, out_dir: 
         seed: The split's seed; default the one the evaluator's card records (the split it was tuned on), else
             ``data.seed``. The halves are drawn with the same seed.
     """
-    from chateval_dspy.deploy.store import save_calibration
+    from chateval_dspy.deploy.saved.store import save_calibration
 
     if (level is None) != (risk is None):
         raise ConfigError("give the agreement level and the risk together (--agree-at-least and --risk), or neither")
@@ -293,7 +294,7 @@ def calibrate(program_dir: str | Path, data: DataSpec, *, out_dir: str | Path, m
               ) -> CalibrationReport:
     """``calibrate_judge`` on the evaluator saved at ``program_dir``, loaded on ``model`` (default its card's).
     ``options``: ``level``, ``risk``, ``method``, ``on_item``."""
-    from chateval_dspy.deploy.judge import load
+    from chateval_dspy.deploy.saved.judge import load
 
     with load(program_dir, model=model, served_model=served_model, timeout=timeout, slots=concurrency) as judge:
         return calibrate_judge(judge, program_dir, data, out_dir=out_dir, concurrency=concurrency, **options)

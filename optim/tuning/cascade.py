@@ -7,7 +7,7 @@ agreement ``level`` guaranteed at ``risk``, and stages, each a saved evaluator a
 halves (one resumable results file per stage, ``judge_halves``), fits each stage's confidence map on the calibration
 half (``fit``: a stage that already has one is refitted there, so that every stage is calibrated on the same items),
 chooses the thresholds together (``optim.tuning.selective.choose_cascade_thresholds``, Bonferroni over the stages),
-and saves the cascade (``chateval_dspy.deploy.cascade.save_cascade``).
+and saves the cascade (``chateval_dspy.deploy.saved.cascade.save_cascade``).
 
 The check half, which neither the maps nor the thresholds saw, is then routed as the saved cascade would route it:
 every stage judged every check item, so the cascade's cost and the cost of each stage on every item are measured on
@@ -96,8 +96,8 @@ def check_declaration(data, source: str, *, model_names_only: bool = True) -> De
 
 
 def _check_stage(stage, key: str, source: str, model_names_only: bool) -> DeclaredStage:
-    from chateval_dspy.deploy.cascade import NAME
-    from chateval_dspy.deploy.untrusted import check_model_name
+    from chateval_dspy.deploy.saved.cascade import NAME
+    from chateval_dspy.deploy.saved.untrusted import check_model_name
 
     if not isinstance(stage, dict) or not {"name", "program"} <= set(stage) <= set(STAGE_KEYS):
         raise ConfigError(f"{source}: key {key!r}: a stage is name, program and optionally model; got "
@@ -184,7 +184,7 @@ def split_of(declared: DeclaredCascade, data: DataSpec, seed: int | None) -> tup
     """``data``'s test split for every stage, and their task: under ``seed``, else the split seed the stages' cards
     record (they must agree: calibration items must be ones no stage was tuned on), else ``data.seed``.
     Checked before any model runs: every stage judges the same task."""
-    from chateval_dspy.deploy.store import load_program
+    from chateval_dspy.deploy.saved.store import load_program
 
     seeds, tasks = {}, {}
     for stage in declared.stages:
@@ -213,7 +213,7 @@ def judge_stage(stage: DeclaredStage, index: int, parts: dict[str, list], data: 
                 method: str, timeout: float = 120.0, concurrency: int = 1, on_item=None) -> StageRun:
     """Stage ``index`` (from 1) on both halves, into ``out_dir/<index>-<name>/``, and its map fitted on the
     calibration half (any calibration it was saved with is set aside while it judges: ``judge_halves``)."""
-    from chateval_dspy.deploy.judge import load
+    from chateval_dspy.deploy.saved.judge import load
 
     with load(stage.program, model=stage.model, timeout=timeout, slots=concurrency) as judge:
         path, lines, resumed = judge_halves(judge, parts, out_dir / f"{index}-{stage.name}", concurrency=concurrency,
@@ -229,7 +229,7 @@ def judge_stage(stage: DeclaredStage, index: int, parts: dict[str, list], data: 
 def save_fitted(run: StageRun, index: int, into: Path) -> Path:
     """A copy of the stage's saved evaluator carrying its fitted map, in ``into/<index>-<name>``; declared with a
     model, its card names that model (the one it was calibrated on, which ``load`` then binds)."""
-    from chateval_dspy.deploy.store import load_program, save_program
+    from chateval_dspy.deploy.saved.store import load_program, save_program
 
     program, card = load_program(run.stage.program)
     program.calibration = run.calibration
@@ -541,7 +541,7 @@ def build_cascade(declared: DeclaredCascade, data: DataSpec, *, out: str | Path,
         seed: The split's seed; default the one the stages' cards record, else ``data.seed``.
         timeout, concurrency, on_item: As for ``chateval calibrate``.
     """
-    from chateval_dspy.deploy.cascade import save_cascade
+    from chateval_dspy.deploy.saved.cascade import save_cascade
 
     data, task = split_of(declared, data, seed)
     out_dir = Path(out_dir)
@@ -610,7 +610,7 @@ def judge_first_stage(stage: DeclaredStage, items: list, out_dir: Path, *, fitte
     """A searched cascade's first stage, judged once on ``items`` (a search's dev split) into a resumable results
     file under ``out_dir`` (a rerun or another worker reads it back), its map fitted on the same items. Its calls
     must carry US dollars (the cost map's, or ``price_per_mtok``): a ``ConfigError`` otherwise, before any trial."""
-    from chateval_dspy.deploy.judge import load
+    from chateval_dspy.deploy.saved.judge import load
 
     # The cache off, as for the trials: a cached answer reports no usage and would make the stage look free.
     with load(stage.program, model=stage.model, timeout=timeout, slots=concurrency, cache=False,

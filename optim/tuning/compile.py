@@ -22,7 +22,7 @@ from chateval_dspy.config import DebateConfig
 from chateval_dspy.data.splits import split_record
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.program.chateval import ChatEval
-from chateval_dspy.program.demos import label_demo, with_label_demos  # noqa: F401 - label_demo: this API's
+from chateval_dspy.program.demos import with_label_demos
 from optim.tracking import models as mlflow_model
 from optim.tuning.labels import LabelledData
 from optim.tuning.objectives import Metric, with_feedback
@@ -301,13 +301,13 @@ class CompileJob:
 
     def test(self, stage: str, program: ChatEval, model: str, referees) -> tuple[dict, dict]:
         """One test stage (``before``/``after``) judged (resuming its file): its figures and cost, told and logged."""
-        from chateval_dspy.run import records
+        from chateval_dspy.run import identity
         from chateval_dspy.run.evaluate import evaluate
         from chateval_dspy.run.evaluate_dataset import run_header
         from optim.tracking.evaluation import unpriced_marks
 
         cfg, test = self.plan.config, self.plan.parts["test"]
-        stage_key = records.run_key(cfg, self.lm.identity(), test, program.dump_state())
+        stage_key = identity.run_key(cfg, self.lm.identity(), test, program.dump_state())
         with self.hooks.progress(stage, len(test)) as on_item:
             result = evaluate(program, test, cfg, out=self.folder.work / f"test_{stage}.jsonl",
                               concurrency=self.concurrency, on_item=on_item, run_key=stage_key)
@@ -321,8 +321,8 @@ class CompileJob:
 
     def card(self, compiled: ChatEval, model: str, referees, figures: dict, costs: dict) -> dict:
         """The saved evaluator's card: its model, data and split, optimizer, test figures and cost (and labels)."""
-        from chateval_dspy.data.loaders import dataset_hash
-        from chateval_dspy.deploy.store import make_card
+        from chateval_dspy.data.splits import dataset_hash
+        from chateval_dspy.deploy.saved.card import make_card
         from chateval_dspy.run.metrics import plain
 
         data, plan = self.data, self.plan
@@ -336,15 +336,22 @@ class CompileJob:
                          **({"labels": data.label_set().card()} if isinstance(data, LabelledData) else {}))
 
     def save(self, compiled: ChatEval, card: dict) -> dict:
-        """The evaluator written to ``out``, its certificate checked against the gates (``GateRefused``: nothing
-        is registered), then logged to the run (its models registered if asked). Returns the card written."""
-        from chateval_dspy.deploy.store import read_card, save_program
-        from optim.certify.gates import enforce
+        """The evaluator written to ``out``, what its gates read measured on the test split and checked
+        (``GateRefused``: nothing is registered), then logged to the run (its models registered if asked). Returns
+        the card written."""
+        from chateval_dspy.deploy.saved.store import save_program
+        from optim.certify.certificate import log_certificate
+        from optim.certify.measure import HeldOut, held_out_name, measure_and_enforce
 
         save_program(compiled, self.out, card)
-        card = read_card(self.out)  # with the certificate an unchanged program keeps from an earlier save
-        enforce(card, self.gates, self.out)
+        test = self.plan.parts["test"]
+        held_out = HeldOut(test, self.folder.work / "test_after.jsonl",
+                           held_out_name(self.data.dataset, self.data.seed, len(test)))
+        card, certificate = measure_and_enforce(self.out, compiled, self.gates, lm=self.lm, held_out=held_out,
+                                                seed=self.data.seed, concurrency=self.concurrency)
         if self.mlflow is not None:
+            if certificate is not None:
+                log_certificate(certificate, self.out)
             self.mlflow.log_file(self.out, "evaluator")
             if self.tracking.log_model:
                 mlflow_model.log_models(compiled, self.out, registered_name=self.tracking.register,
@@ -376,9 +383,8 @@ def compile_and_save(data, config, lm, *, optimizer: str, out: str | Path, metri
         tracking: A ``TrackingSpec``; None or disabled: nothing goes to MLflow.
         concurrency: Test items judged at once.
         hooks: Told about progress, compiling and each test's figures (the CLI prints them).
-        gates: ``optim.certify.gates.Gates`` checked on the saved card's certificate before anything is logged or
-            registered; a failure raises ``GateRefused`` and leaves the compile unfinished, so that the same call,
-            rerun once the figures are measured, registers it (an unchanged program keeps its certificate).
+        gates: ``optim.certify.gates.Gates``, measured on the saved evaluator over the test split into its card
+            (``optim.certify.measure``), checked before anything is logged or registered (``GateRefused``).
 
     Example:
         >>> run = compile_and_save(DataSpec("faireval", limit=3), DebateConfig(roles=("critic",), turns=1),  # doctest: +SKIP
@@ -388,8 +394,10 @@ def compile_and_save(data, config, lm, *, optimizer: str, out: str | Path, metri
     from chateval_dspy.lm.panel import referee_names
     from chateval_dspy.program.chateval import build_evaluator
     from chateval_dspy.run.evaluate_dataset import lm_slots
+    from optim.certify.measure import check_gate_data
 
     plan = plan_compile(data, config, lm, optimizer=optimizer, metric=metric, concurrency=concurrency)
+    check_gate_data(gates, plan.config.format, [x.id for x in plan.parts["test"]])
     job = CompileJob(data, plan, lm, optimizer, settings, Path(out), CompileFolder(Path(out)), hooks or CompileHooks(),
                      concurrency, tracking, gates=gates)
     job.track()
@@ -420,7 +428,7 @@ def compile_what(data, plan: CompilePlan, lm, optimizer: str, settings: Optimize
 
 def compile_key(data, plan: CompilePlan, lm, optimizer: str, settings: OptimizerSettings) -> str:
     """The digest of ``compile_what`` and the items' contents: the folder's compile, whatever the file names."""
-    from chateval_dspy.data.loaders import dataset_hash
-    from chateval_dspy.run import records
+    from chateval_dspy.data.splits import dataset_hash
+    from chateval_dspy.run import identity
 
-    return records.digest({**compile_what(data, plan, lm, optimizer, settings), "dataset_hash": dataset_hash(plan.items)})
+    return identity.digest({**compile_what(data, plan, lm, optimizer, settings), "dataset_hash": dataset_hash(plan.items)})

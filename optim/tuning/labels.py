@@ -4,7 +4,7 @@
 
 - ``mlflow:<experiment>[?filter=<trace filter>]``: human feedback that people attached to traced debates (the
   MLflow UI's Review page, or ``mlflow.log_feedback(trace_id, name=<criterion or "label">, value=...,
-  source=HUMAN)``), read by ``chateval_dspy.deploy.trace_labels``'s rule: each reviewer's latest answer counts
+  source=HUMAN)``), read by ``chateval_dspy.deploy.mlflow.trace_labels``'s rule: each reviewer's latest answer counts
   once, label scales take the majority and integer scales the mean, an even split is a counted disagreement.
 - a CSV/JSONL file with an ``id`` column, the labels (``label`` for pairwise, one column per criterion) and
   optionally ``reviewer``; rows may carry the task's inputs too. Several rows for one id are several
@@ -30,10 +30,12 @@ from urllib.parse import parse_qs, urlsplit
 import dspy
 
 from chateval_dspy import limits
-from chateval_dspy.data.loaders import Items, grouping, read_rows, split
+from chateval_dspy.data.loaders import Items
+from chateval_dspy.data.rows import read_rows
 from chateval_dspy.data.spec import DataSpec
-from chateval_dspy.deploy.card_md import UNPRINTABLE
-from chateval_dspy.deploy.trace_labels import PAIRWISE_NAMES, LabelSet, add_traces, human_answers, labelled
+from chateval_dspy.data.splits import grouping, split
+from chateval_dspy.deploy.mlflow.trace_labels import PAIRWISE_NAMES, LabelSet, add_traces, human_answers, labelled
+from chateval_dspy.deploy.saved.card_md import UNPRINTABLE
 from chateval_dspy.errors import ConfigError, DataError, shown
 from chateval_dspy.program.task import TaskSpec, as_task, load_task
 

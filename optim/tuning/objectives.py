@@ -76,7 +76,7 @@ def make_metric(name: str, task: TaskSpec | str, trainset: Sequence[dspy.Example
     from chateval_dspy.errors import ConfigError
 
     task = as_task(task)
-    fmt = task.config_format
+    fmt = task.format
     if name not in METRICS[fmt]:
         raise ConfigError(f"metric {name!r} does not apply to {fmt} items; choose one of: {', '.join(METRICS[fmt])}")
     if name == "score_error":

@@ -29,7 +29,7 @@ BATCH_PREFIX = "batch/"  # of a batching LM's name: the live LM's name follows i
 
 @dataclass(frozen=True)
 class BatchRun:
-    """Batch mode for a loaded evaluator (``deploy.judge.load``): ``journal`` (the folder beside the results file),
+    """Batch mode for a loaded evaluator (``deploy.saved.judge.load``): ``journal`` (the folder beside the results file),
     ``batch_dir`` (a self-hosted engine's folder, or None for the model's Batch API), ``poll`` seconds, and
     ``on_wave`` (progress, ``Waves``)."""
 

@@ -9,7 +9,6 @@ from pathlib import Path
 import chateval_dspy.limits as limits
 from chateval_dspy.errors import ConfigError, shown
 from chateval_dspy.program.task.spec import TaskSpec
-from chateval_dspy.renamed import canonical_format
 
 # The built-in spec of each config format, and the file that holds it.
 BUILTIN = {"faireval": "pairwise", "topical_chat": "pointwise"}
@@ -28,14 +27,12 @@ def _builtin(name: str) -> TaskSpec:
 
 
 def builtin_task(fmt: str) -> TaskSpec:
-    """The built-in spec of a config format: ``pairwise`` -> FairEval's, ``pointwise`` -> Topical-Chat's
-    (``scoring``, the old name of ``pointwise``, is still read, with a ``DeprecationWarning``).
+    """The built-in spec of a config format: ``pairwise`` -> FairEval's, ``pointwise`` -> Topical-Chat's.
 
     Example:
         >>> builtin_task("pairwise").name, builtin_task("pointwise").output_fields[0]
         ('faireval', 'naturalness')
     """
-    fmt = canonical_format(fmt)
     for name, key in BUILTIN.items():
         if key == fmt:
             return _builtin(name)
@@ -61,6 +58,6 @@ def load_task(name_or_path: str | Path | TaskSpec) -> TaskSpec:
 
 
 def as_task(task_or_format: TaskSpec | str) -> TaskSpec:
-    """A spec as given, or the built-in spec of a format name (what older call sites pass)."""
+    """A spec as given, or the built-in spec of a format name."""
     return task_or_format if isinstance(task_or_format, TaskSpec) else builtin_task(task_or_format)
 

@@ -16,10 +16,6 @@ from chateval_dspy.program.task.parsing import label_pairs, task_fields
 from chateval_dspy.program.task.parts import Criterion, InputSpec, Preference
 from chateval_dspy.program.task.scale import Scale
 from chateval_dspy.program.task.templates import default_argue, default_material, default_verdict, render
-from chateval_dspy.renamed import canonical_format
-
-# A spec's format as DebateConfig names it: the same name since "scoring" was renamed "pointwise".
-CONFIG_FORMAT = {"pointwise": "pointwise", "pairwise": "pairwise"}
 
 
 @dataclass(frozen=True)
@@ -73,7 +69,6 @@ class TaskSpec:
     label_map_merge: bool = False
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "format", canonical_format(self.format, "task format", stacklevel=5))
         for key in ("inputs", "criteria", "responses"):  # lists from Python callers; tuples keep the spec hashable
             if isinstance(getattr(self, key), list):
                 object.__setattr__(self, key, tuple(getattr(self, key)))
@@ -104,11 +99,6 @@ class TaskSpec:
         object.__setattr__(self, "preference", pref)
 
     # ---- what the prompts and the debate read -------------------------------------------------------------
-
-    @property
-    def config_format(self) -> str:
-        """``pairwise`` or ``pointwise``: the ``DebateConfig.format`` of this task (now always ``format``)."""
-        return CONFIG_FORMAT[self.format]
 
     @property
     def input_names(self) -> tuple[str, ...]:

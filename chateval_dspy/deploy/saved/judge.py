@@ -1,0 +1,375 @@
+"""Production use of a saved evaluator: ``load`` once, then judge items one by one (a dict, or the task's fields as
+keyword arguments) or in batches.
+
+``load`` accepts a saved evaluator directory, an MLflow run URI or a registered model (fetched by ``fetch``).
+Plain JSON state is the default, checked against ``chateval_dspy.limits`` (see ``store``); a pickled
+program is refused unless the caller passes ``trust_pickle=True`` (``pickled``). The LM is chosen here, at load time
+(the card's model *name* by default), and never read from the files.
+A mixed panel runs each referee on its own LM, by the rule of ``binding``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from importlib import metadata
+from pathlib import Path
+from statistics import fmean
+from typing import TYPE_CHECKING
+
+import dspy
+
+from chateval_dspy.data.loaders import item_from_record
+from chateval_dspy.deploy.saved.binding import bind_referees, default_model, referee_specs, warn_if_moved
+from chateval_dspy.deploy.saved.cascade import CascadeJudge, is_cascade, read_cascade
+from chateval_dspy.deploy.saved.fetch import MLFLOW_SCHEMES, from_mlflow
+from chateval_dspy.deploy.saved.pickled import is_pickled, trusted, unpickle_file
+from chateval_dspy.deploy.saved.store import CARD_FILE, load_program, read_card, save_program
+from chateval_dspy.deploy.saved.verdicts import judge_batch
+from chateval_dspy.errors import ConfigError
+from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.lm.batch.setup import BatchRun
+from chateval_dspy.lm.panel import open_panel
+from chateval_dspy.lm.pricing import attach_price
+from chateval_dspy.lm.resolve import configure_cache
+from chateval_dspy.lm.spec import LMSpec
+from chateval_dspy.program.chateval import ChatEval
+from chateval_dspy.program.confidence import Calibration
+from chateval_dspy.program.task import TaskSpec, as_task
+from chateval_dspy.run.evaluate import judge_item
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+_NOT_GIVEN = object()  # a call without an item dict (None is an item, a malformed one, as in a batch)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The panel's judgement of one item.
+
+    ``winner`` is ``"1"``, ``"2"``, ``"tie"`` or None (pairwise; None when every referee abstained);
+    ``scores`` holds each response's combined score, keyed by the response (``answer_1``/``answer_2``:
+    its mean over the task's ``preference.combine`` criteria, what ``aggregate=mean`` compares), or
+    (pointwise) one score or label per criterion; ``criteria`` holds every criterion's panel value, keyed
+    by criterion (pairwise: then by response); ``rationales`` maps each referee to its verdict's evidence,
+    one per answer order; ``empty`` lists the judged responses that were empty. ``cost_usd`` is what the item
+    cost in US dollars (None: some model used is unpriced); ``usage_by_model`` holds calls, tokens, seconds
+    and dollars per model.
+
+    ``confidence`` says how far to trust the verdict: one figure (pairwise) or one per criterion (pointwise), the
+    probability that people agree with it when ``confidence_calibrated`` (the evaluator has a calibration.json),
+    else ``raw_confidence`` again, which ranks verdicts but is no probability. A verdict below the calibration's
+    threshold is not given: ``winner`` (pointwise: ``scores``) is None, ``abstained`` is ``needs_person`` and
+    ``withheld`` holds the panel's verdict, for the person who judges the item instead.
+
+    A cascade's verdict (``deploy.saved.cascade``) names the ``stage`` that gave it (None when withheld) and the
+    ``stages_run`` that judged the item, its figures summed over them; one evaluator's has None and [].
+    """
+
+    id: str
+    format: str
+    winner: str | None
+    scores: dict[str, float] | None
+    rationales: dict[str, list[str]]
+    referees: dict[str, list]
+    consistent: bool | None
+    abstained: str | None
+    calls: int | None
+    prompt_tokens: int
+    completion_tokens: int
+    seconds: float
+    truncated: dict[str, int] = field(default_factory=dict)
+    criteria: dict | None = None
+    empty: list[str] = field(default_factory=list)
+    cost_usd: float | None = None
+    usage_by_model: dict[str, dict] = field(default_factory=dict)
+    confidence: float | dict[str, float] | None = None
+    raw_confidence: float | dict[str, float] | None = None
+    confidence_calibrated: bool = False
+    withheld: str | dict | None = None
+    stage: str | None = None
+    stages_run: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_record(cls, record: dict, task: TaskSpec | str | None = None) -> Verdict:
+        """The verdict a results line records, read with its task (default: the built-in task of its format)."""
+        task = as_task(task or record["format"])
+        pairwise = task.format == "pairwise"
+        rationales: dict[str, list[str]] = {}
+        for transcript in record.get("transcripts") or []:
+            for u in transcript:
+                if u["kind"] == "verdict":
+                    rationales.setdefault(u["speaker"], []).append(u["text"])
+        if pairwise:
+            given = all(record.get(f) is not None for f in task.output_fields)
+            criteria = {c.name: {r: record[f"{c.name}_{n}"] for n, r in enumerate(task.responses, start=1)}
+                        for c in task.criteria} if given else None
+            combine = task.preference.combine
+            scores = {r: fmean(record[f"{c}_{n}"] for c in combine) for n, r in enumerate(task.responses, start=1)} \
+                if given and combine else None
+        else:
+            scores = criteria = record["prediction"]
+        return cls(id=record["id"], format=record["format"], winner=record["prediction"] if pairwise else None,
+                   scores=scores, rationales=rationales, referees=record.get("referees") or {},
+                   consistent=record.get("consistent"), abstained=record.get("abstained"), calls=record.get("calls"),
+                   prompt_tokens=record["prompt_tokens"], completion_tokens=record["completion_tokens"],
+                   seconds=record["seconds"], truncated=record.get("truncated") or {}, criteria=criteria,
+                   empty=record.get("empty") or [], cost_usd=record.get("cost_usd"),
+                   usage_by_model=record.get("usage_by_model") or {}, confidence=record.get("confidence"),
+                   raw_confidence=record.get("raw_confidence"),
+                   confidence_calibrated=record.get("confidence_calibrated") is True, withheld=record.get("withheld"),
+                   stage=record.get("stage"), stages_run=list(record.get("stages_run") or []))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _check_version(card: dict, source: str) -> None:
+    versions = card.get("versions")
+    wrote = versions.get("chateval-dspy") if isinstance(versions, dict) else None
+    try:
+        ours = metadata.version("chateval-dspy")
+    except metadata.PackageNotFoundError:
+        return
+    if isinstance(wrote, str) and wrote.split(".")[0] != ours.split(".")[0]:
+        raise ConfigError(f"{source} was written by chateval-dspy {wrote[:40]}; this is {ours}. "
+                          f"Install chateval-dspy=={wrote[:40]} to use it")
+
+
+class Judge:
+    """A loaded evaluator bound to an LM. Use as a context manager, or call ``close()``.
+
+    Example:
+        >>> with load("programs/faireval-bootstrap") as judge:  # doctest: +SKIP
+        ...     v = judge({"question": "...", "answer_1": "...", "answer_2": "..."})
+        ...     v = judge(question="...", answer_1="...", answer_2="...")  # the same item, as a DSPy module takes it
+        ...     v.winner, v.scores, v.rationales
+    """
+
+    def __init__(self, program: ChatEval, card: dict, lm: dspy.LM, stack: contextlib.ExitStack,
+                 referee_lms: dict[str, dspy.LM] | None = None):
+        self.program, self.card, self.lm = program, card, lm
+        self.config = program.config
+        self.referee_lms = dict(referee_lms or {})  # a mixed panel: role slug -> the LM its predictors are bound to
+        self._stack = stack
+        bind_referees(program, self.referee_lms)
+
+    @property
+    def format(self) -> str:
+        return self.config.format
+
+    @property
+    def calibration(self) -> Calibration | None:
+        """The evaluator's calibrated confidence and threshold (its calibration.json), None without one."""
+        return getattr(self.program, "calibration", None)
+
+    @property
+    def task(self) -> TaskSpec:
+        """The task this evaluator judges (its items' fields, criteria and scales)."""
+        return self.config.task_spec
+
+    def __call__(self, item: Mapping | object = _NOT_GIVEN, /, *, row: int | None = None, source: str | None = None,
+                 **fields: str) -> Verdict:
+        """Judge one item: a dict with the task's input fields (``id`` optional), or those fields as keyword
+        arguments, as a DSPy module takes them.
+
+        Args:
+            item: The item as a dict (other keys, such as labels, are ignored).
+            row: The item's row number, for error messages.
+            source: Where the item came from, for error messages (default ``item``).
+            **fields: The task's input fields (``question=..., answer_1=..., answer_2=...``), and ``id`` optionally;
+                instead of ``item``.
+
+        Raises:
+            TypeError: both ``item`` and fields, neither, a field the task does not have, or a required one missing.
+            DataError: a field is not text, or is empty where the task needs text.
+        """
+        example = self.example(item, row=row, source=source, **fields)
+        with dspy.context(lm=self.lm, adapter=JudgeAdapter()):
+            return self.verdict(judge_item(self.program, example, self.config))
+
+    def verdict(self, record: dict) -> Verdict:
+        """The verdict a results line of this judge's task records (``Verdict.from_record``)."""
+        return Verdict.from_record(record, self.task)
+
+    def example(self, item: Mapping | object = _NOT_GIVEN, /, *, row: int | None = None, source: str | None = None,
+                **fields: str) -> dspy.Example:
+        """The checked item a call judges (``__call__``'s arguments and errors), not yet judged."""
+        if source is not None and item is _NOT_GIVEN and "source" in self.task.input_names:
+            fields["source"], source = source, None  # a task input named ``source``: a field, not the error label
+        return item_from_record(self._item(item, fields), self.task, source=source or "item", row=row)
+
+    def _item(self, item, fields: dict):
+        """The item a call gives: its dict (checked by ``item_from_record``, as every record is), or its keyword
+        fields checked against the task's inputs."""
+        names = self.task.input_names
+        listed = ", ".join(names)
+        if item is not _NOT_GIVEN and fields:
+            raise TypeError(f"give the item as a dict or as keyword fields ({listed}), not both; got the dict and "
+                            f"{', '.join(map(repr, fields))}")
+        if item is not _NOT_GIVEN:
+            return item
+        if not fields:
+            raise TypeError(f"give the item to judge: a dict, or the task's fields as keywords ({listed})")
+        unknown = [k for k in fields if k not in names and k != "id"]
+        if unknown:
+            raise TypeError(f"field(s) {', '.join(map(repr, unknown))} are not inputs of task "
+                            f"{self.task.name!r}; its fields: {listed} (and id, optionally)")
+        missing = [i.name for i in self.task.inputs if i.name not in fields and i.default is None]
+        if missing:
+            raise TypeError(f"missing field(s) {', '.join(map(repr, missing))} of task {self.task.name!r}; "
+                            f"its fields: {listed}")
+        return fields
+
+    def evaluate_batch(self, items, *, concurrency: int = 4, flat: bool = False) -> pd.DataFrame:
+        """Judge many items (a DataFrame or records) with at most ``concurrency`` in flight.
+
+        Returns a DataFrame in input order with one row per item; an invalid row gets its
+        error in the ``error`` column and the batch goes on. ``flat=True`` turns the nested
+        columns (scores, rationales, referees, truncated) into JSON text, for Arrow-based
+        engines (Ray, Spark, MLflow serving).
+        """
+        return judge_batch(self, items, concurrency=concurrency, flat=flat)
+
+    def with_program(self, program: ChatEval, card: dict | None = None) -> Judge:
+        """A judge of ``program`` (a tuned copy of this one's) on this judge's LM, which stays this judge's to close.
+
+        ``card`` replaces this judge's card (its config must still describe ``program``).
+        """
+        if program.config != self.config:
+            raise ConfigError("with_program: the program's panel differs from this judge's; load its own evaluator")
+        return Judge(program, dict(card or self.card), self.lm, contextlib.ExitStack(), referee_lms=self.referee_lms)
+
+    def save(self, directory: str | Path) -> Path:
+        """Save this judge's program and card as an evaluator directory (``load`` reads it back)."""
+        return save_program(self.program, directory, self.card)
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def __enter__(self) -> Judge:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def load(path_or_uri: str | Path, *, model: str | None = None, trust_pickle: bool = False, slots: int = 4,
+         timeout: float = 120.0, served_model: str | None = None, cache: bool = True,
+         referee_models: dict[str, str] | None = None, price_per_mtok: str | tuple[float, ...] | None = None,
+         batch: BatchRun | None = None, stage_models: dict[str, str] | None = None) -> Judge | CascadeJudge:
+    """Load a saved evaluator and bind it to an LM (a mixed panel: each referee to its own), or a saved cascade
+    (``deploy.saved.cascade``: a ``CascadeJudge``, each stage loaded as here and bound to its own LM).
+
+    Args:
+        path_or_uri: A saved evaluator directory, ``runs:/<run_id>[/path]`` (``/pyfunc`` too), or
+            ``models:/<name>/<version>``, ``models:/<name>/latest``, ``models:/<name>@<alias>``; or a saved
+            cascade (its directory, or such a URI whose evaluator artifact is one).
+        model: The LM spec (``embedded``, a base URL, a LiteLLM string); default: the card's model,
+            which is only ever a model name (a card naming a URL or settings is refused). Given, it runs the
+            whole panel, referees the card assigns to other models included (unless ``referee_models`` says).
+        trust_pickle: Allow loading a pickled program (runs code from the file). Off by default.
+        slots: Requests kept in flight at once (the embedded model is laid out for them).
+        timeout: Seconds per LM request.
+        served_model: The model id at a base URL.
+        cache: DSPy's LM cache in ``$CHATEVAL_CACHE_DIR`` (default ``~/.cache/chateval-dspy``), or off.
+            The cache is process-wide, so this sets it for the whole process.
+        referee_models: ``{role slug: spec}``: those referees run on their own LM (a base URL, a LiteLLM string,
+            ``embedded``); default: the card's ``referee_models`` names (see ``binding`` for the rule).
+        price_per_mtok: US dollars per million input and output tokens of the main model (``"0.15,0.6"``, optionally
+            with the cached-read and cache-write rates: ``"0.15,0.6,0.075"``), for an endpoint LiteLLM's cost map
+            does not price; verdicts then carry ``cost_usd``.
+        batch: Batch mode (``lm.batch``): the model's calls go out in waves through its Batch API (or a folder);
+            judge items with ``score_file(..., waves=True)``. A mixed panel is not batched.
+        stage_models: A cascade's ``{stage name: spec}``: those stages run on that LM; the others on ``model`` if
+            given, else on their card's model.
+
+    Example:
+        >>> from chateval_dspy.config import DebateConfig
+        >>> from chateval_dspy.deploy.saved.card import make_card
+        >>> from chateval_dspy.deploy.saved.store import save_program
+        >>> from chateval_dspy.program.chateval import build_evaluator
+        >>> program = build_evaluator(DebateConfig(roles=("critic", "scientist"), turns=1, calibrate=False))
+        >>> _ = save_program(program, tmp / "mixed", make_card(
+        ...     program, model="openai-compatible/fake-served", referee_models={"scientist": "openai/gpt-4o-mini"}))
+        >>> with load(tmp / "mixed", model=fake_url, referee_models={"scientist": fake_url}, cache=False) as judge:
+        ...     v = judge({"question": "2+2?", "answer_1": "4", "answer_2": "5"})
+        >>> sorted(judge.referee_lms), list(v.usage_by_model), v.cost_usd is None
+        (['scientist'], ['openai-compatible/fake-served'], True)
+    """
+    stack = contextlib.ExitStack()
+    try:
+        found = _fetched(str(path_or_uri), trust_pickle, stack)
+        options = {"model": model, "slots": slots, "timeout": timeout, "served_model": served_model, "cache": cache,
+                   "price_per_mtok": price_per_mtok, "batch": batch}
+        if isinstance(found, Path) and is_cascade(found):
+            if referee_models:
+                raise ConfigError(f"{path_or_uri} is a cascade: bind its stages with stage_models (referee_models "
+                                  "is for one evaluator)")
+            return _load_cascade(found, stack, stage_models=stage_models, **options)
+        if stage_models:
+            raise ConfigError(f"stage_models: {path_or_uri} is one evaluator, not a cascade")
+        return _bound(*_saved(found), stack, referee_models=referee_models, **options)
+    except BaseException:
+        stack.close()
+        raise
+
+
+def _bound(program: ChatEval, card: dict, stack: contextlib.ExitStack, *, model: str | None, slots: int,
+           timeout: float, served_model: str | None, cache: bool, referee_models: dict[str, str] | None,
+           price_per_mtok, batch: BatchRun | None) -> Judge:
+    """``program`` bound to its LMs (``load``'s arguments), which ``stack`` closes."""
+    roles = tuple(program.config.roles)
+    spec = model or default_model(card)
+    referees = referee_specs(card, roles, model=model, referee_models=referee_models)
+    price = LMSpec(spec, price_per_mtok=price_per_mtok).price()  # a bad price fails before any model starts
+    configure_cache(cache)
+    if batch is not None:
+        lm, referee_lms = stack.enter_context(LMSpec(
+            spec, served_model=served_model, price_per_mtok=price_per_mtok, referee_models=referees, batch=True,
+            batch_dir=batch.batch_dir, batch_poll=batch.poll).batching(batch.journal, batch.on_wave)), {}
+    else:
+        lm, referee_lms = stack.enter_context(open_panel(spec, referees, slots=slots, timeout=timeout,
+                                                         served_model=served_model))
+        attach_price(lm, price)  # a batching LM carries its batch price already
+    warn_if_moved(card, lm, referee_lms, roles)
+    return Judge(program, card, lm, stack, referee_lms)
+
+
+def _load_cascade(directory: Path, stack: contextlib.ExitStack, *, model: str | None,
+                  stage_models: dict[str, str] | None, batch: BatchRun | None, **options) -> CascadeJudge:
+    """The cascade saved in ``directory`` (``read_cascade``), each stage ``load``-ed on ``stage_models[name]``, else
+    ``model``, else its card's model; ``stack`` (which holds an MLflow download) closes with the judge. In batch mode
+    each stage keeps its batches in a journal of its own (``<journal>/<i>-<name>``)."""
+    spec = read_cascade(directory)
+    unknown = sorted(set(stage_models or {}) - {s.name for s in spec.stages})
+    if unknown:
+        raise ConfigError(f"stage_models names stage(s) {unknown} that {directory} does not have; its stages: "
+                          f"{', '.join(s.name for s in spec.stages)}")
+    judges = []
+    for i, stage in enumerate(spec.stages, start=1):
+        staged = None if batch is None else replace(batch, journal=Path(batch.journal) / f"{i}-{stage.name}")
+        judge = load(stage.dir, model=(stage_models or {}).get(stage.name) or model, batch=staged, **options)
+        judges.append(stack.enter_context(judge))
+    return CascadeJudge(spec, judges, stack)
+
+
+def _fetched(source: str, trust_pickle: bool, stack: contextlib.ExitStack) -> Path | ChatEval:
+    """The saved evaluator (or cascade) directory at ``source``, or an unpickled program (if trusted): a directory, a
+    pickle, or an MLflow URI (fetched into a temporary directory that ``stack`` removes)."""
+    if source.startswith(MLFLOW_SCHEMES):
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="chateval-load-")))
+        return from_mlflow(source, workdir, trust_pickle)
+    found = Path(source)
+    return unpickle_file(found, trust_pickle) if is_pickled(found, CARD_FILE) else found
+
+
+def _saved(found: Path | ChatEval) -> tuple[ChatEval, dict]:
+    """The program and card of a fetched evaluator (``_fetched``)."""
+    if isinstance(found, ChatEval):
+        return trusted(found), {"model": None, "config": found.config.to_dict()}
+    _check_version(read_card(found), str(found / CARD_FILE))
+    return load_program(found)

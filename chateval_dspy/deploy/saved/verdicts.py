@@ -1,0 +1,103 @@
+"""The rows a batch prediction takes and returns (the registered pyfunc's, ``chateval_dspy.deploy.mlflow.pyfunc``).
+
+In: ``model_records`` reads the task's input columns by name (the model's signature names positional Spark columns
+in the task's order) and refuses columns it cannot map. Out: the ``verdict`` column first, then ``VERDICT_COLUMNS``
+in order (``confidence``: its JSON text, a number or one per criterion). ``RESULT_TYPE`` is the Spark DDL of their
+struct, for ``mlflow.pyfunc.spark_udf(..., result_type=RESULT_TYPE)``. Between them, ``judge_batch`` judges the
+records into a frame of verdicts (``Judge.evaluate_batch``, a cascade's too), its ``NESTED_COLUMNS`` as JSON text
+when ``flat``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from chateval_dspy.concurrency import bounded_unordered
+from chateval_dspy.errors import DataError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# Name and Spark type of each leading output column; the struct result type names them, in this order.
+VERDICT_COLUMNS = (("verdict", "string"), ("id", "string"), ("format", "string"), ("winner", "string"),
+                   ("scores", "string"), ("criteria", "string"), ("rationales", "string"), ("abstained", "string"),
+                   ("error", "string"), ("prompt_tokens", "long"), ("completion_tokens", "long"),
+                   ("seconds", "double"), ("cost_usd", "double"), ("confidence", "string"))
+RESULT_TYPE = ", ".join(f"{name} {kind}" for name, kind in VERDICT_COLUMNS)
+_FILLED = {"prompt_tokens": 0, "completion_tokens": 0, "seconds": 0.0}  # an invalid row spent nothing
+_DTYPES = {"long": "int64", "double": "float64"}
+# A verdict's fields that hold lists or objects: JSON text in a flat frame, for Arrow-based engines.
+NESTED_COLUMNS = ("scores", "rationales", "referees", "truncated", "criteria", "empty", "usage_by_model", "confidence",
+                  "raw_confidence", "withheld", "stages_run")
+
+
+def model_records(frame, task) -> list[dict]:
+    """The rows of a prediction's input frame as item records for ``Judge.evaluate_batch`` (missing values None).
+
+    Raises:
+        DataError: a required input of ``task`` is no column of the frame. Every row would abstain with "field is
+            missing", so the whole batch is refused instead; the message names the columns that came, and says how
+            to name them when they came unnamed (``0``, ``1``, ...: Spark columns passed by position to a model whose
+            signature declares no inputs).
+    """
+    from chateval_dspy.errors import DataError
+
+    columns = [str(c) for c in frame.columns]
+    missing = [i.name for i in task.inputs if i.default is None and i.name not in columns]
+    if missing:
+        unnamed = [c for c in columns if c.isdigit()]
+        why = (f"the columns came unnamed ({', '.join(unnamed)}), so none can be matched to a field: pass them by "
+               "name (spark_udf: udf(struct(*df.columns))), or in the signature's order "
+               f"({', '.join(task.input_names)}, then optionally id)") if unnamed else \
+            f"got column(s) {', '.join(map(repr, columns)) or 'none'}"
+        raise DataError(f"task {task.name!r} needs column(s) {', '.join(map(repr, missing))}: {why}",
+                        source="model input")
+    frame = frame.astype(object)
+    return frame.where(frame.notna(), None).rename(columns=str).to_dict("records")
+
+
+def verdict_frame(frame):
+    """``Judge.evaluate_batch(..., flat=True)``'s frame with the ``verdict`` column first, then ``VERDICT_COLUMNS``
+    in order (missing ones null) and the rest as they were. Numbers get fixed dtypes, so that Spark's struct
+    conversion never meets a float NaN in a ``long`` field."""
+    import pandas as pd
+
+    out = frame.copy()
+    for name, kind in VERDICT_COLUMNS[1:]:
+        if name not in out:
+            out[name] = None
+        if name in _FILLED:
+            out[name] = out[name].fillna(_FILLED[name]).astype(_DTYPES[kind])
+        elif kind == "double":
+            out[name] = pd.to_numeric(out[name], errors="coerce").astype("float64")
+    pairwise = out["format"] == "pairwise"
+    out["verdict"] = out["winner"].where(pairwise, out["scores"]).astype(object)
+    out["verdict"] = out["verdict"].where(out["verdict"].notna(), None)
+    names = [name for name, _ in VERDICT_COLUMNS]
+    return out[names + [c for c in out.columns if c not in names]]
+
+
+def judge_batch(judge, items, *, concurrency: int = 4, flat: bool = False) -> pd.DataFrame:
+    """``Judge.evaluate_batch`` of any judge (a ``Judge``, a ``CascadeJudge``): ``judge(record, row=, source=)`` per
+    item, at most ``concurrency`` in flight."""
+    import pandas as pd
+
+    records = items.to_dict("records") if isinstance(items, pd.DataFrame) else list(items)
+
+    def one(indexed):
+        i, record = indexed
+        try:
+            return {**judge(record, row=i + 1, source="batch").to_dict(), "error": None}
+        except DataError as exc:
+            return {"id": str(record.get("id", i + 1)) if isinstance(record, dict) else str(i + 1), "error": str(exc)}
+
+    out = [None] * len(records)
+    for (i, _), verdict in bounded_unordered(one, list(enumerate(records)), concurrency):
+        out[i] = verdict
+    frame = pd.DataFrame(out)
+    if flat:
+        for column in NESTED_COLUMNS:
+            if column in frame:
+                frame[column] = frame[column].map(lambda v: None if v is None else json.dumps(v, default=str))
+    return frame

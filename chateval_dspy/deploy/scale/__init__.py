@@ -1,0 +1,2 @@
+"""Scoring files past one process: resumable results files (``score_file``), parts by id (``parts``), Ray and
+Spark."""
