@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from chateval_dspy.deploy.mlflow.judge import mlflow_judge
     from chateval_dspy.deploy.saved.judge import Judge, Verdict, load
     from chateval_dspy.deploy.serving.as_metric import as_metric
-    from chateval_dspy.lm.adapter import JudgeAdapter
+    from chateval_dspy.lm.adapter import DebateAdapter
     from chateval_dspy.lm.resolve import configure_cache, resolve_lm
     from chateval_dspy.lm.spec import LMSpec
     from chateval_dspy.program.chateval import ChatEval, build_evaluator
@@ -44,7 +44,7 @@ _LAZY = {
     "DataSpec": "chateval_dspy.data.spec",
     "DebateConfig": "chateval_dspy.config",
     "Judge": "chateval_dspy.deploy.saved.judge",
-    "JudgeAdapter": "chateval_dspy.lm.adapter",
+    "DebateAdapter": "chateval_dspy.lm.adapter",
     "LMSpec": "chateval_dspy.lm.spec",
     "STRATEGIES": "chateval_dspy.program.strategies",
     "TaskSpec": "chateval_dspy.program.task",
@@ -74,7 +74,7 @@ __all__ = [
     "DebateConfig",
     "FatalLMError",
     "Judge",
-    "JudgeAdapter",
+    "DebateAdapter",
     "LMSpec",
     "STRATEGIES",
     "TaskSpec",

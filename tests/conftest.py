@@ -25,7 +25,7 @@ import chateval_dspy.lm.resolve  # noqa: E402
 from chateval_dspy.config import DebateConfig  # noqa: E402
 from chateval_dspy.deploy.saved.card import make_card  # noqa: E402
 from chateval_dspy.deploy.saved.store import save_program  # noqa: E402
-from chateval_dspy.lm.adapter import JudgeAdapter  # noqa: E402
+from chateval_dspy.lm.adapter import DebateAdapter  # noqa: E402
 from chateval_dspy.program.chateval import build_evaluator  # noqa: E402
 from chateval_dspy.testing.fake_lm import ScriptedEngine, fake_lm  # noqa: E402
 
@@ -74,7 +74,7 @@ def fake():
 
 def run_program(program, lm, **inputs) -> dspy.Prediction:
     """Run ``program`` under ``lm`` with the JSON adapter, as the CLI does."""
-    with dspy.context(lm=lm, adapter=JudgeAdapter()):
+    with dspy.context(lm=lm, adapter=DebateAdapter()):
         return program(**inputs)
 
 

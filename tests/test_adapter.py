@@ -10,7 +10,7 @@ import dspy
 import pytest
 
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.lm.adapter import JudgeAdapter, Style, rendering
+from chateval_dspy.lm.adapter import DebateAdapter, Style, rendering
 from chateval_dspy.lm.layout import description
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.signatures import signatures_for
@@ -40,7 +40,7 @@ def _requests(adapter, signature, inputs, times=2, lm=None):
 def _rendered(style: Style) -> dict:
     argue, verdict = signatures_for("pairwise")
     with rendering(style):
-        return {name: JudgeAdapter().format(sig, [], INPUTS) for name, sig in (("argue", argue), ("verdict", verdict))}
+        return {name: DebateAdapter().format(sig, [], INPUTS) for name, sig in (("argue", argue), ("verdict", verdict))}
 
 
 PINNED_STYLES = {"lean": Style(lean=True), "complete": Style(), "anthropic": Style(lean=True, marks=True),
@@ -60,7 +60,7 @@ def test_the_lean_format_keeps_every_instruction_and_description(fmt):
     """The meaning does not change: the instructions, every field's description and every output's values are said."""
     for signature in signatures_for(fmt):
         with rendering(Style(lean=True)):
-            system = JudgeAdapter().format_system_message(signature)
+            system = DebateAdapter().format_system_message(signature)
         assert " ".join(signature.instructions.split()) in " ".join(system.split())
         for name, field in {**signature.input_fields, **signature.output_fields}.items():
             assert name in system
@@ -78,7 +78,7 @@ def test_an_items_calls_share_their_leading_bytes_up_to_the_items_texts():
     """Calls of one step in one answer order are the same bytes up to the end of the item's texts, then differ."""
     cfg = DebateConfig(roles=("critic", "scientist", "general_public"), turns=3)
     lm = fake_lm()
-    with dspy.context(lm=lm, adapter=JudgeAdapter()):
+    with dspy.context(lm=lm, adapter=DebateAdapter()):
         build_evaluator(cfg)(**ITEM)
     answers = {"1": ITEM["answer_2"], "2": ITEM["answer_1"]}  # what stands last among the item's texts, per order
     groups: dict[tuple, list[str]] = {}
@@ -97,7 +97,7 @@ def test_an_items_calls_share_their_leading_bytes_up_to_the_items_texts():
 def test_a_predictors_calls_share_the_static_part_across_items():
     cfg = DebateConfig(roles=("critic",), turns=1, calibrate=False)
     lm = fake_lm()
-    with dspy.context(lm=lm, adapter=JudgeAdapter()):
+    with dspy.context(lm=lm, adapter=DebateAdapter()):
         program = build_evaluator(cfg)
         program(**ITEM)
         program(question="Another question?", answer_1="yes", answer_2="no")
@@ -107,11 +107,11 @@ def test_a_predictors_calls_share_the_static_part_across_items():
 
 def test_schema_is_sent_as_before_and_instructions_follow_rewrites():
     inputs = {k: v for k, v in INPUTS.items() if k in PairwiseVerdict.input_fields}
-    ours = _requests(JudgeAdapter(), PairwiseVerdict, inputs)
+    ours = _requests(DebateAdapter(), PairwiseVerdict, inputs)
     theirs = _requests(dspy.JSONAdapter(), PairwiseVerdict, inputs)
     assert [schema for *_, schema in ours] == [schema for *_, schema in theirs]
     assert ours[0][2]["properties"]["preference"]["enum"] == ["1", "2", "tie"]
-    adapter = JudgeAdapter()
+    adapter = DebateAdapter()
     rewritten = PairwiseVerdict.with_instructions("Prefer the shorter answer.")
     assert _requests(adapter, rewritten, inputs, times=1)[0][0].startswith("Prefer the shorter answer.")
     mutable = PairwiseVerdict.with_instructions("Version one.")
@@ -131,14 +131,14 @@ def _verdict(call) -> dict:
 def test_an_lm_without_structured_output_gets_the_complete_format_and_still_parses():
     lm = dspy.LM("fake/no-schema", engine=_NoSchemaEngine(_verdict), cache=False, num_retries=0)
     inputs = {k: v for k, v in INPUTS.items() if k in PairwiseVerdict.input_fields}
-    with dspy.context(lm=lm, adapter=JudgeAdapter()):
+    with dspy.context(lm=lm, adapter=DebateAdapter()):
         pred = dspy.Predict(PairwiseVerdict)(**inputs)
     call = lm.engine.calls[0]
     assert pred.preference == "1" and pred.score_1 == 9 and not call.schema
     assert '"preference": "{preference}' in call.system and "must exactly match" in call.system
     assert call.user.rstrip().endswith("`score_2` (must be formatted as a valid Python Literal[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]).")
     with rendering(Style(lean=True)):
-        lean = JudgeAdapter().format_system_message(PairwiseVerdict)
+        lean = DebateAdapter().format_system_message(PairwiseVerdict)
     assert call.system.startswith(lean)  # the complete format is the lean one plus DSPy's own notes
 
 
@@ -146,9 +146,9 @@ def test_anthropic_models_get_breakpoints_after_the_static_part_and_after_the_it
     argue, _ = signatures_for("pairwise")
     demo = {**INPUTS, "argument": "an earlier turn"}
     with rendering(Style(lean=True, marks=True)):
-        marked = JudgeAdapter().format(argue, [demo], INPUTS)
+        marked = DebateAdapter().format(argue, [demo], INPUTS)
     with rendering(Style(lean=True)):
-        plain = JudgeAdapter().format(argue, [demo], INPUTS)
+        plain = DebateAdapter().format(argue, [demo], INPUTS)
     marks = [(i, j) for i, m in enumerate(marked) if isinstance(m["content"], list)
              for j, block in enumerate(m["content"]) if "cache_control" in block]
     assert marks == [(2, 0), (3, 0)]  # the end of the last demo; the end of the item's texts
@@ -158,14 +158,14 @@ def test_anthropic_models_get_breakpoints_after_the_static_part_and_after_the_it
 
 
 def test_each_signature_gets_its_own_schema():
-    adapter = JudgeAdapter()
+    adapter = DebateAdapter()
     pair = _requests(adapter, PairwiseVerdict, {k: v for k, v in INPUTS.items() if k in PairwiseVerdict.input_fields}, 1)
     score = _requests(adapter, ScoringArgument, {k: "x" for k in ScoringArgument.input_fields}, 1)
     assert set(pair[0][2]["properties"]) != set(score[0][2]["properties"])
 
 
 def test_memo_does_not_keep_discarded_signatures_alive():
-    adapter = JudgeAdapter()
+    adapter = DebateAdapter()
     for i in range(5):
         adapter.format_system_message(PairwiseVerdict.with_instructions(f"candidate {i}"))
     kept = PairwiseVerdict.with_instructions("kept")
@@ -198,7 +198,7 @@ def test_tuning_writes_instructions_and_demos_into_the_layout_and_they_round_tri
 
     cfg = DebateConfig(roles=("critic", "scientist"), turns=1)
     student = build_evaluator(cfg)
-    with dspy.context(lm=fake_lm(_toy_judge), adapter=JudgeAdapter()):
+    with dspy.context(lm=fake_lm(_toy_judge), adapter=DebateAdapter()):
         compiled = compile_evaluator(student, optimizer=optimizer, trainset=_toy(8), valset=_toy(4, 20),
                                      metric=agreement, settings=OptimizerSettings(max_demos=2, candidates=2))
     judge = compiled.debate.referees["critic"].judge
@@ -212,7 +212,7 @@ def test_tuning_writes_instructions_and_demos_into_the_layout_and_they_round_tri
     prompts = []
     for program in (compiled, loaded):
         lm = fake_lm(_toy_judge)
-        with dspy.context(lm=lm, adapter=JudgeAdapter()):
+        with dspy.context(lm=lm, adapter=DebateAdapter()):
             program(**ITEM)
         # sorted: the two answer orders run at once, so their calls interleave
         prompts.append(sorted((c.system, c.history, c.user) for c in lm.engine.calls))
@@ -239,7 +239,7 @@ def test_a_referee_with_static_text_of_its_own_carries_its_persona_in_the_static
     assert plan[("critic", True)] == {"persona_static": True, "mark_item": False}  # one verdict per order
     assert plan[("critic", False)] == {"persona_static": False, "mark_item": True}  # the argue predictors still match
     lm = fake_lm(_toy_judge)
-    with dspy.context(lm=lm, adapter=JudgeAdapter()):
+    with dspy.context(lm=lm, adapter=DebateAdapter()):
         tuned(**ITEM)
     verdicts = [c for c in lm.engine.calls if c.kind == "verdict"]
     assert verdicts and all("[[ ## persona ## ]]" in c.system and "[[ ## persona ## ]]" not in c.user for c in verdicts)

@@ -185,7 +185,7 @@ def test_sigkill_then_rerun_submits_nothing_twice(tmp_path, live, where):
 
 def test_batch_mode_refuses_what_it_cannot_do_before_submitting(tmp_path):
     with pytest.raises(ConfigError, match="embedded model has no batch API"):
-        LMSpec(batch=True)
+        LMSpec(model="embedded", batch=True)
     with pytest.raises(ConfigError, match="no batch API for 'gemini/gemini-2.0-flash'"):
         LMSpec(model="gemini/gemini-2.0-flash", batch=True)
     with pytest.raises(ConfigError, match="no batch price"):
@@ -252,7 +252,6 @@ def test_score_and_ablate_run_in_batch_mode(tmp_path):
     from chateval_dspy.deploy.saved.judge import load
     from chateval_dspy.deploy.saved.store import save_program
     from chateval_dspy.deploy.scale.score_file import score_file
-    from chateval_dspy.lm.batch.setup import BatchRun
     from chateval_dspy.program.chateval import build_evaluator
     from optim.ablation.run import ablate
 
@@ -263,8 +262,8 @@ def test_score_and_ablate_run_in_batch_mode(tmp_path):
     (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     fake = FakeBatches()
     with FakeOpenAIServer(responder=responder, batches=fake) as url:
-        batch = BatchRun(tmp_path / "out.jsonl.batches", poll=0.02)
-        with load(tmp_path / "judge", model=url, cache=False, batch=batch) as judge:
+        with load(tmp_path / "judge", lm=LMSpec(model=url, cache=False, batch=True, batch_poll=0.02),
+                  journal=tmp_path / "out.jsonl.batches") as judge:
             report = score_file(judge, tmp_path / "in.jsonl", tmp_path / "out.jsonl", waves=True)
         assert report.scored == 5 and len(fake.created) == critical_path(cfg)["chain"] == 2
         done = ablate(DataSpec("faireval", limit=2), cfg, batch_spec(url), out=tmp_path / "ablation")

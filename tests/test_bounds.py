@@ -15,7 +15,7 @@ import pytest
 
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import ConfigError
-from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.lm.adapter import DebateAdapter
 from chateval_dspy.lm.call_limits import DEFAULT_RETRIES, CallBounds
 from chateval_dspy.lm.engine import bounds_of, with_bounds
 from chateval_dspy.lm.resolve import resolve_lm
@@ -36,7 +36,7 @@ SLACK_S = 5.0
 
 
 def judge(lm, cfg=ONE_CALL, **item):
-    with dspy.context(lm=lm, adapter=JudgeAdapter()):
+    with dspy.context(lm=lm, adapter=DebateAdapter()):
         start = time.perf_counter()
         pred = build_evaluator(cfg)(**(item or ITEM))
         return pred, time.perf_counter() - start
@@ -110,7 +110,7 @@ def test_an_item_against_a_hanging_endpoint_ends_at_its_item_deadline():
         pred, seconds = judge(lm, cfg)
         attempts = len(server.requests)
     print(f"\nan 8-call item against a hanging server: {seconds:.2f} s, {attempts} attempt(s), "
-          f"{pred.calls} call(s) made")
+          f"{pred.calls} call(s) made (item deadline 4 s)")
     assert seconds < 4.0 + SLACK_S
     assert set(pred.abstentions.values()) == {"lm_error:deadline"} and len(pred.abstentions) == 8
     assert pred.calls < cfg.calls_per_item()  # the turns after the deadline never reached the LM
@@ -180,7 +180,7 @@ def test_referee_abstentions_are_counted_by_cause_beside_whole_items(tmp_path):
     'abstained: 0'. The summary now counts referee turns by cause beside whole items, and shows both."""
     cfg = DebateConfig(roles=("general_public", "critic"), turns=1)  # 2 referees x 2 orders
     items = _items("down 1", "garbled 2", "fine 3", "down 4")
-    with dspy.context(lm=fake_lm(_fault_mix), adapter=JudgeAdapter()):
+    with dspy.context(lm=fake_lm(_fault_mix), adapter=DebateAdapter()):
         result = evaluate(build_evaluator(cfg), items, cfg, out=tmp_path / "r.jsonl")
     assert result.abstentions == {}  # the other referee decided every item
     assert result.abstention_counts() == {"items": {},
@@ -193,7 +193,7 @@ def test_referee_abstentions_are_counted_by_cause_beside_whole_items(tmp_path):
     assert re.search(r"lm_error:LMServerError\s+0\s+4", text) and re.search(r"parse_failure\s+0\s+2", text)
     assert re.search(r"total\s+0\s+6", text)
     # A resumed run reads the same counts back from the results file.
-    with dspy.context(lm=fake_lm(_fault_mix), adapter=JudgeAdapter()):
+    with dspy.context(lm=fake_lm(_fault_mix), adapter=DebateAdapter()):
         resumed = evaluate(build_evaluator(cfg), items, cfg, out=tmp_path / "r.jsonl")
     assert resumed.resumed == 4 and resumed.abstention_counts() == result.abstention_counts()
 

@@ -19,7 +19,7 @@ import pytest
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.data.spec import DataSpec
 from chateval_dspy.errors import ConfigError, FatalLMError
-from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.lm.adapter import DebateAdapter
 from chateval_dspy.lm.breaker import DEFAULT_BREAKER, Breaker, breaker_of, failure_kind, with_breaker
 from chateval_dspy.lm.call_limits import CallBounds
 from chateval_dspy.lm.engine import OpenAICompatEngine, dead_endpoint_stop, with_bounds
@@ -175,7 +175,7 @@ def test_a_model_string_lm_is_stopped_too():
         lm = with_breaker(with_bounds(lm, SCALED), Breaker(url))
         assert breaker_of(lm.copy(temperature=0.5)) is breaker_of(lm)  # optimizers copy LMs: one count
         start = time.perf_counter()
-        with dspy.context(lm=lm, adapter=JudgeAdapter()), pytest.raises(FatalLMError, match=STOPPED):
+        with dspy.context(lm=lm, adapter=DebateAdapter()), pytest.raises(FatalLMError, match=STOPPED):
             evaluate(build_evaluator(PANEL), _items(1), PANEL)
         seconds = time.perf_counter() - start
     print(f"\nmodel-string LM against a dead endpoint: stopped after {seconds:.2f} s")
@@ -191,7 +191,7 @@ def test_a_model_string_lm_against_a_refused_port_is_stopped():
         with resolve_lm("openai/fake-served", timeout=10) as lm:
             lm.kwargs.update(api_base=url, api_key="x")
             lm.cache = False
-            with dspy.context(lm=lm, adapter=JudgeAdapter()), pytest.raises(FatalLMError, match="no connection"):
+            with dspy.context(lm=lm, adapter=DebateAdapter()), pytest.raises(FatalLMError, match="no connection"):
                 evaluate(build_evaluator(PANEL), _items(2), PANEL)
 
 
@@ -216,13 +216,13 @@ def test_client_errors_and_unparseable_outputs_never_stop_the_run():
     with FakeOpenAIServer(faults=[400] * 12) as url:
         lm = dspy.LM("openai-compatible/fake-served", engine=OpenAICompatEngine(url, "fake-served", breaker=2),
                      cache=False, num_retries=0)
-        with dspy.context(lm=lm, adapter=JudgeAdapter()):
+        with dspy.context(lm=lm, adapter=DebateAdapter()):
             result = evaluate(build_evaluator(PANEL), _items(3), PANEL)
     assert result.n == 3 and lm.engine.breaker.failures == 0 and lm.engine.breaker.error() is None
     with FakeOpenAIServer(responder=lambda call: "never json") as url:
         lm = dspy.LM("openai-compatible/fake-served", engine=OpenAICompatEngine(url, "fake-served", breaker=2),
                      cache=False, num_retries=0)
-        with dspy.context(lm=lm, adapter=JudgeAdapter()):
+        with dspy.context(lm=lm, adapter=DebateAdapter()):
             result = evaluate(build_evaluator(PANEL), _items(1), PANEL)
     assert set(result.abstentions) == {"parse_failure"} and lm.engine.breaker.error() is None
 

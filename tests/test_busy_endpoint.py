@@ -18,7 +18,7 @@ import pytest
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.data.spec import DataSpec
 from chateval_dspy.errors import FatalLMError
-from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.lm.adapter import DebateAdapter
 from chateval_dspy.lm.breaker import Breaker
 from chateval_dspy.lm.call_limits import MAX_SLOWDOWN, CallBounds, Pace
 from chateval_dspy.lm.engine import RestartingEngine, endpoint_alive
@@ -63,7 +63,7 @@ def test_the_embedded_engine_on_a_busy_machine_finishes(tmp_path):
         engine = RestartingEngine(url, "fake-served", restart=lambda: restarts.append(1) or url, timeout=TIMEOUT_S,
                                   breaker=2)
         lm = dspy.LM("openai-compatible/fake-served", engine=engine, cache=False, num_retries=0)
-        with dspy.context(lm=lm, adapter=JudgeAdapter()):
+        with dspy.context(lm=lm, adapter=DebateAdapter()):
             run = evaluate(build_evaluator(CFG), _items(2), CFG)
     assert run.n == 2 and run.abstentions == {} and restarts == [] and engine.breaker.error() is None
 

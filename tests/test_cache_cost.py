@@ -20,7 +20,7 @@ from chateval_dspy.config import DebateConfig
 from chateval_dspy.deploy.saved.card import make_card
 from chateval_dspy.deploy.saved.store import CARD_FILE, CARD_MD, load_program, save_program
 from chateval_dspy.errors import ConfigError, DataError
-from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.lm.adapter import DebateAdapter
 from chateval_dspy.lm.pricing import Price, litellm_price, price_for, stated_price
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.task import builtin_task
@@ -197,7 +197,7 @@ def items(n: int) -> list[dspy.Example]:
 def run_priced(tmp_path, model="openai/gpt-4o-mini", share=0.5):
     lm = dspy.LM(model, engine=PromptCachingEngine(share), cache=False, temperature=0.0, max_tokens=256,
                  num_retries=0)
-    with dspy.context(lm=lm, adapter=JudgeAdapter()):
+    with dspy.context(lm=lm, adapter=DebateAdapter()):
         result = evaluate(build_evaluator(PANEL), items(3), PANEL, out=tmp_path / "r.jsonl")
     return result, read_records(tmp_path / "r.jsonl")
 

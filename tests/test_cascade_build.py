@@ -23,6 +23,7 @@ from chateval_dspy.deploy.saved.card import make_card
 from chateval_dspy.deploy.saved.store import CALIBRATION_FILE, save_program
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.lm.pricing import attach_price, stated_price
+from chateval_dspy.lm.spec import LMSpec
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.roles import DEFAULT_ORDER
 from chateval_dspy.testing.sim_lm import SimKnobs, sim_lm, synthetic_items
@@ -198,7 +199,7 @@ def test_the_saved_cascade_routes_the_check_half_as_reported(built):
 
     root, data, _, report = built
     check = calibration_items(DataSpec(str(data), format="pairwise", split="test"))["check"]
-    with sim_models(), load(root / "cascade", cache=False) as judge:
+    with sim_models(), load(root / "cascade", lm=LMSpec(cache=False)) as judge:
         stages = [judge({k: x[k] for k in ("question", "answer_1", "answer_2")}).stage for x in check]
     assert [stages.count(s.name) for s in report.stages] == [s.left for s in report.stages]
     assert stages.count(None) == len(check) - report.given
@@ -360,7 +361,7 @@ def test_a_pointwise_cascade_is_built_per_criterion_and_routes_as_reported(tmp_p
     left = [s.left for s in report.stages]
     assert left[0] == 0 and 0 < left[1] < 20 and report.agreement.value >= 0.8 and report.agreement.n == 4 * left[1]
     check = calibration_items(DataSpec("topical_chat", limit=40, split="test"))["check"]
-    with load(tmp_path / "cascade", cache=False) as judge:
+    with load(tmp_path / "cascade", lm=LMSpec(cache=False)) as judge:
         verdicts = [judge({k: x[k] for k in ("dialogue_history", "fact", "response")}) for x in check]
     assert [[v.stage for v in verdicts].count(s.name) for s in report.stages] == left
     criteria = len(cfg.task_spec.output_fields)

@@ -33,6 +33,7 @@ from chateval_dspy.deploy.scale import parts
 from chateval_dspy.deploy.scale.score_file import score_file
 from chateval_dspy.deploy.serving.http import create_app
 from chateval_dspy.errors import ConfigError
+from chateval_dspy.lm.spec import LMSpec
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.confidence import NEEDS_PERSON, Calibration, ConfidenceMap
 
@@ -64,8 +65,8 @@ def given(v: Verdict):
     return v.withheld if v.abstained == NEEDS_PERSON else v.winner
 
 
-def alone(path, items, **kwargs) -> list[Verdict]:
-    with load(path, cache=False, **kwargs) as judge:
+def alone(path, items, model: str | None = None) -> list[Verdict]:
+    with load(path, lm=LMSpec(model=model, cache=False)) as judge:
         return [judge(x) for x in items]
 
 
@@ -96,7 +97,7 @@ def test_a_saved_cascade_round_trips_and_loads_as_a_cascade_judge(tmp_path, stag
     assert (spec.level, spec.risk, spec.report) == (0.85, 0.1, {"usd_per_1000": 0.4})
     assert [(s.name, s.threshold, s.dir) for s in spec.stages] == [
         ("single", 0.9, stage_dir(tmp_path / "c", 1, "single")), ("panel", None, stage_dir(tmp_path / "c", 2, "panel"))]
-    with load(tmp_path / "c", cache=False) as judge:
+    with load(tmp_path / "c", lm=LMSpec(cache=False)) as judge:
         assert isinstance(judge, CascadeJudge) and judge.spec == spec and judge.calibration is None
         assert [j.lm.model for j in judge.stages] == ["fake/cheap", "fake/strong"]  # each on its card's model
         assert judge.card["cascade"]["stages"][0] == {"name": "single", "threshold": 0.9}
@@ -114,9 +115,9 @@ def test_a_saved_cascade_round_trips_and_loads_as_a_cascade_judge(tmp_path, stag
 @pytest.mark.filterwarnings("ignore:this evaluator was compiled for")
 def test_stage_models_and_model_choose_each_stages_lm(tmp_path, stages, engine):
     where = cascade(tmp_path, stages, [0.9, None])
-    with load(where, stage_models={"panel": "fake/other"}, cache=False) as judge:
+    with load(where, lm=LMSpec(cache=False), stage_models={"panel": "fake/other"}) as judge:
         assert [j.lm.model for j in judge.stages] == ["fake/cheap", "fake/other"]
-    with load(where, model="fake/all", cache=False) as judge:
+    with load(where, lm=LMSpec(model="fake/all", cache=False)) as judge:
         assert [j.lm.model for j in judge.stages] == ["fake/all", "fake/all"]
     with pytest.raises(ConfigError, match="'nope'"):
         load(where, stage_models={"nope": "fake/x"})
@@ -218,7 +219,7 @@ def test_a_stage_keeps_its_confident_items_and_the_rest_go_on(tmp_path, stages, 
     where = cascade(tmp_path, stages, [split[0], 0.0])
     first, second = alone(stages[0][1], EASY + HARD), alone(stages[1][1], HARD)
     engine.calls.clear()
-    with load(where, cache=False) as judge:
+    with load(where, lm=LMSpec(cache=False)) as judge:
         got = [judge(x) for x in EASY] + [judge(**HARD[0]), judge(HARD[1])]
     for v, solo in zip(got[:2], first[:2]):
         assert (v.stage, v.stages_run, v.winner) == ("single", ["single"], given(solo))
@@ -236,7 +237,7 @@ def test_a_stage_keeps_its_confident_items_and_the_rest_go_on(tmp_path, stages, 
 def test_an_item_no_stage_keeps_needs_a_person_with_the_last_verdict_withheld(tmp_path, stages, split, engine):
     where = cascade(tmp_path, stages, [split[0], None])  # the panel gives no verdict of its own
     (panel,) = alone(stages[1][1], HARD[:1])
-    with load(where, cache=False) as judge:
+    with load(where, lm=LMSpec(cache=False)) as judge:
         v = judge(HARD[0])
         kept = judge(EASY[0])
     assert (v.winner, v.abstained, v.withheld, v.stage) == (None, NEEDS_PERSON, given(panel), None)
@@ -256,7 +257,7 @@ def _rows(tmp_path, rows) -> Path:
 def test_score_file_resumes_a_cascade_and_refuses_a_mixed_results_file(tmp_path, stages, split, engine):
     where = cascade(tmp_path, stages, [split[0], 0.0])
     src, out = _rows(tmp_path, [*EASY, HARD[0], {"id": "bad", "question": "q"}]), tmp_path / "out.jsonl"
-    with load(where, cache=False) as judge:
+    with load(where, lm=LMSpec(cache=False)) as judge:
         report = score_file(judge, src, out)
         key = parts.judge_run_key(judge)
     assert (report.scored, len(report.rejected)) == (3, 1)
@@ -264,24 +265,24 @@ def test_score_file_resumes_a_cascade_and_refuses_a_mixed_results_file(tmp_path,
     assert [lines[x["id"]]["stage"] for x in [*EASY, HARD[0]]] == ["single", "single", "panel"]
     assert lines["hard0"]["stages_run"] == ["single", "panel"] and {x["run_key"] for x in lines.values()} == {key}
     calls = len(engine.calls)
-    with load(where, cache=False) as judge:
+    with load(where, lm=LMSpec(cache=False)) as judge:
         again = score_file(judge, src, out)
     assert (again.skipped, again.scored, len(engine.calls)) == (3, 0, calls)  # resumed: nothing judged twice
     other = cascade(tmp_path, stages, [0.0, 0.0], name="other")
-    with load(other, cache=False) as judge, pytest.raises(ConfigError, match="another run"):
+    with load(other, lm=LMSpec(cache=False)) as judge, pytest.raises(ConfigError, match="another run"):
         score_file(judge, src, out)
-    with load(stages[0][1], cache=False) as judge, pytest.raises(ConfigError, match="another run"):
+    with load(stages[0][1], lm=LMSpec(cache=False)) as judge, pytest.raises(ConfigError, match="another run"):
         score_file(judge, src, out)  # one of its stages alone
     single_out = tmp_path / "single.jsonl"
-    with load(stages[0][1], cache=False) as judge:
+    with load(stages[0][1], lm=LMSpec(cache=False)) as judge:
         score_file(judge, src, single_out)
-    with load(where, cache=False) as judge, pytest.raises(ConfigError, match="another run"):
+    with load(where, lm=LMSpec(cache=False)) as judge, pytest.raises(ConfigError, match="another run"):
         score_file(judge, src, single_out)
     assert len(engine.calls) == calls + 3 * 2  # only the single evaluator's own file was judged
 
 
 def test_evaluate_batch_and_the_pyfunc_frame_carry_the_stage(tmp_path, stages, split, engine):
-    with load(cascade(tmp_path, stages, [split[0], 0.0]), cache=False) as judge:
+    with load(cascade(tmp_path, stages, [split[0], 0.0]), lm=LMSpec(cache=False)) as judge:
         frame = judge.evaluate_batch([EASY[0], HARD[0], {"id": "x", "question": "q"}], concurrency=2, flat=True)
     out = verdict_frame(frame)
     assert list(out["stage"][:2]) == ["single", "panel"] and out["error"][2] is not None
@@ -290,7 +291,7 @@ def test_evaluate_batch_and_the_pyfunc_frame_carry_the_stage(tmp_path, stages, s
 
 
 def test_serve_returns_stage_confidence_and_abstention(tmp_path, stages, split, engine):
-    with load(cascade(tmp_path, stages, [split[0], None]), cache=False) as judge:
+    with load(cascade(tmp_path, stages, [split[0], None]), lm=LMSpec(cache=False)) as judge:
         client = TestClient(create_app(judge))
         easy, hard = client.post("/evaluate", json=[EASY[0], HARD[0]]).json()
         health = client.get("/health").json()
@@ -307,7 +308,6 @@ def test_serve_returns_stage_confidence_and_abstention(tmp_path, stages, split, 
 
 
 def test_batch_mode_runs_a_two_stage_cascade_stage_by_stage_in_waves(tmp_path):
-    from chateval_dspy.lm.batch.setup import BatchRun
     from chateval_dspy.program.critical_path import critical_path
     from chateval_dspy.testing.fake_batches import FakeBatches
     from chateval_dspy.testing.fake_server import FakeOpenAIServer
@@ -320,10 +320,10 @@ def test_batch_mode_runs_a_two_stage_cascade_stage_by_stage_in_waves(tmp_path):
         firsts = alone(stages[0][1], items, model=url)
         threshold = (min(v.confidence for v in firsts[:2]) + max(v.confidence for v in firsts[2:])) / 2
         where = cascade(tmp_path, stages, [threshold, 0.0])
-        with load(where, model=url, cache=False) as judge:
+        with load(where, lm=LMSpec(model=url, cache=False)) as judge:
             live = {x["id"]: judge(x) for x in items}
-        batch = BatchRun(Path(f"{out}.batches"), poll=0.02)
-        with load(where, model=url, cache=False, batch=batch) as judge:
+        with load(where, lm=LMSpec(model=url, cache=False, batch=True, batch_poll=0.02),
+                  journal=Path(f"{out}.batches")) as judge:
             report = score_file(judge, src, out, concurrency=4, waves=True)
     assert report.scored == len(items)
     got = {x["id"]: x for x in map(json.loads, out.read_text().splitlines())}
@@ -341,7 +341,7 @@ def test_batch_mode_runs_a_two_stage_cascade_stage_by_stage_in_waves(tmp_path):
 def test_the_mlflow_judge_accepts_a_cascade_and_names_the_stage_in_its_feedback(tmp_path, stages, split, engine):
     from chateval_dspy.deploy.mlflow.judge import mlflow_judge
 
-    with load(cascade(tmp_path, stages, [split[0], None]), cache=False) as judge:
+    with load(cascade(tmp_path, stages, [split[0], None]), lm=LMSpec(cache=False)) as judge:
         scorer = mlflow_judge(judge)
         assert "stage single" in scorer.instructions and "stage panel" in scorer.instructions
         easy, *_ = scorer(inputs={k: v for k, v in EASY[0].items() if k != "id"})
@@ -358,7 +358,7 @@ def test_the_mlflow_judge_accepts_a_cascade_and_names_the_stage_in_its_feedback(
 def test_a_results_directory_of_ray_and_spark_tells_a_cascade_from_its_stages(tmp_path, stages, split, engine):
     where, out = cascade(tmp_path, stages, [split[0], 0.0]), parts.results_dir(tmp_path / "parts")
     identity, done, _ = parts.begin(out, str(where), ["easy0", "hard0"])
-    with load(where, cache=False) as judge:
+    with load(where, lm=LMSpec(cache=False)) as judge:
         assert parts.saved_digest(str(where)) == identity.evaluator == parts.judge_digest(judge)  # driver, worker agree
         writer = parts.PartWriter(out, parts.stamp(judge, identity, out))
         counts = parts.judge_rows(judge, [EASY[0], HARD[0]], set(done), writer, concurrency=2, source="test")
@@ -372,7 +372,7 @@ def test_a_results_directory_of_ray_and_spark_tells_a_cascade_from_its_stages(tm
         parts.begin(out, str(cascade(tmp_path, stages, [0.0, 0.0], name="other")), ["easy0"])
     identity, done, _ = parts.begin(out, str(where), ["easy0", "hard0"])
     assert done == {"easy0", "hard0"}
-    with load(where, model="fake/elsewhere", cache=False) as judge, pytest.raises(ConfigError, match="another run"):
+    with load(where, lm=LMSpec(model="fake/elsewhere", cache=False)) as judge, pytest.raises(ConfigError, match="another run"):
         parts.stamp(judge, identity, out)  # the same cascade on other models
 
 
@@ -393,7 +393,7 @@ def test_a_cascade_fetched_from_mlflow_loads_and_its_download_goes_with_the_judg
         return fetch._evaluator_in(seen[-1], uri, trust_pickle)
 
     monkeypatch.setattr(judge_module, "from_mlflow", download)
-    with load("runs:/abc/evaluator", cache=False) as judge:
+    with load("runs:/abc/evaluator", lm=LMSpec(cache=False)) as judge:
         assert isinstance(judge, CascadeJudge) and judge(EASY[0]).stages_run[0] == "single"
         assert seen[0].is_dir()
     assert not seen[0].exists()
@@ -415,10 +415,10 @@ def test_a_pointwise_cascade_gives_a_verdict_whole_by_its_least_confident_criter
     (solo,) = alone(first, [item])
     least = min(solo.confidence.values())
     assert least < max(solo.confidence.values())  # the criteria differ: the least confident one decides
-    with load(cascade(tmp_path, [("first", first), ("second", second)], [least, None]), cache=False) as judge:
+    with load(cascade(tmp_path, [("first", first), ("second", second)], [least, None]), lm=LMSpec(cache=False)) as judge:
         kept = judge(item)
     with load(cascade(tmp_path, [("first", first), ("second", second)], [min(1.0, least + 1e-6), None],
-                      name="strict"), cache=False) as judge:
+                      name="strict"), lm=LMSpec(cache=False)) as judge:
         passed_on = judge(item)
     assert (kept.stage, kept.scores, kept.stages_run) == ("first", solo.scores, ["first"])
     assert (passed_on.stage, passed_on.scores, passed_on.abstained) == (None, None, NEEDS_PERSON)

@@ -7,7 +7,7 @@ import pytest
 
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import ConfigError
-from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.lm.adapter import DebateAdapter
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.demos import label_demo
 from chateval_dspy.run.metrics import accuracy
@@ -53,7 +53,7 @@ def test_compiling_improves_agreement_where_demos_matter(toy, optimizer):
     train, test = toy
     cfg = DebateConfig(roles=("critic", "scientist"), turns=1)
     student = build_evaluator(cfg)
-    with dspy.context(lm=fake_lm(toy_judge), adapter=JudgeAdapter()):
+    with dspy.context(lm=fake_lm(toy_judge), adapter=DebateAdapter()):
         before = _accuracy(student, test)
         compiled = compile_evaluator(student, optimizer=optimizer, trainset=train, valset=train[:2], metric=agreement,
                                      settings=OptimizerSettings(max_demos=2))
@@ -69,7 +69,7 @@ def test_compiling_improves_agreement_where_demos_matter(toy, optimizer):
 def test_bootstrap_tunes_argument_predictors_too(toy):
     train, _ = toy
     cfg = DebateConfig(roles=("critic", "scientist"), turns=2)
-    with dspy.context(lm=fake_lm(toy_judge), adapter=JudgeAdapter()):
+    with dspy.context(lm=fake_lm(toy_judge), adapter=DebateAdapter()):
         compiled = compile_evaluator(build_evaluator(cfg), optimizer="bootstrap", trainset=train, valset=None,
                                      metric=agreement, settings=OptimizerSettings(max_demos=1))
     demos = {n: len(p.demos) for n, p in compiled.named_predictors()}
@@ -81,7 +81,7 @@ def test_bootstrap_tunes_argument_predictors_too(toy):
 def test_other_optimizers_run_on_every_role(toy, optimizer):
     train, test = toy
     cfg = DebateConfig(roles=("critic", "scientist"), turns=1)
-    with dspy.context(lm=fake_lm(toy_judge), adapter=JudgeAdapter()):
+    with dspy.context(lm=fake_lm(toy_judge), adapter=DebateAdapter()):
         compiled = compile_evaluator(build_evaluator(cfg), optimizer=optimizer, trainset=train + test[:4],
                                      valset=test[4:], metric=agreement,
                                      settings=OptimizerSettings(max_demos=1, candidates=2))

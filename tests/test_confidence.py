@@ -14,7 +14,7 @@ import pytest
 import chateval_dspy.limits as limits
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import ConfigError
-from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.lm.adapter import DebateAdapter
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.confidence import (
     ConfidenceMap,
@@ -26,7 +26,7 @@ from chateval_dspy.program.confidence import (
     raw_confidence,
 )
 from chateval_dspy.program.task import Scale, TaskSpec, builtin_task
-from chateval_dspy.run.evaluate import judge_item
+from chateval_dspy.run.evaluate import result_record
 from chateval_dspy.testing.fake_lm import fake_lm
 from optim.tuning.confidence import (
     calibration_error,
@@ -80,9 +80,9 @@ def test_a_live_run_and_its_results_line_agree(tmp_path):
     cfg = DebateConfig(roles=("general_public", "critic"), turns=1)
     item = dspy.Example(id="x", label="1", question="q?", answer_1="a" * 80, answer_2="b" * 10
                         ).with_inputs(*builtin_task("pairwise").input_names)
-    with dspy.context(lm=fake_lm(), adapter=JudgeAdapter()):
+    with dspy.context(lm=fake_lm(), adapter=DebateAdapter()):
         pred = build_evaluator(cfg)(**item.inputs())
-        line = json.loads(json.dumps(judge_item(build_evaluator(cfg), item, cfg)))
+        line = json.loads(json.dumps(result_record(build_evaluator(cfg), item, cfg)))
     live = evidence(pred, cfg.task_spec)["preference"]
     assert live == evidence(line, cfg.task_spec)["preference"]
     # The fake judges by length: both referees prefer the long answer in both orders.

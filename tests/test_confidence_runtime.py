@@ -22,7 +22,7 @@ from chateval_dspy.deploy.saved.judge import Verdict, load
 from chateval_dspy.deploy.saved.store import CALIBRATION_FILE, CARD_FILE, CARD_MD, load_program, save_calibration, save_program
 from chateval_dspy.deploy.serving.http import create_app
 from chateval_dspy.errors import ConfigError
-from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.lm.adapter import DebateAdapter
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.confidence import (
     NEEDS_PERSON,
@@ -54,7 +54,7 @@ ITEMS = [item(i, label=["1", "2"][i % 2]) for i in range(8)]
 
 
 def run_eval(items, program, cfg=CFG, **kwargs):
-    with dspy.context(lm=fake_lm(), adapter=JudgeAdapter()):
+    with dspy.context(lm=fake_lm(), adapter=DebateAdapter()):
         return evaluate(program, items, cfg, **kwargs)
 
 
@@ -103,7 +103,7 @@ def test_a_line_without_a_verdict_has_no_confidence(tmp_path):
         return "not json at all"
 
     out = tmp_path / "r.jsonl"
-    with dspy.context(lm=fake_lm(broken), adapter=JudgeAdapter()):
+    with dspy.context(lm=fake_lm(broken), adapter=DebateAdapter()):
         evaluate(build_evaluator(DebateConfig(roles=("critic",), turns=1, parse_retries=0)), ITEMS[:1], CFG, out=out)
     (line,) = lines(out)
     assert line["prediction"] is None and line["confidence"] is None and line["raw_confidence"] is None

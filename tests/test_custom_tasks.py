@@ -19,7 +19,7 @@ from chateval_dspy.deploy.saved.card import make_card
 from chateval_dspy.deploy.saved.judge import load
 from chateval_dspy.deploy.saved.store import CARD_FILE, PROGRAM_FILE, load_program, save_program
 from chateval_dspy.errors import ConfigError, DataError
-from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.lm.adapter import DebateAdapter
 from chateval_dspy.lm.spec import LMSpec
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.task import load_task
@@ -115,7 +115,7 @@ DUEL_COLUMNS = {"response_a": "a", "response_b": "b", "label": "winner"}
 
 def judged(program, items, cfg, lm=None, out=None):
     lm = lm or fake_lm()
-    with dspy.context(lm=lm, adapter=JudgeAdapter()):
+    with dspy.context(lm=lm, adapter=DebateAdapter()):
         return evaluate(program, items, cfg, out=out), lm
 
 
@@ -126,7 +126,7 @@ def prompts_of(program, task) -> dict[str, list]:
     for name, predictor in program.named_predictors():
         sig = predictor.signature
         shown = {k: v for k, v in inputs.items() if k in sig.input_fields} or {"material": "m", "discussion": "d"}
-        out[name] = JudgeAdapter().format(sig, demos=predictor.demos, inputs=shown)
+        out[name] = DebateAdapter().format(sig, demos=predictor.demos, inputs=shown)
     return out
 
 
@@ -148,7 +148,7 @@ def preference_metric(example, pred, trace=None) -> float:
 def compile_save_load(tmp_path, cfg, items, metric, optimizer: str):
     """Compile with ``optimizer``, save, load: the loaded program's prompts are the compiled one's."""
     student = build_evaluator(cfg)
-    with dspy.context(lm=fake_lm(), adapter=JudgeAdapter()):
+    with dspy.context(lm=fake_lm(), adapter=DebateAdapter()):
         compiled = compile_evaluator(student, optimizer=optimizer, trainset=items[:6], valset=items[6:8], metric=metric,
                                      settings=OptimizerSettings(max_demos=2))
     judges = [p for n, p in compiled.named_predictors() if n.endswith(".judge")]

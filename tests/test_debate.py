@@ -9,7 +9,7 @@ import pytest
 
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import FatalLMError
-from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.lm.adapter import DebateAdapter
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.debate import RETRY_TEMPERATURE, Debate, material
 from chateval_dspy.program.roles import DEFAULT_ORDER, resolve_roles
@@ -276,7 +276,7 @@ def test_consensus_stop_ends_the_debate_after_a_round_of_agreement():
 
     cfg = DebateConfig(roles=("critic", "scientist"), turns=3, consensus_stop=True)
     lm = fake_lm(_scores_by_persona(agree=True))
-    with dspy.context(lm=lm, adapter=JudgeAdapter()):
+    with dspy.context(lm=lm, adapter=DebateAdapter()):
         pred = build_evaluator(cfg)(question="q", answer_1="a", answer_2="b")
     assert pred.calls == 2 * 2  # one round of two referees, in each order
     assert all(c.kind == "verdict" for c in lm.engine.calls)
@@ -291,7 +291,7 @@ def test_consensus_stop_keeps_debating_while_referees_disagree():
     cfg = DebateConfig(roles=("critic", "scientist"), turns=3, consensus_stop=True,
                        strategy="simultaneous_talk_with_summarizer")
     lm = fake_lm(_scores_by_persona(agree=False))
-    with dspy.context(lm=lm, adapter=JudgeAdapter()):
+    with dspy.context(lm=lm, adapter=DebateAdapter()):
         pred = build_evaluator(cfg)(question="q", answer_1="a", answer_2="b")
     assert pred.calls == cfg.calls_per_item() == 2 * (2 * 3 + 2)
     assert pred.preference == "tie"  # one referee each way, in both orders
@@ -302,7 +302,7 @@ def test_consensus_stop_keeps_debating_while_referees_disagree():
 def test_no_lm_configured_raises_dspys_error_not_abstentions():
     """Only unparseable output may abstain; a missing LM is the caller's error."""
     program = build_evaluator(DebateConfig(roles=(GP,), turns=1, calibrate=False))
-    with dspy.context(adapter=JudgeAdapter()), pytest.raises(Exception, match="No LM is loaded"):
+    with dspy.context(adapter=DebateAdapter()), pytest.raises(Exception, match="No LM is loaded"):
         program(**PAIRWISE_ITEM)
 
 

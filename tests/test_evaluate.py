@@ -11,10 +11,10 @@ import pytest
 
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import FatalLMError
-from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.lm.adapter import DebateAdapter
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.task import builtin_task
-from chateval_dspy.run.evaluate import TRUNCATION_MARK, evaluate, judge_item, prepare, truncate
+from chateval_dspy.run.evaluate import TRUNCATION_MARK, evaluate, prepare, result_record, truncate
 from chateval_dspy.run.result import RunResult
 from chateval_dspy.testing.fake_lm import default_responder, fake_lm
 
@@ -42,7 +42,7 @@ def read_lines(path):
 
 def run_eval(items, cfg=CFG, lm=None, program=None, **kwargs):
     lm = lm or fake_lm()
-    with dspy.context(lm=lm, adapter=JudgeAdapter()):
+    with dspy.context(lm=lm, adapter=DebateAdapter()):
         return evaluate(program or build_evaluator(cfg), items, cfg, **kwargs), lm
 
 
@@ -247,5 +247,5 @@ def test_judge_item_reraises_chateval_errors():
     def responder(call):
         raise dspy.lm15.AuthError("no")
 
-    with dspy.context(lm=fake_lm(responder), adapter=JudgeAdapter()), pytest.raises(FatalLMError):
-        judge_item(build_evaluator(CFG), ITEMS[0], CFG)
+    with dspy.context(lm=fake_lm(responder), adapter=DebateAdapter()), pytest.raises(FatalLMError):
+        result_record(build_evaluator(CFG), ITEMS[0], CFG)

@@ -23,7 +23,7 @@ from test_search import mlflow_db  # noqa: F401 - the MLflow store template, sha
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.data.rows import read_rows
 from chateval_dspy.errors import ConfigError, DataError
-from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.lm.adapter import DebateAdapter
 from chateval_dspy.lm.engine import OpenAICompatEngine
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.run import records
@@ -272,7 +272,7 @@ def test_failed_calls_are_not_cached_calls(tmp_path, server):
     cfg = DebateConfig(roles=("critic",), turns=1)
     item = dspy.Example(id="1", question="q", answer_1="a", answer_2="b", label="1").with_inputs(
         "question", "answer_1", "answer_2")
-    with FakeOpenAIServer(**server) as url, dspy.context(lm=_lm(url, max_retries=0, timeout=0.5), adapter=JudgeAdapter()):
+    with FakeOpenAIServer(**server) as url, dspy.context(lm=_lm(url, max_retries=0, timeout=0.5), adapter=DebateAdapter()):
         result = evaluate(build_evaluator(cfg), [item], cfg, out=tmp_path / "r.jsonl")
     (record,) = lines(tmp_path / "r.jsonl")
     assert record["calls"] == 2 and record["failed_calls"] == 2 and record["cached_calls"] == 0

@@ -16,7 +16,8 @@ import pytest
 from chateval_dspy.deploy.saved.judge import Verdict, load
 from chateval_dspy.deploy.saved.store import CARD_FILE
 from chateval_dspy.errors import ConfigError, DataError
-from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.lm.adapter import DebateAdapter
+from chateval_dspy.lm.spec import LMSpec
 from chateval_dspy.testing.fake_lm import ScriptedEngine
 
 ITEM = {"id": "a", "question": "Which?", "answer_1": "short", "answer_2": "a considerably longer answer"}
@@ -24,7 +25,7 @@ ITEM = {"id": "a", "question": "Which?", "answer_1": "short", "answer_2": "a con
 
 def test_load_gives_the_same_verdicts_as_the_program_in_memory(saved, engine):
     program, path = saved
-    with dspy.context(lm=dspy.LM("fake/x", engine=ScriptedEngine(), cache=False), adapter=JudgeAdapter()):
+    with dspy.context(lm=dspy.LM("fake/x", engine=ScriptedEngine(), cache=False), adapter=DebateAdapter()):
         expected = program(**{k: v for k, v in ITEM.items() if k != "id"})
     with load(path) as judge:
         verdict = judge(ITEM)
@@ -71,7 +72,7 @@ def test_keyword_fields_are_checked_as_a_dicts_are(saved, engine):
 def test_the_lm_is_chosen_at_load_time_and_a_different_model_warns(saved, engine):
     _, path = saved
     with pytest.warns(UserWarning, match="compiled for fake/card-model and now runs on fake/other"):
-        with load(path, model="other") as judge:
+        with load(path, lm=LMSpec(model="other")) as judge:
             assert judge.lm.model == "fake/other"
 
 
@@ -89,9 +90,9 @@ def test_a_pickled_program_is_refused_unless_trusted(saved, engine, tmp_path):
     pickled = tmp_path / "pickled"
     program.save(str(pickled), save_program=True)
     with pytest.raises(ConfigError, match="trust_pickle=True"):
-        load(pickled, model="x")
+        load(pickled, lm=LMSpec(model="x"))
     assert engine.calls == []
-    with load(pickled, model="x", trust_pickle=True) as judge:
+    with load(pickled, lm=LMSpec(model="x"), trust_pickle=True) as judge:
         assert judge(ITEM).winner == "2"
 
 

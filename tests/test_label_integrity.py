@@ -131,7 +131,7 @@ def test_60000_reviewers_compile_to_a_card_that_loads(tmp_path, monkeypatch):
                                          "answers": 60_000 - 2 - (CARD_REVIEWERS - 1)}
     assert got["labels"] == 60_000 and got["items"] == 10
     assert f"and {59_999 - CARD_REVIEWERS} more reviewers" in (tmp_path / "p" / card_store.CARD_MD).read_text()
-    with load(tmp_path / "p", model="fake/scripted") as judge:
+    with load(tmp_path / "p", lm=LMSpec(model="fake/scripted")) as judge:
         assert judge.card["labels"]["reviewers_left_out"] == got["reviewers_left_out"]
 
 

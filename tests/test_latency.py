@@ -9,7 +9,7 @@ import pytest
 
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import FatalLMError
-from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.lm.adapter import DebateAdapter
 from chateval_dspy.lm.call_limits import CallBounds
 from chateval_dspy.lm.engine import with_bounds
 from chateval_dspy.program.chateval import ChatEval
@@ -24,7 +24,7 @@ TIMING = ("started", "seconds", "prompt_tokens", "completion_tokens")
 
 
 def _judged(program, lm, item) -> dict:
-    with dspy.context(lm=lm, adapter=JudgeAdapter()):
+    with dspy.context(lm=lm, adapter=DebateAdapter()):
         pred = program(**item)
     out = dict(pred)
     out["transcripts"] = [[{k: v for k, v in u.items() if k not in TIMING} for u in t] for t in pred.transcripts]
@@ -46,7 +46,7 @@ def test_the_trace_lists_each_orders_calls_in_sequence():
     cfg = DebateConfig(roles=("critic", "scientist"), turns=2)
 
     def traced(program):
-        with dspy.context(lm=fake_lm(), adapter=JudgeAdapter(), trace=[]):
+        with dspy.context(lm=fake_lm(), adapter=DebateAdapter(), trace=[]):
             program(**ITEMS[0])
             names = {id(p): n for n, p in program.named_predictors()}
             return [(names[id(p)], inputs["answer_1"]) for p, inputs, _ in dspy.settings.trace]
@@ -65,7 +65,7 @@ def test_bootstrapped_demos_are_those_of_the_sequential_run():
     cfg = DebateConfig(roles=("critic", "scientist"), turns=2)
     demos = []
     for parallel in (True, False):
-        with dspy.context(lm=fake_lm(), adapter=JudgeAdapter()):
+        with dspy.context(lm=fake_lm(), adapter=DebateAdapter()):
             compiled = compile_evaluator(ChatEval(cfg, parallel_orders=parallel), optimizer="bootstrap",
                                          trainset=train, valset=None, metric=agreement,
                                          settings=OptimizerSettings(max_demos=2))

@@ -23,6 +23,7 @@ from chateval_dspy.deploy.saved.judge import Verdict
 from chateval_dspy.deploy.saved.store import save_program
 from chateval_dspy.deploy.serving.as_metric import MetricScale, as_metric, pointwise_value, scales_of
 from chateval_dspy.errors import ConfigError
+from chateval_dspy.lm.spec import LMSpec
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.testing.fake_lm import ScriptedEngine, default_responder
 
@@ -94,7 +95,7 @@ def qa(question: str, answer: str = "OK ref") -> dspy.Example:
 
 
 def test_pairwise_win_tie_loss_against_the_reference(saved, engine):
-    with ce.load(saved(), cache=False) as judge:
+    with ce.load(saved(), lm=LMSpec(cache=False)) as judge:
         metric = as_metric(judge, inputs=PAIRWISE, reference="example.answer")
         gold = qa("Which?")
         assert metric(gold, dspy.Prediction(answer="GOOD answer")) == 1.0
@@ -109,7 +110,7 @@ def test_pairwise_win_tie_loss_against_the_reference(saved, engine):
 
 
 def test_with_a_trace_the_metric_is_a_pass_by_its_threshold(saved, engine):
-    with ce.load(saved(), cache=False) as judge:
+    with ce.load(saved(), lm=LMSpec(cache=False)) as judge:
         gold = qa("Which?")
         lenient = as_metric(judge, inputs=PAIRWISE, reference="example.answer")  # 0.5: a tie with the reference passes
         strict = as_metric(judge, inputs=PAIRWISE, reference="example.answer", threshold=1.0)
@@ -120,7 +121,7 @@ def test_with_a_trace_the_metric_is_a_pass_by_its_threshold(saved, engine):
 
 def test_an_uncalibrated_judge_is_asked_in_both_orders_by_the_metric(saved, engine):
     engine.responder = first_slot_wins
-    with ce.load(saved(calibrate=False), cache=False) as judge:
+    with ce.load(saved(calibrate=False), lm=LMSpec(cache=False)) as judge:
         metric = as_metric(judge, inputs=PAIRWISE, reference="example.answer")
         result = metric.result(qa("Which?"), dspy.Prediction(answer="mine"))
     # Pure position bias wins one order and loses the other: the average says "as good as the reference".
@@ -131,7 +132,7 @@ def test_an_uncalibrated_judge_is_asked_in_both_orders_by_the_metric(saved, engi
 
 
 def test_an_abstention_scores_zero_is_logged_and_counted(saved, engine, caplog):
-    with ce.load(saved(), cache=False) as judge:
+    with ce.load(saved(), lm=LMSpec(cache=False)) as judge:
         metric = as_metric(judge, inputs=PAIRWISE, reference="example.answer")
         with caplog.at_level(logging.WARNING, logger="chateval_dspy.deploy.serving.as_metric"):
             result = metric.result(qa("Which?"), dspy.Prediction(answer="JUNK answer"))
@@ -146,7 +147,7 @@ def test_an_abstention_scores_zero_is_logged_and_counted(saved, engine, caplog):
 
 
 def test_verdicts_are_cached_per_judged_item(saved, engine):
-    with ce.load(saved(), cache=False) as judge:
+    with ce.load(saved(), lm=LMSpec(cache=False)) as judge:
         metric = as_metric(judge, inputs=PAIRWISE, reference="example.answer")
         uncached = as_metric(judge, inputs=PAIRWISE, reference="example.answer", cache_size=0)
         for _ in range(2):
@@ -160,14 +161,14 @@ def test_verdicts_are_cached_per_judged_item(saved, engine):
 
 
 def test_the_panel_leaves_no_steps_in_the_trace_being_bootstrapped(saved, engine):
-    with ce.load(saved(), cache=False) as judge, dspy.context(trace=[]):
+    with ce.load(saved(), lm=LMSpec(cache=False)) as judge, dspy.context(trace=[]):
         metric = as_metric(judge, inputs=PAIRWISE, reference="example.answer")
         assert metric(qa("Which?"), dspy.Prediction(answer="GOOD answer"), trace=dspy.settings.trace) is True
         assert dspy.settings.trace == []  # else BootstrapFewShot would look for demos of the judge's predictors
 
 
 def test_gepa_feedback_call_gets_the_score_and_the_referees_evidence(saved, engine):
-    with ce.load(saved(), cache=False) as judge:
+    with ce.load(saved(), lm=LMSpec(cache=False)) as judge:
         metric = as_metric(judge, inputs=PAIRWISE, reference="example.answer")
         out = metric(qa("Which?"), dspy.Prediction(answer="GOOD answer"), [], "self", [])
     assert out.score == 1.0 and "critic" in out.feedback and "GOOD answe vs OK ref" in out.feedback
@@ -183,7 +184,7 @@ def chat(response: str = "I love that movie too") -> tuple[dspy.Example, dspy.Pr
 
 def test_pointwise_averages_the_criteria_on_their_scales(saved, engine):
     example, prediction = chat()
-    with ce.load(saved(format="pointwise"), cache=False) as judge:
+    with ce.load(saved(format="pointwise"), lm=LMSpec(cache=False)) as judge:
         every = as_metric(judge, inputs=POINTWISE)
         two = as_metric(judge, inputs=POINTWISE, criteria=("coherence", "engagingness"))
         wider = as_metric(judge, inputs=POINTWISE, scales={"naturalness": (1, 5)})
@@ -195,7 +196,7 @@ def test_pointwise_averages_the_criteria_on_their_scales(saved, engine):
 
 def test_label_scales_count_their_good_labels(saved, engine):
     example, prediction = chat()
-    with ce.load(saved(format="pointwise"), cache=False) as judge:
+    with ce.load(saved(format="pointwise"), lm=LMSpec(cache=False)) as judge:
         with pytest.raises(ConfigError, match=r"label criteria \['groundedness'\] need their good label"):
             as_metric(judge, inputs=POINTWISE, scales={"groundedness": ["0", "1"]})
         yes = as_metric(judge, inputs=POINTWISE, criteria=("groundedness",), scales={"groundedness": ["0", "1"]},
@@ -210,7 +211,7 @@ def test_label_scales_count_their_good_labels(saved, engine):
 
 def test_a_callable_maps_the_fields(saved, engine):
     example, prediction = chat()
-    with ce.load(saved(format="pointwise"), cache=False) as judge:
+    with ce.load(saved(format="pointwise"), lm=LMSpec(cache=False)) as judge:
         metric = as_metric(judge, inputs=lambda ex, pred: {"dialogue_history": ex.history, "fact": ex.fact,
                                                            "response": pred.reply.upper()})
         assert metric(example, prediction) == 0.625
@@ -218,7 +219,7 @@ def test_a_callable_maps_the_fields(saved, engine):
 
 
 def test_mistakes_are_config_errors_naming_the_fix(saved, engine):
-    with ce.load(saved(), cache=False) as judge:
+    with ce.load(saved(), lm=LMSpec(cache=False)) as judge:
         with pytest.raises(ConfigError, match="pass reference="):
             as_metric(judge, inputs=PAIRWISE)
         with pytest.raises(ConfigError, match="must name 'answer_1'"):
@@ -231,7 +232,7 @@ def test_mistakes_are_config_errors_naming_the_fix(saved, engine):
                          reference="example.answer")
         with pytest.raises(ConfigError, match=r"prediction\.answr not found .* it has answer"):
             typo(qa("Which?"), dspy.Prediction(answer="GOOD"))
-    with ce.load(saved(format="pointwise"), cache=False) as judge:
+    with ce.load(saved(format="pointwise"), lm=LMSpec(cache=False)) as judge:
         with pytest.raises(ConfigError, match="reference= is for pairwise"):
             as_metric(judge, inputs=POINTWISE, reference="example.answer")
         with pytest.raises(ConfigError, match=r"criteria \['fluency'\] have no known scale"):
@@ -299,7 +300,7 @@ def student_lm(engine) -> dspy.LM:
 
 def test_dspy_evaluate_scores_a_program_with_the_judge(saved, engine):
     devset = [qa("q-good"), qa("q-ok"), qa("q-bad")]
-    with ce.load(saved(), cache=False) as judge, dspy.context(lm=student_lm(engine), adapter=dspy.JSONAdapter()):
+    with ce.load(saved(), lm=LMSpec(cache=False)) as judge, dspy.context(lm=student_lm(engine), adapter=dspy.JSONAdapter()):
         metric = as_metric(judge, inputs=PAIRWISE, reference="example.answer")
         evaluate = dspy.Evaluate(devset=devset, metric=metric, num_threads=2, display_progress=False)
         result = evaluate(dspy.Predict("question -> answer"))
@@ -314,7 +315,7 @@ def test_dspy_evaluate_scores_a_program_with_the_judge(saved, engine):
 
 def test_bootstrap_few_shot_keeps_only_demos_the_judge_passes(saved, engine):
     trainset = [qa("q-good"), qa("q-bad"), qa("q-ok"), qa("q-junk")]
-    with ce.load(saved(), cache=False) as judge, dspy.context(lm=student_lm(engine), adapter=dspy.JSONAdapter()):
+    with ce.load(saved(), lm=LMSpec(cache=False)) as judge, dspy.context(lm=student_lm(engine), adapter=dspy.JSONAdapter()):
         metric = as_metric(judge, inputs=PAIRWISE, reference="example.answer")
         lenient = dspy.BootstrapFewShot(metric=metric, max_bootstrapped_demos=4, max_labeled_demos=0)
         kept = lenient.compile(dspy.Predict("question -> answer"), trainset=trainset).demos
@@ -330,7 +331,7 @@ def test_bootstrap_few_shot_keeps_only_demos_the_judge_passes(saved, engine):
 
 def test_evaluate_then_bootstrap_pays_the_panel_once_per_pair(saved, engine):
     trainset = [qa("q-good"), qa("q-bad")]
-    with ce.load(saved(), cache=False) as judge, dspy.context(lm=student_lm(engine), adapter=dspy.JSONAdapter()):
+    with ce.load(saved(), lm=LMSpec(cache=False)) as judge, dspy.context(lm=student_lm(engine), adapter=dspy.JSONAdapter()):
         metric = ce.as_metric(judge, inputs=PAIRWISE, reference="example.answer")
         dspy.Evaluate(devset=trainset, metric=metric, display_progress=False)(dspy.Predict("question -> answer"))
         paid = judge_calls(engine)

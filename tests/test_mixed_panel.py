@@ -179,10 +179,10 @@ def test_card_and_load_round_trip_the_assignment(two, tmp_path, recwarn):
 
     # The names cannot be reached: load() says which argument gives the endpoint.
     with pytest.raises(ConfigError, match="compiled for 'openai-compatible/alpha'.*pass model="):
-        load(tmp_path / "p", cache=False)
+        load(tmp_path / "p", lm=LMSpec(cache=False))
     # referee_models= rebinds the scientist to its endpoint; model= gives the main one.
     a_before, b_before = len(two["a"].requests), len(two["b"].requests)
-    with load(tmp_path / "p", model=two["a_url"], referee_models={"scientist": two["b_url"]}, cache=False) as judge:
+    with load(tmp_path / "p", lm=LMSpec(model=two["a_url"], referee_models={"scientist": two["b_url"]}, cache=False)) as judge:
         verdict = judge(ITEM)
     assert speakers(two["b"])[b_before:] == ["scientist"] and speakers(two["a"])[a_before:] == ["critic"]
     assert set(verdict.usage_by_model) == {"openai-compatible/alpha", "openai-compatible/beta"}
@@ -191,12 +191,12 @@ def test_card_and_load_round_trip_the_assignment(two, tmp_path, recwarn):
     # model= alone overrides the whole panel with one LM, and says so.
     b_before = len(two["b"].requests)
     with pytest.warns(UserWarning, match="scientist openai-compatible/beta -> openai-compatible/alpha"), \
-            load(tmp_path / "p", model=two["a_url"], cache=False) as judge:
+            load(tmp_path / "p", lm=LMSpec(model=two["a_url"], cache=False)) as judge:
         judge(ITEM)
     assert len(two["b"].requests) == b_before
     # A referee the panel does not have cannot be rebound.
     with pytest.raises(ConfigError, match="not on the panel"):
-        load(tmp_path / "p", model=two["a_url"], referee_models={"psychologist": two["b_url"]}, cache=False)
+        load(tmp_path / "p", lm=LMSpec(model=two["a_url"], referee_models={"psychologist": two["b_url"]}, cache=False))
 
 
 def test_a_card_naming_litellm_models_rebinds_each_referee_from_the_names(tmp_path, monkeypatch):
@@ -208,14 +208,14 @@ def test_a_card_naming_litellm_models_rebinds_each_referee_from_the_names(tmp_pa
         program = build_evaluator(DebateConfig(roles=PANEL, turns=1, calibrate=False))
         save_program(program, tmp_path / "p", make_card(program, model="openai/gpt-4o-mini",
                                                         referee_models={"scientist": "openai/gpt-4o"}))
-        with load(tmp_path / "p", cache=False) as judge:
+        with load(tmp_path / "p", lm=LMSpec(cache=False)) as judge:
             verdict = judge(ITEM)
         # A referee whose card name is a base URL's LM needs its endpoint given again, and is told so.
         card = json.loads((tmp_path / "p" / CARD_FILE).read_text())
         (tmp_path / "p" / CARD_FILE).write_text(json.dumps({**card, "referee_models": {"scientist": "openai-compatible/x"}}))
         with pytest.raises(ConfigError, match=r"referee 'scientist' was compiled for 'openai-compatible/x'.*"
                                               r"pass referee_models=\{'scientist': URL\}"):
-            load(tmp_path / "p", cache=False)
+            load(tmp_path / "p", lm=LMSpec(cache=False))
         asked = [(r["body"]["model"], who) for r, who in zip(server.requests, speakers(server))]
     assert sorted(asked) == [("gpt-4o", "scientist"), ("gpt-4o-mini", "critic")]
     # Each model priced at its own cost-map price; the item's cost is their sum.

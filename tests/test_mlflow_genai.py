@@ -23,6 +23,7 @@ from chateval_dspy.config import DebateConfig
 from chateval_dspy.data.loaders import load_dataset
 from chateval_dspy.deploy.saved.card import make_card
 from chateval_dspy.deploy.saved.store import save_program
+from chateval_dspy.lm.spec import LMSpec
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.testing.fake_server import FakeOpenAIServer
 
@@ -133,7 +134,7 @@ def test_genai_evaluate_gives_one_feedback_per_item_and_one_trace_per_debate(on_
     import mlflow
 
     mlflow.set_experiment("genai-pairwise")
-    with chateval_dspy.load(evaluators["pairwise"], model=lm_url, cache=False) as judge:
+    with chateval_dspy.load(evaluators["pairwise"], lm=LMSpec(model=lm_url, cache=False)) as judge:
         scorer = chateval_dspy.mlflow_judge(judge, trace=True)
         assert isinstance(scorer, mlflow.genai.judges.base.Judge)
         result = mlflow.genai.evaluate(data=pairwise_rows(), scorers=[scorer])
@@ -145,7 +146,7 @@ def test_a_pointwise_judge_gives_one_feedback_per_criterion_on_its_scale(on_serv
     import mlflow
 
     mlflow.set_experiment("genai-pointwise")
-    with chateval_dspy.load(evaluators["pointwise"], model=lm_url, cache=False) as judge:
+    with chateval_dspy.load(evaluators["pointwise"], lm=LMSpec(model=lm_url, cache=False)) as judge:
         result = mlflow.genai.evaluate(data=pointwise_rows(), scorers=[chateval_dspy.mlflow_judge(judge)])
         scales = {c.name: c.scale for c in judge.task.criteria}
     feedbacks = feedbacks_of(result)
@@ -274,12 +275,12 @@ def test_human_feedback_on_traces_becomes_the_labels_of_a_compile_whose_card_lis
 
 
 def test_align_on_the_mlflow_judge_adds_the_labelled_items_as_demos(reviewed, evaluators, lm_url, monkeypatch):
-    from chateval_dspy.lm.adapter import JudgeAdapter
+    from chateval_dspy.lm.adapter import DebateAdapter
     from optim.tuning.align import CompileAligner
 
     uri, _, _, traces, labelled = reviewed
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    with chateval_dspy.load(evaluators["pairwise"], model=lm_url, cache=False) as judge:
+    with chateval_dspy.load(evaluators["pairwise"], lm=LMSpec(model=lm_url, cache=False)) as judge:
         scorer = chateval_dspy.mlflow_judge(judge)
         aligned = scorer.align(traces)
         assert aligned is not scorer and aligned.name == scorer.name
@@ -287,8 +288,8 @@ def test_align_on_the_mlflow_judge_adds_the_labelled_items_as_demos(reviewed, ev
         after = dict(aligned.chateval.program.named_predictors())
         inputs = {"question": "q", "answer_1": "a", "answer_2": "b", "persona": "p", "discussion": "d"}
         for name, predictor in after.items():
-            old = JudgeAdapter().format(before[name].signature, before[name].demos, inputs)
-            new = JudgeAdapter().format(predictor.signature, predictor.demos, inputs)
+            old = DebateAdapter().format(before[name].signature, before[name].demos, inputs)
+            new = DebateAdapter().format(predictor.signature, predictor.demos, inputs)
             if name.endswith(".judge"):
                 assert len(predictor.demos) == 2 and before[name].demos == [] and new != old, name
             else:  # talk predictors take no labelled demos: their prompts stay the original's
@@ -339,7 +340,7 @@ def test_on_the_default_local_store_too(evaluators, lm_url, tmp_path, monkeypatc
     previous = mlflow.get_tracking_uri()
     tracking.setup(None)  # sqlite:///mlruns/mlflow.db, artifacts under mlruns/
     try:
-        with chateval_dspy.load(evaluators["pairwise"], model=lm_url, cache=False) as judge:
+        with chateval_dspy.load(evaluators["pairwise"], lm=LMSpec(model=lm_url, cache=False)) as judge:
             result = mlflow.genai.evaluate(data=pairwise_rows(), scorers=[chateval_dspy.mlflow_judge(judge, trace=True)])
         check_pairwise(result, debate_traces())
         stored = [f for f in (tmp_path / "mlruns").rglob("*") if f.is_file()]
@@ -357,7 +358,7 @@ def test_the_judge_reads_any_row_shape_and_reports_an_abstention(evaluators, lm_
     from chateval_dspy.errors import DataError
     from chateval_dspy.testing.fake_lm import ScriptedEngine
 
-    with chateval_dspy.load(evaluators["pairwise"], model=lm_url, cache=False) as judge:
+    with chateval_dspy.load(evaluators["pairwise"], lm=LMSpec(model=lm_url, cache=False)) as judge:
         scorer = chateval_dspy.mlflow_judge(judge, name="panel", per_criterion=True,
                                             fields={"answer_2": "expectations.reference"})
         assert "critic, scientist" in scorer.instructions and scorer.timeout == 0
@@ -378,7 +379,7 @@ def test_the_judge_reads_any_row_shape_and_reports_an_abstention(evaluators, lm_
 
     monkeypatch.setattr(chateval_dspy.lm.resolve, "resolve_lm", garbage)
     with pytest.warns(UserWarning, match="now runs on fake/garbage"), \
-            chateval_dspy.load(evaluators["pairwise"], model="garbage") as judge:
+            chateval_dspy.load(evaluators["pairwise"], lm=LMSpec(model="garbage")) as judge:
         feedback, *preferred = chateval_dspy.mlflow_judge(judge)(inputs={"question": "q", "answer_1": "a",
                                                                          "answer_2": "b"})
     assert feedback.value is None and feedback.error.error_code == "CHATEVAL_ABSTAINED"

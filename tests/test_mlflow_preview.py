@@ -19,6 +19,7 @@ from chateval_dspy.config import DebateConfig
 from chateval_dspy.deploy.saved.card import make_card
 from chateval_dspy.deploy.saved.store import save_program
 from chateval_dspy.errors import DataError
+from chateval_dspy.lm.spec import LMSpec
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.task import TaskSpec
 from chateval_dspy.run import tracing
@@ -94,7 +95,7 @@ def in_row_order(df):
 
 def test_a_pairwise_judge_reports_preferences_their_shares_and_agreement(store, evaluators, lm_url):
     mlflow = store
-    with chateval_dspy.load(evaluators["pairwise"], model=lm_url, cache=False) as judge:
+    with chateval_dspy.load(evaluators["pairwise"], lm=LMSpec(model=lm_url, cache=False)) as judge:
         scorer = chateval_dspy.mlflow_judge(judge, trace=True)
         assert str(scorer.feedback_value_type) == "typing.Literal['answer_1', 'answer_2', 'tie']"
         result = mlflow.genai.evaluate(data=rows(), scorers=[scorer])
@@ -124,7 +125,7 @@ def test_a_pairwise_judge_reports_preferences_their_shares_and_agreement(store, 
 
 def test_debate_traces_are_named_by_task_and_item_and_preview_the_verdict_first(store, evaluators, lm_url):
     mlflow = store
-    with chateval_dspy.load(evaluators["pairwise"], model=lm_url, cache=False) as judge:
+    with chateval_dspy.load(evaluators["pairwise"], lm=LMSpec(model=lm_url, cache=False)) as judge:
         result = mlflow.genai.evaluate(data=rows()[:3], scorers=[chateval_dspy.mlflow_judge(judge, trace=True)])
     mlflow.flush_trace_async_logging()
     said = dict(zip(result.result_df["trace_id"], result.result_df["chateval/value"]))
@@ -167,7 +168,7 @@ def test_a_custom_task_names_its_preferences_after_its_responses(store, evaluato
     mlflow = store
     data = [{"inputs": {"brief": "b1", "draft": LONG}, "outputs": {"rewrite": SHORT}, "expectations": {"label": "draft"}},
             {"inputs": {"brief": "b2", "draft": SHORT}, "outputs": {"rewrite": LONG}, "expectations": {"label": "draft"}}]
-    with chateval_dspy.load(evaluators["drafts"], model=lm_url, cache=False) as judge:
+    with chateval_dspy.load(evaluators["drafts"], lm=LMSpec(model=lm_url, cache=False)) as judge:
         scorer = chateval_dspy.mlflow_judge(judge)
         result = mlflow.genai.evaluate(data=data, scorers=[scorer])
         with pytest.raises(DataError, match="expected preference must be draft, rewrite or tie"):
@@ -184,7 +185,7 @@ def test_align_still_learns_from_people_labelling_the_named_debates(store, evalu
     from mlflow.entities import AssessmentSource, AssessmentSourceType
 
     mlflow = store
-    with chateval_dspy.load(evaluators["pairwise"], model=lm_url, cache=False) as judge:
+    with chateval_dspy.load(evaluators["pairwise"], lm=LMSpec(model=lm_url, cache=False)) as judge:
         scorer = chateval_dspy.mlflow_judge(judge, trace=True)
         mlflow.genai.evaluate(data=rows()[:2], scorers=[scorer])
         mlflow.flush_trace_async_logging()

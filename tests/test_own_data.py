@@ -123,7 +123,7 @@ def test_labels_missing_on_some_rows_are_counted_per_criterion(tmp_path, capsys,
                          "--columns", "document=text,summary=summ,coherence=scores.coherence,fluency=scores.fluency",
                          "--out", str(tmp_path / "r.jsonl"), "--turns", "1", "--roles", "1")
     assert code == 0, err
-    assert "human labels missing: coherence 1, fluency 2" in out
+    assert "human labels missing (items left out of that criterion): coherence 1, fluency 2" in out
     assert "calibrate=" not in out  # pointwise: nothing to calibrate
 
 

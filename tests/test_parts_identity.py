@@ -26,6 +26,7 @@ from chateval_dspy.deploy.saved.judge import load
 from chateval_dspy.deploy.saved.store import save_program
 from chateval_dspy.deploy.scale import parts
 from chateval_dspy.errors import ConfigError
+from chateval_dspy.lm.spec import LMSpec
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.run.locks import exclusive
 from chateval_dspy.testing.fake_server import FakeOpenAIServer
@@ -49,7 +50,7 @@ def run(out: Path, evaluator: str, items: list[dict], url: str):
     """One run as the driver and one worker make it: lock, read, stamp, judge; the report."""
     with parts.run_lock(out):
         identity, done, report = parts.begin(out, evaluator, [x["id"] for x in items])
-        with load(evaluator, model=url, cache=False) as judge:
+        with load(evaluator, lm=LMSpec(model=url, cache=False)) as judge:
             writer = parts.PartWriter(out, parts.stamp(judge, identity, out))
             counts = parts.judge_rows(judge, items, done, writer, concurrency=2, source="test")
             writer.close()
@@ -108,7 +109,7 @@ def test_a_worker_on_another_model_or_evaluator_refuses_before_any_call(saved, t
     out = parts.results_dir(tmp_path / "out")
     with FakeOpenAIServer() as url:
         run(out, saved, ITEMS[:2], url)
-        with load(saved, model=url, cache=False) as judge:
+        with load(saved, lm=LMSpec(model=url, cache=False)) as judge:
             identity, _, _ = parts.begin(out, saved, IDS)
             assert parts.stamp(judge, identity, out)["run_key"] == identity.run_key
             moved = types.SimpleNamespace(program=judge.program, lm=types.SimpleNamespace(model="openai/other",

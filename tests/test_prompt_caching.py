@@ -9,7 +9,7 @@ import pytest
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.data.loaders import load_dataset
 from chateval_dspy.data.splits import select
-from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.lm.adapter import DebateAdapter
 from chateval_dspy.lm.resolve import resolve_lm
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.demos import with_label_demos
@@ -26,7 +26,7 @@ def _judged(model: str, tmp_path, n: int = 3) -> list[dict]:
     cfg = DebateConfig(roles=("critic",), turns=1)
     program = with_label_demos(build_evaluator(cfg), select(items, "train", seed=0)[:4], k=4)
     out = tmp_path / "results.jsonl"
-    with resolve_lm(model, timeout=30, retries=0) as lm, dspy.context(lm=lm, adapter=JudgeAdapter()):
+    with resolve_lm(model, timeout=30, retries=0) as lm, dspy.context(lm=lm, adapter=DebateAdapter()):
         evaluate(program, select(items, "test", seed=0)[:n], cfg, out=out, run_key=model)
     return read_records(out)
 

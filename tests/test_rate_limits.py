@@ -19,7 +19,7 @@ import pytest
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.data.spec import DataSpec
 from chateval_dspy.errors import ConfigError
-from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.lm.adapter import DebateAdapter
 from chateval_dspy.lm.breaker import Breaker, RateLimited, breaker_of
 from chateval_dspy.lm.call_limits import RATE_LIMIT_PAUSE_CAP_S
 from chateval_dspy.lm.engine import bounds_of
@@ -80,7 +80,7 @@ def test_a_passing_rate_limit_is_waited_out_without_spending_retries_or_abstaini
     """Four 429s (more than the 2 retries) with a short Retry-After: every item is judged, none abstains."""
     with FakeOpenAIServer(faults=[429] * 4, retry_after=0.1) as url:
         with resolve_lm(url, retries=2, timeout=2, rate_limit_wait=WAIT_S) as lm, \
-                dspy.context(lm=lm, adapter=JudgeAdapter()):
+                dspy.context(lm=lm, adapter=DebateAdapter()):
             run = evaluate(build_evaluator(CFG), _items(2), CFG)
     assert run.n == 2 and run.abstentions == {} and all(p is not None for p in run.predicted)
 
@@ -93,7 +93,7 @@ def test_a_model_string_lm_stops_with_the_rate_limit_as_its_reason(tmp_path):
         lm.kwargs.update(api_base=url, api_key="x")
         lm.cache = False
         start = time.perf_counter()
-        with dspy.context(lm=lm, adapter=JudgeAdapter()), pytest.raises(RateLimited, match=STOPPED) as stopped:
+        with dspy.context(lm=lm, adapter=DebateAdapter()), pytest.raises(RateLimited, match=STOPPED) as stopped:
             evaluate(build_evaluator(CFG), _items(2), CFG, out=tmp_path / "r.jsonl")
         seconds = time.perf_counter() - start
     print(f"\nmodel string against a 429 gateway: stopped after {seconds:.1f} s\n  {stopped.value}")
@@ -118,7 +118,7 @@ def test_a_model_string_lm_asked_to_wait_past_the_bound_stops_at_once_saying_so(
         lm.kwargs.update(api_base=url, api_key="x")
         lm.cache = False
         start = time.perf_counter()
-        with dspy.context(lm=lm, adapter=JudgeAdapter()), pytest.raises(RateLimited, match=STOPPED) as stopped:
+        with dspy.context(lm=lm, adapter=DebateAdapter()), pytest.raises(RateLimited, match=STOPPED) as stopped:
             evaluate(build_evaluator(CFG), _items(2), CFG, out=tmp_path / "r.jsonl")
         seconds = time.perf_counter() - start
     assert f"asks to wait {retry_after} s (Retry-After)" in str(stopped.value) and "no answer" not in str(stopped.value)
@@ -134,7 +134,7 @@ def test_a_model_string_lm_retries_a_transient_failure_within_its_retries(retrie
         lm.kwargs.update(api_base=url, api_key="x")
         lm.cache = False
         assert lm.num_retries == 0  # one layer retries: the debate's wait for the call
-        with dspy.context(lm=lm, adapter=JudgeAdapter()):
+        with dspy.context(lm=lm, adapter=DebateAdapter()):
             run = evaluate(build_evaluator(CFG), _items(1), CFG)
     lm_errors = {k: v for k, v in run.abstentions.items() if k.startswith("lm_error")}
     print(f"\n503 twice, retries={retries}: {len(server.requests)} requests, abstentions {dict(run.abstentions)}")

@@ -12,7 +12,7 @@ import pytest
 
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import ConfigError
-from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.lm.adapter import DebateAdapter
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.task import builtin_task
 from chateval_dspy.run import records
@@ -31,7 +31,7 @@ def items(n=5):
 
 def judged(cfg, xs, out, *, lm=None, program=None, **kwargs):
     lm = lm or fake_lm()
-    with dspy.context(lm=lm, adapter=JudgeAdapter()):
+    with dspy.context(lm=lm, adapter=DebateAdapter()):
         return evaluate(program or build_evaluator(cfg), xs, cfg, out=out, **kwargs), lm
 
 

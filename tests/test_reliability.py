@@ -19,7 +19,7 @@ from chateval_dspy.config import DebateConfig
 from chateval_dspy.data.loaders import item_from_record, parse_columns
 from chateval_dspy.data.rows import read_rows
 from chateval_dspy.errors import ConfigError, DataError, FatalLMError
-from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.lm.adapter import DebateAdapter
 from chateval_dspy.lm.engine import OpenAICompatEngine, RestartingEngine
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.debate import guard
@@ -38,7 +38,7 @@ def _lm(url, **kwargs):
 
 
 def _run(lm, items=ITEMS, cfg=CFG):
-    with dspy.context(lm=lm, adapter=JudgeAdapter()):
+    with dspy.context(lm=lm, adapter=DebateAdapter()):
         return evaluate(build_evaluator(cfg), items, cfg)
 
 
@@ -109,7 +109,7 @@ def test_api_key_from_a_key_file_is_sent_and_never_in_results(tmp_path, monkeypa
     monkeypatch.setenv("CHATEVAL_API_KEY_FILE", str(key_file))
     out = tmp_path / "r.jsonl"
     server = FakeOpenAIServer()
-    with server as url, resolve_lm(url) as lm, dspy.context(lm=lm, adapter=JudgeAdapter()):
+    with server as url, resolve_lm(url) as lm, dspy.context(lm=lm, adapter=DebateAdapter()):
         evaluate(build_evaluator(CFG), ITEMS[:1], CFG, out=out)
     assert {r["auth"] for r in server.requests} == {"Bearer sk-from-file-0123456789"}
     assert "sk-from-file" not in out.read_text() and "sk-from-file" not in repr(lm) + repr(lm.engine)

@@ -10,6 +10,7 @@ from chateval_dspy.config import DebateConfig
 from chateval_dspy.deploy.saved.card import make_card
 from chateval_dspy.deploy.saved.store import save_program
 from chateval_dspy.lm.resolve import resolve_lm
+from chateval_dspy.lm.spec import LMSpec
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.testing.fake_server import FakeOpenAIServer
 
@@ -26,7 +27,7 @@ def saved(tmp_path):
 def test_a_base_url_selects_an_openai_compatible_server(saved):
     from chateval_dspy.deploy.saved.judge import load
 
-    with FakeOpenAIServer() as url, load(saved, model=url) as judge:
+    with FakeOpenAIServer() as url, load(saved, lm=LMSpec(model=url)) as judge:
         verdicts = [judge(x) for x in ITEMS]
         assert judge.lm.model == "openai-compatible/fake-served"  # discovered from /v1/models
     # answer lengths decide the fake's scores: i0 and i1 favour answer 2, i2 and i3 answer 1
@@ -49,7 +50,7 @@ def test_dspy_context_is_untouched_by_loading(saved):
     # load() binds its LM to the evaluator, never to DSPy's global settings
     from chateval_dspy.deploy.saved.judge import load
 
-    with FakeOpenAIServer() as url, load(saved, model=url):
+    with FakeOpenAIServer() as url, load(saved, lm=LMSpec(model=url)):
         assert dspy.settings.lm is None
 
 

@@ -22,7 +22,7 @@ from chateval_dspy.config import AGGREGATES, DebateConfig
 from chateval_dspy.data.loaders import load_faireval, load_topical_chat
 from chateval_dspy.data.splits import split
 from chateval_dspy.errors import ConfigError
-from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.lm.adapter import DebateAdapter
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.roles import DEFAULT_ORDER
 from chateval_dspy.program.strategies import STRATEGIES
@@ -165,7 +165,7 @@ def test_panel_flags_fix_dimensions_and_bad_spaces_are_config_errors():
 def _run(study, parts, n_trials, lm, **kwargs) -> list[int]:
     objective = Objective(space=SearchSpace(turns=(1, 2)), base=DebateConfig(), parts=parts,
                           n_trials=n_trials, n_resamples=RESAMPLES, **kwargs)
-    with dspy.context(lm=lm, adapter=JudgeAdapter()):
+    with dspy.context(lm=lm, adapter=DebateAdapter()):
         return search.run_trials(study, objective, n_trials)
 
 
@@ -265,7 +265,7 @@ def test_a_panel_drawn_again_is_not_judged_again():
     objective = Objective(space=one_panel, base=DebateConfig(), parts=faireval_parts(3), n_trials=3,
                           n_resamples=RESAMPLES)
     lm = fake_lm(varied)
-    with dspy.context(lm=lm, adapter=JudgeAdapter()):
+    with dspy.context(lm=lm, adapter=DebateAdapter()):
         assert search.run_trials(study, objective, 3) == [0, 1, 2]
     first, *again = study.trials
     assert [t.user_attrs.get("duplicate_of") for t in study.trials] == [None, 0, 0]
@@ -301,7 +301,7 @@ def test_undefined_scoring_agreement_counts_as_zero_and_two_objectives_give_a_pa
     study = search.open_study("pointwise", f"sqlite:///{tmp_path / 's.db'}", ("agreement", "tokens"))
     objective = Objective(space=SearchSpace(turns=(1, 1)), base=DebateConfig(format="pointwise"), parts=parts,
                           objectives=("agreement", "tokens"), n_trials=3, n_resamples=RESAMPLES)
-    with dspy.context(lm=fake_lm(), adapter=JudgeAdapter()):  # constant scores: Spearman is undefined
+    with dspy.context(lm=fake_lm(), adapter=DebateAdapter()):  # constant scores: Spearman is undefined
         search.run_trials(study, objective, 3)
     trials = study.get_trials(states=(TrialState.COMPLETE,))
     assert len(trials) == 3 and all(t.values[0] == 0.0 and t.values[1] > 0 for t in trials)
@@ -450,7 +450,7 @@ def test_a_trial_streams_all_its_dev_chunks_to_one_resumable_file(tmp_path):
     study = optuna.create_study(direction="maximize", pruner=optuna.pruners.NopPruner())
     objective = Objective(space=SearchSpace(n_roles=(1, 1), turns=(1, 1)), base=DebateConfig(),
                           parts=faireval_parts(3), n_trials=1, report_every=1, results_dir=tmp_path, n_resamples=RESAMPLES)
-    with dspy.context(lm=fake_lm(varied), adapter=JudgeAdapter()):
+    with dspy.context(lm=fake_lm(varied), adapter=DebateAdapter()):
         assert search.run_trials(study, objective, 1) == [0]
     rows = [json.loads(line) for line in (tmp_path / "trial-0000-dev.jsonl").read_text().splitlines()]
     assert len(rows) == 3 and len({r["run_key"] for r in rows}) == 1

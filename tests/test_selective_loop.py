@@ -25,7 +25,7 @@ from chateval_dspy.deploy.saved.judge import load
 from chateval_dspy.deploy.saved.store import save_calibration, save_program
 from chateval_dspy.deploy.scale.score_file import score_file
 from chateval_dspy.errors import ConfigError
-from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.lm.adapter import DebateAdapter
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.confidence import NEEDS_PERSON, Calibration, ConfidenceMap
 from chateval_dspy.run.evaluate import evaluate
@@ -43,7 +43,7 @@ SQUEEZE = ConfidenceMap(raw=(0.0, 1.0), calibrated=(0.2, 0.9), method="isotonic"
 
 
 def run_eval(items, program, **kwargs):
-    with dspy.context(lm=fake_lm(), adapter=JudgeAdapter()):
+    with dspy.context(lm=fake_lm(), adapter=DebateAdapter()):
         return evaluate(program, items, CFG, **kwargs)
 
 

@@ -14,7 +14,7 @@ import pytest
 from scipy import stats
 
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.lm.adapter import DebateAdapter
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.testing.fake_lm import Call
 from chateval_dspy.testing.sim_lm import SimKnobs, SimReferees, label_table, prevailing, sim_lm, synthetic_items
@@ -61,7 +61,7 @@ def test_herding_copies_the_verdict_seen_at_its_set_rate():
     cfg = single(world, 2, strategy="one_by_one")
     program = build_evaluator(cfg, world.roles)
     agree = 0
-    with dspy.context(lm=world.lm, adapter=JudgeAdapter()):
+    with dspy.context(lm=world.lm, adapter=DebateAdapter()):
         for x in world.splits["test"]:
             verdicts = program(**x.inputs()).referees
             agree += verdicts["sim_1"][0]["preference"] == verdicts["sim_2"][0]["preference"]
@@ -84,7 +84,7 @@ def test_demos_move_accuracy_by_their_stated_gain_and_loss(labels_right, expecte
     if not labels_right:  # demos that state the wrong answer about their own item
         train = [x.copy(label="2" if x.label == "1" else "1") for x in train]
     cfg = single(world)
-    with dspy.context(lm=world.lm, adapter=JudgeAdapter()):
+    with dspy.context(lm=world.lm, adapter=DebateAdapter()):
         program = compile_evaluator(build_evaluator(cfg, world.roles), optimizer="labeled", trainset=train,
                                     valset=None, metric=agreement, settings=OptimizerSettings(max_demos=4))
     assert len(program.debate.referees["sim_1"].judge.demos) == 4
@@ -128,7 +128,7 @@ def test_verdicts_are_deterministic_given_the_seed():
     cfg = DebateConfig(roles=("critic",), turns=1, calibrate=False)
 
     def verdicts(seed):
-        with dspy.context(lm=sim_lm(SimKnobs(seed=seed), items), adapter=JudgeAdapter()):
+        with dspy.context(lm=sim_lm(SimKnobs(seed=seed), items), adapter=DebateAdapter()):
             program = build_evaluator(cfg)
             return [program(**x.inputs()).preference for x in items]
 

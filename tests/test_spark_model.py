@@ -20,6 +20,8 @@ import pytest
 from java_runtime import missing as why_no_spark
 from readme_section import MANY_MACHINES, ROOT, subsection_blocks
 
+from chateval_dspy.lm.spec import LMSpec
+
 pytestmark = pytest.mark.slow  # a real Spark session and rebuilt model environments
 
 HEADING = "The evaluator in MLflow's registry, on Spark"
@@ -87,7 +89,7 @@ def judged(uri: str, here: Path, url: str) -> dict[str, str]:
     import chateval_dspy
 
     items = [json.loads(line) for line in (here / "data/examples/items.jsonl").read_text().splitlines()]
-    with chateval_dspy.load(uri, model=url) as judge:
+    with chateval_dspy.load(uri, lm=LMSpec(model=url)) as judge:
         return {it["id"]: judge(it).winner for it in items}
 
 

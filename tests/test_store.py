@@ -11,7 +11,7 @@ from chateval_dspy.config import DebateConfig
 from chateval_dspy.deploy.saved.card import make_card
 from chateval_dspy.deploy.saved.store import CARD_FILE, PROGRAM_FILE, load_program, save_program
 from chateval_dspy.errors import ConfigError
-from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.lm.adapter import DebateAdapter
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.testing.fake_lm import fake_lm
 
@@ -35,7 +35,7 @@ def _compiled(tmp_path):
 
 def _run(program, items):
     lm = fake_lm()
-    with dspy.context(lm=lm, adapter=JudgeAdapter()):
+    with dspy.context(lm=lm, adapter=DebateAdapter()):
         preds = [program(**x) for x in items]
     return preds, [(c.system, c.user, c.n_messages) for c in lm.engine.calls]
 

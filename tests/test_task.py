@@ -88,7 +88,7 @@ def spec(**changes) -> dict:
 @pytest.mark.parametrize("key", sorted(PROMPTS))
 def test_builtin_spec_prompts_are_byte_identical_to_the_recorded_ones(key):
     # The signatures are the ones the benchmarks were measured with: DSPy's own JSONAdapter renders them as it did.
-    # (JudgeAdapter lays them out for prompt caches; tests/data/prompts.json pins those bytes.)
+    # (DebateAdapter lays them out for prompt caches; tests/data/prompts.json pins those bytes.)
     recorded = PROMPTS[key]
     if key == "summarize":
         sig = Summarize

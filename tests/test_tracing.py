@@ -19,11 +19,12 @@ from test_search import mlflow_db  # noqa: F401 - the MLflow store template, sha
 from chateval_dspy import scrub
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.data.loaders import load_dataset
-from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.lm.adapter import DebateAdapter
+from chateval_dspy.lm.spec import LMSpec
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.roles import resolve_roles
 from chateval_dspy.run import tracing
-from chateval_dspy.run.evaluate import evaluate, judge_item
+from chateval_dspy.run.evaluate import evaluate, result_record
 from chateval_dspy.run.tracing import emitter
 from chateval_dspy.testing.fake_lm import default_responder, fake_lm
 
@@ -35,8 +36,8 @@ def judged(config: DebateConfig, n: int = 1, responder=default_responder):
     items, _ = load_dataset("faireval" if config.format == "pairwise" else "topical_chat")
     items = items[:n]
     program = build_evaluator(config)
-    with dspy.context(lm=fake_lm(responder), adapter=JudgeAdapter()):
-        return [judge_item(program, x, config) for x in items], items
+    with dspy.context(lm=fake_lm(responder), adapter=DebateAdapter()):
+        return [result_record(program, x, config) for x in items], items
 
 
 def tree_of(config: DebateConfig, responder=default_responder):
@@ -238,7 +239,7 @@ def test_a_batch_traces_each_item_once_and_links_them_to_its_run(local_store, tm
     tracer = tracing.Tracer(lambda fmt: cfg, items=items, tags={"chateval.command": "evaluate"},
                             experiment_id=local_store)
     seen = []
-    with dspy.context(lm=fake_lm(), adapter=JudgeAdapter()):
+    with dspy.context(lm=fake_lm(), adapter=DebateAdapter()):
         result = evaluate(build_evaluator(cfg), items, cfg, out=tmp_path / "r.jsonl", on_item=tracer.on_item(seen.append))
     assert result.n == len(seen) == len(tracer.trace_ids) == 3 and tracer.failures == 0
     with tracking.run("evaluate", params={"config": cfg.to_dict()}) as active:
@@ -273,7 +274,7 @@ def test_a_tracing_fault_is_logged_and_the_batch_goes_on(local_store, monkeypatc
     cfg = DebateConfig(roles=("critic",), turns=1)
     items, _ = load_dataset("faireval")
     tracer = tracing.Tracer(cfg, items=items[:2])
-    with dspy.context(lm=fake_lm(), adapter=JudgeAdapter()):
+    with dspy.context(lm=fake_lm(), adapter=DebateAdapter()):
         result = evaluate(build_evaluator(cfg), items[:2], cfg, on_item=tracer.on_item())
     assert result.n == 2 and tracer.failures == 2 and tracer.trace_ids == []
     assert "could not trace item" in caplog.text and "tracking store unreachable" in caplog.text
@@ -321,7 +322,7 @@ def test_serve_traces_each_request_item_only_when_asked(local_store, saved_pairw
     from optim.cli.score import traced
 
     item = {"question": "2+2?", "answer_1": "4", "answer_2": "five"}
-    with FakeOpenAIServer() as url, load(saved_pairwise, model=url) as judge:
+    with FakeOpenAIServer() as url, load(saved_pairwise, lm=LMSpec(model=url)) as judge:
         off = argparse.Namespace(trace=None, tracking_uri=str(tmp_path / "unused"))
         assert traced(judge, off, items=None, command="serve") is judge  # a server: off by default
         on = argparse.Namespace(trace=True, tracking_uri=None)

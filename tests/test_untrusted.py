@@ -28,6 +28,7 @@ from chateval_dspy.deploy.saved.card import make_card
 from chateval_dspy.deploy.saved.judge import load
 from chateval_dspy.deploy.saved.store import CARD_FILE, PROGRAM_FILE, load_program, save_program
 from chateval_dspy.errors import ChatEvalError, ConfigError
+from chateval_dspy.lm.spec import LMSpec
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.roles import same_roles
 from chateval_dspy.testing.fake_server import FakeOpenAIServer
@@ -116,7 +117,7 @@ def test_a_predictor_lm_in_program_json_is_refused_and_never_called(saved):
     with mine_server as mine, theirs_server as theirs:
         edit(saved, PROGRAM_FILE, lambda s: s[JUDGE].update(lm={**FILE_LM, "api_base": theirs}))
         with pytest.raises(ConfigError) as err:
-            load(saved, model=mine)
+            load(saved, lm=LMSpec(model=mine))
     text = str(err.value)
     assert PROGRAM_FILE in text and JUDGE in text and "'lm'" in text
     assert theirs_server.requests == [] and mine_server.requests == []
@@ -124,7 +125,7 @@ def test_a_predictor_lm_in_program_json_is_refused_and_never_called(saved):
 
 def test_a_clean_program_runs_on_the_callers_lm_only(saved):
     mine_server, theirs_server = FakeOpenAIServer(), FakeOpenAIServer(model="theirs")
-    with mine_server as mine, theirs_server, load(saved, model=mine) as judge:
+    with mine_server as mine, theirs_server, load(saved, lm=LMSpec(model=mine)) as judge:
         assert judge(ITEM).winner == "2"
         assert_clean(judge.program)
         calls = judge.config.calls_per_item()
@@ -137,7 +138,7 @@ def test_per_predictor_config_is_refused_and_no_request_carries_it(saved):
     with mine_server as mine:
         edit(saved, PROGRAM_FILE, lambda s: s[ARGUE].update(config={"temperature": 1.7}))
         with pytest.raises(ConfigError) as err:
-            load(saved, model=mine)
+            load(saved, lm=LMSpec(model=mine))
     assert PROGRAM_FILE in str(err.value) and ARGUE in str(err.value) and "'config'" in str(err.value)
     assert mine_server.requests == []
 
@@ -162,7 +163,7 @@ def test_a_card_model_that_is_an_endpoint_is_refused_even_with_model_given(saved
     servers = FakeOpenAIServer(), FakeOpenAIServer(model="theirs")
     with servers[0] as mine, servers[1] as theirs:
         edit(saved, CARD_FILE, lambda c: c.update(model=theirs))
-        for kwargs in ({}, {"model": mine}):
+        for kwargs in ({}, {"lm": LMSpec(model=mine)}):
             with pytest.raises(ConfigError, match="key 'model' must be a model name"):
                 load(saved, **kwargs)
     assert all(s.requests == [] for s in servers)

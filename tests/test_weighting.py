@@ -9,7 +9,7 @@ import pytest
 from dspy.lm15 import Message, Response, TextPart, TokenLogprob, TopLogprob, Usage, response_to_events
 
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.lm.adapter import DebateAdapter
 from chateval_dspy.lm.engine import OpenAICompatEngine
 from chateval_dspy.program.aggregate import mean_scores
 from chateval_dspy.program.calibration import unswap_scores
@@ -70,7 +70,7 @@ def test_weighted_scores_break_a_tie_the_integers_cannot():
     item = {"question": "q", "answer_1": "LONG answer", "answer_2": "SHORT"}
     engine = LogprobEngine()
     lm = dspy.LM("lp/x", engine=engine, cache=False)
-    with dspy.context(lm=lm, adapter=JudgeAdapter()):
+    with dspy.context(lm=lm, adapter=DebateAdapter()):
         plain = build_evaluator(DebateConfig(roles=("critic",), turns=1))(**item)
         weighted = build_evaluator(DebateConfig(roles=("critic",), turns=1, weighted_scores=True))(**item)
     assert plain.preference == "tie" and (plain.score_1, plain.score_2) == (6, 6)

@@ -44,7 +44,7 @@ class Style:
     mark_item: bool = True
 
 
-# Set around each call by ``JudgeAdapter.__call__``; ``format`` outside a call renders the complete format.
+# Set around each call by ``DebateAdapter.__call__``; ``format`` outside a call renders the complete format.
 _STYLE: contextvars.ContextVar[Style | None] = contextvars.ContextVar("chateval_judge_style", default=None)
 
 
@@ -79,12 +79,12 @@ def placement(*, persona_static: bool, mark_item: bool):
 
 @contextlib.contextmanager
 def rendering(style: Style):
-    """Render with ``style`` inside the block (``JudgeAdapter`` sets it per call; tests and tools set it to look).
+    """Render with ``style`` inside the block (``DebateAdapter`` sets it per call; tests and tools set it to look).
 
     Example:
         >>> from chateval_dspy.program.signatures import signatures_for
         >>> with rendering(Style(lean=True)):
-        ...     system = JudgeAdapter().format(signatures_for("pairwise")[0], [], {})[0]["content"]
+        ...     system = DebateAdapter().format(signatures_for("pairwise")[0], [], {})[0]["content"]
         >>> "Outputs will be a JSON object" in system
         False
     """
@@ -110,14 +110,14 @@ def _text_block(text: str, marked: bool = False) -> dict:
     return {"type": "text", "text": text, **({"cache_control": dict(EPHEMERAL)} if marked else {})}
 
 
-class JudgeAdapter(dspy.JSONAdapter):
+class DebateAdapter(dspy.JSONAdapter):
     """``dspy.JSONAdapter`` with the cache-friendly layout (``lm.layout``), memoised per signature.
 
     Example:
         >>> from chateval_dspy.program.signatures import signatures_for
         >>> argue, _ = signatures_for("pairwise")
         >>> inputs = {"question": "q", "answer_1": "a", "answer_2": "b", "discussion": "(none)", "persona": "p"}
-        >>> user = JudgeAdapter().format(argue, [], inputs)[-1]["content"]
+        >>> user = DebateAdapter().format(argue, [], inputs)[-1]["content"]
         >>> [line for line in user.splitlines() if line.startswith("[[")]
         ['[[ ## question ## ]]', '[[ ## answer_1 ## ]]', '[[ ## answer_2 ## ]]', '[[ ## persona ## ]]', '[[ ## discussion ## ]]']
     """
@@ -145,7 +145,7 @@ class JudgeAdapter(dspy.JSONAdapter):
 
         def build():
             probe: dict = {}
-            super(JudgeAdapter, self)._prepare_response_format(lm, probe, signature)
+            super(DebateAdapter, self)._prepare_response_format(lm, probe, signature)
             return probe.get("response_format", _ABSENT)
 
         fmt = self._remember(signature, key, build)
@@ -223,4 +223,4 @@ class JudgeAdapter(dspy.JSONAdapter):
         return out
 
 
-__all__ = ["JudgeAdapter", "Style", "current_style", "placement", "rendering", "wants_marks"]
+__all__ = ["DebateAdapter", "Style", "current_style", "placement", "rendering", "wants_marks"]

@@ -34,7 +34,8 @@ class LMSpec:
     """The LM and its call settings.
 
     Args:
-        model: ``embedded``, an OpenAI-compatible base URL, or a LiteLLM model string.
+        model: ``embedded``, an OpenAI-compatible base URL, or a LiteLLM model string; None: the default, which is
+            a loaded evaluator's own model (its card's) for ``load()``, and the embedded model everywhere else.
         served_model: The model id at a base URL (default: the first the server lists).
         temperature: Sampling temperature (0, as in the paper).
         max_tokens: Cap per call (default: 320 for the embedded model, 1024 otherwise).
@@ -75,7 +76,7 @@ class LMSpec:
         chateval_dspy.errors.ConfigError: temperature must lie in 0..2, got 3.0
     """
 
-    model: str = "embedded"
+    model: str | None = None
     served_model: str | None = None
     temperature: float = 0.0
     max_tokens: int | None = None
@@ -97,7 +98,7 @@ class LMSpec:
         from chateval_dspy.lm.panel import check_referee_models
         from chateval_dspy.lm.pricing import stated_price
 
-        if not isinstance(self.model, str) or not self.model.strip():
+        if self.model is not None and (not isinstance(self.model, str) or not self.model.strip()):
             raise ConfigError("model must be 'embedded', an http(s) base URL or a LiteLLM model string")
         object.__setattr__(self, "referee_models", check_referee_models(self.referee_models))
         if self.price_per_mtok is not None:
@@ -118,7 +119,7 @@ class LMSpec:
             object.__setattr__(self, "batch", True)
         if not 0 < self.batch_poll <= 3600:
             raise ConfigError(f"batch_poll must be positive seconds, at most 3600, got {self.batch_poll}")
-        if self.batch:
+        if self.batch and self.model is not None:
             self.batch_route()  # a model without a batch API or a batch price fails before anything is submitted
 
     def batch_route(self):
@@ -130,7 +131,7 @@ class LMSpec:
         """
         from chateval_dspy.lm.batch.setup import batch_route
 
-        return batch_route(self.model, served_model=self.served_model, batch_dir=self.batch_dir,
+        return batch_route(self.target, served_model=self.served_model, batch_dir=self.batch_dir,
                            stated=self.price(), referee_models=self.referee_models)
 
     def bounds(self) -> CallBounds:
@@ -141,6 +142,11 @@ class LMSpec:
             CallBounds(timeout=5.0, retries=2, call_deadline=20.0, item_deadline=80.0)
         """
         return CallBounds.derive(self.timeout, self.retries, self.call_deadline, self.item_deadline)
+
+    @property
+    def target(self) -> str:
+        """The model these settings reach: ``model``, or the embedded model when none is named."""
+        return self.model or "embedded"
 
     @property
     def referee_map(self) -> dict[str, str]:
@@ -159,7 +165,7 @@ class LMSpec:
         A mixed panel's referee models are part of it; a single-model spec's identity (and so its run keys) is
         what it was before mixed panels. The price changes no answer and is not.
         """
-        out = {"model": self.model, "served_model": self.served_model, "temperature": self.temperature,
+        out = {"model": self.target, "served_model": self.served_model, "temperature": self.temperature,
                "max_tokens": self.max_tokens}
         if self.referee_models:
             out["referee_models"] = self.referee_map
@@ -187,32 +193,37 @@ class LMSpec:
         In batch mode the LM batches its calls in waves; ``journal`` is the folder that keeps its batches and
         answers (beside the results file), ``on_wave`` sees its progress (``lm.batch.waves.Waves``).
         """
-        from chateval_dspy.lm import resolve, tags
-
-        resolve.configure_cache(self.cache, self.cache_dir)
-        with tags.tagging():  # a caller's tags (its task) stay; else the run's own
-            yield from self._judging(slots, threads, journal, on_wave)
-
-    def _judging(self, slots, threads, journal, on_wave) -> Iterator[dspy.LM]:
-        """``judging``'s LM, entered (the batching LM, or the panel's with the JSON adapter and a stated price)."""
         import dspy
 
-        from chateval_dspy.lm import panel
-        from chateval_dspy.lm.adapter import JudgeAdapter
+        from chateval_dspy.lm import tags
+        from chateval_dspy.lm.adapter import DebateAdapter
         from chateval_dspy.lm.bound import binding
+
+        with tags.tagging(), self.opened(slots, threads=threads, journal=journal, on_wave=on_wave) as (lm, referees), \
+                dspy.context(lm=lm, adapter=DebateAdapter()), binding(referees):  # a caller's tags (its task) stay
+            yield lm
+
+    @contextlib.contextmanager
+    def opened(self, slots: int = 1, *, threads: int | None = None, journal: str | Path | None = None,
+               on_wave: Callable[[dict], None] | None = None) -> Iterator[tuple[dspy.LM, dict[str, dspy.LM]]]:
+        """The cache set, the LMs started (embedded) or reached, with this spec's bounds, retries and breaker and a
+        stated price, and stopped on exit: ``(main LM, {referee slug: LM})``; in batch mode the batching LM and no
+        referee LMs. No DSPy context is entered (``judging`` enters one), so a loaded ``Judge`` holds them and uses
+        them from any thread."""
+        from chateval_dspy.lm import panel, resolve
         from chateval_dspy.lm.pricing import attach_price
 
+        resolve.configure_cache(self.cache, self.cache_dir)
         if self.batch:
-            with self.batching(journal, on_wave) as lm, dspy.context(lm=lm, adapter=JudgeAdapter()):
-                yield lm
+            with self.batching(journal, on_wave) as lm:
+                yield lm, {}
             return
-        with panel.open_panel(self.model, self.referee_map, slots=slots, temperature=self.temperature,
+        with panel.open_panel(self.target, self.referee_map, slots=slots, temperature=self.temperature,
                               max_tokens=self.max_tokens, served_model=self.served_model, timeout=self.timeout,
                               retries=self.retries, call_deadline=self.call_deadline,
                               item_deadline=self.item_deadline, threads=threads, breaker=self.breaker,
-                              rate_limit_wait=self.rate_limit_wait) as (lm, referees), \
-                dspy.context(lm=attach_price(lm, self.price()), adapter=JudgeAdapter()), binding(referees):
-            yield lm
+                              rate_limit_wait=self.rate_limit_wait) as (lm, referees):
+            yield attach_price(lm, self.price()), referees
 
     def batching(self, journal: str | Path | None, on_wave: Callable[[dict], None] | None = None):
         """The batching LM of this spec (``lm.batch.setup.batch_lm``), its batches and answers kept in ``journal``."""
@@ -220,6 +231,6 @@ class LMSpec:
 
         if journal is None:
             raise ConfigError("batch mode keeps its batches beside a results file: give one (--out)")
-        return batch_lm(self.batch_route(), self.model, journal, batch_dir=self.batch_dir,
+        return batch_lm(self.batch_route(), self.target, journal, batch_dir=self.batch_dir,
                         temperature=self.temperature, max_tokens=self.max_tokens, retries=self.retries,
                         poll_seconds=self.batch_poll, on_progress=on_wave)

@@ -20,7 +20,7 @@ class Debater(dspy.Module):
     (``referees['critic'].argue``, ``referees['critic'].judge`` in ``named_predictors()``).
 
     In a mixed panel the referee runs on the LM bound to its slug (``lm.panel``, set up by ``LMSpec.judging``
-    or ``load(..., referee_models=...)``); otherwise on the context's LM, as every DSPy module does.
+    or ``load(..., lm=LMSpec(referee_models=...))``); otherwise on the context's LM, as every DSPy module does.
 
     Args:
         role: Who this referee is.

@@ -80,7 +80,7 @@ def prediction_of(config: DebateConfig, pred: dspy.Prediction):
     return None if pred.abstained else {a: pred[a] for a in task.output_fields}
 
 
-def judge_item(program: dspy.Module, item: dspy.Example, config: DebateConfig) -> dict:
+def result_record(program: dspy.Module, item: dspy.Example, config: DebateConfig) -> dict:
     """One item's result record (what a line of the results file holds).
 
     Pairwise: ``prediction`` (the preference) and each criterion's panel scores per response (``score_1``,
@@ -249,7 +249,7 @@ def evaluate(program: dspy.Module, items: Iterable[dspy.Example], config: Debate
             call that can be made (``concurrency.run_gated``; the LM must be a batching one, ``lm.batch``).
 
     Example:
-        >>> with dspy.context(lm=lm, adapter=JudgeAdapter()):  # doctest: +SKIP
+        >>> with dspy.context(lm=lm, adapter=DebateAdapter()):  # doctest: +SKIP
         ...     result = evaluate(build_evaluator(cfg), items, cfg, out="results.jsonl")
         >>> result.metrics()["accuracy"]  # doctest: +SKIP
     """
@@ -284,7 +284,7 @@ def _judge_rest(program, todo, config, stream: ResultsStream, result: RunResult,
     with dspy.context(disable_history=True):
         try:
             runner = run_gated if waves else bounded_unordered
-            for _, record in runner(lambda x: judge_item(program, x, config), todo, max(1, concurrency)):
+            for _, record in runner(lambda x: result_record(program, x, config), todo, max(1, concurrency)):
                 record = stream.append(record)  # one whole line, flushed and fsynced, before it counts
                 result.add(record)
                 if on_item:

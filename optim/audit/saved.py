@@ -6,6 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from chateval_dspy.data.spec import DataSpec
+from chateval_dspy.lm.spec import LMSpec
 from optim.audit.probes import CLI_PROBES, AuditReport, audit
 
 
@@ -21,10 +22,10 @@ def data_name(data: DataSpec) -> str:
 
 
 def audit_saved(program: str | Path, data: DataSpec, *, out: str | Path, probes=CLI_PROBES, seed: int = 0,
-                model: str | None = None, served_model: str | None = None, timeout: float = 120.0,
-                concurrency: int = 1, family_columns: tuple[str, ...] = (), bias_column: str | None = None,
-                judge_family: str | None = None) -> AuditReport:
-    """``audit`` of the evaluator saved at ``program`` (loaded on ``model``, default its card's) on ``data``'s items;
+                lm: LMSpec | None = None, concurrency: int = 1, family_columns: tuple[str, ...] = (),
+                bias_column: str | None = None, judge_family: str | None = None) -> AuditReport:
+    """``audit`` of the evaluator saved at ``program`` (loaded on ``lm``, its model None: the card's) on ``data``'s
+    items;
     ``family_columns`` and ``bias_column`` name the data file's columns for self-preference and per-type accuracy."""
     from chateval_dspy.deploy.saved.judge import load
     from optim.audit.columns import families_and_types
@@ -34,7 +35,7 @@ def audit_saved(program: str | Path, data: DataSpec, *, out: str | Path, probes=
         if family_columns or bias_column else {}
     if family_columns:
         columns["judge_family"] = judge_family
-    with load(program, model=model, served_model=served_model, timeout=timeout, slots=concurrency) as judge:
+    with load(program, lm=lm, slots=concurrency) as judge:
         if data.task is None and data.format is None:  # a custom file's items are the evaluator's task's
             data = replace(data, task=judge.task)
         items, _ = data.items()

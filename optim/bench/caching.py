@@ -6,7 +6,7 @@ against a fake provider on 127.0.0.1 that bills input tokens by the provider's d
 steps of 128; Anthropic: only at ``cache_control`` breakpoints, the model's minimum length, reads at the cost
 map's read rate, writes at its write rate). Dollars come from the results lines, priced with LiteLLM's offline
 cost map (list input, cached-read, cache-write and output rates of the model named). "Before" renders with DSPy's
-own ``JSONAdapter`` (the bytes every call sent until the cache layout); "after" with ``JudgeAdapter``. Every row
+own ``JSONAdapter`` (the bytes every call sent until the cache layout); "after" with ``DebateAdapter``. Every row
 starts from an empty provider cache and judges its items one at a time, in order, so the cache carries across
 items as it would in one production run. The embedded model's rows count the prompt tokens llama.cpp computed
 (not reused from its prefix cache) and the parse rate.
@@ -28,7 +28,7 @@ import dspy
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.data.loaders import load_dataset
 from chateval_dspy.data.splits import select
-from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.lm.adapter import DebateAdapter
 from chateval_dspy.lm.pricing import price_for
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.run.evaluate import evaluate
@@ -38,7 +38,7 @@ from optim.bench import common as bench
 
 # The fake provider that bills a model, by the model string's provider prefix.
 PROVIDERS = ("openai", "anthropic")
-LAYOUTS = {"before": dspy.JSONAdapter, "after": JudgeAdapter}
+LAYOUTS = {"before": dspy.JSONAdapter, "after": DebateAdapter}
 
 
 def panels() -> dict[str, DebateConfig]:
@@ -128,7 +128,7 @@ def compiled_panel(items_train, *, demos: int = 4):
     from optim.tuning.objectives import agreement
 
     cfg = DebateConfig()
-    with dspy.context(lm=fake_lm(), adapter=JudgeAdapter()):
+    with dspy.context(lm=fake_lm(), adapter=DebateAdapter()):
         program = compile_evaluator(build_evaluator(cfg), optimizer="bootstrap", trainset=items_train, valset=None,
                                     metric=agreement, settings=OptimizerSettings(max_demos=demos))
     counts = {n: len(p.demos) for n, p in program.named_predictors()}

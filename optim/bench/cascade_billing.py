@@ -163,9 +163,10 @@ def embedded_rows(cascade_dir: Path, items: list, args) -> dict:
     """The saved cascade on the embedded model (every stage), through ``load()``: per item, stages run, the stage
     that gave the verdict, whether it parsed, calls and seconds."""
     from chateval_dspy.deploy.saved.judge import load
+    from chateval_dspy.lm.spec import LMSpec
 
     rows = []
-    with load(cascade_dir, model="embedded", slots=1) as judge:
+    with load(cascade_dir, lm=LMSpec(model="embedded"), slots=1) as judge:
         for x in items:
             v = judge({k: x[k] for k in ("id", "question", "answer_1", "answer_2")})
             rows.append({"id": v.id, "stages_run": v.stages_run, "stage": v.stage, "winner": v.winner,

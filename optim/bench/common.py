@@ -22,7 +22,7 @@ from pathlib import Path
 import dspy
 
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.lm.adapter import DebateAdapter
 from chateval_dspy.run.evaluate import evaluate
 from chateval_dspy.run.identity import digest
 from chateval_dspy.run.records import read_records
@@ -211,7 +211,7 @@ def isolate_cache() -> str:
 @contextlib.contextmanager
 def judging(factory: LMFactory, slots: int = 1) -> Iterator[dspy.LM]:
     """Enter the LM with the JSON adapter, as the CLI does."""
-    with factory(slots) as lm, dspy.context(lm=lm, adapter=JudgeAdapter()):
+    with factory(slots) as lm, dspy.context(lm=lm, adapter=DebateAdapter()):
         yield lm
 
 

@@ -26,7 +26,7 @@ import dspy
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.data.loaders import load_dataset
 from chateval_dspy.data.splits import select
-from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.lm.adapter import DebateAdapter
 from chateval_dspy.lm.resolve import EMBEDDED_MODEL_ID
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.run.evaluate import evaluate
@@ -126,7 +126,7 @@ def overhead(items, cfg: DebateConfig, workdir: Path) -> dict:
     """The framework's own time per LM call, with a zero-latency fake LM and results streamed to a file."""
     lm = fake_lm()
     program = build_evaluator(cfg)
-    with dspy.context(lm=lm, adapter=JudgeAdapter()):
+    with dspy.context(lm=lm, adapter=DebateAdapter()):
         evaluate(program, items[:2], cfg)  # warm-up: first calls build the adapter's schemas and import lazily
         meter = bench.attach_meter(lm)
         result = evaluate(program, items, cfg, out=workdir / "overhead.jsonl", run_key="overhead")
@@ -280,7 +280,7 @@ def rss_child(n: int, out: str) -> dict:
             yield x.copy(id=f"{x.id}-{i}")
 
     start = time.perf_counter()
-    with dspy.context(lm=lm, adapter=JudgeAdapter()):
+    with dspy.context(lm=lm, adapter=DebateAdapter()):
         # A fixed key keeps the items streaming (a derived key would hash them all first).
         result = evaluate(build_evaluator(cfg), items(), cfg, out=out, run_key="rss")
     ru_maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -28,10 +28,7 @@ def add_command(sub) -> None:
     p.add_argument("--judge-family", help="the judge's own model family (default: from its model's name)")
     p.add_argument("--bias-column", metavar="COLUMN",
                    help="column naming each pair's bias type (EvalBiasBench format): adds accuracy per type")
-    p.add_argument("--model", help="LM for this evaluator (default: the card's model)")
-    p.add_argument("--served-model", help="model id at a base URL")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds one attempt of one LM request may take")
-    p.add_argument("--concurrency", type=int, default=1, help="items judged at once")
+    flags.add_lm_flags(p, loaded=True)
     flags.add_tracking_flags(p)
 
 
@@ -43,8 +40,8 @@ def run(args) -> int:
     data = DataSpec(dataset=args.dataset, format=args.format, columns=parse_columns(args.columns),
                     label_map=parse_label_map(args.label_map), limit=args.limit)
     report = audit_saved(args.program, data, out=args.out, probes=flags.names(args.probes), seed=args.seed,
-                         model=args.model, served_model=args.served_model, timeout=args.timeout,
-                         concurrency=flags.concurrency(args), family_columns=flags.names(args.family_columns),
+                         lm=flags.lm_spec(args), concurrency=flags.concurrency(args),
+                         family_columns=flags.names(args.family_columns),
                          bias_column=args.bias_column, judge_family=args.judge_family)
     if report.resumed:
         print(f"resumed: {report.resumed} verdict(s) were already in {report.out}", file=sys.stderr)

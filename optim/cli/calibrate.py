@@ -14,10 +14,7 @@ def add_command(sub) -> None:
     flags.add_held_out_flags(p)
     p.add_argument("--seed", type=int, help="split seed (default: the one the evaluator's card records, else 0); "
                                             "the calibration/check halves are drawn with it too")
-    p.add_argument("--model", help="LM for this evaluator (default: the card's model)")
-    p.add_argument("--served-model", help="model id at a base URL")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds one attempt of one LM request may take")
-    p.add_argument("--concurrency", type=int, default=1, help="items judged at once")
+    flags.add_lm_flags(p, loaded=True)
     p.add_argument("--agree-at-least", type=float, metavar="LEVEL",
                    help="the agreement with people the verdicts given must reach, e.g. 0.85 (with --risk)")
     p.add_argument("--risk", type=float, help="the accepted chance that the guarantee fails, e.g. 0.1")
@@ -36,8 +33,8 @@ def run(args) -> int:
 
     data = flags.held_out_spec(args)
     with show.progress(None, not args.no_progress) as on_item:
-        report = calibrate(args.program, data, out_dir=args.out_dir, model=args.model, served_model=args.served_model,
-                           timeout=args.timeout, concurrency=flags.concurrency(args), level=args.agree_at_least,
+        report = calibrate(args.program, data, out_dir=args.out_dir, lm=flags.lm_spec(args),
+                           concurrency=flags.concurrency(args), level=args.agree_at_least,
                            risk=args.risk, method=args.method, seed=args.seed, on_item=on_item)
     if report.ece_calibrated is not None:  # the certificate's calibration error, beside the card's calibration
         from optim.certify.certificate import calibration_part, fill

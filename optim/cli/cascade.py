@@ -21,8 +21,7 @@ def add_command(sub) -> None:
     flags.add_held_out_flags(p)
     p.add_argument("--seed", type=int, help="split seed (default: the one the stages' cards record, else 0); the "
                                             "calibration/check halves are drawn with it too")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds one attempt of one LM request may take")
-    p.add_argument("--concurrency", type=int, default=1, help="items judged at once")
+    flags.add_lm_flags(p, loaded=True)  # --model: every stage whose declaration names none, else each card's
     p.add_argument("--method", choices=["isotonic", "platt"], default="isotonic",
                    help="the stages' confidence maps' shape (default isotonic; platt: steadier on small splits)")
     p.add_argument("--out-dir", default="reports/cascade",
@@ -54,7 +53,7 @@ def run(args) -> int:
     data = flags.held_out_spec(args)
     with show.progress(None, not args.no_progress) as on_item:
         report = build_cascade(cascade, data, out=args.out, out_dir=args.out_dir, method=args.method, seed=args.seed,
-                               timeout=args.timeout, concurrency=flags.concurrency(args), on_item=on_item)
+                               lm=flags.lm_spec(args), concurrency=flags.concurrency(args), on_item=on_item)
     log = None if args.no_mlflow else lambda: log_report(report, data, method=args.method, uri=args.tracking_uri)
     return show.fitted(report, command="cascade", level=cascade.level, risk=cascade.risk, log=log,
                        resumed=f"resumed: {report.resumed} stage verdict(s) were already in the results files")

@@ -82,11 +82,14 @@ def add_panel_flags(p: argparse.ArgumentParser) -> None:
                    help="judged texts longer than this are truncated (default %(default)s)")
 
 
-def add_lm_flags(p: argparse.ArgumentParser, *, concurrency: int = 1) -> None:
+def add_lm_flags(p: argparse.ArgumentParser, *, concurrency: int = 1, loaded: bool = False) -> None:
+    """The LM and its call settings, the same on every command (``lm_spec`` reads them); ``loaded``: a command that
+    runs saved evaluators, whose ``--model`` defaults to each one's own (its card's)."""
     g = p.add_argument_group("model")
-    g.add_argument("--model", default=default(LMSpec, "model"),
-                   help="embedded (default: Gemma 3 270M, started for you), an OpenAI-compatible base URL, "
-                        "or a LiteLLM model string such as openai/gpt-4o-mini")
+    g.add_argument("--model", default=None if loaded else "embedded",
+                   help="embedded (Gemma 3 270M, started for you), an OpenAI-compatible base URL, or a LiteLLM model "
+                        "string such as openai/gpt-4o-mini (default: "
+                        + ("the saved evaluator's own model, its card's)" if loaded else "embedded)"))
     g.add_argument("--served-model", help="model id at a base URL (default: the first it lists)")
     g.add_argument("--referee", action="append", metavar="SLUG=MODEL",
                    help="a mixed panel: referee SLUG runs on MODEL (embedded, a base URL, a LiteLLM string), the "
@@ -194,17 +197,8 @@ def gates(args):
 def add_loaded_flags(p: argparse.ArgumentParser) -> None:
     """A saved evaluator and the LM it runs on (score, serve)."""
     p.add_argument("evaluator", help="saved evaluator dir, runs:/<run_id>[/path] or models:/<name>/<version>")
-    p.add_argument("--model", help="LM for this evaluator (default: the card's model)")
-    p.add_argument("--served-model", help="model id at a base URL")
-    p.add_argument("--timeout", type=float, default=default(LMSpec, "timeout"),
-                   help="seconds one attempt of one LM request may take")
-    p.add_argument("--concurrency", type=int, default=2, help="items judged at once")
     p.add_argument("--trust-pickle", action="store_true", help="allow a pickled program (runs code from the file)")
-    p.add_argument("--referee", action="append", metavar="SLUG=MODEL",
-                   help="run referee SLUG on MODEL (default: the card's referee models); repeat per referee")
-    p.add_argument("--price-per-mtok", metavar="IN,OUT[,CACHED_READ[,CACHE_WRITE]]",
-                   help="US dollars per million input,output tokens of --model (and cached reads, cache writes), "
-                        "where LiteLLM's cost map has no price")
+    add_lm_flags(p, concurrency=2, loaded=True)
 
 
 def add_held_out_flags(p: argparse.ArgumentParser) -> None:

@@ -34,25 +34,16 @@ def add_command(sub) -> None:
                        "file has at most {n} rows")
 
 
-def load_judge(args, batch=None):
-    """The saved evaluator named by the flags, bound to its LM (score, serve); ``batch``: in batch mode."""
+def load_judge(args):
+    """The saved evaluator named by the flags, bound to the LM the flags give (score, serve); in batch mode
+    (``--batch``, ``--batch-dir``: score only) its batches are kept beside ``--out``."""
     from chateval_dspy.deploy.saved.judge import load
-    from chateval_dspy.lm.panel import parse_referees
-
-    return load(args.evaluator, model=args.model, trust_pickle=args.trust_pickle, slots=flags.concurrency(args),
-                timeout=args.timeout, served_model=args.served_model, referee_models=parse_referees(args.referee) or None,
-                price_per_mtok=args.price_per_mtok, batch=batch)
-
-
-def batch_run(args):
-    """``--batch``/``--batch-dir`` as a ``BatchRun`` (its journal beside ``--out``), or None for a live run."""
-    if not (args.batch or args.batch_dir):
-        return None
-    from chateval_dspy.lm.batch.setup import BatchRun
     from chateval_dspy.run.evaluate_dataset import journal_folder
 
-    return BatchRun(journal_folder(Path(args.out)), args.batch_dir, args.batch_poll,
-                    show.wave_progress(not args.no_progress))
+    lm = flags.lm_spec(args)
+    batched = {"journal": journal_folder(Path(args.out)), "on_wave": show.wave_progress(not args.no_progress)} \
+        if lm.batch else {}
+    return load(args.evaluator, lm=lm, slots=flags.concurrency(args), trust_pickle=args.trust_pickle, **batched)
 
 
 def traced(judge, args, *, items: int | None, command: str, tags: dict | None = None):
@@ -86,12 +77,11 @@ def run(args) -> int:
     columns = parse_columns(args.columns)
     # The default rule counts rows only when it could turn tracing on (an upper bound: non-blank lines).
     small = args.trace is None and Path(args.src).is_file() and at_most_lines(args.src, DEFAULT_MAX_ITEMS)
-    batch = batch_run(args)
-    with load_judge(args, batch) as judge, show.progress(None, not args.no_progress) as on_item:
+    with load_judge(args) as judge, show.progress(None, not args.no_progress) as on_item:
         evaluator = traced(judge, args, items=DEFAULT_MAX_ITEMS if small else None, command="score",
                            tags={"chateval.source": Path(args.src).name})
         report = score_file(evaluator, args.src, args.out, columns=columns, concurrency=args.concurrency,
-                            on_item=on_item, waves=batch is not None)
+                            on_item=on_item, waves=bool(args.batch or args.batch_dir))
         if evaluator is not judge:
             evaluator.tracer.flush()
     print(f"rows: {report.total}  scored now: {report.scored}  already done: {report.skipped}  "

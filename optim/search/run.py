@@ -197,8 +197,9 @@ def first_stage(data, plan: SearchPlan, spec: StudySpec, cascade, *, concurrency
     hooks.note(f"first stage {stage.program}: judged once on the {len(dev)} dev items, reused by every trial")
     # The search's stated price is its --model's: it prices the first stage only when that runs on the same spec.
     price = plan.lm.price_per_mtok if stage.model == plan.lm.model else None
-    run = judge_first_stage(stage, dev, Path("results") / spec.name / "first-stage", fitted_on=header,
-                            price_per_mtok=price, concurrency=concurrency)
+    lm = dataclasses.replace(plan.lm, price_per_mtok=price, referee_models=(), batch=False, batch_dir=None)
+    run = judge_first_stage(stage, dev, Path("results") / spec.name / "first-stage", fitted_on=header, lm=lm,
+                            concurrency=concurrency)
     return SearchedCascade(run, cascade.level, cascade.risk, header={**header, "first_stage_model": run.model})
 
 

@@ -14,7 +14,7 @@ import dspy
 from chateval_dspy.data.splits import grouping, split
 from chateval_dspy.deploy.mlflow.trace_labels import labels_from_traces
 from chateval_dspy.errors import ConfigError
-from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.lm.adapter import DebateAdapter
 from optim.tuning.compile import OPTIMIZERS, OptimizerSettings, compile_evaluator
 from optim.tuning.objectives import make_metric
 
@@ -51,7 +51,7 @@ class CompileAligner:
         parts = split(items, seed=self.settings.seed, fractions=(1 - self.dev, self.dev, 0.0), group=grouping(task))
         train, dev = parts["train"] or items, parts["dev"]
         metric = make_metric(self.metric or ("agreement" if task.format == "pairwise" else "score_error"), task, train)
-        with dspy.context(lm=loaded.lm, adapter=JudgeAdapter()):
+        with dspy.context(lm=loaded.lm, adapter=DebateAdapter()):
             compiled = compile_evaluator(loaded.program, optimizer=self.optimizer, trainset=train, valset=dev,
                                          metric=metric, settings=self.settings)
         card = {**got.card(), "optimizer": self.optimizer, "train": len(train), "dev": len(dev)}

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from chateval_dspy.data.spec import DataSpec
 from chateval_dspy.errors import ConfigError
+from chateval_dspy.lm.spec import LMSpec
 from chateval_dspy.run.metrics import Estimate
 from optim.tuning.selective import MIN_ITEMS, Selection, exact_rate
 
@@ -152,14 +153,14 @@ def judge_halves(judge, parts: dict[str, list], out_dir: Path, *, concurrency: i
     """Judge both halves with ``judge`` into one resumable results file under ``out_dir``; each half's lines."""
     import dspy
 
-    from chateval_dspy.lm.adapter import JudgeAdapter
+    from chateval_dspy.lm.adapter import DebateAdapter
     from chateval_dspy.run.evaluate import evaluate
     from chateval_dspy.run.identity import context_identity, run_key
     from chateval_dspy.run.records import is_error, read_records
 
     items = [x for half in HALVES for x in parts[half]]
     out_dir.mkdir(parents=True, exist_ok=True)
-    with dspy.context(lm=judge.lm, adapter=JudgeAdapter()), uncalibrated(judge.program):
+    with dspy.context(lm=judge.lm, adapter=DebateAdapter()), uncalibrated(judge.program):
         # Named by what is judged (panel, model, items, tuned state), as ``chateval evaluate`` names its file: a
         # rerun resumes it, another evaluator, model or --limit gets its own.
         path = out_dir / f"calibration-{run_key(judge.config, context_identity(), items, judge.program.dump_state())}.jsonl"
@@ -289,14 +290,13 @@ def calibrate_judge(judge, program_dir: str | Path, data: DataSpec, *, out_dir: 
     return report
 
 
-def calibrate(program_dir: str | Path, data: DataSpec, *, out_dir: str | Path, model: str | None = None,
-              served_model: str | None = None, timeout: float = 120.0, concurrency: int = 1, **options
-              ) -> CalibrationReport:
-    """``calibrate_judge`` on the evaluator saved at ``program_dir``, loaded on ``model`` (default its card's).
+def calibrate(program_dir: str | Path, data: DataSpec, *, out_dir: str | Path, lm: LMSpec | None = None,
+              concurrency: int = 1, **options) -> CalibrationReport:
+    """``calibrate_judge`` on the evaluator saved at ``program_dir``, loaded on ``lm`` (its model None: the card's).
     ``options``: ``level``, ``risk``, ``method``, ``on_item``."""
     from chateval_dspy.deploy.saved.judge import load
 
-    with load(program_dir, model=model, served_model=served_model, timeout=timeout, slots=concurrency) as judge:
+    with load(program_dir, lm=lm, slots=concurrency) as judge:
         return calibrate_judge(judge, program_dir, data, out_dir=out_dir, concurrency=concurrency, **options)
 
 

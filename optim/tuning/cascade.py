@@ -25,6 +25,7 @@ from pathlib import Path
 
 from chateval_dspy.data.spec import DataSpec
 from chateval_dspy.errors import ConfigError, shown
+from chateval_dspy.lm.spec import LMSpec
 from chateval_dspy.run.metrics import Estimate
 from optim.tuning.calibrate import HALVES, calibration_items, fit, given_pairs, judge_halves
 from optim.tuning.selective import Cascade, choose_cascade_thresholds, exact_rate, route
@@ -210,12 +211,13 @@ def split_of(declared: DeclaredCascade, data: DataSpec, seed: int | None) -> tup
 
 
 def judge_stage(stage: DeclaredStage, index: int, parts: dict[str, list], data: DataSpec, out_dir: Path, *,
-                method: str, timeout: float = 120.0, concurrency: int = 1, on_item=None) -> StageRun:
-    """Stage ``index`` (from 1) on both halves, into ``out_dir/<index>-<name>/``, and its map fitted on the
-    calibration half (any calibration it was saved with is set aside while it judges: ``judge_halves``)."""
+                method: str, lm: LMSpec, concurrency: int = 1, on_item=None) -> StageRun:
+    """Stage ``index`` (from 1) on both halves, into ``out_dir/<index>-<name>/``, on ``lm`` (the stage's declared
+    model, else ``lm.model``, else its card's), and its map fitted on the calibration half (any calibration it was
+    saved with is set aside while it judges: ``judge_halves``)."""
     from chateval_dspy.deploy.saved.judge import load
 
-    with load(stage.program, model=stage.model, timeout=timeout, slots=concurrency) as judge:
+    with load(stage.program, lm=replace(lm, model=stage.model or lm.model), slots=concurrency) as judge:
         path, lines, resumed = judge_halves(judge, parts, out_dir / f"{index}-{stage.name}", concurrency=concurrency,
                                             on_item=on_item)
         model, task = judge.lm.model, judge.config.task_spec
@@ -527,8 +529,8 @@ def check_figures(runs: list[StageRun], cascade: Cascade, check: Routed, *, seed
 
 
 def build_cascade(declared: DeclaredCascade, data: DataSpec, *, out: str | Path, out_dir: str | Path,
-                  method: str = "isotonic", seed: int | None = None, timeout: float = 120.0, concurrency: int = 1,
-                  on_item=None) -> CascadeReport:
+                  method: str = "isotonic", seed: int | None = None, lm: LMSpec | None = None,
+                  concurrency: int = 1, on_item=None) -> CascadeReport:
     """Judge, fit, choose, save and check a cascade (see the module docstring).
 
     Args:
@@ -539,14 +541,14 @@ def build_cascade(declared: DeclaredCascade, data: DataSpec, *, out: str | Path,
             (``fitted/``) and ``report.json``.
         method: The confidence maps' shape, ``isotonic`` or ``platt``.
         seed: The split's seed; default the one the stages' cards record, else ``data.seed``.
-        timeout, concurrency, on_item: As for ``chateval calibrate``.
+        lm, concurrency, on_item: As for ``chateval calibrate``; a stage's declared model replaces ``lm.model``.
     """
     from chateval_dspy.deploy.saved.cascade import save_cascade
 
     data, task = split_of(declared, data, seed)
     out_dir = Path(out_dir)
     parts = calibration_items(data)
-    runs = [judge_stage(stage, i, parts, data, out_dir, method=method, timeout=timeout, concurrency=concurrency,
+    runs = [judge_stage(stage, i, parts, data, out_dir, method=method, lm=lm or LMSpec(), concurrency=concurrency,
                         on_item=on_item) for i, stage in enumerate(declared.stages, start=1)]
     calibration = routed(runs, parts["calibration"], task)
     cascade = choose_cascade_thresholds(calibration.pairs(), level=declared.level, risk=declared.risk)
@@ -604,17 +606,16 @@ def fitted_stage(stage: DeclaredStage, lines: list[dict], task, *, model: str, r
                     calibration)
 
 
-def judge_first_stage(stage: DeclaredStage, items: list, out_dir: Path, *, fitted_on: dict, method: str = "isotonic",
-                      price_per_mtok: str | None = None, timeout: float = 120.0, concurrency: int = 1,
-                      on_item=None) -> StageRun:
+def judge_first_stage(stage: DeclaredStage, items: list, out_dir: Path, *, fitted_on: dict, lm: LMSpec,
+                      method: str = "isotonic", concurrency: int = 1, on_item=None) -> StageRun:
     """A searched cascade's first stage, judged once on ``items`` (a search's dev split) into a resumable results
     file under ``out_dir`` (a rerun or another worker reads it back), its map fitted on the same items. Its calls
-    must carry US dollars (the cost map's, or ``price_per_mtok``): a ``ConfigError`` otherwise, before any trial."""
+    must carry US dollars (the cost map's, or ``lm.price_per_mtok``): a ``ConfigError`` otherwise, before any trial.
+    It runs on ``lm`` with the stage's declared model (None: its card's)."""
     from chateval_dspy.deploy.saved.judge import load
 
     # The cache off, as for the trials: a cached answer reports no usage and would make the stage look free.
-    with load(stage.program, model=stage.model, timeout=timeout, slots=concurrency, cache=False,
-              price_per_mtok=price_per_mtok) as judge:
+    with load(stage.program, lm=replace(lm, model=stage.model, cache=False), slots=concurrency) as judge:
         path, lines, _ = judge_halves(judge, {"calibration": list(items), "check": []}, Path(out_dir),
                                       concurrency=concurrency, on_item=on_item)
         model, task = judge.lm.model, judge.config.task_spec

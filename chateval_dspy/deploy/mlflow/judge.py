@@ -54,7 +54,7 @@ def mlflow_judge(judge, *, name: str = "chateval", trace: bool = False, fields: 
     """A loaded evaluator as an MLflow GenAI judge, for ``mlflow.genai.evaluate(data=..., scorers=[...])``.
 
     Args:
-        judge: A loaded ``Judge`` (``chateval_dspy.load(path, model=...)``); it stays open as long as the scorer
+        judge: A loaded ``Judge`` (``chateval_dspy.load(path, lm=LMSpec(...))``); it stays open as long as the scorer
             is used.
         name: The Feedback name (per-criterion feedbacks are ``<name>/<criterion>``).
         trace: Also log each item's debate as its own MLflow trace (``chateval_dspy.run.tracing``) and link every

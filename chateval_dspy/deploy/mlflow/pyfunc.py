@@ -21,8 +21,9 @@ from mlflow.pyfunc import PythonModel
 class ChatEvalPyfunc(PythonModel):
     def load_context(self, context):
         from chateval_dspy.deploy.saved.judge import load
+        from chateval_dspy.lm.spec import LMSpec
 
-        self.judge = load(context.artifacts["evaluator"], model=os.environ.get("CHATEVAL_MODEL") or None)
+        self.judge = load(context.artifacts["evaluator"], lm=LMSpec(model=os.environ.get("CHATEVAL_MODEL") or None))
 
     def predict(self, context, model_input, params=None):
         import pandas as pd

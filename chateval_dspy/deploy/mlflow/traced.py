@@ -44,14 +44,14 @@ class TracedJudge:
 
         from chateval_dspy.data.loaders import item_from_record
         from chateval_dspy.deploy.saved.judge import Verdict
-        from chateval_dspy.lm.adapter import JudgeAdapter
-        from chateval_dspy.run.evaluate import judge_item
+        from chateval_dspy.lm.adapter import DebateAdapter
+        from chateval_dspy.run.evaluate import result_record
 
         # What Judge.__call__ does, keeping the record: a Verdict drops the transcripts a trace is made of.
         judge = self.judge
         example = item_from_record(item, judge.task, source=source, row=row)
-        with untraced() if quiet else contextlib.nullcontext(), dspy.context(lm=judge.lm, adapter=JudgeAdapter()):
-            record = judge_item(judge.program, example, judge.config)
+        with untraced() if quiet else contextlib.nullcontext(), dspy.context(lm=judge.lm, adapter=DebateAdapter()):
+            record = result_record(judge.program, example, judge.config)
         ended = time.time_ns()
         trace_id = self.tracer(record, {k: example[k] for k in judge.task.input_names}, ended_ns=ended, parent=parent)
         return Verdict.from_record(record, judge.task), trace_id

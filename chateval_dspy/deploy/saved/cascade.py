@@ -47,10 +47,10 @@ from chateval_dspy.deploy.saved.untrusted import check_card
 from chateval_dspy.deploy.saved.verdicts import judge_batch
 from chateval_dspy.errors import ConfigError, shown
 from chateval_dspy.files import write_atomic
-from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.lm.adapter import DebateAdapter
 from chateval_dspy.lm.pricing import add_usd
 from chateval_dspy.program.confidence import NEEDS_PERSON, lowest
-from chateval_dspy.run.evaluate import judge_item
+from chateval_dspy.run.evaluate import result_record
 from chateval_dspy.run.identity import digest
 
 CASCADE_FILE, CASCADE_FORMAT, CASCADE_VERSION, STAGES_DIR = "cascade.json", "chateval-cascade", 1, "stages"
@@ -359,8 +359,8 @@ class CascadeJudge:
 
     def judge_stage(self, judge, example: dspy.Example) -> dict:
         """One stage's results line of ``example``, on that stage's LM."""
-        with dspy.context(lm=judge.lm, adapter=JudgeAdapter()):
-            return judge_item(judge.program, example, judge.config)
+        with dspy.context(lm=judge.lm, adapter=DebateAdapter()):
+            return result_record(judge.program, example, judge.config)
 
     def verdict(self, records: Sequence[dict]):
         """The ``deploy.saved.judge.Verdict`` of an item from its stages' results lines (``cascade_record``)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
@@ -29,16 +29,12 @@ from chateval_dspy.deploy.saved.pickled import is_pickled, trusted, unpickle_fil
 from chateval_dspy.deploy.saved.store import CARD_FILE, load_program, read_card, save_program
 from chateval_dspy.deploy.saved.verdicts import judge_batch
 from chateval_dspy.errors import ConfigError
-from chateval_dspy.lm.adapter import JudgeAdapter
-from chateval_dspy.lm.batch.setup import BatchRun
-from chateval_dspy.lm.panel import open_panel
-from chateval_dspy.lm.pricing import attach_price
-from chateval_dspy.lm.resolve import configure_cache
+from chateval_dspy.lm.adapter import DebateAdapter
 from chateval_dspy.lm.spec import LMSpec
 from chateval_dspy.program.chateval import ChatEval
 from chateval_dspy.program.confidence import Calibration
 from chateval_dspy.program.task import TaskSpec, as_task
-from chateval_dspy.run.evaluate import judge_item
+from chateval_dspy.run.evaluate import result_record
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -188,8 +184,8 @@ class Judge:
             DataError: a field is not text, or is empty where the task needs text.
         """
         example = self.example(item, row=row, source=source, **fields)
-        with dspy.context(lm=self.lm, adapter=JudgeAdapter()):
-            return self.verdict(judge_item(self.program, example, self.config))
+        with dspy.context(lm=self.lm, adapter=DebateAdapter()):
+            return self.verdict(result_record(self.program, example, self.config))
 
     def verdict(self, record: dict) -> Verdict:
         """The verdict a results line of this judge's task records (``Verdict.from_record``)."""
@@ -257,35 +253,28 @@ class Judge:
         self.close()
 
 
-def load(path_or_uri: str | Path, *, model: str | None = None, trust_pickle: bool = False, slots: int = 4,
-         timeout: float = 120.0, served_model: str | None = None, cache: bool = True,
-         referee_models: dict[str, str] | None = None, price_per_mtok: str | tuple[float, ...] | None = None,
-         batch: BatchRun | None = None, stage_models: dict[str, str] | None = None) -> Judge | CascadeJudge:
-    """Load a saved evaluator and bind it to an LM (a mixed panel: each referee to its own), or a saved cascade
-    (``deploy.saved.cascade``: a ``CascadeJudge``, each stage loaded as here and bound to its own LM).
+def load(path_or_uri: str | Path, *, lm: LMSpec | None = None, slots: int = 4, trust_pickle: bool = False,
+         journal: str | Path | None = None, on_wave: Callable[[dict], None] | None = None,
+         stage_models: dict[str, str] | None = None) -> Judge | CascadeJudge:
+    """Load a saved evaluator and bind it to its LMs (a mixed panel: each referee to its own), or a saved cascade
+    (``saved.cascade``: a ``CascadeJudge``, each stage loaded as here and bound to its own LM).
 
     Args:
         path_or_uri: A saved evaluator directory, ``runs:/<run_id>[/path]`` (``/pyfunc`` too), or
             ``models:/<name>/<version>``, ``models:/<name>/latest``, ``models:/<name>@<alias>``; or a saved
             cascade (its directory, or such a URI whose evaluator artifact is one).
-        model: The LM spec (``embedded``, a base URL, a LiteLLM string); default: the card's model,
-            which is only ever a model name (a card naming a URL or settings is refused). Given, it runs the
-            whole panel, referees the card assigns to other models included (unless ``referee_models`` says).
-        trust_pickle: Allow loading a pickled program (runs code from the file). Off by default.
+        lm: The LM and its call settings (timeouts, retries, deadlines, the breaker, cache, price, batch mode), as
+            every command takes them. Its ``model`` None (the default): the card's model, which is only ever a
+            model name (a card naming a URL or settings is refused), and each referee the card assigns to another
+            model on that one; a ``model`` given runs the whole panel, unless ``lm.referee_models`` says otherwise
+            (see ``binding`` for the rule).
         slots: Requests kept in flight at once (the embedded model is laid out for them).
-        timeout: Seconds per LM request.
-        served_model: The model id at a base URL.
-        cache: DSPy's LM cache in ``$CHATEVAL_CACHE_DIR`` (default ``~/.cache/chateval-dspy``), or off.
-            The cache is process-wide, so this sets it for the whole process.
-        referee_models: ``{role slug: spec}``: those referees run on their own LM (a base URL, a LiteLLM string,
-            ``embedded``); default: the card's ``referee_models`` names (see ``binding`` for the rule).
-        price_per_mtok: US dollars per million input and output tokens of the main model (``"0.15,0.6"``, optionally
-            with the cached-read and cache-write rates: ``"0.15,0.6,0.075"``), for an endpoint LiteLLM's cost map
-            does not price; verdicts then carry ``cost_usd``.
-        batch: Batch mode (``lm.batch``): the model's calls go out in waves through its Batch API (or a folder);
-            judge items with ``score_file(..., waves=True)``. A mixed panel is not batched.
-        stage_models: A cascade's ``{stage name: spec}``: those stages run on that LM; the others on ``model`` if
-            given, else on their card's model.
+        trust_pickle: Allow loading a pickled program (runs code from the file). Off by default.
+        journal: Batch mode (``lm.batch``): the folder that keeps the batches and their answers (beside the
+            results file); judge items with ``score_file(..., waves=True)``. A mixed panel is not batched.
+        on_wave: Batch mode: sees each wave's progress.
+        stage_models: A cascade's ``{stage name: model}``: those stages run on that model with ``lm``'s settings;
+            the others on ``lm.model`` if given, else on their card's model.
 
     Example:
         >>> from chateval_dspy.config import DebateConfig
@@ -295,55 +284,48 @@ def load(path_or_uri: str | Path, *, model: str | None = None, trust_pickle: boo
         >>> program = build_evaluator(DebateConfig(roles=("critic", "scientist"), turns=1, calibrate=False))
         >>> _ = save_program(program, tmp / "mixed", make_card(
         ...     program, model="openai-compatible/fake-served", referee_models={"scientist": "openai/gpt-4o-mini"}))
-        >>> with load(tmp / "mixed", model=fake_url, referee_models={"scientist": fake_url}, cache=False) as judge:
+        >>> spec = LMSpec(model=fake_url, referee_models={"scientist": fake_url}, cache=False)
+        >>> with load(tmp / "mixed", lm=spec) as judge:
         ...     v = judge({"question": "2+2?", "answer_1": "4", "answer_2": "5"})
         >>> sorted(judge.referee_lms), list(v.usage_by_model), v.cost_usd is None
         (['scientist'], ['openai-compatible/fake-served'], True)
     """
+    lm = lm or LMSpec()
+    lm.price()  # a bad price fails before anything is fetched or started
     stack = contextlib.ExitStack()
     try:
         found = _fetched(str(path_or_uri), trust_pickle, stack)
-        options = {"model": model, "slots": slots, "timeout": timeout, "served_model": served_model, "cache": cache,
-                   "price_per_mtok": price_per_mtok, "batch": batch}
+        options = {"slots": slots, "journal": journal, "on_wave": on_wave}
         if isinstance(found, Path) and is_cascade(found):
-            if referee_models:
+            if lm.referee_models:
                 raise ConfigError(f"{path_or_uri} is a cascade: bind its stages with stage_models (referee_models "
                                   "is for one evaluator)")
-            return _load_cascade(found, stack, stage_models=stage_models, **options)
+            return _load_cascade(found, stack, lm, stage_models=stage_models, **options)
         if stage_models:
             raise ConfigError(f"stage_models: {path_or_uri} is one evaluator, not a cascade")
-        return _bound(*_saved(found), stack, referee_models=referee_models, **options)
+        return _bound(*_saved(found), stack, lm, **options)
     except BaseException:
         stack.close()
         raise
 
 
-def _bound(program: ChatEval, card: dict, stack: contextlib.ExitStack, *, model: str | None, slots: int,
-           timeout: float, served_model: str | None, cache: bool, referee_models: dict[str, str] | None,
-           price_per_mtok, batch: BatchRun | None) -> Judge:
-    """``program`` bound to its LMs (``load``'s arguments), which ``stack`` closes."""
+def _bound(program: ChatEval, card: dict, stack: contextlib.ExitStack, lm: LMSpec, *, slots: int,
+           journal: str | Path | None, on_wave: Callable[[dict], None] | None) -> Judge:
+    """``program`` bound to the LMs of ``lm`` (its model and referees defaulted from ``card``), which ``stack``
+    closes."""
     roles = tuple(program.config.roles)
-    spec = model or default_model(card)
-    referees = referee_specs(card, roles, model=model, referee_models=referee_models)
-    price = LMSpec(spec, price_per_mtok=price_per_mtok).price()  # a bad price fails before any model starts
-    configure_cache(cache)
-    if batch is not None:
-        lm, referee_lms = stack.enter_context(LMSpec(
-            spec, served_model=served_model, price_per_mtok=price_per_mtok, referee_models=referees, batch=True,
-            batch_dir=batch.batch_dir, batch_poll=batch.poll).batching(batch.journal, batch.on_wave)), {}
-    else:
-        lm, referee_lms = stack.enter_context(open_panel(spec, referees, slots=slots, timeout=timeout,
-                                                         served_model=served_model))
-        attach_price(lm, price)  # a batching LM carries its batch price already
-    warn_if_moved(card, lm, referee_lms, roles)
-    return Judge(program, card, lm, stack, referee_lms)
+    referees = referee_specs(card, roles, model=lm.model, referee_models=lm.referee_map)
+    spec = replace(lm, model=lm.model or default_model(card), referee_models=referees)  # batch mode refuses a mix
+    main, referee_lms = stack.enter_context(spec.opened(slots, journal=journal, on_wave=on_wave))
+    warn_if_moved(card, main, referee_lms, roles)
+    return Judge(program, card, main, stack, referee_lms)
 
 
-def _load_cascade(directory: Path, stack: contextlib.ExitStack, *, model: str | None,
-                  stage_models: dict[str, str] | None, batch: BatchRun | None, **options) -> CascadeJudge:
+def _load_cascade(directory: Path, stack: contextlib.ExitStack, lm: LMSpec, *,
+                  stage_models: dict[str, str] | None, journal: str | Path | None, **options) -> CascadeJudge:
     """The cascade saved in ``directory`` (``read_cascade``), each stage ``load``-ed on ``stage_models[name]``, else
-    ``model``, else its card's model; ``stack`` (which holds an MLflow download) closes with the judge. In batch mode
-    each stage keeps its batches in a journal of its own (``<journal>/<i>-<name>``)."""
+    ``lm.model``, else its card's model; ``stack`` (which holds an MLflow download) closes with the judge. In batch
+    mode each stage keeps its batches in a journal of its own (``<journal>/<i>-<name>``)."""
     spec = read_cascade(directory)
     unknown = sorted(set(stage_models or {}) - {s.name for s in spec.stages})
     if unknown:
@@ -351,9 +333,9 @@ def _load_cascade(directory: Path, stack: contextlib.ExitStack, *, model: str | 
                           f"{', '.join(s.name for s in spec.stages)}")
     judges = []
     for i, stage in enumerate(spec.stages, start=1):
-        staged = None if batch is None else replace(batch, journal=Path(batch.journal) / f"{i}-{stage.name}")
-        judge = load(stage.dir, model=(stage_models or {}).get(stage.name) or model, batch=staged, **options)
-        judges.append(stack.enter_context(judge))
+        staged = None if journal is None else Path(journal) / f"{i}-{stage.name}"
+        stage_lm = replace(lm, model=(stage_models or {}).get(stage.name) or lm.model)
+        judges.append(stack.enter_context(load(stage.dir, lm=stage_lm, journal=staged, **options)))
     return CascadeJudge(spec, judges, stack)
 
 

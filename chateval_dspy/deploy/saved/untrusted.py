@@ -65,7 +65,7 @@ def check_model_name(model, where, *, key: str = "model") -> None:
                           f"characters (limits.MAX_MODEL_NAME_CHARS), got {shown(model, 80)}")
     if "://" in model or not MODEL_NAME.match(model):
         raise ConfigError(f"{where}: key {key!r} must be a model name such as 'openai/gpt-4o-mini', not an endpoint "
-                          f"URL, credentials or settings (got {model[:80]!r}); pass the LM to load(model=...)")
+                          f"URL, credentials or settings (got {model[:80]!r}); pass the LM to load(lm=LMSpec(model=...))")
 
 
 def check_referee_models(referees, config: DebateConfig, where) -> None:

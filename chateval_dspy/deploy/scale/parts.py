@@ -177,9 +177,10 @@ def check_finished(where: Path, evaluator: str, model: str | None, identity: Run
     """When every id is done no worker starts, so the driver binds the LM itself and compares run keys (``stamp``):
     a rerun on another model must not report another run's verdicts as its own."""
     from chateval_dspy.deploy.saved.judge import load
+    from chateval_dspy.lm.spec import LMSpec
 
     if identity.run_key is not None:
-        with load(evaluator, model=model, slots=1, cache=cache) as judge:
+        with load(evaluator, lm=LMSpec(model=model, cache=cache), slots=1) as judge:
             stamp(judge, identity, where)
 
 

@@ -36,9 +36,10 @@ class JudgeBatches:
                  identity=None, max_in_flight: int | None = None):
         from chateval_dspy.deploy.saved.judge import load
         from chateval_dspy.deploy.scale.parts import worker_env
+        from chateval_dspy.lm.spec import LMSpec
 
         worker_env(cache_dir)
-        self.judge = load(evaluator, model=model, slots=max_in_flight or concurrency, cache=cache)
+        self.judge = load(evaluator, lm=LMSpec(model=model, cache=cache), slots=max_in_flight or concurrency)
         self.concurrency, self.done, self.max_in_flight = concurrency, done, max_in_flight
         self.out, self.identity, self.writer = out, identity, None
 

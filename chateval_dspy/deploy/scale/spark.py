@@ -22,12 +22,13 @@ def _judge(evaluator: str, model: str | None, concurrency: int, cache_dir: str |
     """This worker's loaded evaluator for these settings (loaded on first use)."""
     from chateval_dspy.deploy.saved.judge import load
     from chateval_dspy.deploy.scale.parts import worker_env
+    from chateval_dspy.lm.spec import LMSpec
 
     key = (evaluator, model, concurrency, cache_dir, cache)
     with _judges_lock:
         if key not in _judges:
             worker_env(cache_dir)
-            _judges[key] = load(evaluator, model=model, slots=concurrency, cache=cache)
+            _judges[key] = load(evaluator, lm=LMSpec(model=model, cache=cache), slots=concurrency)
         return _judges[key]
 
 

@@ -289,7 +289,7 @@ def as_metric(judge: Judge, *, inputs: Inputs, reference: str | Callable | None 
     """A DSPy metric ``(example, prediction, trace=None) -> float`` that asks ``judge``.
 
     Args:
-        judge: A loaded evaluator (``chateval_dspy.load(path, model=...)``); it runs on its own LM, whatever
+        judge: A loaded evaluator (``chateval_dspy.load(path, lm=LMSpec(...))``); it runs on its own LM, whatever
             LM the scored program uses.
         inputs: The judged item's fields: a mapping of the judge's field name to ``"example.<field>"`` or
             ``"prediction.<field>"`` (dotted paths go deeper), or a callable ``(example, prediction) -> dict``.
@@ -315,7 +315,7 @@ def as_metric(judge: Judge, *, inputs: Inputs, reference: str | Callable | None 
         >>> from chateval_dspy.deploy.saved.store import save_program
         >>> program = ce.build_evaluator(ce.DebateConfig(roles=("critic",), turns=1))
         >>> path = save_program(program, tmp / "judge", make_card(program, model="openai-compatible/fake-served"))
-        >>> judge = ce.load(path, model=fake_url, cache=False)
+        >>> judge = ce.load(path, lm=ce.LMSpec(model=fake_url, cache=False))
         >>> metric = as_metric(judge, inputs={"question": "example.question", "answer_1": "prediction.answer"},
         ...                    reference="example.answer")
         >>> gold = dspy.Example(question="What is 2+2?", answer="4").with_inputs("question")

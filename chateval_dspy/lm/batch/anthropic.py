@@ -51,7 +51,7 @@ def _block(text: str, marked: bool = False) -> dict:
 
 
 def with_marks(body: dict, mark_item: bool) -> dict:
-    r"""``body`` with Anthropic's cache breakpoints where a live call's adapter puts them (``JudgeAdapter``): at the
+    r"""``body`` with Anthropic's cache breakpoints where a live call's adapter puts them (``DebateAdapter``): at the
     end of the static part (the message before the question: the system text, or the last demonstration) and, when
     ``mark_item``, at the end of the item's texts (before the first referee or turn field of the question; judged
     texts cannot hold a field header, so the first one is the layout's).

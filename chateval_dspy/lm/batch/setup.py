@@ -28,18 +28,6 @@ BATCH_PREFIX = "batch/"  # of a batching LM's name: the live LM's name follows i
 
 
 @dataclass(frozen=True)
-class BatchRun:
-    """Batch mode for a loaded evaluator (``deploy.saved.judge.load``): ``journal`` (the folder beside the results file),
-    ``batch_dir`` (a self-hosted engine's folder, or None for the model's Batch API), ``poll`` seconds, and
-    ``on_wave`` (progress, ``Waves``)."""
-
-    journal: Path
-    batch_dir: str | None = None
-    poll: float = DEFAULT_POLL_SECONDS
-    on_wave: Callable[[dict], None] | None = None
-
-
-@dataclass(frozen=True)
 class BatchRoute:
     """Where a run's batches go: ``provider`` (``openai``, ``anthropic``, ``openai-compatible``, ``folder``), the
     model id its requests name, and the price per token of its batched requests (None: unpriced)."""

@@ -147,7 +147,7 @@ def debate_tree(record: dict, inputs: Mapping[str, str] | None = None, *, config
     attributes, error, children}`` per span (see the module docstring for the shape).
 
     Args:
-        record: The item's results record (``run.evaluate.judge_item``: transcripts, referees, tokens, seconds).
+        record: The item's results record (``run.evaluate.result_record``: transcripts, referees, tokens, seconds).
         inputs: The item's inputs as given (truncated here as the panel saw them); None: the order spans name
             no judged texts.
         config: The panel's ``DebateConfig``: its task, strategy (what each speaker was shown) and limits;

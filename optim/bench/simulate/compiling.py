@@ -14,7 +14,7 @@ from __future__ import annotations
 import dspy
 
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.lm.adapter import DebateAdapter
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.testing.sim_lm import SimKnobs
 from optim.bench.simulate.world import across, judge, make_world
@@ -30,7 +30,7 @@ def compile_once(world, optimizer: str, n_train: int, budget) -> dict:
     """Compile on the first ``n_train`` train items; its test accuracy and what the judge learnt."""
     settings = OptimizerSettings(max_demos=budget.max_demos, candidates=budget.candidates, auto="light",
                                  seed=world.seed)
-    with dspy.context(lm=world.lm, adapter=JudgeAdapter(), disable_history=True):
+    with dspy.context(lm=world.lm, adapter=DebateAdapter(), disable_history=True):
         program = compile_evaluator(build_evaluator(CONFIG), optimizer=optimizer,
                                     trainset=world.splits["train"][:n_train], valset=world.splits["dev"],
                                     metric=agreement, settings=settings, reflection_lm=world.lm)

@@ -16,7 +16,7 @@ import dspy
 from scipy import stats
 
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.lm.adapter import JudgeAdapter
+from chateval_dspy.lm.adapter import DebateAdapter
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.roles import Role
 from chateval_dspy.run.evaluate import evaluate
@@ -76,7 +76,7 @@ def judge(world: World, config: DebateConfig, items: Sequence[dspy.Example], pro
         by_slug = {r.slug: r for r in world.roles}
         roles = [by_slug[s] for s in config.roles]
     program = program or build_evaluator(config, roles)
-    with dspy.context(lm=world.lm, adapter=JudgeAdapter(), disable_history=True):
+    with dspy.context(lm=world.lm, adapter=DebateAdapter(), disable_history=True):
         result = evaluate(program, items, config)
     correct = tuple(h == p for h, p in zip(result.human, result.predicted))
     consistency = statistics.fmean(result.consistent) if result.consistent else None
