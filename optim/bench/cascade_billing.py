@@ -116,6 +116,7 @@ def fixed(level: float, risk: float, thresholds: list[float | None]):
 
 def model_rows(model: str, args, root: Path) -> dict:
     """One model: both stages judged on both halves, then the chosen and the illustrative cascade on the check half."""
+    from chateval_dspy.lm.spec import LMSpec
     from optim.tuning.calibrate import calibration_items
     from optim.tuning.cascade import DeclaredCascade, DeclaredStage, check_figures, judge_stage, routed, split_of
     from optim.tuning.selective import choose_cascade_thresholds
@@ -127,7 +128,7 @@ def model_rows(model: str, args, root: Path) -> dict:
     parts = calibration_items(data)
     start = time.perf_counter()
     with provider(model, sim_responder()) as fake:
-        runs = [judge_stage(s, i, parts, data, root / "out", method="isotonic")
+        runs = [judge_stage(s, i, parts, data, root / "out", method="isotonic", lm=LMSpec())
                 for i, s in enumerate(declared.stages, start=1)]
         requests = len(fake.requests)
     calibration, check = routed(runs, parts["calibration"], task), routed(runs, parts["check"], task)

@@ -266,7 +266,7 @@ def lm_spec(args) -> LMSpec:
 
 def batch_settings(args) -> dict:
     """``--batch``, ``--batch-dir``, ``--batch-poll`` as ``LMSpec`` fields (none for a command without them)."""
-    if not hasattr(args, "batch"):
+    if not hasattr(args, "batch_poll"):  # serve parses --batch only to refuse it
         return {}
     return {"batch": args.batch, "batch_dir": args.batch_dir, "batch_poll": args.batch_poll}
 

@@ -21,7 +21,8 @@ from chateval_dspy.program.chateval import ChatEval
 
 def default_model(card: dict) -> str:
     """The LM spec of the card's model name: the whole panel's LM when the caller names none."""
-    return _spec_for_name(card.get("model") or "", "this evaluator", "model= (a base URL or LiteLLM model string)")
+    return _spec_for_name(card.get("model") or "", "this evaluator",
+                          "model= in load()'s LMSpec, or --model (a base URL or LiteLLM model string)")
 
 
 def _spec_for_name(model: str, who: str, how: str) -> str:

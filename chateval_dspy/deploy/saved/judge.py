@@ -314,8 +314,9 @@ def _bound(program: ChatEval, card: dict, stack: contextlib.ExitStack, lm: LMSpe
     """``program`` bound to the LMs of ``lm`` (its model and referees defaulted from ``card``), which ``stack``
     closes."""
     roles = tuple(program.config.roles)
+    model = lm.model or default_model(card)  # the panel's model is named first, then each referee's
     referees = referee_specs(card, roles, model=lm.model, referee_models=lm.referee_map)
-    spec = replace(lm, model=lm.model or default_model(card), referee_models=referees)  # batch mode refuses a mix
+    spec = replace(lm, model=model, referee_models=referees)  # batch mode refuses a mix
     main, referee_lms = stack.enter_context(spec.opened(slots, journal=journal, on_wave=on_wave))
     warn_if_moved(card, main, referee_lms, roles)
     return Judge(program, card, main, stack, referee_lms)
