@@ -83,7 +83,7 @@ def test_installed_package_loads_a_saved_program(installed):
     run(venv, cwd, env, "chateval", "compile", "--dataset", "faireval", "--optimizer", "labeled", "--limit", "2",
         "--roles", "1", "--turns", "1", "--model", url, "--no-mlflow", "--no-progress", "--out", "prog")
     code = ("import json, sys, chateval_dspy\n"
-            f"with chateval_dspy.load('prog', model={url!r}) as judge:\n"
+            f"with chateval_dspy.load('prog', lm=chateval_dspy.LMSpec(model={url!r})) as judge:\n"
             "    v = judge({'question': '2+2?', 'answer_1': '4', 'answer_2': '5'})\n"
             "print(json.dumps({'winner': v.winner, 'calls': v.calls}))\n")
     verdict = json.loads(run(venv, cwd, env, "python", "-c", code).strip().splitlines()[-1])
