@@ -291,7 +291,6 @@ def load(path_or_uri: str | Path, *, lm: LMSpec | None = None, slots: int = 4, t
         (['scientist'], ['openai-compatible/fake-served'], True)
     """
     lm = lm or LMSpec()
-    lm.price()  # a bad price fails before anything is fetched or started
     stack = contextlib.ExitStack()
     try:
         found = _fetched(str(path_or_uri), trust_pickle, stack)
