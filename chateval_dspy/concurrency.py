@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import itertools
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -52,18 +53,12 @@ def bounded_unordered(fn: Callable[[T], R], items: Iterable[T], workers: int) ->
         return
     it = iter(items)
     with ThreadPoolExecutor(workers) as pool:
-        pending: dict[Future, T] = {}
-        for x in it:
-            pending[_submit(pool, fn, x)] = x
-            if len(pending) >= workers:
-                break
+        pending: dict[Future, T] = {_submit(pool, fn, x): x for x in itertools.islice(it, workers)}
         while pending:
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
             for f in done:
-                x = pending.pop(f)
-                yield x, f.result()
-                nxt = next(it, _END)
-                if nxt is not _END:
+                yield pending.pop(f), f.result()
+                for nxt in itertools.islice(it, 1):
                     pending[_submit(pool, fn, nxt)] = nxt
 
 
@@ -117,13 +112,13 @@ class CallSlots:
             self._mine.held = True
 
 
-def check_slots(n: int | None, where: str = "max_in_flight") -> int | None:
+def check_slots(n: int | None) -> int | None:
     """``n`` if it can bound LM calls in flight (a whole number of 1 or more, or None: no bound), else a
-    ``ConfigError`` naming ``where``."""
+    ``ConfigError``."""
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
         from chateval_dspy.errors import ConfigError
 
-        raise ConfigError(f"{where}: LM calls in flight must be a whole number of 1 or more, got {n!r}")
+        raise ConfigError(f"max_in_flight: LM calls in flight must be a whole number of 1 or more, got {n!r}")
     return n
 
 
@@ -281,10 +276,6 @@ def run_gated(fn: Callable[[T], R], items: Iterable[T], workers: int) -> Iterato
                                     name=f"chateval-wave-{i}") for i in range(workers)]
     finally:
         _GATE.reset(token)
-    yield from _drain(threads, results)
-
-
-def _drain(threads: list[threading.Thread], results: queue.Queue) -> Iterator[tuple]:
     for t in threads:
         t.start()
     running = len(threads)

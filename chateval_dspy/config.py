@@ -82,22 +82,17 @@ class DebateConfig:
             raise ConfigError(f"roles must be distinct, got {list(self.roles)}")
         if not isinstance(self.strategy, str) or self.strategy not in STRATEGIES:
             raise ConfigError(f"unknown strategy {shown(self.strategy, 80)}; choose one of: {', '.join(STRATEGIES)}")
-        if not _is_int(self.turns) or self.turns < 1:
-            raise ConfigError(f"turns must be a positive integer, got {shown(self.turns, 80)}")
-        if self.turns > limits.MAX_TURNS:
-            raise ConfigError(f"turns must be at most {limits.MAX_TURNS} (limits.MAX_TURNS), got {self.turns}")
         if not isinstance(self.aggregate, str) or self.aggregate not in AGGREGATES:
             raise ConfigError(f"unknown aggregate {shown(self.aggregate, 80)}; choose one of: {', '.join(AGGREGATES)}")
-        if not _is_int(self.parse_retries) or self.parse_retries < 0:
-            raise ConfigError(f"parse_retries must be >= 0, got {shown(self.parse_retries, 80)}")
-        if self.parse_retries > limits.MAX_PARSE_RETRIES:
-            raise ConfigError(f"parse_retries must be at most {limits.MAX_PARSE_RETRIES} (limits.MAX_PARSE_RETRIES), "
-                              f"got {self.parse_retries}")
-        if not _is_int(self.max_text_chars) or self.max_text_chars < limits.MIN_TEXT_CHARS:
-            raise ConfigError(f"max_text_chars must be at least {limits.MIN_TEXT_CHARS}, got {shown(self.max_text_chars, 80)}")
-        if self.max_text_chars > limits.MAX_TEXT_CHARS:
-            raise ConfigError(f"max_text_chars must be at most {limits.MAX_TEXT_CHARS} (limits.MAX_TEXT_CHARS), "
-                              f"got {self.max_text_chars}")
+        for name, low, said, limit in (("turns", 1, "a positive integer", "MAX_TURNS"),
+                                       ("parse_retries", 0, ">= 0", "MAX_PARSE_RETRIES"),
+                                       ("max_text_chars", limits.MIN_TEXT_CHARS, f"at least {limits.MIN_TEXT_CHARS}",
+                                        "MAX_TEXT_CHARS")):
+            value, most = getattr(self, name), getattr(limits, limit)
+            if not _is_int(value) or value < low:
+                raise ConfigError(f"{name} must be {said}, got {shown(value, 80)}")
+            if value > most:
+                raise ConfigError(f"{name} must be at most {most} (limits.{limit}), got {value}")
         for name in ("calibrate", "consensus_stop", "weighted_scores"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {shown(getattr(self, name), 80)}")
@@ -179,8 +174,6 @@ class DebateConfig:
         unknown = sorted(str(k)[:40] for k in set(data) - set(known))
         if unknown:
             raise ConfigError(f"unknown config keys: {', '.join(unknown)}")
-        if isinstance(known.get("roles"), list):
-            known["roles"] = tuple(known["roles"])
         return cls(**known)
 
     def replace(self, **changes) -> DebateConfig:

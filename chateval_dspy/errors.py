@@ -21,13 +21,8 @@ class ConfigError(ChatEvalError, ValueError):
 
 
 class DataError(ChatEvalError, ValueError):
-    """An input item is malformed.
-
-    Args:
-        message: What is wrong and how to fix it.
-        source: The file (or other source) the item came from.
-        row: 1-based line or row number in that source, when known.
-        field: The offending field, when known.
+    """An input item is malformed: ``message`` says what is wrong and how to fix it, and the message names the
+    ``source`` (a file), 1-based ``row`` and ``field`` where known.
 
     Example:
         >>> str(DataError("field is empty", source="a.jsonl", row=3, field="answer_2"))

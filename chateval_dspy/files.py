@@ -3,6 +3,7 @@ claim to be (``open_regular``)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
@@ -37,16 +38,12 @@ def write_atomic(path: str | Path, data: bytes) -> None:
 
 def fsync_dir(folder: Path) -> None:
     """Sync a folder, so that a rename in it is durable (POSIX); elsewhere a no-op."""
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def open_regular(path: str | Path, flags: int, what: str, *, sole: bool = False) -> int:

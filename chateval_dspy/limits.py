@@ -204,10 +204,6 @@ def parse_yaml(text: str, source: str):
     the line otherwise.
 
     Example:
-        >>> parse_yaml("a: &x {b: 1}\\nc: *x", "t.yaml")
-        Traceback (most recent call last):
-        ...
-        chateval_dspy.errors.ConfigError: t.yaml line 2, column 4: an alias of a list or mapping is refused ...
         >>> parse_yaml("a: [1", "t.yaml")
         Traceback (most recent call last):
         ...
@@ -232,8 +228,8 @@ def parse_yaml(text: str, source: str):
 
 
 def read_config_file(path: str | Path, limit: int, limit_name: str, what: str):
-    """The parsed content of a YAML or JSON file (JSON by its ``.json`` suffix), read with ``read_bounded`` and
-    parsed with ``parse_json`` or ``parse_yaml``; a ``ConfigError`` naming ``what`` and the path otherwise.
+    """The parsed content of a YAML or JSON file (JSON by its ``.json`` suffix), read within ``limit`` bytes; a
+    ``ConfigError`` naming ``what`` and the path otherwise.
 
     Example:
         >>> _ = (tmp / "t.yaml").write_text("a: &x [1]\\nb: *x")

@@ -78,8 +78,7 @@ def scrub(value, secrets: Iterable[str] | None = None):
 def _scrub(value, secrets: list[str]):
     if isinstance(value, str):
         for secret in secrets:
-            if secret in value:
-                value = value.replace(secret, REDACTED)
+            value = value.replace(secret, REDACTED)
         return value
     if isinstance(value, Mapping):
         return {_scrub(k, secrets) if isinstance(k, str) else k: _scrub(v, secrets) for k, v in value.items()}

@@ -15,6 +15,7 @@ import pytest
 
 from optim.bench import cascade as sim
 from optim.bench import cascade_billing as billing
+from optim.bench.selective import D_GRID
 
 
 def sim_args(**over) -> argparse.Namespace:
@@ -40,7 +41,7 @@ def test_the_exact_population_is_a_distribution_and_the_panel_rate_is_its_own():
     cheap, panel = sim.stages(0.8)
     pop = sim.Population(cheap, panel, 1.0)
     assert pop.prob.sum() == pytest.approx(1.0)
-    d = (np.arange(sim.D_GRID) + 0.5) / sim.D_GRID
+    d = (np.arange(D_GRID) + 0.5) / D_GRID
     alone = panel.outcome_rates(d).mean(axis=1)[panel.score(panel.outcomes) > 0].sum()
     assert pop.alone()[1] == pytest.approx(alone)
 

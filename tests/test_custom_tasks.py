@@ -341,8 +341,11 @@ def test_two_criteria_pairwise_through_evaluate(tmp_path, duel):
     first = records[0]
     assert {"helpfulness_1", "helpfulness_2", "harmlessness_1", "harmlessness_2", "order_preferences"} <= set(first)
     # Both orders: the second shows response_b first; its scores are mapped back, so the orders agree.
-    verdicts = [c for c in lm.engine.calls if c.kind == "verdict"]
-    assert verdicts[0].inputs["response_a"] == verdicts[2].inputs["response_b"]
+    # The first item's four verdict calls (two referees, two orders at once, in either order): each order's pair
+    # of responses is the other's, swapped.
+    first_item = [c for c in lm.engine.calls if c.kind == "verdict"][:4]
+    shown = {(c.inputs["response_a"], c.inputs["response_b"]) for c in first_item}
+    assert len(shown) == 2 and {(b, a) for a, b in shown} == shown
     assert first["consistent"] is True and first["prediction"] == "2" and first["correct"] is True
     assert first["helpfulness_2"] > first["helpfulness_1"]
     assert result.calls == 10 * cfg.calls_per_item() == 40

@@ -11,9 +11,10 @@ from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import FatalLMError
 from chateval_dspy.lm.adapter import DebateAdapter
 from chateval_dspy.program.chateval import build_evaluator
-from chateval_dspy.program.debate import RETRY_TEMPERATURE, Debate, material
+from chateval_dspy.program.debate import RETRY_TEMPERATURE, Debate
 from chateval_dspy.program.roles import DEFAULT_ORDER, resolve_roles
 from chateval_dspy.program.strategies import STRATEGIES
+from chateval_dspy.program.task import as_task
 from chateval_dspy.testing.fake_lm import default_responder, fake_lm
 
 PAIRWISE_ITEM = {"question": "Which is better?", "answer_1": "first answer", "answer_2": "second answer"}
@@ -240,9 +241,9 @@ def test_debate_prediction_shape(run):
 
 
 def test_material_blocks():
-    assert material("pairwise", PAIRWISE_ITEM) == (
+    assert as_task("pairwise").material_text(PAIRWISE_ITEM) == (
         "Question: Which is better?\n\nAnswer 1: first answer\n\nAnswer 2: second answer")
-    assert "Fact: cats purr" in material("pointwise", SCORING_ITEM)
+    assert "Fact: cats purr" in as_task("pointwise").material_text(SCORING_ITEM)
 
 
 def test_judged_texts_reach_the_lm_verbatim(run):

@@ -1,10 +1,8 @@
-"""Datasets with human labels, as ``dspy.Example``s, and the seeded split every later step reuses.
+"""Datasets with human labels, as ``dspy.Example``s: the built-in FairEval and Topical-Chat, and your own files.
 
-An item holds its task's inputs (``task.TaskSpec``) and its human labels: pairwise, ``label`` in
-{"1", "2", "tie"} (or None); pointwise, ``human`` {criterion: number or label, None where missing}
-(or None). FairEval's items are ``question``, ``answer_1``, ``answer_2``; Topical-Chat's are
-``dialogue_history``, ``fact``, ``response`` with four aspect scores. Every problem names the file,
-row and field.
+An item holds its task's inputs (``task.TaskSpec``) and its human labels: pairwise, ``label`` in {"1", "2", "tie"}
+(or None); pointwise, ``human`` {criterion: number or label, None where missing} (or None). Every problem names
+the file, row and field.
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ import dspy
 
 from chateval_dspy.data.rows import read_rows
 from chateval_dspy.errors import ConfigError, DataError
-from chateval_dspy.program.task import TaskSpec, as_task
+from chateval_dspy.program.task import InputSpec, TaskSpec, as_task
 
 log = logging.getLogger(__name__)
 
@@ -59,21 +57,17 @@ def _has(record: dict, column: str) -> bool:
     return column in record or ("." in column and _value(record, column) is not None)
 
 
-def _text(record: dict, name: str, source: str, row: int, column: str | None = None, *, judged: bool = False,
-          default: str | None = None) -> str:
-    column = column or name
+def _text(record: dict, inp: InputSpec, column: str, source: str, row: int) -> str:
+    """The text of input ``inp`` in ``column``, or its ``default`` where that is missing or blank."""
     value = _value(record, column)
-    if value is None:
-        if default is not None:
-            return default
-        raise DataError("field is missing", source=source, row=row, field=column)
-    if not isinstance(value, str):
+    if value is not None and not isinstance(value, str):
         raise DataError(f"expected text, got {type(value).__name__}", source=source, row=row, field=column)
-    if not value.strip() and not judged:
-        if default is not None:  # an input with a default may be blank (PandaLM's empty "input"), as if missing
-            return default
-        # An empty judged response is data (a model that said nothing); an empty question or context is not.
-        raise DataError("field is empty", source=source, row=row, field=column)
+    # An empty judged response is data (a model that said nothing); an empty question or context is not.
+    if value is None or (not value.strip() and not inp.judged):
+        if inp.default is not None:  # an input with a default may be blank (PandaLM's empty "input"), as if missing
+            return inp.default
+        raise DataError("field is missing" if value is None else "field is empty", source=source, row=row,
+                        field=column)
     return value
 
 
@@ -109,15 +103,18 @@ def load_topical_chat(path: str | Path | None = None, task: TaskSpec | str = "po
     return items
 
 
+def _flag_pairs(spec: str | None, flag: str, shape: str):
+    """``(entry, left, right)`` of each ``left=right`` entry of a comma-separated flag value."""
+    for part in filter(None, (p.strip() for p in (spec or "").split(","))):
+        left, sep, right = part.partition("=")
+        if not sep or not left.strip() or not right.strip():
+            raise DataError(f"{flag} entry {part!r} must look like {shape}")
+        yield part, left.strip(), right.strip()
+
+
 def parse_columns(spec: str | None) -> dict[str, str]:
     """``"question=prompt,answer_1=a"`` -> ``{"question": "prompt", "answer_1": "a"}``."""
-    out: dict[str, str] = {}
-    for part in filter(None, (p.strip() for p in (spec or "").split(","))):
-        ours, sep, theirs = part.partition("=")
-        if not sep or not ours.strip() or not theirs.strip():
-            raise DataError(f"--columns entry {part!r} must look like field=column")
-        out[ours.strip()] = theirs.strip()
-    return out
+    return {ours: theirs for _, ours, theirs in _flag_pairs(spec, "--columns", "field=column")}
 
 
 def parse_label_map(spec: str | None) -> dict[str, str]:
@@ -131,14 +128,9 @@ def parse_label_map(spec: str | None) -> dict[str, str]:
         {'0': 'tie', 'A': '1', 'B': '2'}
     """
     out: dict[str, str] = {}
-    for part in filter(None, (p.strip() for p in (spec or "").split(","))):
-        theirs, sep, ours = part.partition("=")
-        if not sep or not theirs.strip() or not ours.strip():
-            raise DataError(f"--label-map entry {part!r} must look like your_value=our_label (e.g. 0=tie)")
-        key = theirs.strip()
-        if out.get(key, ours.strip()) != ours.strip():
+    for part, key, ours in _flag_pairs(spec, "--label-map", "your_value=our_label (e.g. 0=tie)"):
+        if out.setdefault(key, ours) != ours:
             raise DataError(f"--label-map gives {key!r} twice: {key}={out[key]} and {part}; say which label it is once")
-        out[key] = ours.strip()
     return out
 
 
@@ -191,12 +183,11 @@ def item_from_record(record: dict, task: TaskSpec | str, *, columns: dict[str, s
     """One user record as an item of ``task`` (or a format's built-in task), validated; errors name ``source``,
     ``row`` and the user's column.
 
-    Inputs: each of the task's inputs (a missing or blank one takes the input's ``default``, or is an error; an
-    empty judged response is kept, an empty other input is an error). Labels: pairwise, ``label`` (1/2/tie, a/b, or
-    a response's name); pointwise, one column per criterion on its scale (any of them may be missing:
-    ``human`` then holds None for it, and is None when all are). ``id`` is optional (default: the row number).
-    A column may be a dotted path into a nested JSON object (``human.coherence``). ``label_map`` (default: the
-    task's ``label_map``) turns the file's label values into ours before they are checked.
+    A missing or blank input takes its ``default``, or is an error (an empty judged response is kept). Labels:
+    pairwise, ``label`` (1/2/tie, a/b, or a response's name); pointwise, one column per criterion on its scale, any
+    of them may be missing (``human`` holds None for it, and is None when all are). ``id`` defaults to the row
+    number. A column may be a dotted path into nested JSON (``human.coherence``). ``label_map`` (default: the
+    task's) turns the file's label values into ours before they are checked.
 
     Example:
         >>> item_from_record({"question": "2+2?", "answer_1": "4", "answer_2": " ", "winner": "a"}, "pairwise",
@@ -210,8 +201,7 @@ def item_from_record(record: dict, task: TaskSpec | str, *, columns: dict[str, s
     label_map = dict(task.label_map) if label_map is None else label_map
     raw_id = _value(record, col["id"])
     item_id = str(raw_id if raw_id not in (None, "") else row)
-    texts = {i.name: _text(record, i.name, source, row, col[i.name], judged=i.judged, default=i.default)
-             for i in task.inputs}
+    texts = {i.name: _text(record, i, col[i.name], source, row) for i in task.inputs}
     if task.format == "pairwise":
         raw = _mapped(_value(record, col["label"]), label_map)
         return _example(task, item_id, texts, label=_winner(raw, task, source, row, col["label"]))
@@ -230,27 +220,20 @@ SKIP_HINT = "; to skip malformed rows (counted and listed at the end), pass --sk
 def load_custom(path: str | Path, task: TaskSpec | str, columns: dict[str, str] | None = None, *,
                 skip_bad_rows: bool = False, label_map: dict[str, str] | None = None, group_by: str | None = None,
                 system: str | None = None, unlabelled=(), label_map_merge: bool = False) -> Items:
-    """A user's JSONL/CSV file; ``columns`` maps our field names to theirs (see ``item_from_record``).
+    """A user's JSONL/CSV file of ``task`` (or a format's built-in task); ``columns`` maps our field names to
+    theirs (see ``item_from_record``).
 
     Args:
-        path: The file.
-        task: Its task (``TaskSpec``), or a format's built-in task (``pairwise``, ``pointwise``).
-        columns: Our field -> your column.
-        skip_bad_rows: A malformed row (unreadable JSON, a missing question, a label off its scale, a repeated
-            id) is skipped and listed in ``Items.skipped`` instead of stopping the load; without it, the first
-            such row raises its ``DataError``, whose message names the option. A column that no row has is an
-            error either way (``check_columns``): no row could be read, so skipping would skip them all.
+        skip_bad_rows: A malformed row (bad JSON, a missing question, a label off its scale, a repeated id) is
+            listed in ``Items.skipped`` instead of stopping the load; without it, the first raises its
+            ``DataError``, whose message names the option. A column that no row has is an error either way.
         label_map: Your label values -> ours (``{"0": "tie"}``), over the task's own ``label_map``. Where it makes
-            two of the file's values one label (``1=2`` in a file that also holds ``2``; ``A=1,B=1``), the load
-            stops with an error naming the entries and rows (``check_label_merges``), unless ``label_map_merge``
-            (or the task's ``label_map_merge``) says the merge is meant.
-        group_by: Pointwise: the column of each row's document id (the item's ``group_id``), for summary-level
-            correlations. A number and a text that read alike (``7`` and ``"7"``) are an error naming both rows
-            (``check_id_kinds``): one column holding both is a data bug, never two documents meant as one.
-        system: Pointwise: the column of each row's system id (``system_id``), for system-level correlations; as
-            ``group_by``.
+            two of the file's values one label, the load stops (``check_label_merges``) unless ``label_map_merge``
+            (or the task's) says the merge is meant.
+        group_by: Pointwise: the column of each row's document id (``group_id``), for summary-level correlations;
+            ``system`` likewise gives ``system_id``, for system-level ones. A number and a text that read alike
+            (``7`` and ``"7"``) in one column are an error naming both rows (``check_id_kinds``).
         unlabelled: Pointwise: criteria the file does not rate (their label columns may be absent).
-        label_map_merge: Two of the file's values read as one label through ``label_map`` is meant (``--label-map-merge``).
     """
     task = _task(task)
     col = column_map(task, columns)
@@ -313,11 +296,9 @@ def _native(task: TaskSpec, field: str, raw):
 
 def check_label_merges(kept: list, task: TaskSpec, col: dict[str, str], origins: dict[str, str], *,
                        source: str = "input") -> None:
-    """A ``DataError`` where the label map makes two of a label column's values one label: a value it maps (away
-    from what the value reads as by itself) and another value of the same column that ends on the same label.
-
-    ``kept``: ``(row, record, item)`` per loaded row; ``origins``: each map key -> the entry that set it (for the
-    message). Values that read alike without the map (``a`` and ``1``, pairwise) are no merge of the map's.
+    """A ``DataError`` where the label map makes two of a label column's values one label: a value it maps away
+    from what it reads as by itself, and another value of the column ending on the same label (``kept``: ``(row,
+    record, item)`` per row; ``origins``: each map key -> the entry that set it, for the message).
     """
     for field in label_fields(task):
         values: dict = {}  # label -> {value as text: (first row, read as without the map)}
@@ -435,30 +416,23 @@ def load_dataset(name_or_path: str, *, fmt: str | None = None, columns: dict[str
                  group_by: str | None = None, system: str | None = None, unlabelled=(),
                  label_map_merge: bool = False) -> tuple[Items, str]:
     """Items and their format (``pairwise``/``pointwise``), from a built-in name (``faireval``, ``topical_chat``)
-    or a file.
+    or a JSONL/CSV file.
 
-    Args:
-        name_or_path: A built-in dataset or a JSONL/CSV file.
-        fmt: A file's format, when no ``task`` is given (its built-in task: FairEval's or Topical-Chat's fields).
-        columns: Our field -> your column (files).
-        task: The task a file's items belong to; a built-in dataset takes a task with its own input fields.
-        skip_bad_rows: Skip malformed rows of a file, listed in ``Items.skipped`` (see ``load_custom``).
-        label_map, group_by, system, unlabelled, label_map_merge: A file's label values -> ours, its document and
-            system id columns, the criteria it does not rate, and whether the map may make two values one label
-            (see ``load_custom``).
+    ``fmt`` picks a file's built-in task when no ``task`` is given; a built-in dataset takes only a task with its
+    own input fields. The other options are ``load_custom``'s, for files only.
     """
     if task is not None:
         if fmt and fmt != task.format:
             raise DataError(f"--format {fmt} does not match task {task.name!r}, which is {task.format}")
         fmt = task.format
-    if name_or_path in BUILTIN and (label_map or group_by or system or unlabelled or label_map_merge):
-        raise DataError(f"--label-map(-merge), --group-by, --system and --unlabelled are for a file of your own, not "
-                        f"{name_or_path}")
     if name_or_path in BUILTIN:
+        if label_map or group_by or system or unlabelled or label_map_merge:
+            raise DataError(f"--label-map(-merge), --group-by, --system and --unlabelled are for a file of your own, "
+                            f"not {name_or_path}")
         own = BUILTIN[name_or_path][1]
         spec = task or as_task(own)
         if spec.format != own or spec.input_names != as_task(own).input_names:
-            raise DataError(f"{name_or_path} holds {as_task(own).format} items with the fields "
+            raise DataError(f"{name_or_path} holds {own} items with the fields "
                             f"{', '.join(as_task(own).input_names)}; task {spec.name!r} needs "
                             f"{', '.join(spec.input_names)}")
         loaded = load_faireval(task=spec) if name_or_path == "faireval" else load_topical_chat(task=spec)

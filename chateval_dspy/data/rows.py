@@ -22,12 +22,10 @@ def read_rows(path: str | Path, *, bad_rows: str = "raise") -> list[tuple[int, d
 
     Row numbers are 1-based: a JSONL file's lines; a CSV file's records (the header is row 1, a record whose quoted
     cells span lines is one row); a JSON array's elements (a ``.json`` file whose first character is ``[``, as
-    PandaLM ships its data: one array of objects, read element by element). A file of more than
-    ``MAX_DATA_FILE_BYTES`` is refused before it is read, and one of more than ``MAX_DATA_ROWS`` rows as the row past
-    the limit is reached (``limits``).
+    PandaLM ships its data). A file past ``limits.MAX_DATA_FILE_BYTES`` is refused unread, one past
+    ``MAX_DATA_ROWS`` rows at the row past the limit.
 
     Args:
-        path: A ``.jsonl``/``.json``/``.ndjson`` or ``.csv`` file.
         bad_rows: ``"raise"``: the first malformed row (invalid JSON, not an object, not UTF-8) raises its
             ``DataError``, as a dataset must be whole. ``"keep"``: such a row comes back as
             ``(row, DataError)`` in its place and the other rows still come back, for a batch of user rows
@@ -44,15 +42,14 @@ def read_rows(path: str | Path, *, bad_rows: str = "raise") -> list[tuple[int, d
     suffix = path.suffix.lower()
     if suffix == ".csv":
         rows = _csv_rows(raw, source, keep)
-        if not rows:
-            raise DataError("file has no items (only a header, or empty)", source=source)
-        return rows
-    if suffix not in (".jsonl", ".json", ".ndjson"):
+    elif suffix == ".json" and raw.lstrip().startswith(b"["):
+        rows = _array_rows(raw, source, keep)
+    elif suffix in (".jsonl", ".json", ".ndjson"):
+        rows = _jsonl_rows(raw, source, keep)
+    else:
         raise DataError(f"unknown file type {suffix!r}: use .jsonl or .csv", source=source)
-    rows = _array_rows(raw, source, keep) if suffix == ".json" and raw.lstrip().startswith(b"[") else \
-        _jsonl_rows(raw, source, keep)
     if not rows:
-        raise DataError("file has no items", source=source)
+        raise DataError("file has no items" + (" (only a header, or empty)" if suffix == ".csv" else ""), source=source)
     return rows
 
 
@@ -64,11 +61,13 @@ def _read_data_file(path: Path, source: str) -> bytes:
     except OSError as exc:
         raise DataError(f"cannot read file: {exc.strerror or exc}", source=source) from exc
     info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_DATA_FILE_BYTES:
+    if not stat.S_ISREG(info.st_mode):
         os.close(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise DataError("cannot read file: not a regular file", source=source)
-        raise _too_large(info.st_size, source)
+        raise DataError("cannot read file: not a regular file", source=source)
+    if info.st_size > MAX_DATA_FILE_BYTES:
+        os.close(fd)
+        raise DataError(f"the file is {info.st_size:,} bytes, more than {MAX_DATA_FILE_BYTES:,} "
+                        "(limits.MAX_DATA_FILE_BYTES); split it into smaller files", source=source)
     with os.fdopen(fd, "rb") as f:
         try:
             raw = f.read(info.st_size + 1)  # read(n) allocates n bytes at once: the file's size, not the limit
@@ -77,11 +76,6 @@ def _read_data_file(path: Path, source: str) -> bytes:
     if len(raw) > info.st_size:  # a half-written last row would be read as a bad one
         raise DataError("the file grew while it was read; read it once it is written", source=source)
     return raw
-
-
-def _too_large(size: int, source: str) -> DataError:
-    return DataError(f"the file is {size:,} bytes, more than {MAX_DATA_FILE_BYTES:,} (limits.MAX_DATA_FILE_BYTES); "
-                     "split it into smaller files", source=source)
 
 
 def _check_row_count(count: int, source: str, *, row: int | None = None) -> None:

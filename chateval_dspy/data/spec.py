@@ -22,23 +22,15 @@ class DataSpec:
     Args:
         dataset: ``faireval``, ``topical_chat``, or a JSONL/CSV file of your own.
         format: The format of a custom file (``pairwise`` or ``pointwise``).
-        columns: Our field name -> your column name, for a custom file.
         split: ``all``, ``train``, ``dev`` or ``test`` of the seeded 40/20/40 split.
         seed: The split's (and the bootstrap's) seed.
-        resamples: The bootstrap's resamples behind each confidence interval (fewer: quicker, rougher intervals);
-            None: ``chateval_dspy.run.metrics.N_RESAMPLES`` (2,000). It changes no item and no verdict, so it is in no
+        resamples: The bootstrap's resamples behind each confidence interval; None:
+            ``chateval_dspy.run.metrics.N_RESAMPLES`` (2,000). It changes no item and no verdict, so it is in no
             run key (``to_dict`` leaves it out).
         limit: Only the first N items (of the split; of each split for ``parts``).
-        task: The task of a custom file: a built-in task's name, a task file (YAML/JSON) or a ``TaskSpec``;
-            its inputs and criteria name the fields (``columns`` maps them to yours).
-        skip_bad_rows: Skip a custom file's malformed rows (listed in ``items().skipped``) instead of stopping.
-        label_map: A custom file's label values -> ours (``{"0": "tie"}``), over the task's ``label_map``.
-        group_by: A custom file's document id column: adds summary-level correlations (pointwise).
-        system: A custom file's system id column: adds system-level correlations (pointwise).
-        unlabelled: Criteria a custom file does not rate (pointwise): their label columns may be absent, where
-            otherwise a criterion's label column in no row is an error while the file has other label columns.
-        label_map_merge: ``label_map`` may make two of the file's values one label (``A=1`` in a file that also
-            holds ``1``); without it that stops the load with an error naming the entries and rows.
+        task: The task of a custom file: a built-in task's name, a task file (YAML/JSON) or a ``TaskSpec``.
+        columns, skip_bad_rows, label_map, group_by, system, unlabelled, label_map_merge: How a custom file is
+            read (``loaders.load_custom``; ``items().skipped`` lists the rows skipped).
 
     Example:
         >>> items, fmt = DataSpec("faireval", split="test", limit=3).items()
@@ -125,11 +117,10 @@ class DataSpec:
                "seed": self.seed, "limit": self.limit}
         if self.task is not None:  # only when set, so that a built-in run's dict is what it always was
             out["task"] = self.task if isinstance(self.task, str) else self.task.to_dict()
-        if self.skip_bad_rows:
-            out["skip_bad_rows"] = True
         # Each only when set, as above: a run without them keeps the dict it always had.
-        out.update({k: v for k, v in (("label_map", dict(self.label_map)), ("group_by", self.group_by),
-                                      ("system", self.system), ("unlabelled", list(self.unlabelled)),
+        out.update({k: v for k, v in (("skip_bad_rows", self.skip_bad_rows), ("label_map", dict(self.label_map)),
+                                      ("group_by", self.group_by), ("system", self.system),
+                                      ("unlabelled", list(self.unlabelled)),
                                       ("label_map_merge", self.label_map_merge)) if v})
         return out
 

@@ -11,6 +11,8 @@ import random
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
+from chateval_dspy.errors import DataError
+
 if TYPE_CHECKING:
     import dspy
 
@@ -102,8 +104,6 @@ def select(items: list[dspy.Example], part: str = "all", *, seed: int = 0, limit
     """One split (or ``all``), then the first ``limit`` items."""
     if part != "all":
         if part not in SPLITS:
-            from chateval_dspy.errors import DataError
-
             raise DataError(f"unknown split {part!r}; choose all, {', '.join(SPLITS)}")
         items = split(items, seed=seed, group=group)[part]
     return items[:limit] if limit else items

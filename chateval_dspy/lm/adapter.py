@@ -1,16 +1,12 @@
 """The adapter every judge call goes through: DSPy's JSONAdapter with the cache-friendly layout and lean format.
 
-``lm.layout`` says what goes where and why. This subclass applies it per call: the lean format when the LM
-enforces the JSON schema DSPy sends, the complete one otherwise; for Anthropic models (which cache only at
-marked breakpoints) it marks the end of the static part and the end of the item's texts with
-``cache_control``, which LiteLLM carries to the Messages API.
+``lm.layout`` says what goes where and why. Per call: the lean format when the LM enforces the JSON schema DSPy
+sends, the complete one otherwise; for Anthropic models (which cache only at marked breakpoints) ``cache_control``
+marks at the end of the static part and of the item's texts, which LiteLLM carries to the Messages API.
 
-DSPy's JSONAdapter rebuilds a pydantic model and its JSON schema (the response format) and re-renders the
-system message on every call, although both depend only on the signature. A debate makes many calls with a
-handful of signatures, so that rebuilding was about half of the framework's own time per LM call (see
-BENCHMARKS.md, "overhead"); both are memoised per signature class and instructions. Optimizers create new
-signature classes as they rewrite instructions; the memo holds them weakly, so a long compile does not keep
-every candidate alive.
+DSPy's JSONAdapter rebuilds the response format's pydantic model and the system message on every call, about half
+of the framework's own time per LM call (BENCHMARKS.md, "overhead"), although both depend only on the signature:
+they are memoised per signature class (held weakly, as optimizers create many) and instructions.
 """
 
 from __future__ import annotations
@@ -24,19 +20,17 @@ from dataclasses import dataclass
 import dspy
 from dspy.adapters.utils import format_field_value
 
-from chateval_dspy.lm.layout import REFEREE_FIELDS, field_order, item_fields, lean_system
+from chateval_dspy.lm.layout import REFEREE_FIELDS, field_order, item_fields, lean_system, text_block
 
 _ABSENT = object()
-EPHEMERAL = {"type": "ephemeral"}
 # Models reached through LiteLLM that cache only at explicit cache_control breakpoints (Anthropic's rule).
 MARKED_PREFIXES = ("anthropic/", "bedrock/anthropic.", "vertex_ai/claude")
 
 
 @dataclass(frozen=True)
 class Style:
-    """How one call is rendered: the lean format (the LM enforces the schema), Anthropic cache marks, and where
-    the referee's persona stands (``lm.layout``: in the static part when no other referee shares this predictor's
-    static text) and whether the end of the item's texts is marked (when another call of the item reads it)."""
+    """How one call is rendered: the lean format (the LM enforces the schema), Anthropic cache marks, and the
+    debate's ``placement`` of the persona and of the item's mark."""
 
     lean: bool = False
     marks: bool = False
@@ -46,22 +40,24 @@ class Style:
 
 # Set around each call by ``DebateAdapter.__call__``; ``format`` outside a call renders the complete format.
 _STYLE: contextvars.ContextVar[Style | None] = contextvars.ContextVar("chateval_judge_style", default=None)
-
-
-def _current() -> Style:
-    return _STYLE.get() or Style()
-
-
-def current_style() -> Style:
-    """The style of the call being made in this context (an engine under the adapter reads its cache marks here)."""
-    return _current()
-
-
 # The debate's plan for the calls it makes in this context (``placement``); a call outside a debate has none.
 _PLACEMENT: contextvars.ContextVar[dict | None] = contextvars.ContextVar("chateval_placement", default=None)
 
 
+def current_style() -> Style:
+    """The style of the call being made in this context (an engine under the adapter reads its cache marks here)."""
+    return _STYLE.get() or Style()
+
+
 @contextlib.contextmanager
+def _setting(var: contextvars.ContextVar, value):
+    token = var.set(value)
+    try:
+        yield
+    finally:
+        var.reset(token)
+
+
 def placement(*, persona_static: bool, mark_item: bool):
     """Calls made inside the block put the persona in the static part, or not, and mark the item's texts, or not.
 
@@ -70,14 +66,9 @@ def placement(*, persona_static: bool, mark_item: bool):
     other call of the item will read the prefix through the item's texts (else an Anthropic cache write there is
     paid for and never read).
     """
-    token = _PLACEMENT.set({"persona_static": persona_static, "mark_item": mark_item})
-    try:
-        yield
-    finally:
-        _PLACEMENT.reset(token)
+    return _setting(_PLACEMENT, {"persona_static": persona_static, "mark_item": mark_item})
 
 
-@contextlib.contextmanager
 def rendering(style: Style):
     """Render with ``style`` inside the block (``DebateAdapter`` sets it per call; tests and tools set it to look).
 
@@ -88,11 +79,7 @@ def rendering(style: Style):
         >>> "Outputs will be a JSON object" in system
         False
     """
-    token = _STYLE.set(style)
-    try:
-        yield
-    finally:
-        _STYLE.reset(token)
+    return _setting(_STYLE, style)
 
 
 def wants_marks(lm) -> bool:
@@ -104,10 +91,6 @@ def wants_marks(lm) -> bool:
         (True, False)
     """
     return str(getattr(lm, "model", "")).startswith(MARKED_PREFIXES)
-
-
-def _text_block(text: str, marked: bool = False) -> dict:
-    return {"type": "text", "text": text, **({"cache_control": dict(EPHEMERAL)} if marked else {})}
 
 
 class DebateAdapter(dspy.JSONAdapter):
@@ -170,7 +153,7 @@ class DebateAdapter(dspy.JSONAdapter):
             return await super().acall(lm, lm_kwargs, signature, demos, inputs)
 
     def format_system_message(self, signature) -> str:
-        if _current().lean:
+        if current_style().lean:
             return self._remember(signature, "lean", lambda: lean_system(signature))
         return self._remember(signature, "complete", lambda: self._complete_system(signature))
 
@@ -182,7 +165,7 @@ class DebateAdapter(dspy.JSONAdapter):
     def _user_parts(self, signature, inputs: dict) -> tuple[str, str]:
         """The user message as (the item's texts, the rest): fields in layout order, the reminder last."""
         fields, item = signature.input_fields, set(item_fields(signature.input_fields))
-        static = set(REFEREE_FIELDS) if _current().persona_static else set()
+        static = set(REFEREE_FIELDS) if current_style().persona_static else set()
         blocks = {True: [], False: []}
         for name in field_order(fields):
             if name in inputs and name not in static:
@@ -193,12 +176,12 @@ class DebateAdapter(dspy.JSONAdapter):
     def format_user_message_content(self, signature, inputs, prefix: str = "", suffix: str = "",
                                     main_request: bool = False) -> str:
         item, rest = self._user_parts(signature, inputs)
-        reminder = self.user_message_output_requirements(signature) if main_request and not _current().lean else ""
+        reminder = self.user_message_output_requirements(signature) if main_request and not current_style().lean else ""
         return "\n\n".join(p for p in (prefix, item, rest, reminder, suffix) if p).strip()
 
     def format(self, signature, demos, inputs):
         messages = super().format(signature, demos, inputs)
-        style = _current()
+        style = current_style()
         if style.persona_static:
             messages[0] = {**messages[0], "content": messages[0]["content"] + self._referee_block(signature, inputs)}
         return self._marked(signature, inputs, messages, style.mark_item) if style.marks else messages
@@ -214,12 +197,12 @@ class DebateAdapter(dspy.JSONAdapter):
         """Breakpoints at the end of the static part (system and demos) and at the end of the item's texts."""
         out = [dict(m) for m in messages]
         static = len(out) - 2  # the last message before the question: the system message or the last demo
-        out[static]["content"] = [_text_block(out[static]["content"], marked=True)]
+        out[static]["content"] = [text_block(out[static]["content"], marked=True)]
         item, _ = self._user_parts(signature, inputs)
         content = out[-1]["content"]
         if mark_item and item and content.startswith(item) and len(content) > len(item):
             cut = len(item) + 2 if content[len(item):len(item) + 2] == "\n\n" else len(item)
-            out[-1]["content"] = [_text_block(content[:cut], marked=True), _text_block(content[cut:])]
+            out[-1]["content"] = [text_block(content[:cut], marked=True), text_block(content[cut:])]
         return out
 
 

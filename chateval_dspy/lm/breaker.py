@@ -1,31 +1,22 @@
 """A circuit breaker per endpoint: after ``threshold`` failed attempts in a row the run stops with one ``FatalLMError``.
 
-Without it an endpoint that takes connections and never answers costs every item its full deadlines, and a
-1,000-item run would take days to finish with nothing. An attempt counts as failed when the endpoint failed it:
-its connection was refused or lost, or it went unanswered for the whole ``timeout`` and the endpoint also fails its
-liveness check (``alive``: llama.cpp's ``/health``, else ``/v1/models``; ``lm.engine``). A timeout from a live
-endpoint is slowness, not death: it does not count, and the engine stretches its bounds instead (``on_slow``;
-``lm.call_limits.Pace``), so a run on a busy machine finishes, slower. Any HTTP answer does not count: a 5xx may be
-one request's (a live server's retries and abstentions handle it, as they always did), a 4xx is the request's fault,
-and an unparseable output is the model's. Nor does an attempt a deadline cut short, which proves nothing about the
-endpoint, unless it was its call's first (a call deadline shorter than the timeout leaves no full attempt to count).
-Any answer closes the breaker again. Once it is open every later call fails at once with the same error and calls in
-flight stop waiting, so the run ends with its finished results kept (each results line is fsynced) and the same
-command resumes it.
+Without it an endpoint that takes connections and never answers costs every item its full deadlines. An attempt
+fails the endpoint's way when its connection was refused or lost, or it timed out and the endpoint also fails its
+liveness check (``alive``: ``/health``, else ``/v1/models``; ``lm.engine``). A timeout from a live endpoint is
+slowness: it does not count, and the engine stretches its bounds instead (``on_slow``; ``lm.call_limits.Pace``). No
+HTTP answer counts (a 5xx may be one request's, a 4xx is the request's fault), nor an attempt a deadline cut short,
+unless it was its call's first. Any answer closes the breaker again. Once it is open every call fails at once with
+the same error and calls in flight stop waiting, so the run ends with its finished results kept and the same command
+resumes it.
 
-A 429 says the endpoint is alive but will not judge now, which is no item's fault: the caller waits (its
-Retry-After, at most ``RATE_LIMIT_PAUSE_CAP_S`` at a time) and asks again, and once the endpoint has answered only
-429s for ``rate_limit_wait`` seconds in a row (or asks for a longer wait than is left of it, or a call's deadline
-runs out meanwhile) the breaker opens with ``RateLimited``, which stops the run: the items in flight are never
-recorded, so the same command judges them once the limit resets.
+A 429 is no item's fault: the caller waits (its Retry-After, at most ``RATE_LIMIT_PAUSE_CAP_S`` at a time) and asks
+again; once the endpoint has answered only 429s for ``rate_limit_wait`` seconds (or asks for longer, or a call's
+deadline runs out meanwhile) the breaker opens with ``RateLimited``, leaving the items in flight unrecorded.
 
-Who counts: this package's engines count each of their attempts (``lm.engine``). An LM whose engine is DSPy's
-(a LiteLLM model string) is out of sight while it runs: its ``BreakerWatch`` callback counts the attempts of each
-call that failed (``1 + num_retries``: one from ``resolve_lm``, whose calls ``lm.engine.within_deadline`` retries and
-a 429 of which reaches the breaker at once; more from a hand-built LM that DSPy retries), and the debate's wait for a
-call (``Watch``) counts one for every ``timeout`` seconds without an answer, since an attempt ends there, except
-while the endpoint is rate limiting (a 429 surfaced earlier): then the silence is DSPy sleeping out a Retry-After.
-Such an LM has no liveness check: its timeouts count as before.
+This package's engines count each of their attempts. An LM whose engine is DSPy's (a LiteLLM model string) is out of
+sight while it runs: its ``BreakerWatch`` callback counts the attempts of each failed call (``1 + num_retries``), and
+the debate's wait for a call (``Watch``) counts one for every ``timeout`` seconds without an answer, except while the
+endpoint rate-limits (then the silence is a Retry-After being slept out). Such an LM has no liveness check.
 """
 
 from __future__ import annotations
@@ -85,15 +76,8 @@ def failure_kind(exc: BaseException | None) -> str | None:
 
 class Breaker:
     """One endpoint's failed attempts in a row; at ``threshold`` it opens and every call fails with one ``FatalLMError``.
-
-    Copies of its LM share it (optimizers copy LMs): one endpoint, one count.
-
-    Args:
-        endpoint: The endpoint's name in messages (its base URL, or the model string).
-        threshold: Failed attempts in a row that open it.
-        alive: The endpoint's liveness check; with it a timeout counts only when the check fails too.
-        on_slow: Called for each timeout that did not count because the endpoint is alive (the engine slows down).
-        rate_limit_wait: Seconds of 429s in a row after which it opens with ``RateLimited``.
+    Copies of its LM share it (optimizers copy LMs): one endpoint, one count. ``endpoint`` names it in messages; with
+    ``alive`` (its liveness check) a timeout counts only when the check fails too, else ``on_slow`` hears of it.
 
     Example:
         >>> b = Breaker("http://127.0.0.1:9/v1", threshold=2)
@@ -160,9 +144,7 @@ class Breaker:
 
     def failed(self, kind: str, attempts: int = 1) -> FatalLMError | None:
         """Count ``attempts`` failed attempts of ``kind``; the ``FatalLMError`` to raise once the breaker is open, else None.
-
-        A timeout does not count while the endpoint passes its liveness check (``alive``): ``on_slow`` hears of it.
-        """
+        A timeout does not count while the endpoint passes its liveness check (``alive``): ``on_slow`` hears of it."""
         if kind == TIMED_OUT and self.alive is not None and self._message is None and self.answers():
             with self._lock:
                 self.slow += attempts
@@ -172,13 +154,18 @@ class Breaker:
         with self._lock:
             self.failures += attempts
             self._kinds[kind] = None
-            if self._message is None and self.failures >= self.threshold:
-                self._message = (f"the endpoint {self.endpoint} failed {self.failures} attempts in a row "
-                                 f"({', '.join(self._kinds)}): stopping the run; finished results are kept, rerun the "
-                                 "same command to resume")
-                for waiter in self._waiters:  # calls in flight stop waiting
-                    waiter.set()
+            if self.failures >= self.threshold:
+                self._open(FatalLMError(f"the endpoint {self.endpoint} failed {self.failures} attempts in a row "
+                                        f"({', '.join(self._kinds)}): stopping the run; finished results are kept, "
+                                        "rerun the same command to resume"))
         return self.error()
+
+    def _open(self, error: FatalLMError) -> None:
+        """Open with ``error`` unless already open (under ``_lock``); calls in flight stop waiting."""
+        if self._message is None:
+            self._message, self._kind = str(error), type(error)
+            for waiter in self._waiters:
+                waiter.set()
 
     def trip(self, error: FatalLMError) -> FatalLMError:
         """Open the breaker at once with ``error`` (an answer that retrying cannot change, e.g. a gateway's spent
@@ -195,10 +182,7 @@ class Breaker:
             chateval_dspy.errors.FatalLMError: budget spent
         """
         with self._lock:
-            if self._message is None:
-                self._message, self._kind = str(error), type(error)
-                for waiter in self._waiters:
-                    waiter.set()
+            self._open(error)
         return self.error()
 
     @property
@@ -282,13 +266,9 @@ _ACTIVE: contextvars.ContextVar[Watch | None] = contextvars.ContextVar("chateval
 
 
 class Watch:
-    """One LM call's wait: it ends when the call does or when a breaker opens (``lm.engine.within_deadline``).
-
-    Args:
-        breakers: The breakers of the caller's LMs; any of them opening ends the wait with its ``FatalLMError``.
-        tick: Seconds without an answer that count as one failed attempt of the DSPy-engine LMs the call reached
-            (their ``timeout``: DSPy's own attempt ends there); None: silence counts nothing.
-    """
+    """One LM call's wait (``lm.engine.within_deadline``): it ends when the call does or when one of ``breakers``
+    opens (with its ``FatalLMError``). Every ``tick`` seconds without an answer (the LMs' ``timeout``: DSPy's own
+    attempt ends there; None: never) count as one failed attempt of the DSPy-engine LMs the call reached."""
 
     def __init__(self, breakers: Iterable[Breaker], tick: float | None = None):
         self.breakers, self.tick = list(breakers), tick

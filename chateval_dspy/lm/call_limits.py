@@ -1,10 +1,7 @@
 """What LM work may take before a run gives up on it: the time bounds of one attempt, one call and one judged item
-(``CallBounds``, derived from the timeout), how they follow an endpoint's measured speed (``Pace``), the failed
-attempts in a row after which an endpoint's breaker stops the run (``lm.breaker``), and how long an endpoint may
-answer 429 in a row before the run stops (``rate_limit_wait``).
-
-Plain data and arithmetic, without DSPy or an HTTP client, so that ``LMSpec`` and the ``chateval`` parser state
-these defaults without importing either (``lm.engine`` enforces the bounds, ``lm.breaker`` counts the failures).
+(``CallBounds``), how they follow an endpoint's measured speed (``Pace``), and the breaker's and ``rate_limit_wait``'s
+limits. Plain data and arithmetic, without DSPy or an HTTP client, so that ``LMSpec`` and the ``chateval`` parser
+state these defaults without importing either (``lm.engine`` enforces the bounds, ``lm.breaker`` counts failures).
 """
 
 from __future__ import annotations
@@ -37,26 +34,11 @@ DEFAULT_RATE_LIMIT_WAIT = 240.0
 RATE_LIMIT_PAUSE_CAP_S = 60.0
 
 
-def default_call_deadline(timeout: float) -> float:
-    """Two full attempts plus 10 s for backoff and a quick third try: ``2 * timeout + 10``."""
-    return 2 * timeout + 10
-
-
-def default_item_deadline(call_deadline: float) -> float:
-    """Four calls' worth, ``4 * call_deadline`` (``8 * timeout + 40`` by default): the paper's panel makes
-    8 calls an item, so every one of them may take nearly a full timeout before the item is cut short."""
-    return 4 * call_deadline
-
-
 @dataclass(frozen=True)
 class CallBounds:
-    """How long LM work may take. Build it with ``CallBounds.derive(timeout, ...)``.
-
-    Args:
-        timeout: Seconds one attempt may take.
-        retries: Further attempts after a transient failure (timeout, lost connection, 429, 408/409, 5xx).
-        call_deadline: Seconds one call may take, all attempts and backoff together.
-        item_deadline: Seconds all calls of one judged item may take together.
+    """How long LM work may take: ``timeout`` seconds an attempt, ``retries`` further attempts after a transient
+    failure (timeout, lost connection, 429, 408/409, 5xx), ``call_deadline`` seconds a call (all its attempts and
+    backoff) and ``item_deadline`` seconds all calls of one judged item. Build it with ``CallBounds.derive``.
 
     Example:
         >>> CallBounds.derive(120)
@@ -74,32 +56,35 @@ class CallBounds:
         if isinstance(self.retries, bool) or not isinstance(self.retries, int) or not 0 <= self.retries <= 10:
             raise ConfigError(f"retries must be an integer in 0..10, got {self.retries!r}")
         for name in ("timeout", "call_deadline", "item_deadline"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-                raise ConfigError(f"{name} must be positive finite seconds, got {value!r}")
-            object.__setattr__(self, name, float(value))
+            object.__setattr__(self, name, _seconds(name, getattr(self, name)))
 
     @classmethod
     def derive(cls, timeout: float = DEFAULT_TIMEOUT, retries: int = DEFAULT_RETRIES, call_deadline: float | None = None,
                item_deadline: float | None = None) -> CallBounds:
-        """The bounds with any deadline left as None derived from ``timeout`` (see the module's formulas)."""
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
-            raise ConfigError(f"timeout must be positive finite seconds, got {timeout!r}")
-        call = default_call_deadline(timeout) if call_deadline is None else call_deadline
+        """The bounds with any deadline left as None derived from ``timeout``: a call deadline of two full attempts
+        plus 10 s for backoff and a quick third try (``2 * timeout + 10``), and an item deadline of four calls' worth
+        (``4 * call_deadline``; the paper's panel makes 8 calls an item, so each may take nearly a full timeout)."""
+        timeout = _seconds("timeout", timeout)
+        call = 2 * timeout + 10 if call_deadline is None else call_deadline
         if item_deadline is None and isinstance(call, (int, float)) and not isinstance(call, bool):
-            item_deadline = default_item_deadline(call)
+            item_deadline = 4 * call
         return cls(timeout=timeout, retries=retries, call_deadline=call, item_deadline=item_deadline)
+
+
+def _seconds(name: str, value, most: float = math.inf, words: str = "positive finite seconds") -> float:
+    """``value`` as float seconds if it is a finite number in (0, ``most``], else a ``ConfigError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= most or value == math.inf:
+        raise ConfigError(f"{name} must be {words}, got {value!r}")
+    return float(value)
 
 
 class Pace:
     """An endpoint's measured speed and the bounds that follow it: the stated bounds, stretched when it is slow.
 
-    After each answered attempt the pace is its seconds per token (prompt and completion together; queueing at the
-    server included, so a busy machine's slots count too). An attempt may take ``margin`` times what the largest
-    request so far (its prompt plus ``max_tokens``) would take at that pace, when that is longer than the stated
-    timeout; the call and item deadlines stretch in proportion, up to ``max_slowdown`` times. A slower pace is taken
-    at once, a faster one gradually. An attempt that timed out against a live endpoint (``lm.breaker``) doubles the
-    stretch: the machine got slower than measured.
+    The pace is seconds per token of answered attempts (queueing at the server included; a slower pace is taken at
+    once, a faster one gradually). An attempt may take ``margin`` times what the largest request so far (its prompt
+    plus ``max_tokens``) would take at that pace, when that is longer than the stated timeout; the deadlines stretch
+    in proportion, up to ``max_slowdown`` times. A timeout against a live endpoint (``lm.breaker``) doubles the stretch.
 
     Example:
         >>> pace = Pace(CallBounds.derive(10))
@@ -154,9 +139,7 @@ def check_rate_limit_wait(seconds) -> float:
         ...
         chateval_dspy.errors.ConfigError: rate_limit_wait must be positive seconds, at most 86400, got -1
     """
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= 86400:
-        raise ConfigError(f"rate_limit_wait must be positive seconds, at most 86400, got {seconds!r}")
-    return float(seconds)
+    return _seconds("rate_limit_wait", seconds, 86400, "positive seconds, at most 86400")
 
 
 def check_threshold(threshold) -> int:

@@ -1,44 +1,24 @@
 """A DSPy engine for any OpenAI-compatible chat server (the embedded one, vLLM, Ollama, llama.cpp),
 and the time bounds every LM call of a judged item lives under.
 
-Retries happen in exactly one layer. For these engines it is the engine itself (the ``openai``
-client's own retries are off, and ``resolve_lm`` builds the ``dspy.LM`` with ``num_retries=0``); for a LiteLLM
-model string it is the debate's wait for each call (``within_deadline``; DSPy's ``num_retries`` is 0 there too,
-since DSPy's retry loop sleeps out any Retry-After unseen). Three bounds hold:
+Retries happen in exactly one layer: this module's engines for base URLs (the ``openai`` client's own retries are
+off), else the debate's wait for each call (``within_deadline``), since DSPy's retry loop (``num_retries`` is 0
+everywhere) sleeps out any Retry-After unseen. Three bounds hold (``lm.call_limits.CallBounds``): ``timeout`` per
+attempt, ``call_deadline`` per call (all attempts and backoff; ``2 * timeout + 10``) and ``item_deadline`` per judged
+item (``4 * call_deadline``). A call that runs out of either deadline fails with ``DeadlineExceeded`` (a
+``TimeoutError``), the referee's abstention ``lm_error:deadline``. These engines stop themselves at the deadline;
+``within_deadline`` also stops waiting at the deadline plus ``WATCHDOG_GRACE_S``, which bounds LMs that cannot stop
+themselves (DSPy's engines for model strings, a server that drips bytes slower than the HTTP timeout). Other failures
+become DSPy's lm15 errors, which the debate records as abstentions too.
 
-- per attempt: ``timeout`` seconds (the HTTP client's timeout);
-- per call (all attempts and the backoff between them): ``call_deadline``, by default ``2 * timeout + 10``;
-- per judged item (all its calls): ``item_deadline``, by default ``4 * call_deadline`` (``8 * timeout + 40``).
-
-A call that runs out of either deadline fails with ``DeadlineExceeded`` (a ``TimeoutError``), which the
-debate records as the referee's abstention ``lm_error:deadline``. These engines stop themselves at the
-deadline (an attempt's timeout is cut to the time left; no backoff sleeps past it). Around every call the
-debate also stops waiting at the deadline plus ``WATCHDOG_GRACE_S`` (``within_deadline``), which bounds
-LMs that cannot stop themselves: DSPy's engines for model strings, a Retry-After sleep, a server that
-drips bytes slower than the HTTP timeout (which bounds each wait for data, not a whole attempt). What still fails otherwise is
-translated into DSPy's lm15 errors so that the debate can record it as an abstention too.
-
-Every endpoint also has a circuit breaker (``lm.breaker``): these engines report each attempt's outcome to it,
-``within_deadline`` watches the calls of LMs that cannot, and after ``breaker`` failed attempts in a row (refused or
-lost connections, timeouts of an endpoint that also fails its liveness check, ``endpoint_alive``) every call fails
-with one ``FatalLMError``, which stops the run.
-
-A live endpoint that is slow is waited for: these engines measure its speed and stretch the stated bounds to it
-(``lm.call_limits.Pace``; the stated timeout is the floor, ``MAX_SLOWDOWN`` times it the ceiling), and a timeout it
-lets happen stretches them further. So a run on a busy laptop finishes, slower.
-
-A 429 is no item's fault: these engines wait (Retry-After, bounded) and ask again without spending a retry, and
-an endpoint that rate-limits for ``rate_limit_wait`` seconds in a row, or asks for a longer wait, stops the run
-(``lm.breaker.RateLimited``); a model-string LM's 429 is waited out the same way by ``within_deadline``. A
-rate-limited call never becomes an abstention.
-
-Redirects are never followed: a 3xx answer is a ``FatalLMError`` naming the endpoint and where it tried to send the
-call (nothing a server answers may choose where prompts go).
-
-Behind a shared gateway (the LiteLLM proxy): a 429's wait is its ``Retry-After``, else the proxy's renamed copy
-``llm_provider-retry-after``; a refusal because the gateway's budget is spent is ``BudgetExceeded``, never retried:
-it opens the breaker at once (``Breaker.trip``), so the run stops the same way. Each request carries the run's
-tags in the ``x-litellm-tags`` header (``lm.tags``) for the gateway's spend logs.
+Every endpoint has a circuit breaker (``lm.breaker``) that these engines report each attempt to and
+``within_deadline`` feeds for the LMs that cannot; a live but slow endpoint is waited for, its bounds stretched to its
+measured speed (``lm.call_limits.Pace``). A 429 is no item's fault: it is waited out (Retry-After, bounded) without
+spending a retry, and rate limiting for ``rate_limit_wait`` seconds stops the run (``lm.breaker.RateLimited``), never
+an abstention. Redirects are never followed (a 3xx is a ``FatalLMError``: nothing a server answers may choose where
+prompts go). Behind a gateway (the LiteLLM proxy) a 429's wait is its ``Retry-After`` or the proxy's
+``llm_provider-retry-after``; a spent budget is ``BudgetExceeded``, which opens the breaker at once; each request
+carries the run's tags in the ``x-litellm-tags`` header (``lm.tags``).
 """
 
 from __future__ import annotations
@@ -89,10 +69,7 @@ PROBE_TIMEOUT_S = 5.0
 
 
 class DeadlineExceeded(lm15.TimeoutError):  # noqa: N818 - named after what happened, like TimeoutError
-    """A call ran out of its call deadline or its item's deadline.
-
-    ``started`` is False when the item's time was already spent, so no request was sent at all.
-    """
+    """A call ran out of its call deadline or its item's deadline (``started`` False: before any request was sent)."""
 
     def __init__(self, message: str, *, started: bool = True, **kwargs):
         super().__init__(message, **kwargs)
@@ -130,12 +107,9 @@ def with_bounds(lm, bounds: CallBounds):
 @contextlib.contextmanager
 def item_scope(bounds: CallBounds | None) -> Iterator[None]:
     """The time of one judged item: every call inside ends by ``item_deadline`` from now (``ChatEval`` enters it)."""
-    if bounds is None:
-        yield
-        return
-    end = time.monotonic() + bounds.item_deadline
     outer = _ITEM_END.get()
-    token = _ITEM_END.set(end if outer is None else min(outer, end))
+    end = outer if bounds is None else min(outer or math.inf, time.monotonic() + bounds.item_deadline)
+    token = _ITEM_END.set(end)
     try:
         yield
     finally:
@@ -152,18 +126,13 @@ def call_end(bounds: CallBounds | None) -> float:
 def within_deadline(fn: Callable[[], R], bounds: CallBounds | None) -> R:
     """``fn()``, but never waiting past the call's or the item's deadline: then ``DeadlineExceeded``.
 
-    ``fn`` runs on a daemon thread so that the caller regains control at the deadline even when the
-    LM underneath cannot be interrupted (a LiteLLM route, a server dripping bytes slower than the read timeout).
-    An engine from this module also stops itself at the same deadline, so its thread does not outlive the call by
-    more than the grace. Once the breaker of an LM in the context is open (``lm.breaker``), the call fails with its
+    ``fn`` runs on a daemon thread so that the caller regains control at the deadline even when the LM underneath
+    cannot be interrupted. Once the breaker of an LM in the context is open (``lm.breaker``), the call fails with its
     ``FatalLMError``, before it starts or while it is in flight.
 
-    A model-string LM from ``resolve_lm`` makes one attempt a call (DSPy's retry loop would sleep out any Retry-After,
-    a day's included, where nothing sees it), so its retries are made here, all within the one call deadline: a
-    transient failure is tried again up to its ``retries`` (``_retry_pause``), and a 429 is asked again after its
-    Retry-After as the breaker allows (``Breaker.rate_limited``), which stops the run (``RateLimited``) when the wait
-    asked or spent passes ``rate_limit_wait``, as this module's engines do, instead of costing the referee an
-    abstention.
+    A model-string LM from ``resolve_lm`` makes one attempt a call, so its retries are made here, within the one call
+    deadline: a transient failure is tried again up to its ``retries`` (``_retry_pause``), and a 429 is waited out as
+    this module's engines do (``_wait_out``).
     """
     breakers = context_breakers()
     for breaker in breakers:  # an endpoint already given up on: fail before sending anything
@@ -180,26 +149,29 @@ def within_deadline(fn: Callable[[], R], bounds: CallBounds | None) -> R:
             raise watch.error
         said = cause_of(watch.error, lm15.RateLimitError) or cause_of(watch.error, LMRateLimitError)
         if said is not None:
-            pause = _rate_limit_pause(watch, said, limited, end)
+            _wait_out(watch.watched, getattr(said, "retry_after", None), limited, end, watch.error)
             limited += 1
-        elif (pause := _retry_pause(watch, bounds, attempt, end)) is not None:
-            attempt += 1
-        else:
+            continue
+        pause = _retry_pause(watch, bounds, attempt, end)
+        if pause is None:
             raise watch.error
         watch.watched[0].pause(pause)
+        attempt += 1
 
 
-def _rate_limit_pause(watch: Watch, said: Exception, limited: int, end: float) -> float:
-    """The wait before asking a DSPy-engine LM again after the call's ``limited``-th 429 in a row: its Retry-After,
-    else a backoff, as the breakers allow (``Breaker.rate_limited`` raises ``RateLimited`` once the endpoint has
-    rate-limited too long or asks for longer); a wait past the call's deadline ``end`` stops the run too."""
-    hint = getattr(said, "retry_after", None)
-    for breaker in watch.watched:
-        pause = breaker.rate_limited(hint if hint is not None else min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** limited),
-                                     hint)
+def _backoff(attempt: int) -> float:
+    return min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** attempt)
+
+
+def _wait_out(breakers: list[Breaker], hint: float | None, limited: int, end: float, error: Exception) -> None:
+    """Wait before asking again after a call's ``limited``-th 429 in a row: its Retry-After (``hint``), else a
+    backoff, as the breakers allow (``Breaker.rate_limited`` raises ``RateLimited`` once the endpoint has rate-limited
+    too long); a wait past the call's deadline ``end`` stops the run too, as the call may not become an abstention."""
+    for breaker in breakers:
+        pause = breaker.rate_limited(_backoff(limited) if hint is None else hint, hint)
     if time.monotonic() + pause >= end:
-        raise watch.watched[0].stop_rate_limited(asked=hint, why=", until this call's deadline") from watch.error
-    return pause
+        raise breakers[0].stop_rate_limited(asked=hint, why=", until this call's deadline") from error
+    breakers[0].pause(pause)
 
 
 def _retry_pause(watch: Watch, bounds: CallBounds | None, attempt: int, end: float) -> float | None:
@@ -209,7 +181,7 @@ def _retry_pause(watch: Watch, bounds: CallBounds | None, attempt: int, end: flo
     if bounds is None or watch.inner_retries or attempt >= bounds.retries or failed is None \
             or not is_retryable_lm_error(failed):
         return None
-    pause = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** attempt)
+    pause = _backoff(attempt)
     return pause if time.monotonic() + pause < end else None
 
 
@@ -229,14 +201,6 @@ def _watched_call(fn: Callable[[], R], bounds: CallBounds | None, breakers: list
             raise limiting[0].stop_rate_limited(why=", until a call's deadline")
         raise DeadlineExceeded(f"deadline: no answer within {left:.1f} s")
     return watch
-
-
-def _text(system) -> str:
-    return system if isinstance(system, str) else "".join(getattr(p, "text", "") for p in system)
-
-
-def _message(m) -> dict:
-    return {"role": m.role, "content": m.text or ""}
 
 
 # Where a server says how long to wait: the standard header, then the LiteLLM proxy's copy of its router's or
@@ -285,11 +249,6 @@ def redirect_refused(endpoint: str, status: int, location) -> FatalLMError:
     return FatalLMError(f"the endpoint {endpoint} answered HTTP {status}, a redirect to {where!r}: redirects are not "
                         "followed (nothing a server answers may choose where prompts and keys go): stopping the run; "
                         "point the run at the endpoint itself")
-
-
-def no_redirects_client() -> openai.DefaultHttpxClient:
-    """An HTTP client for ``openai.OpenAI`` that follows no redirect (a 3xx becomes an ``APIStatusError``)."""
-    return openai.DefaultHttpxClient(follow_redirects=False)
 
 
 def endpoint_alive(base_url: str, api_key: str = "none", timeout: float = PROBE_TIMEOUT_S) -> bool:
@@ -355,21 +314,13 @@ class OpenAICompatEngine:
     """``dspy.LM(model, engine=OpenAICompatEngine(...), num_retries=0)`` for a chat-completions server.
 
     Args:
-        base_url: e.g. ``http://127.0.0.1:8000/v1``.
-        model: The served model's id.
         api_key: Sent as a bearer token; never logged or saved (this engine has no ``dump_state``).
-        timeout: Seconds one attempt may take before it counts as failed.
-        max_retries: Further attempts after a transient failure, with exponential backoff. This engine is
-            the only layer that retries: build its ``dspy.LM`` with ``num_retries=0``.
-        call_deadline: Seconds one call may take, all attempts and backoff together (default ``2 * timeout + 10``).
-        item_deadline: Seconds all calls of one judged item may take (default ``4 * call_deadline``).
-        compact_json: llama.cpp only: forbid free whitespace in constrained JSON and cap
-            string lengths, so that a tiny model cannot pad its output until ``max_tokens``.
-        max_string_chars: With ``compact_json``, the longest string a JSON field may hold.
-        breaker: Failed attempts in a row (refused or lost connections, timeouts of an endpoint that fails its
-            liveness check) after which every call fails with one ``FatalLMError`` (``lm.breaker``); the engine's
-            ``breaker`` attribute is that ``Breaker``.
-        rate_limit_wait: Seconds the endpoint may answer 429 in a row before the run stops (``RateLimited``).
+        max_retries: Further attempts after a transient failure, with exponential backoff (the only layer that
+            retries). ``timeout``, ``call_deadline`` and ``item_deadline`` are ``CallBounds``'.
+        compact_json: llama.cpp only: forbid free whitespace in constrained JSON and cap string lengths (at
+            ``max_string_chars``), so that a tiny model cannot pad its output until ``max_tokens``.
+        breaker: Failed attempts in a row after which every call fails with one ``FatalLMError``; the engine's
+            ``breaker`` attribute is that ``Breaker``. ``rate_limit_wait`` is the ``Breaker``'s.
 
     ``bounds`` are the stated ones stretched to the endpoint's measured speed (``pace``, ``lm.call_limits.Pace``).
     """
@@ -401,7 +352,7 @@ class OpenAICompatEngine:
     def _client(self, base_url: str, api_key: str) -> openai.OpenAI:
         # The client's own retries would multiply with this engine's; a redirect must not choose the endpoint.
         return openai.OpenAI(base_url=base_url, api_key=api_key, timeout=self.pace.stated.timeout, max_retries=0,
-                             http_client=no_redirects_client())
+                             http_client=openai.DefaultHttpxClient(follow_redirects=False))
 
     def __repr__(self) -> str:  # keeps the key out of any repr that reaches a log
         return f"OpenAICompatEngine(base_url={self.base_url!r}, model={self.model!r})"
@@ -421,8 +372,10 @@ class OpenAICompatEngine:
 
     def request_body(self, request) -> dict:
         """The chat-completions body for a DSPy request (public so tests can check the wire)."""
-        messages = ([{"role": "system", "content": _text(request.system)}] if request.system else [])
-        messages += [_message(m) for m in request.messages]
+        system = request.system
+        messages = [{"role": "system", "content": system if isinstance(system, str) else
+                     "".join(getattr(p, "text", "") for p in system)}] if system else []
+        messages += [{"role": m.role, "content": m.text or ""} for m in request.messages]
         cfg = request.config
         body = {"model": self.model, "messages": messages}
         for name in ("temperature", "max_tokens", "top_p", "seed"):
@@ -444,7 +397,8 @@ class OpenAICompatEngine:
     def _complete(self, request, end: float) -> Response:
         """Attempts until one answers, the retries are spent, the deadline ``end`` (monotonic) comes, or the
         breaker opens (its ``FatalLMError``). A 429 is waited out (``_wait_out``) without spending a retry."""
-        body = self.request_body(request)
+        body, tags_header = self.request_body(request), tags.header()  # for a gateway's spend logs
+        extra = {"extra_headers": tags_header} if tags_header else {}
         attempt = limited = 0
         while True:
             self.breaker.check()
@@ -455,7 +409,7 @@ class OpenAICompatEngine:
             timeout = self.bounds.timeout
             limit, started = min(timeout, left), time.monotonic()
             try:
-                answer = self.client.chat.completions.create(**body, timeout=limit, **self._extra())
+                answer = self.client.chat.completions.create(**body, timeout=limit, **extra)
             except openai.APIError as exc:
                 error = _translate(exc, self.base_url)
                 if error is exc:
@@ -463,14 +417,14 @@ class OpenAICompatEngine:
                 if isinstance(error, FatalLMError):  # a spent budget, a redirect: stop the run as an open breaker does
                     raise self.breaker.trip(error) from exc
                 if isinstance(error, lm15.RateLimitError):
-                    self._wait_out(error, limited, end)
+                    _wait_out([self.breaker], error.retry_after, limited, end, error)
                     limited += 1
                     continue
                 self._failed(error, exc, limit < timeout, attempt)
                 if attempt >= self.bounds.retries or not _transient(error):
                     raise error from exc
                 hint = getattr(error, "retry_after", None)
-                pause = hint if hint is not None else min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** attempt)
+                pause = _backoff(attempt) if hint is None else hint
                 if time.monotonic() + pause >= end:
                     raise DeadlineExceeded(f"{self.base_url}: deadline reached before retry {attempt + 1} "
                                            f"({type(error).__name__})", provider="openai-compatible") from exc
@@ -478,7 +432,9 @@ class OpenAICompatEngine:
                 attempt += 1
             else:
                 self.breaker.succeeded()
-                self._paced(answer, body, time.monotonic() - started)
+                prompt, completion = _tokens(answer)
+                self.pace.answered(time.monotonic() - started, prompt + completion,
+                                   prompt + (body.get("max_tokens") or completion))
                 return self._response(answer)
 
     def _failed(self, error: Exception, exc: Exception, cut: bool, attempt: int) -> None:
@@ -493,22 +449,6 @@ class OpenAICompatEngine:
         if cut:
             raise DeadlineExceeded(f"{self.base_url}: deadline reached during attempt {attempt + 1}",
                                    provider="openai-compatible") from exc
-
-    def _wait_out(self, error: lm15.RateLimitError, limited: int, end: float) -> None:
-        """Wait before asking again after the call's ``limited``-th 429 in a row: its Retry-After, else a backoff, as
-        the breaker allows (``Breaker.rate_limited``, which stops the run once the endpoint has rate-limited too long);
-        a wait past the call's deadline stops the run too, as the call may not become an abstention."""
-        hint = error.retry_after
-        pause = self.breaker.rate_limited(hint if hint is not None else min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** limited),
-                                          hint)
-        if time.monotonic() + pause >= end:
-            raise self.breaker.stop_rate_limited(asked=hint, why=", until this call's deadline") from error
-        self.breaker.pause(pause)
-
-    def _paced(self, answer, body: dict, seconds: float) -> None:
-        """Tell the pace how long an answered attempt took for its tokens (``Pace.answered``)."""
-        prompt, completion = _tokens(answer)
-        self.pace.answered(seconds, prompt + completion, prompt + (body.get("max_tokens") or completion))
 
     def warm_up(self, tokens_asked: int) -> None:
         """One short request, timed, so that the pace starts from the endpoint's speed now (the embedded model on a
@@ -528,12 +468,6 @@ class OpenAICompatEngine:
         seconds = time.monotonic() - started
         self.pace.answered(seconds, sum(_tokens(answer)), tokens_asked)
         log.info("%s: warm-up took %.2f s; attempts may take %.0f s", self.base_url, seconds, self.bounds.timeout)
-
-    @staticmethod
-    def _extra() -> dict:
-        """The request's tags header for a gateway's spend tracking (``lm.tags``), when the run set tags."""
-        header = tags.header()
-        return {"extra_headers": header} if header else {}
 
     def _counts(self, error: Exception) -> bool:
         """Whether ``error`` is the endpoint's failure, for the breaker."""
@@ -568,13 +502,8 @@ class OpenAICompatEngine:
 
 
 class RestartingEngine(OpenAICompatEngine):
-    """An engine for a server this process owns: when it stops answering, restart it once.
-
-    Args:
-        restart: Restarts the server and returns its new base URL.
-
-    A second loss is fatal: ``complete`` raises ``chateval_dspy.errors.FatalLMError``, which the
-    debate re-raises instead of recording abstentions for every remaining item.
+    """An engine for a server this process owns: when it stops answering, ``restart()`` it once (it returns the new
+    base URL). A second loss is a ``FatalLMError``, which stops the run instead of costing every item an abstention.
     """
 
     def _counts(self, error: Exception) -> bool:
@@ -618,7 +547,7 @@ def _dead_failures(bounds) -> Iterator[float]:
                 break
             t += bounds.timeout
             yield t
-            pause = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** attempt)
+            pause = _backoff(attempt)
             if attempt >= bounds.retries or t + pause >= end:
                 break
             t, attempt = t + pause, attempt + 1

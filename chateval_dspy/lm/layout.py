@@ -9,15 +9,13 @@ reuse the longest prefix a request shares with an earlier one, so what repeats c
              (| the persona)                               same for every call of that referee
              | what changed within the item (discussion)   new on every call
 
-Where the referee's persona stands depends on the panel (the debate decides, ``adapter.placement``): a referee whose
-predictor has static text of its own (tuned instructions or demonstrations) carries its persona at the end of the
-static part, where every item's calls reuse it; while several referees' predictors share the same static text (an
-untuned panel), the persona comes right after the item's texts instead, so that those referees share the bytes
-through the item's texts and only their own lines follow.
+The debate places the persona (``adapter.placement``): a referee whose predictor has static text of its own (tuned
+instructions or demonstrations) carries it at the end of the static part, where every item's calls reuse it; while
+several referees' predictors share the same static text (an untuned panel), it comes right after the item's texts,
+so that those referees share the bytes through the item's texts.
 
-The lean format says once what the signature's fields are and which output to give; the JSON schema sent with
-the request (``response_format``) enforces the rest. An LM that enforces no schema gets the complete format
-instead: DSPy's own output structure with its value notes, and the reminder at the end of the user message.
+The lean format says once what the fields are and which output to give; the JSON schema sent with the request
+enforces the rest. An LM that enforces no schema gets DSPy's complete format instead, and the reminder at the end.
 """
 
 from __future__ import annotations
@@ -25,6 +23,7 @@ from __future__ import annotations
 import re
 import textwrap
 import typing
+from collections import Counter
 
 from dspy.adapters.utils import get_annotation_name
 
@@ -32,6 +31,11 @@ from dspy.adapters.utils import get_annotation_name
 REFEREE_FIELDS = ("persona",)
 TURN_FIELDS = ("discussion",)
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
+
+
+def text_block(text: str, marked: bool = False) -> dict:
+    """A text content block, ``marked`` as a cache breakpoint (Anthropic's ``cache_control``) or not."""
+    return {"type": "text", "text": text, **({"cache_control": {"type": "ephemeral"}} if marked else {})}
 
 
 def field_order(names) -> list[str]:
@@ -65,10 +69,7 @@ def description(name: str, field) -> str:
 def _shared_sentences(descs: dict[str, str]) -> list[str]:
     """Sentences that end the descriptions of two or more fields, in order (said once for them all)."""
     split = {k: _SENTENCE.split(v) for k, v in descs.items() if v}
-    counts: dict[str, int] = {}
-    for sentences in split.values():
-        for s in dict.fromkeys(sentences):
-            counts[s] = counts.get(s, 0) + 1
+    counts = Counter(s for sentences in split.values() for s in dict.fromkeys(sentences))
     return [s for s in dict.fromkeys(s for v in split.values() for s in v) if counts[s] > 1]
 
 
@@ -93,15 +94,13 @@ def inputs_text(signature) -> str:
     shared = _shared_sentences(descs)
     note = " ".join(shared)
     grouped = [n for n in order if shared and descs[n].endswith(note)]
-    lines, done = ["Each input comes under a [[ ## name ## ]] header:"], False
+    lines = ["Each input comes under a [[ ## name ## ]] header:"]
     for name in order:
-        if name in grouped:
-            if not done:
-                own = [(n, descs[n][: -len(note)].strip().rstrip(".")) for n in grouped]
-                lines.append("- " + ", ".join(f"{n} ({d})" if d else n for n, d in own) + f": {note}")
-                done = True
-            continue
-        lines.append(f"- {name}: {descs[name]}" if descs[name] else f"- {name}")
+        if grouped and name == grouped[0]:
+            own = [(n, descs[n][: -len(note)].strip().rstrip(".")) for n in grouped]
+            lines.append("- " + ", ".join(f"{n} ({d})" if d else n for n, d in own) + f": {note}")
+        elif name not in grouped:
+            lines.append(f"- {name}: {descs[name]}" if descs[name] else f"- {name}")
     return "\n".join(lines)
 
 

@@ -1,14 +1,9 @@
 """Switch off the phone-home lookups of LiteLLM, MLflow, Ray and the HF hub, for a process we own.
 
-The ``chateval`` command, the benchmark runner and the test suite call ``ensure_offline()`` when they start,
-before anything imports dspy/litellm/mlflow; importing ``chateval_dspy`` never calls it, since these
-variables change other libraries' behaviour in the user's process (``HF_HUB_OFFLINE`` stops Hugging Face
-downloads). A Python user who wants them calls it first thing, or sets them in the environment.
-
-``LITELLM_LOCAL_MODEL_COST_MAP`` only works before LiteLLM's first import: without it, importing LiteLLM (a
-LiteLLM model string such as ``openai/gpt-4o-mini``) waits seconds for a cost map from the internet. The
-embedded model and base URLs need none of these: they never import LiteLLM or reach the hub.
-Uses ``setdefault`` so a user's explicit setting still wins.
+The ``chateval`` command, the benchmark runner and the test suite call ``ensure_offline()`` when they start, before
+anything imports dspy/litellm/mlflow (``LITELLM_LOCAL_MODEL_COST_MAP`` only works before LiteLLM's first import, which
+otherwise waits seconds for a cost map from the internet). Importing ``chateval_dspy`` never calls it, since these
+variables change other libraries' behaviour in the user's process (``HF_HUB_OFFLINE`` stops Hugging Face downloads).
 """
 
 from __future__ import annotations
@@ -26,6 +21,6 @@ OFFLINE_ENV = {
 
 
 def ensure_offline() -> None:
-    """Set every variable of ``OFFLINE_ENV`` that is not set yet (in this process, for the processes it starts)."""
+    """Set every variable of ``OFFLINE_ENV`` that is not set yet: a user's explicit setting wins."""
     for key, value in OFFLINE_ENV.items():
         os.environ.setdefault(key, value)

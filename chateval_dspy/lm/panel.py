@@ -4,10 +4,6 @@ As in "Replacing Judges with Juries" (Verga et al., 2024), a panel of different 
 cheaper than one large model. The debate code does not change: each referee's turn looks up the LM bound to
 its slug in DSPy's context (``referee_lm``) and runs under it; every other call (the summarizer, a referee
 without an LM of its own, an optimizer's own prompts) uses the context's main LM.
-
-``open_panel`` starts the LMs: each distinct model once (a referee naming the main model shares its LM, two
-referees naming one URL share one client), the base URLs and model strings before the embedded server, so a
-referee naming an unreachable URL stops the run before the embedded model starts, with the referee named.
 """
 
 from __future__ import annotations
@@ -92,20 +88,16 @@ def referee_names(lms: Mapping[str, dspy.LM] | None = None) -> dict[str, str]:
 
 @contextlib.contextmanager
 def open_panel(main: str, referees: Mapping[str, str] | None = None, **kwargs) -> Iterator[tuple[dspy.LM, dict]]:
-    """Start the main LM and each referee's; yields ``(main LM, {slug: LM})``, stops them all on exit.
-
-    Args:
-        main: The main model (``embedded``, a base URL, a LiteLLM string): the summarizer and unassigned referees.
-        referees: ``{slug: model}``; a referee naming ``main`` shares the main LM.
-        **kwargs: ``resolve_lm``'s settings (slots, sampling, bounds, threads, ``served_model`` for ``main`` only).
-    """
+    """Start the ``main`` LM (the summarizer's and unassigned referees') and each of ``referees``' (``{slug: model}``),
+    each distinct model once; yields ``(main LM, {slug: LM})``, stops them all on exit. ``kwargs`` are ``resolve_lm``'s
+    (``served_model`` for ``main`` only)."""
     from chateval_dspy.lm import resolve  # looked up at call time, so tests can replace resolve_lm
 
     referees = dict(referees or {})
     served = kwargs.pop("served_model", None)
     specs = list(dict.fromkeys([main, *referees.values()]))
     # URLs are reached (and model strings built) before the embedded server starts, so a referee naming an
-    # unreachable URL fails at once, not after the embedded model has loaded.
+    # unreachable URL fails at once, with the referee named, not after the embedded model has loaded.
     order = sorted(specs, key=lambda s: s == resolve.EMBEDDED)
     named = {spec: [slug for slug, s in referees.items() if s == spec] for spec in specs}
     with contextlib.ExitStack() as stack:

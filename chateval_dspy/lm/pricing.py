@@ -1,20 +1,14 @@
 """What a run costs in US dollars: LiteLLM's own cost map, read offline, or a price the user states.
 
-The cost map is the JSON file LiteLLM ships (``model_prices_and_context_window_backup.json``), the one it reads
-itself under ``LITELLM_LOCAL_MODEL_COST_MAP=True``; it is read as a file, so pricing never imports LiteLLM (5-7 s).
-A model the map does not price (the embedded model, a private base URL) is *unpriced*: its cost is ``None``, never
-0, unless the caller states a price per million tokens (``--price-per-mtok in,out``).
+The cost map is the JSON file LiteLLM ships (``model_prices_and_context_window_backup.json``), read as a file so that
+pricing never imports LiteLLM (5-7 s). The rules, in order: a price stated for an LM (``attach_price``;
+``LMSpec.price_per_mtok``) wins; a model behind a base URL (``openai-compatible/<served id>``) or the embedded model
+is *unpriced* (its cost is ``None``, never 0), whatever its served id resembles, because a private endpoint's bill is
+not OpenAI's; any other model string is looked up in the cost map by its name.
 
-The rules, in order: a price stated for an LM (``attach_price``; ``LMSpec.price_per_mtok`` states it for the run's
-main model) wins; a model behind a base URL (``openai-compatible/<served id>``) or the embedded model is unpriced,
-whatever its served id resembles, because a private endpoint's bill is not OpenAI's; any other model string is
-looked up in the cost map by its name (``openai/gpt-4o-mini`` is priced as gpt-4o-mini wherever
-``OPENAI_BASE_URL`` points).
-
-Prompt caching: of a call's prompt tokens, those read from the provider's prompt cache
-(``cached_prompt_tokens``) and those written to it (``cache_write_tokens``) have rates of their own, the cost
-map's ``cache_read_input_token_cost`` and ``cache_creation_input_token_cost`` (or the third and fourth values of
-``--price-per-mtok``). A price without one of them prices those tokens at the input rate, and says so
+Of a call's prompt tokens, those read from the provider's prompt cache and those written to it have rates of their
+own (the cost map's ``cache_read_input_token_cost`` and ``cache_creation_input_token_cost``, or the third and fourth
+values of ``--price-per-mtok``); a price without one prices those tokens at the input rate, and says so
 (``Price.cache_rates``, ``cache_rate_note``).
 """
 
@@ -41,29 +35,15 @@ _PRICE_ATTR = "_chateval_price"
 @dataclass(frozen=True, repr=False)
 class Price:
     """US dollars per million tokens: prompt (input), completion (output) and, when known, prompt tokens read
-    from the provider's prompt cache and written to it; and where the figures came from.
-
-    ``prompt_tokens`` counts every prompt token, cached or not: ``usd`` prices the cached reads and the cache
-    writes among them at their own rates, the rest at the input rate. A rate that is None (the cost map or the
-    stated price has none) prices those tokens at the input rate; ``cache_rates`` says which rates there are.
+    from the provider's prompt cache and written to it (None: priced at the input rate); and where they came from.
 
     Example:
-        >>> Price(0.15, 0.6, "litellm").usd(prompt_tokens=1000, completion_tokens=500)
-        0.00045
-
-        10,000 prompt tokens of which 6,000 were read from the cache, and 500 output tokens, at gpt-4o-mini's
-        prices ((4000 * 0.15 + 6000 * 0.075 + 500 * 0.6) / 1e6):
-
-        >>> mini = Price(0.15, 0.6, "litellm", cached_prompt_per_mtok=0.075)
-        >>> mini.usd(10_000, 500, cached_prompt_tokens=6_000), mini.cache_rates
+        >>> mini = Price(0.15, 0.6, "litellm", cached_prompt_per_mtok=0.075)  # 10,000 prompt tokens, 6,000 cached:
+        >>> mini.usd(10_000, 500, cached_prompt_tokens=6_000), mini.cache_rates  # (4000*.15 + 6000*.075 + 500*.6)/1e6
         (0.00135, 'read')
-
-        Without cache rates, cached and written tokens cost what any input token costs:
-
-        >>> Price(1.0, 5.0, "stated").usd(10_000, 0, cached_prompt_tokens=6_000, cache_write_tokens=2_000)
-        0.01
-        >>> Price(1.0, 5.0, "stated").cache_rates
-        'none'
+        >>> stated = Price(1.0, 5.0, "stated")  # without cache rates, cached and written tokens cost as input
+        >>> stated.usd(10_000, 0, cached_prompt_tokens=6_000, cache_write_tokens=2_000), stated.cache_rates
+        (0.01, 'none')
     """
 
     input_per_mtok: float
@@ -100,11 +80,8 @@ class Price:
             ((1.0, 5.0), (1.0, 5.0, 0.1), (1.0, 5.0, 0.1, 1.25))
         """
         read = self.input_per_mtok if self.cached_prompt_per_mtok is None else self.cached_prompt_per_mtok
-        if self.cache_write_per_mtok is not None:
-            return (self.input_per_mtok, self.output_per_mtok, read, self.cache_write_per_mtok)
-        if self.cached_prompt_per_mtok is not None:
-            return (self.input_per_mtok, self.output_per_mtok, read)
-        return (self.input_per_mtok, self.output_per_mtok)
+        rates = (self.input_per_mtok, self.output_per_mtok, read, self.cache_write_per_mtok)
+        return rates[:4 if self.cache_write_per_mtok is not None else 3 if self.cached_prompt_per_mtok is not None else 2]
 
     def __repr__(self) -> str:
         # Cache rates only when there are some, so that a price of two rates reads as it always did.
@@ -120,11 +97,8 @@ CACHE_RATES = {(True, True): "read+write", (True, False): "read", (False, True):
 
 def cache_rate_note(model: str, figures: dict) -> str | None:
     """What a table says under a model whose cached tokens were priced as input for want of a cache rate, else None.
-
-    Args:
-        model: The model's name.
-        figures: Its figures over a run or an item: ``cache_rates`` (None: unpriced, or written before cache
-            rates were recorded), ``cached_prompt_tokens`` and ``cache_write_tokens``.
+    ``figures`` are the model's over a run or an item: ``cache_rates`` (None: unpriced, or written before cache rates
+    were recorded), ``cached_prompt_tokens`` and ``cache_write_tokens``.
 
     Example:
         >>> cache_rate_note("m", {"cache_rates": "none", "cached_prompt_tokens": 6000})
@@ -165,22 +139,12 @@ def litellm_price(model: str) -> Price | None:
         >>> litellm_price("embedded/gemma-3-270m-q4_k_m") is None
         True
     """
-    table = _cost_map()
-    for key in (model, model.split("/", 1)[-1]):
-        entry = table.get(key)
-        if isinstance(entry, dict) and entry.get("mode") in (None, "chat", "completion") \
-                and isinstance(entry.get("input_cost_per_token"), (int, float)) \
-                and isinstance(entry.get("output_cost_per_token"), (int, float)):
-            return Price(_per_mtok(entry["input_cost_per_token"]), _per_mtok(entry["output_cost_per_token"]),
-                         "litellm", _per_mtok(entry.get("cache_read_input_token_cost")),
-                         _per_mtok(entry.get("cache_creation_input_token_cost")))
-    return None
+    return _map_price(model, "", "litellm")
 
 
 def batch_price(model: str) -> Price | None:
-    """The price LiteLLM's cost map gives ``model``'s batched requests (``input_cost_per_token_batches`` and
-    ``output_cost_per_token_batches``; cached reads and cache writes at their ``_batches`` rates where the map has
-    them, else at the batch input rate), or None when the map states no batch price.
+    """The price LiteLLM's cost map gives ``model``'s batched requests (its ``..._batches`` rates; cached reads and
+    cache writes without one are priced at the batch input rate), or None when the map states no batch price.
 
     Example:
         >>> batch_price("openai/gpt-4o-mini")
@@ -188,15 +152,21 @@ def batch_price(model: str) -> Price | None:
         >>> batch_price("anthropic/claude-haiku-4-5").cache_rates, batch_price("openai-compatible/m") is None
         ('read+write', True)
     """
+    return _map_price(model, "_batches", "litellm-batch")
+
+
+def _map_price(model: str, suffix: str, source: str) -> Price | None:
+    # A chat model's input, output, cache-read and cache-write rates (each name + ``suffix``), under its full name
+    # or without its provider prefix.
     table = _cost_map()
     for key in (model, model.split("/", 1)[-1]):
         entry = table.get(key)
         if isinstance(entry, dict) and entry.get("mode") in (None, "chat", "completion"):
-            rates = [_per_mtok(entry.get(f"{name}_batches")) for name in (
+            rates = [_per_mtok(entry.get(name + suffix)) for name in (
                 "input_cost_per_token", "output_cost_per_token", "cache_read_input_token_cost",
                 "cache_creation_input_token_cost")]
             if rates[0] is not None and rates[1] is not None:
-                return Price(rates[0], rates[1], "litellm-batch", rates[2], rates[3])
+                return Price(rates[0], rates[1], source, rates[2], rates[3])
     return None
 
 
@@ -301,32 +271,18 @@ class TokenCounts(NamedTuple):
 def token_counts(usage: dict | None) -> TokenCounts:
     """One usage dict (a call's, or DSPy's usage tracker's sum per model) as ``TokenCounts``.
 
-    The shapes that reach DSPy's usage tracker, all with ``prompt_tokens`` already counting cached and written
-    tokens (so the cache counts are parts of it, never added to it):
-
-    - DSPy's native routes (``openai/``, ``anthropic/``, ``gemini/`` ..., and engines such as ours):
-      ``prompt_tokens_details`` = ``{"cached_tokens": reads, "cache_creation_tokens": writes}``; for Anthropic,
-      whose own counts are disjoint, DSPy has added reads and writes into ``prompt_tokens``.
-    - LiteLLM (``Usage``): ``prompt_tokens_details.cached_tokens`` and ``cache_creation_tokens`` (or
-      ``cache_write_tokens``), and Anthropic's top-level ``cache_read_input_tokens`` /
-      ``cache_creation_input_tokens`` beside them (the same tokens again: read once, never summed).
-
-    A count that is missing or None is 0. A prompt count smaller than its cache counts cannot have included
-    them (Anthropic's own, disjoint counts, passed on verbatim by a custom engine): they are added to it.
+    DSPy's native routes and engines such as ours say the cache reads and writes in ``prompt_tokens_details``
+    (``cached_tokens``, ``cache_creation_tokens``); LiteLLM also says them there (or as ``cache_write_tokens``) and,
+    for Anthropic, again at the top level (``cache_read_input_tokens``, ``cache_creation_input_tokens``): the same
+    tokens, read once, never summed. ``prompt_tokens`` already counts them, unless it is smaller than they are
+    (Anthropic's own, disjoint counts, passed on verbatim by a custom engine): then they are added to it. A count
+    that is missing or None is 0.
 
     Example:
-        >>> token_counts({"prompt_tokens": 10000, "completion_tokens": 500,
-        ...               "prompt_tokens_details": {"cached_tokens": 6000}})  # OpenAI
-        TokenCounts(prompt_tokens=10000, cached_prompt_tokens=6000, cache_write_tokens=0, completion_tokens=500)
-        >>> token_counts({"prompt_tokens": 8100, "completion_tokens": 50, "prompt_tokens_details": {
-        ...     "cached_tokens": 6000, "cache_creation_tokens": 2000}})  # Anthropic, DSPy native
-        TokenCounts(prompt_tokens=8100, cached_prompt_tokens=6000, cache_write_tokens=2000, completion_tokens=50)
         >>> token_counts({"prompt_tokens": 8100, "completion_tokens": 50, "cache_read_input_tokens": 6000,
         ...               "cache_creation_input_tokens": 2000, "prompt_tokens_details": {"cached_tokens": 6000,
         ...               "cache_write_tokens": 2000, "cache_creation_tokens": 2000, "text_tokens": 100}})  # LiteLLM
         TokenCounts(prompt_tokens=8100, cached_prompt_tokens=6000, cache_write_tokens=2000, completion_tokens=50)
-        >>> token_counts({"prompt_tokens": 12, "completion_tokens": 3, "prompt_tokens_details": None})  # no cache
-        TokenCounts(prompt_tokens=12, cached_prompt_tokens=0, cache_write_tokens=0, completion_tokens=3)
         >>> sum(token_counts({})), token_counts({"prompt_tokens": 100, "cache_read_input_tokens": 6000}).prompt_tokens
         (0, 6100)
     """

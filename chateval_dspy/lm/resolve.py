@@ -1,13 +1,10 @@
-"""LM setup, in one place: ``with resolve_lm(spec) as lm: ...``.
+"""LM setup, in one place: ``with resolve_lm(spec) as lm: ...``. Modules never build LMs or read keys.
 
-Specs:
-- ``embedded`` (default): Gemma 3 270M (GGUF Q4_K_M) served in-process by xllamacpp,
-  started here and stopped on exit. A smoke-test judge, not a good one.
-- ``http(s)://host:port/v1``: any OpenAI-compatible server (vLLM, Ollama, llama.cpp);
-  key from ``CHATEVAL_API_KEY`` (or ``OPENAI_API_KEY``), model from ``served_model`` or the server's list.
+- ``embedded`` (default): Gemma 3 270M (GGUF Q4_K_M) served in-process by xllamacpp, started here and stopped on
+  exit. A smoke-test judge, not a good one.
+- ``http(s)://host:port/v1``: any OpenAI-compatible server (vLLM, Ollama, llama.cpp); key from ``CHATEVAL_API_KEY``
+  (or ``OPENAI_API_KEY``), model from ``served_model`` or the server's list.
 - anything else: a LiteLLM model string (``openai/gpt-4o-mini``); the provider's usual key variable.
-
-Modules never build LMs or read keys: they use whatever LM the caller's context holds.
 """
 
 from __future__ import annotations
@@ -84,17 +81,13 @@ def _post_json(url: str, body: dict, timeout: float = 30) -> dict:
 
 
 class EmbeddedServer:
-    """The embedded model behind llama.cpp's OpenAI-compatible server, in this process.
-
-    It needs none of the offline switches (``lm.offline``): the GGUF comes from a Python package, not the
-    Hugging Face hub, and the engine talks to the server without LiteLLM, so starting it sets no variable.
+    """The embedded model behind llama.cpp's OpenAI-compatible server, in this process (the GGUF comes from a Python
+    package, not the Hugging Face hub, so it needs none of the offline switches).
 
     Args:
         slots: Requests the server decodes at once (``n_parallel``).
-        threads: CPU threads; defaults to all cores.
-        cache_mib: Host memory for llama.cpp's prompt cache (earlier prompts' KV state, reused when a
-            prompt with the same opening returns, as the same items do in every optimizer trial).
-            llama.cpp's own default is 8 GiB per server, which a long compile fills.
+        cache_mib: Host memory for llama.cpp's prompt cache (earlier prompts' KV state, reused as the same items
+            return in every optimizer trial); llama.cpp's own default, 8 GiB per server, a long compile fills.
 
     Example:
         >>> with EmbeddedServer(slots=2) as base_url:  # doctest: +SKIP
@@ -194,8 +187,7 @@ def served_model_id(base_url: str, key: str) -> str:
 
 def check_model_spec(spec, where: str = "--model") -> str:
     """``spec`` if it names an LM ``resolve_lm`` can build (``embedded``, an http(s) base URL, ``provider/model``),
-    else a ``ConfigError`` naming ``where``. Checked before any model starts; whether a URL answers is
-    checked when it is reached.
+    else a ``ConfigError`` naming ``where`` (before any model starts; whether a URL answers is seen when reached).
 
     Example:
         >>> check_model_spec("openai/gpt-4o-mini")
@@ -229,21 +221,16 @@ def resolve_lm(spec: str = EMBEDDED, *, slots: int = 2, temperature: float = 0.0
     Args:
         spec: ``embedded``, an OpenAI-compatible base URL, or a LiteLLM model string.
         slots: Requests the caller keeps in flight at once (the embedded server's slots).
-        temperature: Sampling temperature (0 by default, as in the paper).
         max_tokens: Cap per call; defaults to 320 for the embedded model and 1024 otherwise.
         served_model: The model id at a base URL (default: the first the server lists).
-        timeout: Seconds one attempt of one request may take.
         retries: Further attempts after a transient failure, in one layer: the engine (``embedded``, base URLs), or
             the debate's wait for a call (``lm.engine.within_deadline``, LiteLLM strings); DSPy's ``num_retries`` is 0.
-        call_deadline: Seconds one call may take, all attempts and backoff together (default ``2 * timeout + 10``).
-        item_deadline: Seconds all calls of one judged item may take (default ``4 * call_deadline``).
-            A call cut by either deadline is the referee's abstention ``lm_error:deadline``.
         threads: CPU threads of the embedded server (default: all cores).
-        breaker: Failed attempts in a row (refused or lost connections, timeouts of an endpoint that fails its liveness
-            check) after which every call fails with one ``FatalLMError`` and the run stops (``lm.breaker``); the
-            embedded server is restarted on a lost connection instead, so only its timeouts count. The embedded model
-            and base URLs are paced: their bounds stretch to the measured speed (``lm.call_limits.Pace``).
-        rate_limit_wait: Seconds an endpoint may answer 429 in a row before the run stops (``lm.breaker.RateLimited``).
+        breaker: Failed attempts in a row after which the run stops (``lm.breaker``); the embedded server is
+            restarted on a lost connection instead, so only its timeouts count.
+
+    ``timeout``, ``call_deadline`` and ``item_deadline`` are ``CallBounds``' (``lm.engine``); the embedded model's and
+    base URLs' bounds stretch to their measured speed (``lm.call_limits.Pace``).
 
     Example:
         >>> with resolve_lm("embedded") as lm, dspy.context(lm=lm):  # doctest: +SKIP
@@ -271,10 +258,8 @@ def resolve_lm(spec: str = EMBEDDED, *, slots: int = 2, temperature: float = 0.0
         yield dspy.LM(f"openai-compatible/{model}", engine=engine, temperature=temperature, max_tokens=max_tokens or 1024,
                       num_retries=0)
         return
-    # DSPy's engines for model strings make one attempt each, and so does DSPy here: its retry loop sleeps out whatever
-    # Retry-After a 429 asks (a day's too) where the breaker cannot see it. The debate's wait retries instead
-    # (``within_deadline``), with the bounds that ride on the LM. Models that cache only at marked breakpoints go
-    # through LiteLLM (``LITELLM_ROUTE``), which carries the adapter's cache_control blocks as they are.
+    # One attempt a call here: the debate's wait retries instead (``within_deadline``), with the bounds that ride on
+    # the LM. Models that cache only at marked breakpoints go through LiteLLM, which carries cache_control blocks.
     route = LITELLM_ROUTE if spec.startswith(MARKED_PREFIXES) else {}
     lm = dspy.LM(spec, temperature=temperature, max_tokens=max_tokens or 1024, timeout=bounds.timeout,
                  num_retries=0, **route)

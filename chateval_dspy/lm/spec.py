@@ -37,27 +37,19 @@ class LMSpec:
         model: ``embedded``, an OpenAI-compatible base URL, or a LiteLLM model string; None: the default, which is
             a loaded evaluator's own model (its card's) for ``load()``, and the embedded model everywhere else.
         served_model: The model id at a base URL (default: the first the server lists).
-        temperature: Sampling temperature (0, as in the paper).
         max_tokens: Cap per call (default: 320 for the embedded model, 1024 otherwise).
-        timeout: Seconds one attempt of one request may take.
-        retries: Further attempts after a transient failure, in exactly one layer (see ``lm.engine``).
-        call_deadline: Seconds one call may take, all attempts and backoff together (None: ``2 * timeout + 10``).
-        item_deadline: Seconds all calls of one judged item may take (None: ``4 * call_deadline``).
-        breaker: Failed attempts in a row against one endpoint (timeouts, refused or lost connections) after which the
-            run stops with one ``FatalLMError``, its finished results kept (``lm.breaker``; not in batch mode).
-        rate_limit_wait: Seconds an endpoint may answer 429 (rate limited) in a row, each Retry-After honoured up to
-            60 s at a time, before the run stops with ``RateLimited``; the rate-limited items are not recorded, so the
-            same command judges them once the limit resets.
-        cache: DSPy's memory and disk cache of LM answers.
-        cache_dir: The cache's directory (default ``$CHATEVAL_CACHE_DIR`` or ``~/.cache/chateval-dspy``).
-        referee_models: A mixed panel: ``{role slug: model}`` (each ``embedded``, a base URL or a LiteLLM string);
-            those referees' predictors run on their own LM, everything else (the summarizer, the other
-            referees) on ``model``. Sampling, timeouts and retries are this spec's for every LM; a URL's model id
-            is the first it lists. Stored as sorted pairs (``referee_map`` gives the dict back).
+        timeout, retries, call_deadline, item_deadline: The time bounds (``lm.call_limits.CallBounds``; the
+            deadlines default to ``2 * timeout + 10`` and ``4 * call_deadline``); retries happen in one layer.
+        breaker: Failed attempts in a row against one endpoint after which the run stops with one ``FatalLMError``,
+            its finished results kept (``lm.breaker``; not in batch mode).
+        rate_limit_wait: Seconds an endpoint may answer 429 in a row (each Retry-After honoured up to 60 s at a time)
+            before the run stops with ``RateLimited``, the rate-limited items unrecorded for a rerun to judge.
+        cache_dir: DSPy's cache directory (default ``$CHATEVAL_CACHE_DIR`` or ``~/.cache/chateval-dspy``).
+        referee_models: A mixed panel: ``{role slug: model}``; those referees run on their own LM (with this spec's
+            other settings), everything else on ``model``. Stored as sorted pairs (``referee_map`` gives the dict).
         price_per_mtok: US dollars per million input and output tokens of ``model`` (``"0.15,0.6"`` or a pair),
-            optionally followed by the cached-read and cache-write rates (``"0.15,0.6,0.075"``), for an endpoint
-            LiteLLM's cost map does not price; None: the cost map's price, if any. In batch mode it is the price
-            of batched requests.
+            optionally followed by the cached-read and cache-write rates, for an endpoint LiteLLM's cost map does not
+            price; None: the cost map's price, if any. In batch mode it is the price of batched requests.
         batch: Judge through the provider's Batch API, in waves (``lm.batch``): half price, answers within hours.
         batch_dir: Batch mode for a self-hosted engine: each wave's requests are written to this folder in the
             OpenAI batch format ``vllm run-batch`` reads, and its output file is read back (implies ``batch``).
@@ -104,8 +96,7 @@ class LMSpec:
         if self.price_per_mtok is not None:
             text = self.price_per_mtok if isinstance(self.price_per_mtok, str) else \
                 ",".join(map(str, self.price_per_mtok)) if isinstance(self.price_per_mtok, (tuple, list)) else "?"
-            price = stated_price(text)
-            object.__setattr__(self, "price_per_mtok", price.per_mtok)
+            object.__setattr__(self, "price_per_mtok", stated_price(text).per_mtok)
         if not 0 <= self.temperature <= 2:
             raise ConfigError(f"temperature must lie in 0..2, got {self.temperature}")
         if self.max_tokens is not None and not 16 <= self.max_tokens <= 32768:
@@ -160,11 +151,8 @@ class LMSpec:
         return stated_price(self.price_per_mtok) if self.price_per_mtok is not None else None
 
     def identity(self) -> dict:
-        """What decides the answers: a results file resumes only under the same identity.
-
-        A mixed panel's referee models are part of it; a single-model spec's identity (and so its run keys) is
-        what it was before mixed panels. The price changes no answer and is not.
-        """
+        """What decides the answers (a results file resumes only under the same identity): not the price, and a
+        mixed panel's referee models only when there are some, so a single-model spec's run keys stay as they were."""
         out = {"model": self.target, "served_model": self.served_model, "temperature": self.temperature,
                "max_tokens": self.max_tokens}
         if self.referee_models:
@@ -185,13 +173,10 @@ class LMSpec:
     @contextlib.contextmanager
     def judging(self, slots: int = 1, *, threads: int | None = None, journal: str | Path | None = None,
                 on_wave: Callable[[dict], None] | None = None) -> Iterator[dspy.LM]:
-        """Start (embedded) or reach the LM, set the cache, and enter it with the JSON adapter.
-
-        ``slots`` is how many requests the caller keeps in flight (the embedded server is laid out for them).
-        A mixed panel's referee LMs are started too and bound to their referees for the context's duration
-        (``lm.panel``); the main LM is what it yields. A stated price goes with the main LM.
-        In batch mode the LM batches its calls in waves; ``journal`` is the folder that keeps its batches and
-        answers (beside the results file), ``on_wave`` sees its progress (``lm.batch.waves.Waves``).
+        """``opened``'s LMs, entered with the JSON adapter and a mixed panel's referee LMs bound to their referees
+        (``lm.panel``); yields the main LM. ``slots`` is how many requests the caller keeps in flight. In batch mode
+        ``journal`` is the folder that keeps the batches and answers (beside the results file), ``on_wave`` sees
+        their progress (``lm.batch.waves.Waves``).
         """
         import dspy
 
@@ -211,26 +196,19 @@ class LMSpec:
         referee LMs. No DSPy context is entered (``judging`` enters one), so a loaded ``Judge`` holds them and uses
         them from any thread."""
         from chateval_dspy.lm import panel, resolve
+        from chateval_dspy.lm.batch.setup import batch_lm
         from chateval_dspy.lm.pricing import attach_price
 
         resolve.configure_cache(self.cache, self.cache_dir)
         if self.batch:
-            with self.batching(journal, on_wave) as lm:
+            if journal is None:
+                raise ConfigError("batch mode keeps its batches beside a results file: give one (--out)")
+            with batch_lm(self.batch_route(), self.target, journal, batch_dir=self.batch_dir,
+                          temperature=self.temperature, max_tokens=self.max_tokens, retries=self.retries,
+                          poll_seconds=self.batch_poll, on_progress=on_wave) as lm:
                 yield lm, {}
             return
-        with panel.open_panel(self.target, self.referee_map, slots=slots, temperature=self.temperature,
-                              max_tokens=self.max_tokens, served_model=self.served_model, timeout=self.timeout,
-                              retries=self.retries, call_deadline=self.call_deadline,
-                              item_deadline=self.item_deadline, threads=threads, breaker=self.breaker,
-                              rate_limit_wait=self.rate_limit_wait) as (lm, referees):
+        settings = {name: getattr(self, name) for name in ("temperature", "max_tokens", "served_model", "timeout",
+                    "retries", "call_deadline", "item_deadline", "breaker", "rate_limit_wait")}
+        with panel.open_panel(self.target, self.referee_map, slots=slots, threads=threads, **settings) as (lm, referees):
             yield attach_price(lm, self.price()), referees
-
-    def batching(self, journal: str | Path | None, on_wave: Callable[[dict], None] | None = None):
-        """The batching LM of this spec (``lm.batch.setup.batch_lm``), its batches and answers kept in ``journal``."""
-        from chateval_dspy.lm.batch.setup import batch_lm
-
-        if journal is None:
-            raise ConfigError("batch mode keeps its batches beside a results file: give one (--out)")
-        return batch_lm(self.batch_route(), self.target, journal, batch_dir=self.batch_dir,
-                        temperature=self.temperature, max_tokens=self.max_tokens, retries=self.retries,
-                        poll_seconds=self.batch_poll, on_progress=on_wave)

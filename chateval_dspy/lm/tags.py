@@ -1,13 +1,9 @@
 """Request tags for a shared LLM gateway's spend tracking: ``chateval``, ``task:<name>``, ``run:<id>``.
 
 Every request of this package's engines (``lm.engine``) to an OpenAI-compatible URL carries them in one header,
-``x-litellm-tags: chateval,task:faireval,run:<id>``, which the LiteLLM proxy reads into its spend logs and callbacks
-(``metadata.tags``) and any other server ignores. A header, not body fields: servers that refuse unknown body
-fields (strict OpenAI-compatible ones) still accept it. A tag holds no secret: the package name, the task's name and
-a run id.
-
-The run id is ``$CHATEVAL_RUN_ID`` when set (many workers of one sweep share it), else the open MLflow run's id
-(``chateval evaluate`` opens one before judging), else a generated one, logged once at INFO (``chateval -v``).
+``x-litellm-tags: chateval,task:faireval,run:<id>``, which the LiteLLM proxy reads into its spend logs
+(``metadata.tags``) and any other server ignores; a header, since strict servers refuse unknown body fields. A tag
+holds no secret. Many workers of one sweep share a run id through ``$CHATEVAL_RUN_ID``.
 """
 
 from __future__ import annotations
@@ -57,14 +53,9 @@ def run_id() -> str:
     return _GENERATED[0]
 
 
-def current() -> tuple[str, ...]:
-    """The tags of requests sent now (empty outside ``tagging``)."""
-    return _TAGS.get()
-
-
 def header() -> dict[str, str]:
     """``{"x-litellm-tags": "..."}`` for requests sent now, or {} outside ``tagging``."""
-    tags = current()
+    tags = _TAGS.get()
     return {TAG_HEADER: ",".join(tags)} if tags else {}
 
 

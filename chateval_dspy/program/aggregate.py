@@ -21,17 +21,11 @@ def preference(score_1: float, score_2: float) -> str:
         >>> preference(7, 7.0)
         'tie'
     """
-    if score_1 > score_2:
-        return "1"
-    if score_2 > score_1:
-        return "2"
-    return "tie"
+    return "1" if score_1 > score_2 else "2" if score_2 > score_1 else "tie"
 
 
 def majority(votes: Iterable[str | None]) -> str | None:
-    """The most common vote; an even split between the leaders is a tie; no votes is None.
-
-    Abstentions (None) do not vote.
+    """The most common vote; an even split between the leaders is a tie; no votes is None (abstentions don't vote).
 
     Example:
         >>> majority(["1", "2"]), majority(["1", "1", "tie"]), majority([None])
@@ -49,15 +43,14 @@ def _numeric(verdict: dict) -> list[str]:
     return [k for k, v in verdict.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
 
 
-def combined(verdict: dict, n: int, task: TaskSpec | str = "pairwise", *, expected: bool = False) -> float:
+def combined(verdict: dict, n: int, task: TaskSpec | str = "pairwise") -> float:
     """Response ``n``'s score in a pairwise verdict: its mean over the task's ``preference.combine`` criteria.
 
     Example:
         >>> combined({"score_1": 8, "score_2": 3}, 1)
         8.0
     """
-    pick = _score if expected else (lambda v, key: v[key])
-    return fmean(pick(verdict, f"{name}_{n}") for name in as_task(task).preference.combine)
+    return fmean(verdict[f"{name}_{n}"] for name in as_task(task).preference.combine)
 
 
 def vote(verdict: dict | None, task: TaskSpec | str = "pairwise") -> str | None:
@@ -90,12 +83,12 @@ def mode_scores(verdicts: Sequence[dict[str, float] | None]) -> dict[str, float]
     given = [v for v in verdicts if v is not None]
     if not given:
         return None
-    out = {}
-    for key in _numeric(given[0]):
+
+    def mode(key: str) -> float:
         counts = Counter(v[key] for v in given).most_common()
-        top = [value for value, n in counts if n == counts[0][1]]
-        out[key] = fmean(top)
-    return out
+        return fmean(value for value, n in counts if n == counts[0][1])
+
+    return {key: mode(key) for key in _numeric(given[0])}
 
 
 def majority_label(values: Iterable[str], order: Sequence[str]) -> str:
@@ -111,10 +104,8 @@ def majority_label(values: Iterable[str], order: Sequence[str]) -> str:
 
 
 def panel_scores(verdicts: Sequence[dict | None], how: str, task: TaskSpec | str) -> dict | None:
-    """Each verdict field's panel value (abstentions skipped; None if every referee abstained).
-
-    Integer-scale fields: the mean (weighted scores where given) with ``how="mean"``, the most common rating
-    with ``how="majority"``; label-scale fields: the most common label either way.
+    """Each verdict field's panel value (abstentions skipped; None if every referee abstained); ``how="mean"``
+    averages integer scales with weighted scores where given.
 
     Example:
         >>> panel_scores([{"naturalness": 3, "coherence": 2, "engagingness": 1, "groundedness": 1}, None,
@@ -138,11 +129,7 @@ def panel_scores(verdicts: Sequence[dict | None], how: str, task: TaskSpec | str
 
 def pairwise_verdict(verdicts: Sequence[dict | None], how: str,
                      task: TaskSpec | str = "pairwise") -> tuple[str | None, dict | None]:
-    """The panel's preference and per-field panel scores from referees' verdicts.
-
-    ``how="mean"`` compares each response's mean score over the task's ``preference.combine`` criteria
-    (the paper: mean ``score_1`` against mean ``score_2``); ``how="majority"`` counts each referee's vote
-    (its stated ``preference``, or what its scores imply).
+    """The panel's preference (``how``: the module's rule) and per-field mean panel scores from referees' verdicts.
 
     Example:
         >>> pairwise_verdict([{"score_1": 8, "score_2": 4}, {"score_1": 5, "score_2": 6}], "mean")

@@ -19,24 +19,18 @@ from chateval_dspy.program.roles import Role, resolve_roles
 
 
 class ChatEval(dspy.Module):
-    """A multi-referee debate evaluator.
+    """A multi-referee debate evaluator of ``config``'s shape; ``roles`` (default: resolved from ``config.roles`` and
+    ``config.role_file``) lets a saved evaluator pass the personas from its card.
 
-    Args:
-        config: The panel's shape; the same object goes to MLflow and the judge card.
-        roles: The resolved referees (a saved evaluator passes the personas from its card);
-            by default resolved from ``config.roles`` and ``config.role_file``.
+    The prediction carries, for pairwise tasks, ``preference`` (``"1"``, ``"2"``, ``"tie"`` or None when every
+    referee abstained) and each criterion's panel scores per response (``score_1``/``score_2`` for FairEval), or for
+    pointwise tasks one field per criterion (the mean rating, or the most common label); plus ``referees`` (each
+    role's verdicts), ``transcripts`` (one per answer order), ``consistent`` (both orders agreed), ``abstained`` (a
+    reason or None), ``abstentions`` (per referee turn) and ``calls``.
 
-    The prediction carries, for pairwise tasks, ``preference`` (``"1"``, ``"2"``, ``"tie"`` or None when
-    every referee abstained) and each criterion's panel scores per response (``score_1``/``score_2`` for
-    FairEval), or for pointwise tasks one field per criterion (``naturalness`` ...: the mean rating, or
-    the most common label); plus ``referees`` (each role's verdicts),
-    ``transcripts`` (one per answer order), ``consistent`` (both orders agreed), ``abstained``
-    (a reason or None), ``abstentions`` (per referee turn) and ``calls``.
-
-    Each call is one item: its LM calls together end within the LM's ``item_deadline``
-    (``lm.call_limits.CallBounds``); turns left when it passes abstain as ``lm_error:deadline``.
-    With calibration the two answer orders are independent debates and run at once, unless
-    ``parallel_orders`` is False (not part of the config: it changes time, never a verdict).
+    Each call is one item: its LM calls together end within the LM's ``item_deadline``; turns left when it passes
+    abstain as ``lm_error:deadline``. With calibration the two answer orders are independent debates and run at
+    once, unless ``parallel_orders`` is False (not part of the config: it changes time, never a verdict).
 
     Example:
         >>> program = ChatEval(DebateConfig(roles=("critic",), turns=1))
@@ -76,9 +70,7 @@ class ChatEval(dspy.Module):
         per_order = [pairwise_verdict(list(verdicts.values()), how, task)[0] for _, verdicts in runs]
         pooled = [v for _, verdicts in runs for v in verdicts.values()]
         pref, means = pairwise_verdict(pooled, how, task)
-        referees = {
-            slug: [verdicts[slug] for _, verdicts in runs] for slug in self.debate.referees
-        }
+        referees = {slug: [verdicts[slug] for _, verdicts in runs] for slug in self.debate.referees}
         return dspy.Prediction(
             preference=pref,
             **{name: (means[name] if means else None) for name in task.output_fields},

@@ -1,15 +1,12 @@
 """How far to trust one verdict: the evidence a run already has, a fixed raw summary of it, and a calibrated map.
 
-A verdict's ``Evidence`` is read from its referees' verdicts (in every answer order), the order consistency and,
-under ``--weighted-scores``, the LM's token probabilities; it is computed the same way from a live prediction and
-from a saved results line (``evidence``). ``raw_confidence`` folds it into one number in [0, 1] by a fixed,
-monotone rule, which ranks verdicts but is no probability; a ``ConfidenceMap`` fitted on people's labels
-(``optim.tuning.confidence.fit_confidence_map``) turns it into the probability that people agree with the verdict.
-
-Agreement with people: pairwise, the panel's preference equals the person's label; pointwise, per criterion,
-a label-scale verdict equals the person's label and an integer-scale one lies within ``tolerance`` scale points
-of the person's score (``agrees``; 0.5 by default: the person's score rounds to the panel's when both are
-whole numbers, and a person's mean such as 2.67 agrees with 2.5 and 3).
+``evidence`` reads a verdict's ``Evidence`` from its referees' verdicts (in every answer order), the order
+consistency and, under ``--weighted-scores``, the LM's token probabilities, alike from a live prediction or a saved
+results line. ``raw_confidence`` folds it into one number in [0, 1] by a fixed, monotone rule that ranks verdicts but
+is no probability; a ``ConfidenceMap`` fitted on people's labels (``optim.tuning.confidence.fit_confidence_map``)
+turns it into the probability that people agree with the verdict: pairwise, the same preference; pointwise, per
+criterion, the same label or a score within ``tolerance`` (``agrees``; 0.5 by default: a person's mean such as 2.67
+agrees with 2.5 and 3).
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from statistics import fmean, pstdev
 
 import numpy as np
@@ -61,7 +58,7 @@ class Evidence:
     verdicts: int = 0
 
     def to_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return dataclasses.asdict(self)
 
 
 def raw_confidence(ev: Evidence) -> float:
@@ -170,8 +167,7 @@ def pairwise_evidence(preference: str | None, referees, consistent: bool | None 
 
 def criterion_evidence(value, referees, criterion: str, task: TaskSpec | str = "pointwise",
                        tolerance: float = TOLERANCE) -> Evidence:
-    """The evidence behind a pointwise verdict ``value`` of ``criterion``: how many referees agree with it (by
-    ``agrees``), and for integer scales how far they spread.
+    """The evidence behind a pointwise verdict ``value`` of ``criterion``: referees agreeing (``agrees``), spread.
 
     Example:
         >>> ev = criterion_evidence(2.5, {"a": [{"naturalness": 2}], "b": [{"naturalness": 3}]}, "naturalness")
@@ -216,13 +212,12 @@ def evidence(verdict, task: TaskSpec | str, tolerance: float = TOLERANCE) -> dic
 class ConfidenceMap:
     """A fitted, non-decreasing map from ``raw_confidence`` to the probability that people agree with a verdict.
 
-    Between breakpoints it interpolates linearly, beyond the ends it keeps the end values (what scikit-learn's
-    isotonic regression does with ``out_of_bounds="clip"``). A map read from a file goes through ``from_dict``.
+    Linear between breakpoints, the end values beyond them (scikit-learn's isotonic ``out_of_bounds="clip"``).
 
     Args:
         raw: Breakpoints on the raw confidence, strictly increasing, in [0, 1].
         calibrated: The probability at each breakpoint, non-decreasing, in [0, 1].
-        method: How it was fitted: ``isotonic`` or ``platt`` (a logistic curve, tabulated).
+        method: ``isotonic`` or ``platt`` (a logistic curve, tabulated).
         n: Labelled verdicts it was fitted on.
 
     Example:
@@ -247,8 +242,7 @@ class ConfidenceMap:
 
     @classmethod
     def from_dict(cls, data, source: str) -> ConfidenceMap:
-        """A map from untrusted ``data`` (a saved program, a card), checked; a ``ConfigError`` naming ``source``
-        and the field otherwise.
+        """A map from untrusted ``data`` (a saved program, a card), checked.
 
         Example:
             >>> ConfidenceMap.from_dict({"method": "isotonic", "n": 9, "raw": [0.1, 0.5], "calibrated": [0.6, 0.4]},
@@ -265,11 +259,16 @@ class ConfidenceMap:
 METHODS = ("isotonic", "platt")
 
 
+def _refuser(source: str, what: str):
+    def refuse(field: str, problem: str):
+        raise ConfigError(f"{source}: {what} field '{field}': {problem}")
+
+    return refuse
+
+
 def check_map(data, source: str) -> None:
     """A ``ConfigError`` naming ``source`` and the field unless ``data`` is a valid ``ConfidenceMap.to_dict()``."""
-    def refuse(field: str, problem: str):
-        raise ConfigError(f"{source}: confidence map field '{field}': {problem}")
-
+    refuse = _refuser(source, "confidence map")
     if not isinstance(data, Mapping):
         raise ConfigError(f"{source}: a confidence map is a mapping, got {shown(data, 60)}")
     if set(data) != {"method", "n", "raw", "calibrated"}:
@@ -307,9 +306,7 @@ class Calibration:
     for the verdict to be given (``calibration.json`` beside ``program.json``; ``chateval calibrate`` writes it).
 
     Attributes:
-        map: The fitted ``ConfidenceMap`` from ``raw_confidence`` to the probability that people agree.
-        threshold: The calibrated confidence a verdict needs to be given; below it the verdict is withheld
-            (``NEEDS_PERSON``). None: every verdict is given.
+        threshold: Below it a verdict is withheld (``NEEDS_PERSON``); None: every verdict is given.
         level: The agreement with people guaranteed for the verdicts given (with ``threshold``).
         risk: The accepted chance that the guarantee fails (with ``threshold``).
         fitted_on: What it was fitted on (``data``, ``split``, ``n``, ``model``, ``seed``): short strings and ints.
@@ -333,12 +330,10 @@ class Calibration:
         check_calibration({**self.to_dict(), "map": self.map.to_dict()}, "a calibration")
 
     def confidence(self, raw: float) -> float:
-        """The calibrated confidence of a verdict whose ``raw_confidence`` is ``raw``."""
         return self.map(raw)
 
     def gives(self, confidence: float | None) -> bool:
-        """Whether a verdict of calibrated ``confidence`` is given (False: it needs a person). Without a threshold
-        every verdict is given; with one, a verdict without a confidence is not."""
+        """Whether a verdict of calibrated ``confidence`` is given; with a threshold, one without a confidence is not."""
         if self.threshold is None:
             return True
         return confidence is not None and confidence >= self.threshold
@@ -349,8 +344,7 @@ class Calibration:
 
     @classmethod
     def from_dict(cls, data, source: str) -> Calibration:
-        """A calibration from untrusted ``data`` (a parsed ``calibration.json``), checked; a ``ConfigError`` naming
-        ``source`` and the field otherwise.
+        """A calibration from untrusted ``data`` (a parsed ``calibration.json``), checked.
 
         Example:
             >>> good = {"map": {"method": "isotonic", "n": 9, "raw": [0.1, 0.5], "calibrated": [0.4, 0.6]},
@@ -380,9 +374,7 @@ def check_calibration(data, source: str) -> None:
 def check_guarantee(data: Mapping, source: str) -> None:
     """The checks of a calibration's ``threshold``, ``level``, ``risk`` and ``fitted_on`` (present in ``data``),
     shared with the summary a judge card holds."""
-    def refuse(name: str, problem: str):
-        raise ConfigError(f"{source}: calibration field '{name}': {problem}")
-
+    refuse = _refuser(source, "calibration")
     for name in ("threshold", "level", "risk"):
         x = data[name]
         if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 <= x <= 1):

@@ -20,10 +20,8 @@ def critical_path(config: DebateConfig, *, parallel_orders: bool = True) -> dict
     time they happen, and are not counted. With ``consensus_stop`` a debate may end early, so both
     figures are upper bounds (``upper_bound`` says so).
 
-    Args:
-        config: The panel's shape.
-        parallel_orders: Whether the two answer orders run at once (``ChatEval``'s default); when False
-            the chain runs through both orders, one after the other.
+    ``parallel_orders``: the two answer orders run at once (``ChatEval``'s default); when False the chain runs
+    through both orders, one after the other.
 
     Returns:
         ``{"calls", "chain", "orders", "per_order": {"calls", "chain"}, "parallel_orders", "upper_bound"}``.

@@ -45,11 +45,6 @@ RETRY_TEMPERATURE = 0.7
 TOP_LOGPROBS = 10
 
 
-def _fatal_cause(exc: BaseException) -> FatalLMError | None:
-    """Our own FatalLMError (e.g. a server that died twice) inside DSPy's wrapping: it must stop the run."""
-    return cause_of(exc, FatalLMError)
-
-
 def consensus(task: TaskSpec | str, verdicts: list[dict | None]) -> bool:
     """Whether every referee gave a verdict and they all agree (same preference; same ratings when pointwise).
 
@@ -100,26 +95,8 @@ def static_key(predictor: dspy.Predict) -> tuple:
     return predictor.signature.instructions, demos
 
 
-def material(task: TaskSpec | str, inputs: dict) -> str:
-    """The judged texts as one block, for the summarizer (the task's ``material`` template).
-
-    Example:
-        >>> print(material("pairwise", {"question": "q", "answer_1": "a", "answer_2": "b"}))
-        Question: q
-        <BLANKLINE>
-        Answer 1: a
-        <BLANKLINE>
-        Answer 2: b
-    """
-    return as_task(task).material_text(inputs)
-
-
 class Debate(dspy.Module):
-    """A panel of debaters composed by a strategy.
-
-    Args:
-        config: The panel's shape (task, strategy, turns, retries).
-        roles: The referees, in speaking order.
+    """A panel of debaters (``roles``, in speaking order) composed by a strategy.
 
     Example:
         >>> from chateval_dspy.program.roles import resolve_roles
@@ -206,10 +183,9 @@ class Debate(dspy.Module):
                 out[(slug, final)] = {"persona_static": not shared, "mark_item": shared or judging.count(final) > 1}
         return out
 
-    def _turn(self, debater: Debater, item: dict, seen: str, final: bool, plan: dict | None = None) -> dict:
+    def _turn(self, debater: Debater, item: dict, seen: str, final: bool, plan: dict) -> dict:
         """One referee's turn, with retries: text, scores (verdicts), any abstention reason, and its time and tokens."""
-        where = (plan or {}).get((debater.slug, final))
-        with measured() as took, placement(**where) if where else contextlib.nullcontext():
+        with measured() as took, placement(**plan[(debater.slug, final)]):
             outcome = self._attempts(debater, item, seen, final)
         return {**outcome, **took}
 
@@ -244,7 +220,8 @@ class Debate(dspy.Module):
                 log.warning("%s: unparseable %s (attempt %d/%d): %s", debater.slug,
                             "verdict" if final else "argument", attempt + 1, attempts, str(exc)[:200])
             except dspy.utils.exceptions.LMError as exc:
-                fatal = _fatal_cause(exc)
+                # Our own FatalLMError (a server that died twice) inside DSPy's wrapping must stop the run.
+                fatal = cause_of(exc, FatalLMError)
                 if fatal is not None:
                     raise fatal from exc
                 # Transport faults were already retried inside the LM client; record and move on.
@@ -271,13 +248,13 @@ class Debate(dspy.Module):
                          **{k: outcome.get(k) for k in MEASURED})
 
     def _summarize(self, item: dict, shown: list[Utterance]) -> str:
-        call = functools.partial(self.summarizer, material=material(self.task, item), discussion=render(shown))
+        call = functools.partial(self.summarizer, material=self.task.material_text(item), discussion=render(shown))
         try:
             # The material is read again by the next summary only when there is one.
             with placement(persona_static=False, mark_item=self.config.turns > 2):
                 return within_deadline(call, bounds_of(dspy.settings.lm)).summary.strip()
         except (AdapterParseError, dspy.utils.exceptions.LMError, DeadlineExceeded) as exc:
-            fatal = _fatal_cause(exc)
+            fatal = cause_of(exc, FatalLMError)
             if fatal is not None:
                 raise fatal from exc
             # A lost summary costs the next round its context, not the item its verdict.

@@ -13,19 +13,12 @@ from chateval_dspy.program.task import TaskSpec, as_task
 
 
 class Debater(dspy.Module):
-    """One referee of the panel.
-
-    Each debater builds its own ``argue`` and ``judge`` predictors, so an optimizer
-    tunes every role's instructions and demonstrations separately
-    (``referees['critic'].argue``, ``referees['critic'].judge`` in ``named_predictors()``).
+    """One referee of the panel, with its own ``argue`` and ``judge`` predictors, so an optimizer tunes every role's
+    instructions and demonstrations separately.
 
     In a mixed panel the referee runs on the LM bound to its slug (``lm.panel``, set up by ``LMSpec.judging``
     or ``load(..., lm=LMSpec(referee_models=...))``); otherwise on the context's LM, as every DSPy module does.
-
-    Args:
-        role: Who this referee is.
-        task: The task (``TaskSpec``), or a format's built-in task (``pairwise``, ``pointwise``); picks the
-            signatures and the persona text.
+    ``task`` (a ``TaskSpec`` or a format's built-in task) picks the signatures and the persona text.
 
     Example:
         >>> from chateval_dspy.program.roles import resolve_roles

@@ -9,21 +9,22 @@ from chateval_dspy.limits import DEFAULT_DEMOS
 from chateval_dspy.program.task import TaskSpec, as_task
 
 
-def _points(scale) -> dict[str, int]:
-    """Where a pairwise winner, loser and tie sit on an integer scale (8, 4 and 6 on 1-10, as FairEval's demos)."""
+def _points(scale) -> tuple:
+    """Where a pairwise winner, loser and tie sit on a scale: 8, 4 and 6 on 1-10 (as FairEval's demos); on a label
+    scale, its first label, its last, and for a tie the first."""
+    if not scale.ordinal:
+        return scale.labels[0], scale.labels[-1], scale.labels[0]
     span = scale.high - scale.low
-    return {"better": scale.high - round(span * 0.2), "worse": scale.low + round(span * 0.3),
-            "even": scale.low + round(span * 0.55)}
+    return scale.high - round(span * 0.2), scale.low + round(span * 0.3), scale.low + round(span * 0.55)
 
 
 def label_demo(example: dspy.Example, task: TaskSpec | str, persona: str) -> dspy.Example | None:
     """A human label written as a judge's verdict of ``task`` (or a format's built-in task), for the ``labeled`` optimizer and
     ``ChatEvalJudge.align``.
 
-    Pairwise: the winner's integer-scale criteria get a high point and the loser's a low one (8/4 on 1-10,
-    6/6 for a tie), label-scale criteria the scale's first label for the winner (both, for a tie) and its
-    last for the loser, and a stated preference the label. Pointwise: mean human scores rounded to the
-    nearest valid rating, labels as they are; None when a criterion has no human label (no whole verdict).
+    Pairwise: each criterion's winner, loser and tie points (``_points``), and a stated preference the label.
+    Pointwise: mean human scores rounded to the nearest valid rating, labels as they are; None when a criterion has
+    no human label (no whole verdict).
 
     Example:
         >>> demo = label_demo(dspy.Example(question="q", answer_1="a", answer_2="b", label="2"), "pairwise", "p")
@@ -36,14 +37,9 @@ def label_demo(example: dspy.Example, task: TaskSpec | str, persona: str) -> dsp
     if task.format == "pairwise":
         label = example.label
         for c in task.criteria:
-            if c.scale.ordinal:
-                points = _points(c.scale)
-                first, second = {"1": ("better", "worse"), "2": ("worse", "better"), "tie": ("even", "even")}[label]
-                fields[f"{c.name}_1"], fields[f"{c.name}_2"] = points[first], points[second]
-            else:
-                top, bottom = c.scale.labels[0], c.scale.labels[-1]
-                fields[f"{c.name}_1"], fields[f"{c.name}_2"] = {"1": (top, bottom), "2": (bottom, top),
-                                                                "tie": (top, top)}[label]
+            better, worse, even = _points(c.scale)
+            fields[f"{c.name}_1"], fields[f"{c.name}_2"] = {"1": (better, worse), "2": (worse, better),
+                                                            "tie": (even, even)}[label]
         said = ("Both answers are equally good." if label == "tie"
                 else f"{task.responses[int(label) - 1].replace('_', ' ').capitalize()} is better.")
         if task.stated_preference:
@@ -66,18 +62,11 @@ class _JudgeOnly(dspy.Module):
         self.judge = judge
 
 
-
-
 def with_label_demos(program, items, *, k: int = DEFAULT_DEMOS):
-    """A copy of ``program`` whose every referee's judge predictor holds up to ``k`` of ``items``' human labels,
-    written as verdicts (``label_demo``): the ``labeled`` optimizer, which calls no LM.
+    """A copy of ``ChatEval`` ``program`` whose every referee's judge predictor holds up to ``k`` of ``items``'
+    human labels, written as verdicts (``label_demo``): the ``labeled`` optimizer, which calls no LM.
 
     Each referee samples its ``k`` with DSPy's ``LabeledFewShot`` (seeded, so the same items give the same demos).
-
-    Args:
-        program: A ``ChatEval``; left unchanged.
-        items: Labelled items of its task.
-        k: Demonstrations per referee.
 
     Example:
         >>> from chateval_dspy.program.chateval import build_evaluator

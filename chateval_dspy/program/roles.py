@@ -63,9 +63,7 @@ def persona_keys(spec: TaskSpec) -> tuple[str, ...]:
         ...                                                                           "name": "mine"}))
         (('pairwise', '*'), ('*',))
     """
-    if spec == builtin_task(spec.format):
-        return (spec.format, "*")
-    return ("*",)
+    return (spec.format, "*") if spec == builtin_task(spec.format) else ("*",)
 
 
 def same_roles(n: int) -> tuple[str, ...]:
@@ -81,13 +79,9 @@ def same_roles(n: int) -> tuple[str, ...]:
 def make_role(slug, name, personas, where: str, *, same_role_slugs: bool = False, normalise: bool = True) -> Role:
     """A checked ``Role`` from untrusted values (a role file's entry or a judge card's); errors start with ``where``.
 
-    Args:
-        slug: Must match ``SLUG``; ``referee_N`` only with ``same_role_slugs`` (a saved card of the ablation).
-        name: A non-empty display name of at most ``limits.MAX_ROLE_NAME_CHARS`` characters.
-        personas: A mapping of ``*`` (any task), ``pairwise`` or ``pointwise`` -> persona text, each at most
-            ``limits.MAX_PERSONA_CHARS`` characters (after whitespace is collapsed, with ``normalise``).
-        normalise: Collapse whitespace in names and personas, as role files are written by hand; a card
-            keeps the exact text it was compiled with.
+    ``personas`` maps ``*`` (any task), ``pairwise`` or ``pointwise`` to a persona text; ``referee_N`` slugs only
+    with ``same_role_slugs`` (a saved card of the ablation). ``normalise`` collapses whitespace in names and
+    personas, as role files are written by hand; a card keeps the exact text it was compiled with.
 
     Example:
         >>> make_role("editor", "Editor", {"*": "You edit."}, "roles.yaml role #1").persona("pointwise")

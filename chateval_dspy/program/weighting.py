@@ -7,6 +7,7 @@ alternatives. Renormalised over the valid ratings, they give an expected score s
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 
@@ -30,10 +31,8 @@ def expected_scores(content: list[dict], ranges: dict[str, tuple[int, int]]) -> 
         >>> round(expected_scores(toks, {"score_1": (1, 10)})["score_1"], 3)
         7.25
     """
-    starts, text = [], ""
-    for tok in content:
-        starts.append(len(text))
-        text += tok["token"]
+    text = "".join(tok["token"] for tok in content)
+    starts = list(itertools.accumulate((len(tok["token"]) for tok in content), initial=0))
     out = {}
     for name, (lo, hi) in ranges.items():
         match = re.search(rf'"{re.escape(name)}"\s*:\s*(\d+)', text)

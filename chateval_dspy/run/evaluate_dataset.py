@@ -26,18 +26,30 @@ from chateval_dspy.run.evaluate import evaluate
 from chateval_dspy.run.result import RunResult
 
 
-@dataclass
-class DatasetRun:
-    """What ``evaluate_dataset`` did: the items, where their results are, the LM that judged them, the figures."""
+@dataclass(frozen=True)
+class RunPlan:
+    """A dataset run resolved once, before any model starts (``plan_run``): its items, panel, LM, run key and
+    results file. The CLI hands it to its tracker and to ``judge_plan``, so nothing is read or derived twice."""
 
     data: DataSpec
     config: DebateConfig
+    lm: LMSpec
     items: list[dspy.Example]
-    out: Path
     key: str
+    out: Path
+
+    @property
+    def skipped(self) -> list[DataError]:
+        """Malformed rows left out (``skip_bad_rows``)."""
+        return list(getattr(self.items, "skipped", []))
+
+
+@dataclass(frozen=True, kw_only=True)
+class DatasetRun(RunPlan):
+    """What ``judge_plan`` did: its plan's fields, the model that judged, the figures."""
+
     model: str
     result: RunResult
-    skipped: list[DataError] = field(default_factory=list)  # malformed rows left out (``skip_bad_rows``)
     referee_models: dict[str, str] = field(default_factory=dict)  # a mixed panel: role slug -> model name
     batch: dict | None = None  # batch mode: ``batch_summary`` of its waves
 
@@ -144,14 +156,6 @@ def results_file(data: DataSpec, key: str, out: str | Path | None = None) -> Pat
     return path
 
 
-def results_for(data: DataSpec, config: DebateConfig, lm: LMSpec, items, out: str | Path | None = None
-                ) -> tuple[str, Path]:
-    """The run key of judging ``items`` with ``config`` on ``lm``, and its results file (``results_file``), known
-    before any model starts (a tracker tags its run with the file from the start)."""
-    key = identity.run_key(config, lm.identity(), items)
-    return key, results_file(data, key, out)
-
-
 def results_path(data: DataSpec, key: str, out: str | Path | None = None, *, overwrite: bool = False,
                  ids=None) -> Path:
     """``results_file(data, key, out)``, checked before any model starts (as its one writer, ``locks.exclusive``).
@@ -179,12 +183,23 @@ def _todo(path: Path, key: str, items) -> int:
     return sum(str(x.id) not in done for x in items)
 
 
+def plan_run(data: DataSpec, config: DebateConfig | Callable[[str], DebateConfig], lm: LMSpec,
+             out: str | Path | None = None) -> RunPlan:
+    """Read ``data``'s items, build the panel for their format (``config`` may be a function of it, as the CLI's
+    flags are), check it judges their task and that ``lm``'s mixed panel names its referees, and fix the run key
+    and results file (``results_file``): all before any model starts."""
+    items, fmt = data.items()
+    cfg = config(fmt) if callable(config) else config
+    check_task(data, cfg)
+    lm.check_panel(cfg.roles)
+    key = identity.run_key(cfg, lm.identity(), items)
+    return RunPlan(data, cfg, lm, items, key, results_file(data, key, out))
+
+
 def evaluate_dataset(data: DataSpec, config: DebateConfig | Callable[[str], DebateConfig], lm: LMSpec, *,
-                     out: str | Path | None = None, overwrite: bool = False, concurrency: int = 1,
-                     on_item: Callable[[dict], None] | None = None,
-                     on_wave: Callable[[dict], None] | None = None,
-                     on_start: Callable[[Path, str, dict[str, str]], None] | None = None) -> DatasetRun:
-    """Judge ``data``'s items with a panel built from ``config`` on ``lm``, resuming ``out`` if it holds part of this run.
+                     out: str | Path | None = None, **how) -> DatasetRun:
+    """Judge ``data``'s items with a panel built from ``config`` on ``lm``, resuming ``out`` if it holds part of this
+    run: ``judge_plan(plan_run(data, config, lm, out), **how)``.
 
     Args:
         data: Which items (dataset, split, seed, limit).
@@ -193,12 +208,7 @@ def evaluate_dataset(data: DataSpec, config: DebateConfig | Callable[[str], Deba
         lm: Which LM, and how it is called; a mixed panel's ``referee_models`` must name referees of the panel.
         out: The results file (default ``results/<dataset>-<run key>.jsonl``); a second run on it while this one
             writes it is refused (``ConfigError`` naming this one's pid), and so is a symbolic link.
-        overwrite: Start ``out`` afresh instead of resuming it.
-        concurrency: Items judged at once.
-        on_item: Called with each record (a progress bar).
-        on_wave: Batch mode (``lm.batch``): called with the waves' progress (``lm.batch.waves.Waves``).
-        on_start: Called once the LM is up, before the first item, with the results file, the model's name and a
-            mixed panel's referee models (a tracker logs them while the run goes on).
+        how: ``judge_plan``'s ``overwrite``, ``concurrency``, ``on_item``, ``on_wave`` and ``on_start``.
 
     Example:
         >>> run = evaluate_dataset(DataSpec("faireval", limit=2), DebateConfig(roles=("critic",), turns=1),
@@ -206,26 +216,46 @@ def evaluate_dataset(data: DataSpec, config: DebateConfig | Callable[[str], Deba
         >>> run.result.n, run.result.calls, run.model
         (2, 4, 'openai-compatible/fake-served')
     """
-    items, fmt = data.items()
-    cfg = config(fmt) if callable(config) else config
-    check_task(data, cfg)
-    lm.check_panel(cfg.roles)  # before any model starts
-    program = build_evaluator(cfg)
-    key, path = results_for(data, cfg, lm, items, out)
-    with locks.exclusive(path):  # one writer, from emptying or resuming the file to its last line
-        results_path(data, key, path, overwrite=overwrite, ids=[x.id for x in items])
-        todo = _todo(path, key, items) if lm.batch else None  # the waves' plan: a live run needs no count
-        at_once = batch_items(concurrency, todo) if lm.batch else concurrency
+    return judge_plan(plan_run(data, config, lm, out), **how)
+
+
+def judge_plan(plan: RunPlan, *, overwrite: bool = False, concurrency: int = 1,
+               on_item: Callable[[dict], None] | None = None, on_wave: Callable[[dict], None] | None = None,
+               on_start: Callable[[Path, str, dict[str, str]], None] | None = None) -> DatasetRun:
+    """Judge a ``RunPlan``'s items into its results file, as its one writer from emptying or resuming the file to
+    its last line.
+
+    Args:
+        overwrite: Start the results file afresh instead of resuming it.
+        concurrency: Items judged at once.
+        on_item: Called with each record (a progress bar).
+        on_wave: Batch mode (``lm.batch``): called with the waves' progress (``lm.batch.waves.Waves``).
+        on_start: Called once the LM is up, before the first item, with the results file, the model's name and a
+            mixed panel's referee models (a tracker logs them while the run goes on).
+    """
+    cfg, lm, path = plan.config, plan.lm, plan.out
+    program = build_evaluator(cfg)  # its roles read and checked before any model starts
+    with locks.exclusive(path):
+        results_path(plan.data, plan.key, path, overwrite=overwrite, ids=[x.id for x in plan.items])
+        at_once, waves = _batching(plan, concurrency)
         # The requests carry the task and run as tags, for a shared gateway's spend logs (``lm.tags``).
         with tags.tagging(cfg.task_spec.name), \
                 lm.judging(lm_slots(cfg, concurrency), journal=journal_folder(path), on_wave=on_wave) as judging_lm:
-            if lm.batch:
-                judging_lm.engine.waves.expected = expected_waves(cfg, todo, at_once)
+            if waves is not None:
+                judging_lm.engine.waves.expected = waves
             if on_start is not None:
                 on_start(path, judging_lm.model, referee_names())
-            result = evaluate(program, items, cfg, out=path, concurrency=at_once, on_item=on_item, run_key=key,
-                              waves=lm.batch)
-            model, referees = judging_lm.model, referee_names()
+            result = evaluate(program, plan.items, cfg, out=path, concurrency=at_once,
+                              on_item=on_item, run_key=plan.key, waves=lm.batch)
             batch = batch_summary(judging_lm) if lm.batch else None
-    return DatasetRun(data, cfg, items, path, key, model, result, list(getattr(items, "skipped", [])), referees,
-                      batch)
+            return DatasetRun(**vars(plan), model=judging_lm.model, result=result, referee_models=referee_names(),
+                              batch=batch)
+
+
+def _batching(plan: RunPlan, concurrency: int) -> tuple[int, int | None]:
+    """Items judged at once and the waves expected: a live run judges ``concurrency`` at once and plans no waves."""
+    if not plan.lm.batch:
+        return concurrency, None
+    todo = _todo(plan.out, plan.key, plan.items)
+    at_once = batch_items(concurrency, todo)
+    return at_once, expected_waves(plan.config, todo, at_once)

@@ -133,7 +133,7 @@ def pairwise_report(human: Sequence[str], predicted: Sequence[str | None], *, se
     """Accuracy and kappa with CIs, beside the majority-class baseline on the same items.
 
     Example:
-        >>> r = pairwise_report(["1", "2", "tie", "1"], ["1", "2", "1", None])
+        >>> r = pairwise_report(["1", "2", "tie", "1"], ["1", "2", "1", None], n_resamples=200)
         >>> r["accuracy"].value, r["majority_class"]
         (0.5, '1')
     """
@@ -221,7 +221,7 @@ def pointwise_report(human: Sequence[dict], predicted: Sequence[dict | None], *,
     ``systems`` (a system id per item) adds system-level ones (``_system``: over the per-system mean scores).
 
     Example:
-        >>> r = pointwise_report([{"ok": "pass"}, {"ok": "fail"}, {"ok": None}], [{"ok": "pass"}] * 3,
+        >>> r = pointwise_report([{"ok": "pass"}, {"ok": "fail"}, {"ok": None}], [{"ok": "pass"}] * 3, n_resamples=200,
         ...                      task=TaskSpec.from_dict({"name": "t", "format": "pointwise",
         ...     "inputs": [{"name": "answer", "judged": True}],
         ...     "criteria": [{"name": "ok", "description": "is it right?", "scale": ["pass", "fail"]}]}))
@@ -318,7 +318,7 @@ def level_report(ordinal: dict[str, tuple[list, list]], keys: Sequence, level: s
 
     Example:
         >>> r = level_report({"q": ([1, 2, 3, 3, 2, 1], [1, 2, 3, 1, 2, 3])}, ["a", "a", "a", "b", "b", "b"],
-        ...                  "summary")
+        ...                  "summary", n_resamples=200)
         >>> r["q_spearman_summary"].value, r["q_spearman_summary"].n, r["n_groups"]
         (0.0, 2, 2)
     """

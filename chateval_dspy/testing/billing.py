@@ -1,20 +1,19 @@
 """Fakes that bill input tokens by the providers' prompt-caching rules, so cost tests and benchmarks need no network.
 
-Rules assumed. OpenAI (prompt caching guide, platform.openai.com/docs/guides/prompt-caching): caching is automatic
-and per model; a request's cached tokens are the longest token prefix it shares with an earlier request's prompt,
-counted only from 1,024 tokens and then in steps of 128 (1,023 shared -> 0, 1,100 -> 1,024, 1,300 -> 1,280);
-usage reports the whole prompt as ``prompt_tokens`` and the hit as ``prompt_tokens_details.cached_tokens``.
-Anthropic (prompt caching docs, docs.anthropic.com/en/docs/build-with-claude/prompt-caching): caching happens only
-at ``cache_control`` breakpoints on system and message content blocks, at most 4 per request (more is a 400).
-Each breakpoint's prefix is read from the cache if that exact prefix was written before, looking back over up to
-20 earlier block boundaries for a prefix already written, and is otherwise written; a prefix shorter than the
-model's minimum cacheable length (see ``anthropic_min_tokens``) is neither written nor read. Usage reports
-``cache_read_input_tokens`` (billed at 10%), ``cache_creation_input_tokens`` (written: from the end of the read
-prefix to the last cacheable breakpoint, billed at 125%) and ``input_tokens`` (the rest, uncached). TTLs are
-ignored (a run lasts minutes). Tokens are o200k_base token ids (tiktoken, offline from the files LiteLLM ships);
+OpenAI (platform.openai.com/docs/guides/prompt-caching): caching is automatic and per model; a request's cached
+tokens are the longest token prefix it shares with an earlier request's prompt, counted only from 1,024 tokens and
+then in steps of 128 (1,023 shared -> 0, 1,100 -> 1,024, 1,300 -> 1,280); usage reports the whole prompt as
+``prompt_tokens`` and the hit as ``prompt_tokens_details.cached_tokens``. Anthropic
+(docs.anthropic.com/en/docs/build-with-claude/prompt-caching): caching happens only at ``cache_control``
+breakpoints on system and message content blocks, at most 4 per request (more is a 400). Each breakpoint's prefix
+is read from the cache if that exact prefix was written before, looking back over up to 20 earlier block
+boundaries, and is otherwise written; a prefix shorter than the model's minimum (``anthropic_min_tokens``) is
+neither written nor read. Usage reports ``cache_read_input_tokens`` (billed at 10%), ``cache_creation_input_tokens``
+(from the end of the read prefix to the last cacheable breakpoint, billed at 125%) and ``input_tokens`` (the rest).
+TTLs are ignored (a run lasts minutes). Tokens are o200k_base ids (tiktoken, offline from the files LiteLLM ships);
 a prompt is its segments in order (system first, each message opened by a role marker ``<|role|>\\n``), each
-segment tokenised on its own, the way a chat template's special tokens stop merges across messages, so that equal
-leading messages give equal leading tokens. Tool definitions and output formats are not counted.
+tokenised on its own as a chat template's special tokens stop merges across messages, so equal leading messages
+give equal leading tokens. Tool definitions and output formats are not counted.
 """
 
 from __future__ import annotations
@@ -117,11 +116,8 @@ def _block_text(block) -> str:
 
 
 def chat_segments(system, messages: Iterable[dict]) -> list[Segment]:
-    """The segments of a chat request: the system blocks, then each message's content blocks.
-
-    ``system`` is a string, a list of content blocks or None; each message is ``{"role", "content"}`` with a
-    string or a list of blocks (OpenAI or Anthropic shape). A role marker opens each message's first block;
-    a block with ``cache_control`` ends at a breakpoint.
+    """The segments of a chat request (OpenAI or Anthropic shape): the system blocks, then each message's content
+    blocks, a role marker opening each message's first block; a block with ``cache_control`` ends at a breakpoint.
     """
     turns = ([{"role": "system", "content": system}] if system else []) + list(messages)
     out: list[Segment] = []
@@ -192,12 +188,8 @@ class _PromptCache:
 
 
 class OpenAICaching(_PromptCache):
-    """OpenAI's automatic prefix caching: ``bill(segments, model) -> Bill`` with ``cache_read_tokens`` the hit.
-
-    Args:
-        encode: Text to token ids (default: o200k_base).
-        min_tokens: The shortest prefix counted as cached.
-        step: Granularity of hits beyond ``min_tokens``.
+    """OpenAI's automatic prefix caching: ``bill(segments, model) -> Bill`` with ``cache_read_tokens`` the hit, counted
+    from ``min_tokens`` in steps of ``step``; ``encode`` turns text into token ids (default: o200k_base).
 
     Example (one token per character):
         >>> billing = OpenAICaching(encode=lambda text: map(ord, text))
@@ -232,11 +224,8 @@ class OpenAICaching(_PromptCache):
 class AnthropicCaching(_PromptCache):
     """Anthropic's explicit caching: ``bill(segments, model) -> Bill`` with reads and writes at breakpoints.
 
-    Args:
-        encode: Text to token ids (default: o200k_base, a stand-in for Anthropic's own tokenizer).
-        min_tokens: Minimum cacheable prefix; None takes ``anthropic_min_tokens(model)`` per request.
-        lookback: Earlier block boundaries searched from each breakpoint for a prefix already written.
-        max_breakpoints: More marks than this raise ``CacheControlError``.
+    ``encode`` defaults to o200k_base, a stand-in for Anthropic's own tokenizer; ``min_tokens=None`` takes
+    ``anthropic_min_tokens(model)`` per request; more marks than ``max_breakpoints`` raise ``CacheControlError``.
     """
 
     def __init__(self, encode: Callable[[str], Iterable[int]] | None = None, min_tokens: int | None = None,

@@ -1,15 +1,10 @@
 """A scripted Anthropic Messages API (``POST /v1/messages``) on 127.0.0.1 that bills by Anthropic's caching rule.
 
-Answers come from the fake LM's responders; usage follows ``billing.AnthropicCaching`` over the request's
-``system`` and message content blocks, with the ``cache_control`` marks found there. It answers in the three
-shapes LiteLLM asks for: plain text; native structured output (``output_format`` json_schema, sent for models
-LiteLLM knows to support it, e.g. Claude Sonnet 4.5) as JSON text; and the forced tool LiteLLM uses for a
-json_schema ``response_format`` on older models (a tool named ``json_tool_call`` with ``tool_choice``) as a
-``tool_use`` block whose input LiteLLM turns back into the message text.
-
-It also runs Message Batches (``POST /v1/messages/batches``, ``GET .../{id}`` and ``GET .../{id}/results``), each
-request answered through the same single-message path (so its cache marks are billed), with knobs for a slow batch,
-expired requests and errored ones.
+Answers come from the fake LM's responders; usage follows ``billing.AnthropicCaching`` over the request's system
+and message content blocks and their ``cache_control`` marks. It answers in the three shapes LiteLLM asks for:
+plain text; native structured output (``output_format`` json_schema, for models LiteLLM knows support it) as JSON
+text; and, for a json_schema ``response_format`` on older models, the forced tool ``json_tool_call`` as a
+``tool_use`` block. Message Batches (``/v1/messages/batches``) answer each request through the same path.
 """
 
 from __future__ import annotations
@@ -23,19 +18,13 @@ from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from chateval_dspy.testing.billing import AnthropicCaching, CacheControlError, chat_segments
-from chateval_dspy.testing.fake_lm import Call, default_responder, prompt_fields, with_stated_preference
+from chateval_dspy.testing.fake_lm import Call, content_text, default_responder, prompt_fields, respond
 
 # The outputs as the system prompt lists them, the fallback when no schema is sent: DSPy's own adapters
 # ("1. `name` ...") or the judge adapter's layout ("- name ...").
 _OUTPUTS = re.compile(r"(?:Your output fields are:|Reply with a JSON object holding these fields, in this order:)\n(.*?)"
                       r"(?:\n\n|\Z)", re.S)
 _NAMES = re.compile(r"^(?:\d+\. `|- )(\w+)", re.M)
-
-
-def _text(content) -> str:
-    if isinstance(content, str):
-        return content
-    return "".join(b.get("text", "") for b in content or () if isinstance(b, dict))
 
 
 def _schema(body: dict, system: str) -> tuple[dict, str | None]:
@@ -54,13 +43,13 @@ def _schema(body: dict, system: str) -> tuple[dict, str | None]:
 
 def anthropic_call(body: dict) -> tuple[Call, str | None]:
     """The fake LM's view of a Messages request, and the forced tool's name (None: answer in text)."""
-    system = _text(body.get("system"))
+    system = content_text(body.get("system"))
     messages = body.get("messages") or []
-    user = _text(messages[-1].get("content")) if messages else ""
+    user = content_text(messages[-1].get("content")) if messages else ""
     schema, tool = _schema(body, system)
     call = Call(system, user, list(schema.get("properties", {})), prompt_fields(system, user),
                 {"temperature": body.get("temperature"), "max_tokens": body.get("max_tokens")}, schema,
-                len(messages), tuple((m.get("role", ""), _text(m.get("content"))) for m in messages[:-1]))
+                len(messages), tuple((m.get("role", ""), content_text(m.get("content"))) for m in messages[:-1]))
     return call, tool
 
 
@@ -115,12 +104,11 @@ class FakeAnthropicServer:
             bill = self.billing.bill(chat_segments(body.get("system"), body.get("messages") or []),
                                      model=body.get("model", ""))
         except CacheControlError as exc:
-            return 400, {"type": "error", "error": {"type": "invalid_request_error", "message": str(exc)}}
+            return 400, _error("invalid_request_error", str(exc))
         with self._lock:
             self.bills.append(bill)
         call, tool = anthropic_call(body)
-        out = with_stated_preference(call, self.responder(call))
-        text = out if isinstance(out, str) else json.dumps(out)
+        out, text = respond(self.responder, call)
         if tool and isinstance(out, dict):
             content, stop = [{"type": "tool_use", "id": "toolu_fake", "name": tool, "input": out}], "tool_use"
         else:
@@ -220,14 +208,11 @@ class FakeAnthropicServer:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
                 with server._lock:
                     server.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
-                routed = server._batch_route("POST", self.path.split("?")[0].rstrip("/"), self.headers, body)
-                if routed is not None:
-                    self._send(*routed)
-                    return
-                if not self.path.split("?")[0].rstrip("/").endswith("/v1/messages"):
-                    self._send(404, {"type": "error", "error": {"type": "not_found_error", "message": self.path}})
-                    return
-                self._send(*server.answer(body))
+                path = self.path.split("?")[0].rstrip("/")
+                routed = server._batch_route("POST", path, self.headers, body)
+                if routed is None and not path.endswith("/v1/messages"):
+                    routed = 404, _error("not_found_error", self.path)
+                self._send(*(routed or server.answer(body)))
 
             def do_GET(self):
                 routed = server._batch_route("GET", self.path.split("?")[0].rstrip("/"), self.headers, None)

@@ -1,11 +1,8 @@
 """OpenAI's Batch API (``/v1/files``, ``/v1/batches``) for the scripted fake server, with fault knobs.
 
-``FakeOpenAIServer`` owns a ``FakeBatches`` and hands it every files/batches request (``route``); each
-batched request is answered with the server's own ``reply``, so its usage follows the server's billing.
-Batches move on only when read (retrieve, list, cancel): no background threads. The knobs make batches
-slow (``delay``), expire part-done (``expire``, ``expire_keep``), fail per request (``fail``, ``fail_times``)
-or fail whole (``fail_batches``); a hostile server forges output lines (``forge``) or lists batches without end
-(``endless_list``); ``submitted``, ``created``, ``requests_in`` and ``listed`` let tests count what was asked.
+``FakeOpenAIServer`` owns a ``FakeBatches`` and hands it every files/batches request (``route``); each batched
+request is answered with the server's own ``reply``, so its usage follows the server's billing. Batches move on
+only when read (retrieve, list, cancel): no background threads.
 """
 
 from __future__ import annotations
@@ -57,32 +54,32 @@ def _read_lines(data: bytes, endpoint: str) -> tuple[list[tuple[str, dict]], lis
     """The valid requests of an input file, its problems (as batch ``errors`` entries), every custom_id read."""
     requests, problems, ids = [], [], []
     seen: set[str] = set()
+
+    def problem(code: str, message: str, param: str | None = None, line: int | None = None) -> None:
+        problems.append({"code": code, "message": message, "param": param, "line": line})
+
     for number, raw in enumerate(data.decode("utf-8", "replace").splitlines(), start=1):
         if not raw.strip():
             continue
         try:
             line = json.loads(raw)
         except ValueError:
-            problems.append({"code": "invalid_json_line", "message": "This line is not parseable as valid JSON.",
-                             "param": None, "line": number})
+            problem("invalid_json_line", "This line is not parseable as valid JSON.", line=number)
             continue
         cid = line.get("custom_id") if isinstance(line, dict) else None
         if not isinstance(cid, str) or not cid:
-            problems.append({"code": "missing_required_parameter", "message": "Missing required parameter: 'custom_id'.",
-                             "param": "custom_id", "line": number})
+            problem("missing_required_parameter", "Missing required parameter: 'custom_id'.", "custom_id", number)
             continue
         ids.append(cid)
         if cid in seen:
-            problems.append({"code": "duplicate_custom_id", "message": "The custom_id for each request must be unique.",
-                             "param": "custom_id", "line": number})
+            problem("duplicate_custom_id", "The custom_id for each request must be unique.", "custom_id", number)
         elif line.get("method") != "POST" or line.get("url") != endpoint or not isinstance(line.get("body"), dict):
-            problems.append({"code": "invalid_request", "message": f"Each line must POST a JSON body to {endpoint}.",
-                             "param": None, "line": number})
+            problem("invalid_request", f"Each line must POST a JSON body to {endpoint}.", line=number)
         else:
             requests.append((cid, line["body"]))
         seen.add(cid)
     if not requests and not problems:
-        problems.append({"code": "empty_file", "message": "The input file has no requests.", "param": None, "line": None})
+        problem("empty_file", "The input file has no requests.")
     return requests, problems, ids
 
 
@@ -121,6 +118,8 @@ class FakeBatches:
         forge: ``forge(batch_id, lines) -> lines``: rewrites a finishing batch's output lines (dicts, as
             written) before they are stored: answers to requests never made, second copies, padding.
         endless_list: The list of batches always says ``has_more`` and repeats its first page.
+
+    ``submitted``, ``created``, ``requests_in`` and ``listed`` let tests count what was asked.
     """
 
     def __init__(self, *, delay: float = 0.0, expire: int = 0, expire_keep: float = 0.5,
@@ -251,9 +250,8 @@ class FakeBatches:
         """Move a batch on as far as the clock allows (the caller holds the lock)."""
         obj, now = batch.obj, self.clock()
         if obj["status"] == "cancelling":
-            total = len(batch.requests)
             obj.update(status="cancelled", cancelled_at=int(now),
-                       request_counts={"total": total, "completed": 0, "failed": 0})
+                       request_counts={"total": len(batch.requests), "completed": 0, "failed": 0})
         elif obj["status"] == "validating" and batch.problems:
             obj.update(status="failed", failed_at=int(now), errors={"object": "list", "data": batch.problems})
         elif obj["status"] == "validating":

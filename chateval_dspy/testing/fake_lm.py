@@ -52,13 +52,9 @@ class Call:
 
     @property
     def kind(self) -> str:
-        if "summary" in self.outputs:
-            return "summary"
-        if "argument" in self.outputs:
-            return "argument"
-        if "evidence" in self.outputs:
-            return "verdict"
-        return "other"  # an optimizer's own signature (instruction proposals, reflections)
+        """``summary``, ``argument``, ``verdict``, or ``other``: an optimizer's own signature (proposals, reflections)."""
+        steps = (("summary", "summary"), ("argument", "argument"), ("evidence", "verdict"))
+        return next((kind for name, kind in steps if name in self.outputs), "other")
 
 
 def schema_filler(call: Call) -> dict:
@@ -140,6 +136,19 @@ def with_stated_preference(call: Call, out):
     return out
 
 
+def content_text(content) -> str:
+    """A message's text, whether its content is a string or a list of content blocks."""
+    if isinstance(content, str):
+        return content
+    return "".join(b.get("text", "") for b in content or () if isinstance(b, dict))
+
+
+def respond(responder: Callable[[Call], dict | str], call: Call) -> tuple[dict | str, str]:
+    """The responder's answer to ``call`` (a stated preference added where needed) and its text as sent."""
+    out = with_stated_preference(call, responder(call))
+    return out, out if isinstance(out, str) else json.dumps(out)
+
+
 class ScriptedEngine:
     """A DSPy engine whose answers come from ``responder(call) -> dict | str``.
 
@@ -170,8 +179,7 @@ class ScriptedEngine:
             self.calls.append(call)
         if self.latency:
             time.sleep(self.latency)
-        out = with_stated_preference(call, self.responder(call))
-        text = out if isinstance(out, str) else json.dumps(out)
+        _, text = respond(self.responder, call)
         return Response(id=None, model="fake", message=Message.assistant([TextPart(text)]), finish_reason="stop",
                         usage=Usage(input_tokens=(len(system) + len(user)) // 4, output_tokens=len(text) // 4,
                                     total_tokens=(len(system) + len(user) + len(text)) // 4))

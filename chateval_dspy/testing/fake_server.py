@@ -1,16 +1,8 @@
 """A scripted OpenAI-compatible HTTP server on 127.0.0.1, for tests across processes and fault injection.
 
 It answers ``/health``, ``/v1/models`` and ``/v1/chat/completions`` with the fake LM's responder (so verdicts are
-valid JSON for the requested schema), and can misbehave on purpose: ``faults`` is a list of HTTP
-statuses (or ``"garbage"``, ``"empty"``, ``"hang"``) consumed one per request before normal answers.
-With ``hang=True`` it is a dead endpoint that still accepts connections: every chat request is read and
-then never answered, until the server is closed, and ``/health`` answers 503. With ``delay`` and a shorter client
-timeout it is a slow but live one (``/health`` and ``/v1/models`` answer at once). ``rate_limited=True`` answers every
-chat request 429 (with ``Retry-After: retry_after`` when set); ``redirect`` answers every request with a 307 there.
-With ``billing=OpenAICaching()`` (``chateval_dspy.testing.billing``)
-the usage follows OpenAI's prompt-caching rule, in o200k_base tokens, with ``prompt_tokens_details.cached_tokens``.
-It also serves OpenAI's Batch API (``/v1/files``, ``/v1/batches``) through a ``FakeBatches``
-(``chateval_dspy.testing.fake_batches``), whose batched requests get the same answers as chat requests.
+valid JSON for the requested schema), misbehaves on purpose when told to (``FakeOpenAIServer``), and serves OpenAI's
+Batch API (``/v1/files``, ``/v1/batches``) through a ``FakeBatches``, whose batched requests get the same answers.
 """
 
 from __future__ import annotations
@@ -22,14 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from chateval_dspy.testing.billing import chat_segments
 from chateval_dspy.testing.fake_batches import FakeBatches
-from chateval_dspy.testing.fake_lm import Call, default_responder, prompt_fields, with_stated_preference
-
-
-def _text(content) -> str:
-    """A message's text, whether its content is a string or a list of content blocks."""
-    if isinstance(content, list):
-        return "".join(b.get("text", "") for b in content if isinstance(b, dict))
-    return content or ""
+from chateval_dspy.testing.fake_lm import Call, content_text, default_responder, prompt_fields, respond
 
 
 class FakeOpenAIServer:
@@ -37,15 +22,15 @@ class FakeOpenAIServer:
 
     Args:
         responder: Makes each answer from the request (as the fake LM's responders do).
-        faults: Misbehaviours consumed one per chat request, before normal answers.
+        faults: Consumed one per chat request before normal answers: an HTTP status, ``"garbage"``, ``"empty"``
+            or ``"hang"``.
         model: The id ``/v1/models`` lists.
-        hang: Never answer a chat request (``/v1/models`` still answers, as a wedged server's often does).
-        billing: An ``OpenAICaching`` that bills each chat request (its state is the server's prompt cache);
-            None keeps the rough 4-characters-a-token usage with no cache.
-        batches: The Batch API's state and knobs (a default ``FakeBatches()`` when None); faults and ``hang``
-            never touch it.
-        delay: Seconds each chat request waits before it is answered (a slow model, for throughput benchmarks);
-            requests wait side by side.
+        hang: A dead endpoint that still accepts connections: every chat request is read and never answered
+            until the server closes (``/v1/models`` still answers, as a wedged server's often does).
+        billing: An ``OpenAICaching`` (``testing.billing``) that bills each chat request, its state the server's
+            prompt cache; None keeps the rough 4-characters-a-token usage with no cache.
+        batches: The Batch API's state and knobs (default: ``FakeBatches()``); faults and ``hang`` never touch it.
+        delay: Seconds each chat request waits before it is answered (a slow model); requests wait side by side.
         health: The status ``/health`` answers (None: 503 while ``hang``, else 200; 404: a server without one).
         rate_limited: Answer every chat request 429 (a gateway whose limit never resets), until set False.
         retry_after: The ``Retry-After`` header of 429 answers (faults and ``rate_limited``), in seconds.
@@ -67,15 +52,11 @@ class FakeOpenAIServer:
         self._closing = threading.Event()
         self._httpd: ThreadingHTTPServer | None = None
 
-    def _next_fault(self):
-        with self._lock:
-            return self.faults.pop(0) if self.faults else None
-
     def reply(self, body: dict, fault=None) -> dict:
         """The chat completion the fake returns for ``body`` (``fault``: ``"garbage"`` or ``"empty"`` text)."""
         messages = body.get("messages", [])
-        system = _text(next((m["content"] for m in messages if m["role"] == "system"), ""))
-        user = _text(messages[-1]["content"]) if messages else ""
+        system = content_text(next((m["content"] for m in messages if m["role"] == "system"), ""))
+        user = content_text(messages[-1]["content"]) if messages else ""
         schema = ((body.get("response_format") or {}).get("json_schema") or {}).get("schema") or {}
         call = Call(system, user, list(schema.get("properties", {})), prompt_fields(system, user), {}, schema,
                     len(messages))
@@ -84,8 +65,7 @@ class FakeOpenAIServer:
         elif fault == "empty":
             text = ""
         else:
-            out = with_stated_preference(call, self.responder(call))
-            text = out if isinstance(out, str) else json.dumps(out)
+            _, text = respond(self.responder, call)
         reply = {"id": "fake", "object": "chat.completion", "model": self.model, "created": 0,
                  "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
                  "usage": {"prompt_tokens": len(system + user) // 4, "completion_tokens": len(text) // 4,
@@ -176,7 +156,8 @@ class _Handler(BaseHTTPRequestHandler):
         if fake.hang:
             fake._closing.wait()  # released only so that closing the server does not wait on it
             return
-        fault = fake._next_fault()
+        with fake._lock:
+            fault = fake.faults.pop(0) if fake.faults else None
         if fault == "hang":
             time.sleep(30)
             return

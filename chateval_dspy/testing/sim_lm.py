@@ -1,17 +1,15 @@
 """Simulated referees: an LM whose pairwise verdicts follow a stated generative model with a known answer.
 
-The embedded model has no judging signal, so no run on it can show that tuning or search recovers
-any. This engine plants signal of a known size instead: each verdict is drawn from the model below,
-keyed on the human label of the judged item, and the study (``python -m optim.bench simulate``)
-measures how much of it the product's own machinery finds. It runs behind DSPy's real adapter
-(``ScriptedEngine``), so prompts, demos, JSON schemas and parsing are exactly those of a real run;
-nothing outside this module knows that the LM is simulated.
+The embedded model has no judging signal, so no run on it can show that tuning or search recovers any. This
+engine plants signal of a known size instead, keyed on the human label of the judged item, and the study
+(``python -m optim.bench simulate``) measures how much of it the product's own machinery finds. It runs behind
+DSPy's real adapter (``ScriptedEngine``), so prompts, demos, JSON schemas and parsing are those of a real run.
 
-The model (every symbol is a field of ``SimKnobs``). A call shows a referee with persona ``r`` an
-item whose answer in the first position is the better one (``L = 1``) or the second (``L = 2``).
-The simulator learns ``L`` from a table of the judged texts given at construction (never from the
-product). Let ``k+`` and ``k-`` be the demonstrations in the prompt whose stated leaning is right
-and wrong about their own item, and ``key`` whether the instructions contain ``instruction_key``::
+The model (every symbol is a field of ``SimKnobs``). A call shows a referee with persona ``r`` an item whose
+answer in the first position is the better one (``L = 1``) or the second (``L = 2``), known from a table of the
+judged texts given at construction (never from the product). ``k+`` and ``k-`` are the demonstrations in the
+prompt whose stated leaning is right and wrong about their own item, ``key`` whether the instructions contain
+``instruction_key``::
 
     p      = min(ceiling, max(0, accuracy[r] + instruction_gain * key + demo_gain * k+ - demo_loss * k-))
     d      = difficulty_spread * u, u uniform from a hash of seed and the item's texts (either order)
@@ -22,27 +20,22 @@ and wrong about their own item, and ``key`` whether the instructions contain ``i
     longer else, when the two answers differ in length, with probability verbosity_bias: the longer one
     own    else: L with probability p_item, the other answer with probability 1 - p_item
 
-Difficulty ``d`` belongs to the item, not to a referee or an answer order: every referee of a panel and
-both orders of the item see the same ``d``, so a hard item (``d`` near 1) splits the panel's votes as a
-coin would, an easy one gets the referees' full accuracy, and how much a panel agrees carries real
-information about whether its verdict is right. At ``difficulty_spread = 0`` (the default) every item
-has ``d = 0`` and the model is exactly the one without difficulty.
+Difficulty belongs to the item: every referee of a panel and both answer orders see the same ``d``, so a hard item
+splits the panel's votes as a coin would, and how much a panel agrees carries real information about whether its
+verdict is right.
 
-A verdict states its answer as the preference, with scores ``(6 + m // 2, 6 - (m - m // 2))``
-towards it (``m = margin_right`` for an ``own`` verdict that is right, else ``margin_wrong``), so
-``--aggregate mean`` weighs a sure referee more when the margins differ. A talk turn states the same
-kind of leaning ("I lean to answer 1."), and a summary states the discussion's leaning by the herd
-rule, so herding works through every strategy's visibility rule. Instruction proposals (MIPROv2's
-``proposed_instruction``, GEPA's ``new_instruction``) contain ``instruction_key`` with probability
-``propose_rate``; that is what instruction search can find.
+A verdict states its answer as the preference, with scores ``(6 + m // 2, 6 - (m - m // 2))`` towards it
+(``m = margin_right`` for an ``own`` verdict that is right, else ``margin_wrong``), so ``--aggregate mean`` weighs a
+sure referee more. A talk turn states the same kind of leaning ("I lean to answer 1."), and a summary states the
+discussion's leaning by the herd rule, so herding works through every strategy's visibility rule. Instruction
+proposals (MIPROv2's ``proposed_instruction``, GEPA's ``new_instruction``) contain ``instruction_key`` with
+probability ``propose_rate``: that is what instruction search can find.
 
-Every draw is a uniform number from a hash of ``seed``, the persona, the judged texts in their order
-and the step (talk or verdict; the herd draw also hashes the discussion, a proposal's draw its whole
-prompt), so a rerun gives the same verdicts. The ``own`` draw ignores demos, instructions, the
-discussion and difficulty (common random numbers): raising ``p`` raises ``p_item`` for every ``d < 1``
-(and leaves it at 0.5 for ``d = 1``), so it turns wrong verdicts right and never the reverse,
-so a before/after comparison on the same items measures the effect, not fresh noise. The two answer
-orders of an item and the personas of a panel draw independently.
+Every draw is a uniform number from a hash of ``seed``, the persona, the judged texts in their order and the step
+(the herd draw also hashes the discussion, a proposal's its whole prompt), so a rerun gives the same verdicts. The
+``own`` draw ignores demos, instructions, the discussion and difficulty (common random numbers): raising ``p`` turns
+wrong verdicts right and never the reverse, so a before/after comparison on the same items measures the effect,
+not fresh noise. The two answer orders of an item and the personas of a panel draw independently.
 """
 
 from __future__ import annotations
@@ -69,24 +62,11 @@ class SimKnobs:
     """The simulated referees' generative model (equations in the module docstring).
 
     Args:
-        accuracy: ``(role slug, p)`` pairs: how often each persona's own verdict is right before any
-            tuning. The default makes the Scientist clearly the strongest.
+        accuracy: ``(role slug, p)`` pairs; the default makes the Scientist clearly the strongest.
         default_accuracy: ``p`` of a persona not listed (custom or same-role referees).
-        position_bias: Probability that a verdict not herded says "answer 1" whatever the item.
-        verbosity_bias: Probability that a verdict neither herded nor position-biased picks the longer answer
-            (by characters, stripped) whatever the item; answers of equal length are never decided by it.
-        herding: Probability that a speaker who sees stated leanings copies the prevailing one.
-        demo_gain: Accuracy added per demonstration in the prompt whose leaning is right.
-        demo_loss: Accuracy removed per demonstration whose leaning is wrong.
-        instruction_key: The phrase whose presence in the instructions adds ``instruction_gain``.
-        instruction_gain: Accuracy added when the instructions contain ``instruction_key``.
-        propose_rate: Probability that an instruction the simulator proposes contains ``instruction_key``.
-        ceiling: The most accuracy any tuning can reach.
-        difficulty_spread: The largest item difficulty: each item's ``d`` is uniform on ``[0, difficulty_spread]``;
-            a referee's own verdict on it is right with ``0.5 + (p - 0.5) * (1 - d)``. 0: no item is harder.
-        margin_right: Score margin of a right ``own`` verdict.
-        margin_wrong: Score margin of every other verdict (wrong, position- or length-biased, or herded).
-        seed: Seeds every draw.
+        verbosity_bias: Length counts characters, stripped; answers of equal length are never decided by it.
+        difficulty_spread: The largest item difficulty: each item's ``d`` is uniform on ``[0, difficulty_spread]``.
+        margin_wrong: Score margin of every verdict but a right ``own`` one (wrong, biased or herded).
 
     Example:
         >>> SimKnobs().p("scientist", right_demos=2, keyed=True)
@@ -131,13 +111,10 @@ class SimKnobs:
         return cls(accuracy=(), default_accuracy=0.5, demo_gain=0.0, demo_loss=0.0, instruction_gain=0.0,
                    margin_right=2, margin_wrong=2, seed=seed)
 
-    def base(self, slug: str | None) -> float:
-        """A persona's accuracy before tuning."""
-        return dict(self.accuracy).get(slug or "", self.default_accuracy)
-
     def p(self, slug: str | None, *, right_demos: int = 0, wrong_demos: int = 0, keyed: bool = False) -> float:
         """The first equation of the model: a persona's chance that its own verdict is right."""
-        raw = self.base(slug) + self.instruction_gain * keyed + self.demo_gain * right_demos - self.demo_loss * wrong_demos
+        raw = (dict(self.accuracy).get(slug or "", self.default_accuracy) + self.instruction_gain * keyed
+               + self.demo_gain * right_demos - self.demo_loss * wrong_demos)
         return round(min(self.ceiling, max(0.0, raw)), 12)
 
     @staticmethod
@@ -211,13 +188,10 @@ def prevailing(text: str) -> str | None:
 
 @dataclass
 class SimReferees:
-    """The responder of the simulated LM: ``Call -> output fields``, following ``SimKnobs``.
+    """The responder of the simulated LM: ``Call -> output fields``, following ``knobs``.
 
-    Args:
-        knobs: The generative model's parameters.
-        labels: ``label_table(items)`` of every item the simulator may be shown (demos' items too).
-        personas: Persona text -> role slug, so that per-persona accuracies apply; a persona not listed
-            gets ``knobs.default_accuracy``.
+    ``labels`` is ``label_table(items)`` of every item the simulator may be shown (demos' items too); ``personas``
+    maps persona text -> role slug for per-persona accuracies (one not listed gets ``knobs.default_accuracy``).
     """
 
     knobs: SimKnobs
@@ -330,8 +304,7 @@ def _leaning_of(answer: str) -> str | None:
     if isinstance(out, dict):
         if out.get("preference") in ("1", "2"):
             return out["preference"]
-        found = LEANING.search(str(out.get("argument", "")))
-        return found.group(1) if found else None
+        answer = str(out.get("argument", ""))
     found = LEANING.search(answer)
     return found.group(1) if found else None
 
@@ -343,27 +316,17 @@ def builtin_personas() -> dict[str, str]:
     return {r.persona("pairwise"): r.slug for r in resolve_roles(DEFAULT_ORDER, "pairwise")}
 
 
-class SimEngine(ScriptedEngine):
-    """A ``ScriptedEngine`` over ``SimReferees`` that keeps only its latest ``CALL_LOG`` calls."""
-
-    def __init__(self, referees: SimReferees):
-        super().__init__(referees)
-        self.calls = collections.deque(maxlen=CALL_LOG)
-
-
 def sim_lm(knobs: SimKnobs, items: Iterable[dspy.Example], personas: Mapping[str, str] | None = None) -> dspy.LM:
-    """A ``dspy.LM`` of simulated referees who know the labels of ``items`` (cache off, as ``fake_lm``).
-
-    Args:
-        knobs: The generative model.
-        items: Every labelled item the referees may see, demos' items included.
-        personas: Persona text -> slug (default: the built-in roles).
+    """A ``dspy.LM`` of simulated referees who know the labels of ``items`` (every labelled item they may see,
+    demos' included; cache off, as ``fake_lm``). ``personas``: persona text -> slug (default: the built-in roles).
+    Its engine keeps only its latest ``CALL_LOG`` calls.
 
     Example:
         >>> lm = sim_lm(SimKnobs(), synthetic_items(4))
-        >>> type(lm.engine).__name__
-        'SimEngine'
+        >>> type(lm.engine.responder).__name__, lm.engine.calls.maxlen
+        ('SimReferees', 1000)
     """
     referees = SimReferees(knobs, label_table(items), builtin_personas() if personas is None else dict(personas))
-    return dspy.LM("sim/referees", engine=SimEngine(referees), cache=False, temperature=0.0, max_tokens=256,
-                   num_retries=0)
+    engine = ScriptedEngine(referees)
+    engine.calls = collections.deque(maxlen=CALL_LOG)
+    return dspy.LM("sim/referees", engine=engine, cache=False, temperature=0.0, max_tokens=256, num_retries=0)

@@ -1,12 +1,11 @@
 """Two panels judged on the same items, compared item by item.
 
 Pairwise agreement is per item right or wrong, so the exact McNemar test applies: under "neither panel is
-better" each item that one panel gets right and the other wrong is a fair coin, and the two-sided p-value is
-scipy's exact binomial test on those discordant items (the items both get right, or both wrong, say nothing).
+better" each item that one panel gets right and the other wrong is a fair coin (scipy's exact binomial test).
 A scored task's agreement is a rank correlation over all items (or a label accuracy), which no single item
-carries; its difference gets a paired percentile bootstrap CI instead (items resampled once for both panels,
-the same resampling as ``chateval_dspy.run.metrics``). An abstention is a wrong pairwise verdict, as in the
-metrics; a scored item that either panel abstained on is left out of both.
+carries; its difference gets a paired percentile bootstrap CI instead (items resampled once for both panels).
+An abstention is a wrong pairwise verdict, as in the metrics; a scored item that either panel abstained on is
+left out of both.
 """
 
 from __future__ import annotations
@@ -49,9 +48,8 @@ def _criterion_pairs(human: Sequence[dict], predicted: Sequence[dict], name: str
 
 
 def agreement_statistic(task: TaskSpec | str) -> Callable[[Sequence, Sequence], float]:
-    """``statistic(human, predicted) -> float``: the task's primary agreement figure (``metrics.primary_metric``)
-    without its CI: pairwise accuracy; else the mean Spearman over integer-scale criteria, or, with none, the
-    mean label accuracy.
+    """``statistic(human, predicted)``: the task's primary agreement figure (``metrics.primary_metric``) without
+    its CI: pairwise accuracy; else the mean Spearman over ordinal criteria, or, with none, the mean label accuracy.
 
     Example:
         >>> agreement_statistic("pairwise")(["1", "2", "tie"], ["1", "1", "tie"])
@@ -76,15 +74,8 @@ def agreement_statistic(task: TaskSpec | str) -> Callable[[Sequence, Sequence], 
 
 def paired_delta(task: TaskSpec | str, human: Sequence, row: Sequence, reference: Sequence, *,
                  seed: int = 0, n_resamples: int | None = None) -> Estimate:
-    """``row``'s agreement minus ``reference``'s on the same items, with a paired 95% bootstrap CI.
-
-    Args:
-        task: The task (or a format's built-in task); its primary agreement figure is compared.
-        human: The human labels, item by item.
-        row: One panel's verdicts on those items (None: abstained).
-        reference: The other panel's verdicts on the same items, in the same order.
-        seed: The bootstrap's seed.
-        n_resamples: The bootstrap's resamples (None: ``metrics.N_RESAMPLES``).
+    """``row``'s agreement minus ``reference``'s (the task's primary figure; verdicts None: abstained) on the items
+    of ``human``, in its order, with a paired 95% bootstrap CI.
 
     Example:
         >>> d = paired_delta("pairwise", ["1", "2", "1", "2"], ["1", "2", "1", "2"], ["1", "1", "1", "1"])

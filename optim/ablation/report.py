@@ -78,11 +78,9 @@ def ablation_plot(summary: dict, path: Path) -> Path | None:
     matplotlib.use("Agg")  # files only: no display needed, none opened
     import matplotlib.pyplot as plt
 
-    def err(r):
+    def err(r):  # a bound without a CI draws no bar
         a = r["agreement"]
-        low = a["value"] - a["ci_low"] if not math.isnan(a["ci_low"]) else 0
-        high = a["ci_high"] - a["value"] if not math.isnan(a["ci_high"]) else 0
-        return [[low], [high]]
+        return [[0 if math.isnan(d) else d] for d in (a["value"] - a["ci_low"], a["ci_high"] - a["value"])]
 
     h = summary["header"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 0.5 * len(rows) + 2.5))

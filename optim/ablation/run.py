@@ -1,16 +1,12 @@
 """Which referee earns its cost: the panel judged whole, with each referee left out, and with each referee alone.
 
-Every variant is the full panel's ``DebateConfig`` with other ``roles`` (nothing else changes), judged on the
-same items under the same LM, so each one's agreement can be compared with the full panel's item by item
-(``optim.ablation.paired``: exact McNemar for pairwise, a paired bootstrap for scored tasks) and set against its
-tokens and US dollars per item. A panel of two has no leave-one-out beyond its referees alone, so each of its
-variants is judged once, under both names.
+Every variant is the full panel's ``DebateConfig`` with other ``roles``, judged on the same items under the same LM,
+so its agreement is compared with the full panel's item by item (``optim.ablation.paired``) and set against its
+tokens and US dollars per item.
 
-Each variant's results go to its own file in ``out`` (``<variant>.jsonl``), streamed and resumed exactly as
-``chateval evaluate`` does (same run key, so a file of another run is refused): a rerun judges only what is
-missing. ``ablation.json`` and ``ablation.png`` hold the figures and the plot; with tracking, MLflow gets one
-parent run (the full panel's params, every variant's difference), RUNNING from the start, and one child run per
-variant, RUNNING while that variant is judged (``AblationRuns``).
+Each variant's results go to ``out/<variant>.jsonl``, streamed and resumed exactly as ``chateval evaluate`` does
+(same run key, so a file of another run is refused). ``ablation.json`` and ``ablation.png`` hold the figures and
+the plot; with tracking, MLflow gets one parent run and one child run per variant (``AblationRuns``).
 """
 
 from __future__ import annotations
@@ -29,6 +25,8 @@ from chateval_dspy.lm.spec import LMSpec
 from chateval_dspy.run.metrics import Estimate, plain, primary_metric
 from chateval_dspy.run.result import RunResult
 from optim.ablation.paired import mcnemar_exact, paired_delta
+from optim.tracking import runs as mlflow_runs
+from optim.tracking.evaluation import config_params, run_params, unpriced_marks
 
 SUMMARY_FILE = "ablation.json"
 PLOT_FILE = "ablation.png"
@@ -72,8 +70,7 @@ def variants(roles: tuple[str, ...]) -> list[Variant]:
 
 @dataclass
 class VariantResult:
-    """One variant as judged: its config and results file, the ``RunResult``, its agreement figures with CIs,
-    and (for every variant but the full panel) the paired comparison with the full panel (``vs_full``)."""
+    """One variant as judged, and (but for the full panel) its paired comparison with the full panel."""
 
     variant: Variant
     config: DebateConfig
@@ -121,23 +118,19 @@ class AblationResult:
 
     def row(self, slug: str) -> VariantResult:
         """The variant with file ``slug`` (``full``, ``without-<role>``, ``alone-<role>``)."""
-        for r in self.rows:
-            if r.variant.slug == slug:
-                return r
-        raise KeyError(f"no variant {slug!r}; variants: {', '.join(r.variant.slug for r in self.rows)}")
-
-    def header(self) -> dict:
-        from chateval_dspy.run.evaluate_dataset import run_header
-
-        return run_header(self.data, self.config, self.model, self.full.result.n, referee_models=self.referee_models)
+        found = {r.variant.slug: r for r in self.rows}
+        if slug not in found:
+            raise KeyError(f"no variant {slug!r}; variants: {', '.join(found)}")
+        return found[slug]
 
     def to_dict(self) -> dict:
-        return {"header": self.header(), "metric": self.metric, "test": self.test,
-                "rows": [r.to_dict() for r in self.rows]}
+        from chateval_dspy.run.evaluate_dataset import run_header
+
+        header = run_header(self.data, self.config, self.model, self.full.result.n, referee_models=self.referee_models)
+        return {"header": header, "metric": self.metric, "test": self.test, "rows": [r.to_dict() for r in self.rows]}
 
     def table(self) -> str:
-        """The printed table: what was judged, then one line per variant (agreement with its 95% CI, the
-        difference from the full panel with its paired 95% CI and test, calls, tokens and dollars per item)."""
+        """The printed table (``report.ablation_table``)."""
         from optim.ablation.report import ablation_table
 
         return ablation_table(self.to_dict())
@@ -177,8 +170,7 @@ def compare(full: list[dict], row: list[dict], config: DebateConfig, *, seed: in
     delta = paired_delta(task, [f["human"] for f, _ in pairs], [r["prediction"] for _, r in pairs],
                          [f["prediction"] for f, _ in pairs], seed=seed, n_resamples=n_resamples)
     if pairwise:
-        test = mcnemar_exact(_correct([f for f, _ in pairs]), _correct([r for _, r in pairs]))
-        return {**test, "delta": delta}
+        return {**mcnemar_exact(_correct([f for f, _ in pairs]), _correct([r for _, r in pairs])), "delta": delta}
     return {"test": "paired bootstrap", "n": len(pairs), "p": None, "delta": delta}
 
 
@@ -188,8 +180,7 @@ def _cache_per_variant(lm: LMSpec):
 
     Variants share prompts (a referee's first turn is the same on every panel it opens), so under one cache
     only the first variant judged would pay for them, and every later one would look cheaper than it is.
-    A variant's own cache still replays its finished calls when a killed run is rerun. The run's usual cache
-    is back in force afterwards.
+    A variant's own cache still replays its finished calls when a killed run is rerun.
     """
     from chateval_dspy.lm import resolve
 
@@ -210,7 +201,6 @@ def ablate(data: DataSpec, config: DebateConfig | Callable[[str], DebateConfig],
     """Judge ``data`` with the full panel of ``config``, with each referee left out and with each alone.
 
     Args:
-        data: Which items (dataset, split, seed, limit); every variant judges the same ones.
         config: The full panel (at least 2 referees), or a function of the dataset's format that returns it.
         lm: The LM every variant runs on (started once).
         out: The folder for each variant's results file, ``ablation.json`` and ``ablation.png`` (default
@@ -218,7 +208,6 @@ def ablate(data: DataSpec, config: DebateConfig | Callable[[str], DebateConfig],
         tracking: An ``optim.tracking.runs.TrackingSpec``; None or disabled: nothing goes to MLflow.
         concurrency: Items judged at once (batch mode, ``lm.batch``: a variant's items in one set of waves).
         overwrite: Start every variant's file afresh instead of resuming it.
-        hooks: Told about progress (the CLI draws it).
     Example:
         >>> done = ablate(DataSpec("faireval", limit=2), DebateConfig(roles=("critic", "scientist"), turns=1,
         ...               calibrate=False), LMSpec(model=fake_url, cache=False), out=tmp / "ablation")
@@ -227,6 +216,8 @@ def ablate(data: DataSpec, config: DebateConfig | Callable[[str], DebateConfig],
         >>> done.full.cost()["cost_usd_per_item"], done.row("without-critic").vs_full["test"]
         ('unpriced', 'exact McNemar')
     """
+    from optim.ablation.report import ablation_plot
+
     hooks = hooks or AblationHooks()
     if concurrency < 1:
         raise ConfigError(f"concurrency must be positive, got {concurrency}")
@@ -234,33 +225,30 @@ def ablate(data: DataSpec, config: DebateConfig | Callable[[str], DebateConfig],
     runs = AblationRuns(tracking)
     with runs.parent(data, plan):
         model, referees, rows = _judge_variants(plan, data, lm, concurrency, hooks, runs)
-        done = _finish(AblationResult(data, plan.config, model, plan.metric, paired_test(plan.config), plan.out, rows,
-                                      referees))
+        done = AblationResult(data, plan.config, model, plan.metric, plan.test, plan.out, rows, referees)
+        summary = done.to_dict()
+        (done.out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, ensure_ascii=False, default=str),
+                                             encoding="utf-8")
+        done.plot = ablation_plot(summary, done.out / PLOT_FILE)
         runs.finish(done)
     return done
 
 
-def paired_test(config: DebateConfig) -> str:
-    """The test each variant's agreement is compared with the full panel's by (``compare``)."""
-    return "exact McNemar" if config.format == "pairwise" else "paired bootstrap"
-
-
 @dataclass(frozen=True)
 class AblationPlan:
-    """What every variant judges, under which config and run key, and where its results go."""
+    """What every variant judges, under which config and run key, where its results go, and how it is compared."""
 
     items: list
     config: DebateConfig
-    panels: list[Variant]
-    configs: dict[str, DebateConfig]
-    keys: dict[str, str]
+    variants: list[tuple[Variant, DebateConfig, str, Path]]  # each with its config, run key and results file
     out: Path
-    paths: dict[str, Path]
     metric: str
+    test: str
 
 
 def _plan(data: DataSpec, config, lm: LMSpec, out, overwrite: bool) -> AblationPlan:
-    """The variants, their configs, run keys and results files, all checked before any model starts."""
+    """The variants, their configs, run keys and results files, all checked before any model starts: a file of
+    another run is refused up front, not halfway."""
     from chateval_dspy.run import identity
     from chateval_dspy.run.evaluate_dataset import check_task, results_path
 
@@ -268,13 +256,13 @@ def _plan(data: DataSpec, config, lm: LMSpec, out, overwrite: bool) -> AblationP
     cfg = config(fmt) if callable(config) else config
     panels = variants(cfg.roles)
     check_task(data, cfg)
-    lm.check_panel(cfg.roles)  # before any model starts
-    configs = {v.slug: replace(cfg, roles=v.roles) for v in panels}
-    keys = {slug: identity.run_key(c, lm.identity(), items) for slug, c in configs.items()}
-    out = Path(out) if out else Path("results") / f"ablate-{data.name}-{keys['full']}"
-    # Every file is checked before the model starts: one of another run is refused up front, not halfway.
-    paths = {v.slug: results_path(data, keys[v.slug], out / f"{v.slug}.jsonl", overwrite=overwrite) for v in panels}
-    return AblationPlan(items, cfg, panels, configs, keys, out, paths, primary_metric(cfg.task_spec))
+    lm.check_panel(cfg.roles)
+    configs = [replace(cfg, roles=v.roles) for v in panels]
+    keys = [identity.run_key(c, lm.identity(), items) for c in configs]
+    out = Path(out) if out else Path("results") / f"ablate-{data.name}-{keys[0]}"
+    paths = [results_path(data, key, out / f"{v.slug}.jsonl", overwrite=overwrite) for v, key in zip(panels, keys)]
+    test = "exact McNemar" if cfg.format == "pairwise" else "paired bootstrap"
+    return AblationPlan(items, cfg, list(zip(panels, configs, keys, paths)), out, primary_metric(cfg.task_spec), test)
 
 
 def _judge_variants(plan: AblationPlan, data: DataSpec, lm: LMSpec, concurrency: int, hooks: AblationHooks,
@@ -287,55 +275,31 @@ def _judge_variants(plan: AblationPlan, data: DataSpec, lm: LMSpec, concurrency:
     from chateval_dspy.run.evaluate_dataset import batch_items, lm_slots
 
     rows, judged = [], {}
+    ci = {"seed": data.seed, "n_resamples": data.resamples}
     at_once = batch_items(concurrency, len(plan.items)) if lm.batch else concurrency
     with lm.judging(lm_slots(plan.config, concurrency), journal=plan.out / "batches", on_wave=hooks.wave) as judging_lm, \
             _cache_per_variant(lm) as use_cache:
         model, referees = judging_lm.model, referee_names()
         runs.judging(model, referees)
-        for v in plan.panels:
-            use_cache(plan.keys[v.slug])
-            config, path, key = plan.configs[v.slug], plan.paths[v.slug], plan.keys[v.slug]
+        for v, config, key, path in plan.variants:
+            use_cache(key)
             with runs.variant(v, config), hooks.progress(v, len(plan.items)) as on_item:
                 result = evaluate(build_evaluator(config), plan.items, config, out=path, concurrency=at_once,
                                   on_item=on_item, run_key=key, waves=lm.batch)
                 judged[v.slug] = [r for r in records.finished_records(path, key) if not records.is_error(r)]
-                rows.append(_variant_result(v, config, path, key, result, judged, plan.config, plan.metric, data))
+                figures = result.metrics(**ci)
+                agreement = figures.get(plan.metric) or Estimate(math.nan, math.nan, math.nan, 0)
+                vs_full = None if v.slug == "full" else compare(judged["full"], judged[v.slug], plan.config, **ci)
+                rows.append(VariantResult(v, config, path, key, result, figures, agreement, vs_full))
                 runs.variant_done(rows[-1])
             hooks.judged(rows[-1])
     return model, referees, rows
 
 
-def _variant_result(v: Variant, config: DebateConfig, path: Path, key: str, result: RunResult, judged: dict,
-                    full: DebateConfig, metric: str, data: DataSpec) -> VariantResult:
-    """A variant's figures, and (but for the full panel's) its paired comparison with the full panel (the bootstrap's
-    seed and resamples are ``data``'s)."""
-    ci = {"seed": data.seed, "n_resamples": data.resamples}
-    figures = result.metrics(**ci)
-    agreement = figures.get(metric) or Estimate(math.nan, math.nan, math.nan, 0)
-    vs_full = None if v.slug == "full" else compare(judged["full"], judged[v.slug], full, **ci)
-    return VariantResult(v, config, path, key, result, figures, agreement, vs_full)
-
-
-def _finish(done: AblationResult) -> AblationResult:
-    """Write the summary and its plot beside the results."""
-    from optim.ablation.report import ablation_plot
-
-    summary = done.to_dict()
-    (done.out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, ensure_ascii=False, default=str),
-                                         encoding="utf-8")
-    done.plot = ablation_plot(summary, done.out / PLOT_FILE)
-    return done
-
-
 class AblationRuns:
-    """The ablation's MLflow runs, RUNNING while it judges; with tracking None or disabled, nothing is logged.
-
-    One parent run from the start (the full panel's params; the model once the LM is up; the full panel's figures,
-    each variant's difference and p-value, the summary and plot at the end) and one child run per variant, open
-    while that variant is judged (its config; its figures with CIs, paired test, cost and results file once it
-    is done). Dollars MLflow cannot hold (``unpriced``) become tags, as for ``chateval evaluate``. Runs end
-    FINISHED, FAILED or KILLED (``optim.tracking.runs.run``).
-    """
+    """The ablation's MLflow runs, RUNNING while it judges (with tracking None or disabled, nothing is logged): a
+    parent run from the start, and a child run per variant, open while that variant is judged. Dollars MLflow cannot
+    hold (``unpriced``) become tags, as for ``chateval evaluate``."""
 
     def __init__(self, tracking=None):
         self.spec = tracking if tracking is not None and tracking.enabled else None
@@ -346,80 +310,60 @@ class AblationRuns:
         if self.spec is None:
             yield
             return
-        from optim.tracking import runs as tracking
-        from optim.tracking.evaluation import run_params
-
         scope = {"command": "ablate", "chateval.out": str(plan.out.resolve())}
         # A SIGKILL (nothing can catch it) leaves the runs of this folder RUNNING: the rerun that resumes it ends them.
-        tracking.end_dead_runs(scope, self.spec.uri)
+        mlflow_runs.end_dead_runs(scope, self.spec.uri)
         params = run_params(data, plan.config, "", plan.items, ablation={
-            "variants": len(plan.panels), "metric": plan.metric, "test": paired_test(plan.config)})
+            "variants": len(plan.variants), "metric": plan.metric, "test": plan.test})
         params.pop("model")  # known once the LM is up (``judging``)
-        with tracking.run("ablate", params=params, uri=self.spec.uri, tags=scope) as active:
+        with mlflow_runs.run("ablate", params=params, uri=self.spec.uri, tags=scope) as active:
             self.run_id = active.info.run_id
             yield
 
     def judging(self, model: str, referee_models: dict[str, str]) -> None:
+        """Inside the parent run: the model, known once the LM is up."""
         if self.spec is not None:
-            from optim.tracking import runs as tracking
-
-            tracking.log_params({"model": model, **({"referee_models": referee_models} if referee_models else {})})
+            mlflow_runs.log_params({"model": model, **({"referee_models": referee_models} if referee_models else {})})
 
     def variant(self, v: Variant, config: DebateConfig) -> contextlib.AbstractContextManager:
         if self.spec is None:
             return contextlib.nullcontext()
-        from optim.tracking import runs as tracking
-        from optim.tracking.evaluation import config_params
-
         params = {"config": config_params(config), "variant": v.name, "slug": v.slug,
                   "left_out": v.left_out or "none", "alone": v.alone or "none"}
-        return tracking.run(f"ablate-{v.slug}", params=params, nested=True,
+        return mlflow_runs.run(f"ablate-{v.slug}", params=params, nested=True,
                             tags={"command": "ablate", "chateval.variant": v.slug})
 
     def variant_done(self, row: VariantResult) -> None:
         """Inside the variant's run: its figures, paired test, cost and results file."""
         if self.spec is None:
             return
-        from optim.tracking import runs as tracking
-        from optim.tracking.evaluation import unpriced_marks
-
         cost = row.cost()
-        tracking.set_tags(unpriced_marks(cost))
-        tracking.log_metrics({**row.metrics, "agreement": row.agreement},
-                             {**cost, "tokens_per_item": row.tokens_per_item(), **row.result.abstention_metrics(),
-                              **row.result.model_metrics()})
+        mlflow_runs.set_tags(unpriced_marks(cost))
+        mlflow_runs.log_metrics({**row.metrics, "agreement": row.agreement},
+                                {**cost, "tokens_per_item": row.tokens_per_item(), **row.result.abstention_metrics(),
+                                 **row.result.model_metrics()})
         if row.vs_full is not None:
             vs = row.vs_full
-            tracking.log_metrics({"vs_full.delta": vs["delta"], "vs_full.n": vs["n"],
-                                  **({"vs_full.p": vs["p"]} if vs["p"] is not None else {}),
-                                  **{f"vs_full.{k}": vs[k] for k in ("reference_only", "row_only") if k in vs}})
-        tracking.log_file(row.out, "results")
+            mlflow_runs.log_metrics({"vs_full.delta": vs["delta"], "vs_full.n": vs["n"],
+                                     **({"vs_full.p": vs["p"]} if vs["p"] is not None else {}),
+                                     **{f"vs_full.{k}": vs[k] for k in ("reference_only", "row_only") if k in vs}})
+        mlflow_runs.log_file(row.out, "results")
 
     def finish(self, done: AblationResult) -> None:
         """Inside the parent run: the full panel's figures, every variant's difference, the summary and plot."""
         if self.spec is None:
             return
-        from optim.tracking import runs as tracking
-        from optim.tracking.evaluation import unpriced_marks
-
-        full = done.full
-        tracking.set_tags(unpriced_marks(full.cost()))
-        tracking.log_metrics({**full.metrics, "agreement": full.agreement}, {**full.cost(), **_summary(done.rows)})
-        tracking.log_file(done.out / SUMMARY_FILE, "ablation")
+        full, summary = done.full, {}
+        for row in done.rows:
+            slug, vs = row.variant.slug, row.vs_full or {}
+            summary.update({f"{slug}.agreement": row.agreement.value, f"{slug}.tokens_per_item": row.tokens_per_item()})
+            if vs:
+                summary[f"{slug}.delta"] = vs["delta"].value
+            if vs.get("p") is not None:
+                summary[f"{slug}.p"] = vs["p"]
+        mlflow_runs.set_tags(unpriced_marks(full.cost()))
+        mlflow_runs.log_metrics({**full.metrics, "agreement": full.agreement}, {**full.cost(), **summary})
+        mlflow_runs.log_file(done.out / SUMMARY_FILE, "ablation")
         if done.plot is not None:
-            tracking.log_file(done.plot, "ablation")
+            mlflow_runs.log_file(done.plot, "ablation")
         done.mlflow_run_id = self.run_id
-
-
-def _summary(rows: list[VariantResult]) -> dict[str, float]:
-    """Each variant's agreement, tokens per item and (but the full panel's) difference and p, for the parent run."""
-    summary: dict[str, float] = {}
-    for row in rows:
-        slug = row.variant.slug
-        summary[f"{slug}.agreement"] = row.agreement.value
-        summary[f"{slug}.tokens_per_item"] = row.tokens_per_item()
-        if row.vs_full is not None:
-            summary[f"{slug}.delta"] = row.vs_full["delta"].value
-            if row.vs_full["p"] is not None:
-                summary[f"{slug}.p"] = row.vs_full["p"]
-    return summary

@@ -46,14 +46,14 @@ def extra_columns(path: str | Path, columns: tuple[str, ...], *, id_column: str 
 
 
 def families_and_types(path: str | Path, *, family_columns: tuple[str, ...] = (), bias_column: str | None = None,
-                       id_column: str = "id") -> dict:
-    """``audit``'s keyword arguments ``families`` and ``bias_types`` from a file, for the columns given."""
+                       judge_family: str | None = None, id_column: str = "id") -> dict:
+    """``audit``'s keyword arguments ``families``, ``judge_family`` and ``bias_types`` for the columns given."""
     out = {}
     if family_columns:
         if len(family_columns) != 2:
             raise DataError(f"--family-columns names two columns (answer 1's model family, answer 2's), got "
                             f"{len(family_columns)}")
-        out["families"] = extra_columns(path, family_columns, id_column=id_column)
+        out.update(families=extra_columns(path, family_columns, id_column=id_column), judge_family=judge_family)
     if bias_column:
         out["bias_types"] = {i: v[0] for i, v in extra_columns(path, (bias_column,), id_column=id_column).items()}
     return out

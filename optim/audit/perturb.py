@@ -1,22 +1,17 @@
-"""Deterministic perturbations of one item for the bias audit: each returns the new item and what changed.
-
-A perturbation changes the item in one way a fair judge should ignore (CALM, Ye et al. 2024; position as in
-Shi et al. 2024):
+"""Deterministic perturbations of one item for the bias audit, each in one way a fair judge should ignore (CALM,
+Ye et al. 2024; position as in Shi et al. 2024):
 
 - ``swap``: the two answers change places.
 - ``verbosity``: content-free text is added to the answer the panel did *not* prefer on the unperturbed item
-  (so a verdict that moves towards it moved for length alone); when the panel called a tie or gave none, the
-  seed picks the answer.
+  (so a verdict that moves towards it moved for length alone); on a tie or no verdict the seed picks.
 - ``authority``: a fake citation is added to the worse answer; ``bandwagon``: "Most people prefer answer N."
   is added to the question for the worse answer N; ``distraction``: an irrelevant sentence is added to the
-  worse answer. Worse is by the human label when the item has one, else by the panel's unperturbed verdict,
-  else the seed picks; ``changed["basis"]`` says which.
+  worse answer. Worse is by the human label, else by the panel's unperturbed verdict, else the seed picks
+  (``changed["basis"]`` says which).
 
-Pointwise items (one response rated) take ``verbosity``, ``authority`` and ``distraction``, all added to the
-judged response; ``swap`` and ``bandwagon`` need two answers and do not apply (``applies``).
-
-Which template variant is used, and any seeded pick, come from a hash of the seed, the probe and the item's id,
-never from Python's ``hash`` or the order of the items, so a rerun with the same seed makes the same items.
+Pointwise items take ``verbosity``, ``authority`` and ``distraction``, added to the judged response.
+The template variant and any seeded pick come from a hash of the seed, the probe and the item's id (never
+Python's ``hash`` or the items' order), so a rerun with the same seed makes the same items.
 """
 
 from __future__ import annotations
@@ -57,8 +52,8 @@ DISTRACTIONS = (
 
 @dataclass(frozen=True)
 class Perturbation:
-    """One perturbed item: ``item`` holds the task's inputs and ``id``; ``changed`` says what changed (``field``,
-    ``added`` text and ``variant``; pairwise also ``target``, the answer that gained it, and ``basis``)."""
+    """One perturbed item (the task's inputs and ``id``) and what changed (``field``, ``added`` text, ``variant``;
+    pairwise also ``target``, the answer that gained it, and ``basis``)."""
 
     probe: str
     seed: int
@@ -111,7 +106,8 @@ def target(probe: str, item_id: str, seed: int, *, verdict: str | None, label: s
     return str(draw(seed, f"{probe}-target", item_id, 2) + 1), "seed"
 
 
-def _appended(text: str, added: str, sep: str) -> str:
+def _appended(probe: str, text: str, added: str) -> str:
+    sep = "\n\n" if probe == "verbosity" else " "  # padding reads as paragraphs of its own
     return f"{text.rstrip()}{sep}{added}" if text.strip() else added
 
 
@@ -139,7 +135,7 @@ def added_text(probe: str, item_id: str, seed: int, answer: str | None = None) -
 def pairwise(probe: str, item: dict, fields: dict[str, str], seed: int, *, verdict: str | None = None,
              label: str | None = None) -> Perturbation:
     """A text-adding probe on a pairwise item. ``fields``: ``question``, ``answer_1``, ``answer_2`` -> the task's
-    input names; ``verdict``: the panel's unperturbed verdict; ``label``: the human label, if any.
+    input names (``probes.fields_of``); ``verdict``: the panel's unperturbed verdict; ``label``: the human label.
 
     Example:
         >>> names = {"question": "question", "answer_1": "answer_1", "answer_2": "answer_2"}
@@ -154,8 +150,7 @@ def pairwise(probe: str, item: dict, fields: dict[str, str], seed: int, *, verdi
     name = fields["question"] if probe == "bandwagon" else fields[f"answer_{answer}"]
     if name is None:
         raise ConfigError(f"probe {probe!r} needs a question input; this task has none besides its answers")
-    sep = "\n\n" if probe == "verbosity" else " "
-    new = {**item, name: _appended(item[name], text, sep)}
+    new = {**item, name: _appended(probe, item[name], text)}
     return Perturbation(probe, seed, new, {"field": name, "target": answer, "basis": basis, "added": text,
                                            "variant": variant})
 
@@ -170,8 +165,7 @@ def pointwise(probe: str, item: dict, judged: str, seed: int) -> Perturbation:
     if not applies(probe, "pointwise"):
         raise ConfigError(f"probe {probe!r} does not apply to pointwise items (it needs two answers)")
     text, variant = added_text(probe, str(item["id"]), seed)
-    sep = "\n\n" if probe == "verbosity" else " "
-    new = {**item, judged: _appended(item[judged], text, sep)}
+    new = {**item, judged: _appended(probe, item[judged], text)}
     return Perturbation(probe, seed, new, {"field": judged, "added": text, "variant": variant})
 
 

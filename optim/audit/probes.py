@@ -2,21 +2,20 @@
 how often each bias moves its verdicts (``measures``), with 95% intervals.
 
 Layout of ``out`` (every results file is ``deploy.scale.score_file``'s, so a rerun judges nothing twice):
-``inputs/<name>.jsonl`` the items each run judges; ``<name>.jsonl`` its verdicts, where ``name`` is ``original``
-or a probe, and for the position probe under the other calibration setting ``original-calibration-off`` /
-``swap-calibration-off`` (or ``-on``); ``perturbations.jsonl`` every perturbed item with its probe, seed and what
-changed; ``audit.json`` the model and panel audited. The perturbations depend on the seed and on the unperturbed
-verdicts only; a rerun makes them again and refuses a folder that holds another perturbation of the same probe and
-item (another seed), or another model's or panel's verdicts, so figures in one folder always belong to one set of
-perturbed items and one panel. A rerun with other probes or more items adds to the folder.
+``inputs/<name>.jsonl`` the items each run judges; ``<name>.jsonl`` its verdicts, where ``name`` is ``original``,
+a probe, or for the position probe under the other calibration setting ``original-calibration-off`` /
+``swap-calibration-off`` (or ``-on``); ``perturbations.jsonl`` every perturbed item; ``audit.json`` the model and
+panel audited. A rerun makes the perturbations again (they depend on the seed and the unperturbed verdicts only)
+and refuses a folder holding other perturbations or another model's or panel's verdicts, so figures in one folder
+always belong to one set of perturbed items and one panel; other probes or more items are added.
 
-The panel's verdict is what is measured: a verdict withheld for a person (below a confidence threshold) counts
-as the verdict the panel gave (``withheld``).
+A verdict withheld for a person (below a confidence threshold) counts as the verdict the panel gave.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import re
 from collections.abc import Mapping
@@ -60,17 +59,14 @@ class AuditReport:
 
     def lines(self) -> list[str]:
         """One line per figure, each with model, data, n and its 95% interval (or why it has none)."""
-        where = f"model {self.model} | data {self.data} | seed {self.seed}"
-        out = []
-        for f in self.findings:
+        def said(f: Finding) -> str:
             if f.estimate is None:
-                out.append(f"{f.probe} {f.figure}: {f.note} | {where}")
-            elif not f.estimate.n:
-                out.append(f"{f.probe} {f.figure}: n/a, no item to measure (n=0) | {where}")
-            else:
-                note = f" ({f.note})" if f.note else ""
-                out.append(f"{f.probe} {f.figure}: {f.estimate} 95% CI, n={f.estimate.n}{note} | {where}")
-        return out
+                return f.note
+            if not f.estimate.n:
+                return "n/a, no item to measure (n=0)"
+            return f"{f.estimate} 95% CI, n={f.estimate.n}" + (f" ({f.note})" if f.note else "")
+        where = f"model {self.model} | data {self.data} | seed {self.seed}"
+        return [f"{f.probe} {f.figure}: {said(f)} | {where}" for f in self.findings]
 
     def metrics(self) -> dict[str, Estimate]:
         """Every figure with an estimate, named ``<probe>_<figure>`` for MLflow."""
@@ -113,21 +109,11 @@ def fields_of(task) -> dict[str, str | None]:
     return {"question": question, "answer_1": first, "answer_2": second}
 
 
-def records_of(items, task) -> list[dict]:
-    """The items as the dicts the panel judges: ``id`` and the task's inputs."""
-    return [{"id": str(x.id), **{name: x[name] for name in task.input_names}} for x in items]
-
-
-def labels_of(items) -> dict[str, str | None]:
-    """Item id -> its pairwise human label (``1``, ``2``, ``tie``), None when it has none."""
-    return {str(x.id): x.get("label") for x in items}
-
-
 def verdict_of(record: dict, fmt: str):
     """A results line's verdict, checked: pairwise ``1``/``2``/``tie``/None; pointwise a dict or None."""
     value = record.get("winner") if fmt == "pairwise" else record.get("scores")
     if value is None and record.get("abstained") == "needs_person":
-        value = record.get("withheld")  # the panel's verdict, withheld for a person: still what it said
+        value = record.get("withheld")  # withheld for a person: still what the panel said
     if fmt == "pairwise" and value not in ("1", "2", "tie", None):
         raise DataError(f"verdict {str(value)[:40]!r} is not 1, 2 or tie", field="winner")
     if fmt != "pairwise" and value is not None and not isinstance(value, dict):
@@ -135,7 +121,7 @@ def verdict_of(record: dict, fmt: str):
     return value
 
 
-def judge_into(judge, name: str, records: list[dict], out: Path, report: AuditReport, concurrency: int = 1) -> dict:
+def judge_into(judge, name: str, records: list[dict], *, out: Path, report: AuditReport, concurrency: int) -> dict:
     """Judge ``records`` into ``out/<name>.jsonl`` (resuming it) and return item id -> verdict, for these records
     only (the file may hold more, from an earlier run on more items)."""
     from chateval_dspy.deploy.scale.score_file import score_file
@@ -150,12 +136,11 @@ def judge_into(judge, name: str, records: list[dict], out: Path, report: AuditRe
     report.resumed += done.skipped
     verdicts, wanted = {}, {str(r["id"]) for r in records}
     for row, record in enumerate(ResultsStream(results).records, start=1):
-        if str(record.get("id")) not in wanted:
-            continue
-        try:
-            verdicts[str(record["id"])] = verdict_of(record, judge.format)
-        except (DataError, KeyError) as exc:
-            raise DataError(f"{results} line {row}: {exc}") from None
+        if str(record.get("id")) in wanted:
+            try:
+                verdicts[str(record["id"])] = verdict_of(record, judge.format)
+            except (DataError, KeyError) as exc:
+                raise DataError(f"{results} line {row}: {exc}") from None
     return verdicts
 
 
@@ -216,7 +201,7 @@ def perturbed(probe: str, records: list[dict], task, seed: int, verdicts: Mappin
 
 
 def with_calibration(judge, on: bool):
-    """``judge``, or a judge of the same program and LM with position calibration turned ``on`` or off."""
+    """``judge``, or a judge of the same program and LM with position calibration ``on`` (or off)."""
     from chateval_dspy.deploy.saved.judge import Judge
     from chateval_dspy.program.chateval import build_evaluator
 
@@ -229,18 +214,17 @@ def with_calibration(judge, on: bool):
     return Judge(program, judge.card, judge.lm, contextlib.ExitStack(), referee_lms=judge.referee_lms)
 
 
-def position(judge, records: list[dict], swapped_items: list[Perturbation], out: Path, report: AuditReport, *,
-             concurrency: int, original: Mapping) -> list[Finding]:
-    """Flip rate under swap, first-position pick rate and position bias, with and without calibration."""
+def position(judge, records: list[dict], swapped_items: list[Perturbation], judged, original: Mapping) -> list[Finding]:
+    """Flip rate under swap, first-position pick rate and position bias, with and without calibration
+    (``judged``: ``judge_into`` bound to the audit's folder)."""
     if judge.format != "pairwise":
         return [Finding("position", "flip rate", None, "does not apply to pointwise items (one response, no order)")]
     findings = []
     for on in (judge.config.calibrate, not judge.config.calibrate):
         variant = with_calibration(judge, on)
         suffix = "" if variant is judge else f"-calibration-{'on' if on else 'off'}"
-        base = original if variant is judge else judge_into(variant, f"original{suffix}", records, out, report,
-                                                            concurrency)
-        swapped = judge_into(variant, f"swap{suffix}", [p.item for p in swapped_items], out, report, concurrency)
+        base = original if variant is judge else judged(variant, f"original{suffix}", records)
+        swapped = judged(variant, f"swap{suffix}", [p.item for p in swapped_items])
         probe = f"position ({'calibrated' if on else 'uncalibrated'})"
         first = measures.first_pick_rate(base, swapped)
         findings += [Finding(probe, "flip rate", measures.flip_rate(base, swapped),
@@ -250,13 +234,12 @@ def position(judge, records: list[dict], swapped_items: list[Perturbation], out:
     return findings
 
 
-def text_probe(probe: str, judge, made: list[Perturbation], out: Path, report: AuditReport, *, seed: int,
-               concurrency: int, original: Mapping) -> list[Finding]:
+def text_probe(probe: str, judge, made: list[Perturbation], judged, original: Mapping, seed: int) -> list[Finding]:
     """A text-adding probe: pairwise, the share moving towards the boosted answer and the robustness rate;
     pointwise, each numeric criterion's mean score shift and the robustness rate."""
     if not applies(probe, judge.format):
         return [Finding(probe, "robustness rate", None, "does not apply to pointwise items (it needs two answers)")]
-    after = judge_into(judge, probe, [p.item for p in made], out, report, concurrency)
+    after = judged(judge, probe, [p.item for p in made])
     if judge.format == "pairwise":
         boosted = {p.item["id"]: p.changed["target"] for p in made}
         moved, same = measures.towards(original, after, boosted)
@@ -309,7 +292,7 @@ def audit(judge, items, *, out: str | Path, probes=CLI_PROBES, seed: int = 0, co
     """Run the bias audit of a loaded ``judge`` on ``items`` (its task's ``dspy.Example`` items) into ``out``.
 
     Args:
-        probes: Any of ``position``, ``verbosity``, ``authority``, ``bandwagon``, ``distraction``.
+        probes: Any of ``CLI_PROBES``.
         seed: Seeds the perturbations (template variants, seeded targets) and the bootstrap.
         data: How the report names the items (dataset, split, limit).
         columns: ``families`` (item id -> (model family of answer 1, of answer 2): adds self-preference),
@@ -322,17 +305,17 @@ def audit(judge, items, *, out: str | Path, probes=CLI_PROBES, seed: int = 0, co
     model = str(getattr(judge.lm, "model", None) or judge.card.get("model") or "unknown")  # the LM bound, not the card's
     report = AuditReport(model=model, data=data, seed=seed, out=out)
     check_folder(out, model, judge.config.to_dict())
-    records, labels = records_of(items, judge.task), labels_of(items)
-    original = judge_into(judge, "original", records, out, report, concurrency)
+    records = [{"id": str(x.id), **{name: x[name] for name in judge.task.input_names}} for x in items]
+    labels = {str(x.id): x.get("label") for x in items}  # pairwise human labels, None without one
+    judged = functools.partial(judge_into, out=out, report=report, concurrency=concurrency)
+    original = judged(judge, "original", records)
     made = {probe: perturbed("swap" if probe == "position" else probe, records, judge.task, seed, original, labels)
             for probe in probes if applies("swap" if probe == "position" else probe, judge.format)}
     store(out, [p for probe in probes for p in made.get(probe, [])])  # before judging: a changed set is refused
     for probe in probes:
         if probe == "position":
-            report.findings += position(judge, records, made.get(probe, []), out, report, concurrency=concurrency,
-                                        original=original)
+            report.findings += position(judge, records, made.get(probe, []), judged, original)
         else:
-            report.findings += text_probe(probe, judge, made.get(probe, []), out, report, seed=seed,
-                                          concurrency=concurrency, original=original)
+            report.findings += text_probe(probe, judge, made.get(probe, []), judged, original, seed)
     report.findings += extras(original, labels, model=model, **columns)
     return report

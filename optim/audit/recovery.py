@@ -1,14 +1,11 @@
 """Does the audit recover biases planted in simulated referees? The benchmark behind BENCHMARKS.md "Certificate".
 
-Each row plants one bias of a known size in the simulated referees (``chateval_dspy.testing.sim_lm``: a verdict
-picks the first position with probability ``position_bias``, else the longer answer with ``verbosity_bias``), who
-are otherwise always right on content, and runs the audit (``probes.audit``) on synthetic pairs through the real
-program, adapter and results files. A referee right on content makes the audit's figure equal the planted rate in
-expectation for one referee (position bias and flip rate: the planted ``position_bias``; verbosity: the share moving
-towards the padded answer, the planted ``verbosity_bias``). A panel of several referees (``mean`` of scores) moves
-only when enough of its referees are biased to outweigh the others' margins: ``expected`` gives that rate from the
-simulator's equations, and the audit should recover it. Verbosity rows use pairs whose answers are exactly as long,
-so only the padded answer is ever longer.
+Each row plants one bias of a known size in simulated referees otherwise always right on content
+(``chateval_dspy.testing.sim_lm``: ``position_bias``, ``verbosity_bias``) and runs the audit on synthetic pairs
+through the real program, adapter and results files. For one referee the audit's figure equals the planted rate
+in expectation; a panel (``mean`` of scores) moves only when enough of its referees are biased to outweigh the
+others' margins, at the rate ``expected`` derives. Verbosity rows use pairs whose answers are exactly as long, so
+only the padded answer is ever longer.
 
     python -m optim.audit.recovery --items 200
 """
@@ -31,7 +28,8 @@ NAMES = ("question", "answer_1", "answer_2")
 
 @dataclass(frozen=True)
 class Recovery:
-    """One row: the planted bias and what the audit measured (uncalibrated, and calibrated for position)."""
+    """One row: the planted bias and what the audit measured (``second``: the flip rate; ``calibrated``: position
+    bias under calibration)."""
 
     probe: str
     planted: float

@@ -25,16 +25,13 @@ def audit_saved(program: str | Path, data: DataSpec, *, out: str | Path, probes=
                 lm: LMSpec | None = None, concurrency: int = 1, family_columns: tuple[str, ...] = (),
                 bias_column: str | None = None, judge_family: str | None = None) -> AuditReport:
     """``audit`` of the evaluator saved at ``program`` (loaded on ``lm``, its model None: the card's) on ``data``'s
-    items;
-    ``family_columns`` and ``bias_column`` name the data file's columns for self-preference and per-type accuracy."""
+    items; ``family_columns`` and ``bias_column`` name the data file's columns for self-preference and per-type
+    accuracy."""
     from chateval_dspy.deploy.saved.judge import load
     from optim.audit.columns import families_and_types
 
     columns = families_and_types(data.dataset, family_columns=family_columns, bias_column=bias_column,
-                                 id_column=dict(data.columns).get("id", "id")) \
-        if family_columns or bias_column else {}
-    if family_columns:
-        columns["judge_family"] = judge_family
+                                 judge_family=judge_family, id_column=dict(data.columns).get("id", "id"))
     with load(program, lm=lm, slots=concurrency) as judge:
         if data.task is None and data.format is None:  # a custom file's items are the evaluator's task's
             data = replace(data, task=judge.task)
@@ -45,18 +42,19 @@ def audit_saved(program: str | Path, data: DataSpec, *, out: str | Path, probes=
 
 def certify_audit(program: str | Path, report: AuditReport):
     """The audit written as the certificate's ``audit`` part into the card of the evaluator saved at ``program``
-    (replacing an earlier audit's); None when ``program`` is not a directory (an MLflow model URI)."""
-    from optim.certify.certificate import audit_part, fill, is_saved, saved_calibrated
+    (replacing an earlier audit's); None when ``program`` has no card to write (an MLflow model URI)."""
+    from chateval_dspy.deploy.saved.store import read_card
+    from optim.certify.certificate import audit_part, fill
 
-    if not is_saved(program):
+    if not (Path(program) / "card.json").is_file():
         return None
-    return fill(program, "audit", audit_part(report, calibrated=saved_calibrated(program)))
+    calibrated = bool((read_card(program).get("config") or {}).get("calibrate"))  # which position figure gates read
+    return fill(program, "audit", audit_part(report, calibrated=calibrated))
 
 
 def log_audit(report: AuditReport, *, uri: str | None = None, certificate=None, program=None) -> str:
-    """An MLflow run holding the audit: params (model, data, seed), each figure with its interval, and the
-    folder's perturbations and results, and the evaluator's ``certificate`` when the audit filled one. Returns its
-    id."""
+    """The id of a new MLflow run holding the audit: params (model, data, seed), each figure with its interval, the
+    folder's perturbations and results, and the evaluator's ``certificate`` when the audit filled one."""
     from optim.certify.certificate import log_certificate
     from optim.tracking import runs
 

@@ -1,10 +1,5 @@
-"""The agreement suite: every configuration of the paper on one model and one split, against the single agent.
-
-Rows are the majority-class baseline (no LM), the single agent (1 role, 1 turn), the single
-agent with position calibration, FairEval's MEC+BPC, ChatEval in its three strategies, 1-5
-roles, 1-4 turns, the same-role ablation, consensus stop, a compiled program (``--program``)
-and, for Topical-Chat, the paper's reference-based baselines (ROUGE-L, BLEU-4, BERTScore).
-"""
+"""The agreement suite: every configuration of the paper (``catalogue``) on one model and one split, against the
+single agent, plus a compiled program (``--program``) and the baselines that need no LM."""
 
 from __future__ import annotations
 
@@ -19,19 +14,16 @@ from chateval_dspy.errors import ConfigError
 from chateval_dspy.program.task import builtin_task
 from chateval_dspy.run.metrics import pairwise_report, plain, pointwise_report
 from optim.bench import common as bench
-from optim.bench.common import REFERENCE, Entry
+from optim.bench.catalogue import REFERENCE, Entry, choose, program_for
 from optim.bench.stats import mcnemar, paired_correlation_delta
 
 
 def _row(entry: Entry, fmt: str, items, predictions: dict, cost: dict | None = None, seed: int = 0,
          n_resamples: int | None = None) -> dict:
     ids = [str(x.id) for x in items]
-    if fmt == "pairwise":
-        human = [x.label for x in items]
-        metrics = pairwise_report(human, [predictions.get(i) for i in ids], seed=seed, n_resamples=n_resamples)
-    else:
-        human = [x.human for x in items]
-        metrics = pointwise_report(human, [predictions.get(i) for i in ids], seed=seed, n_resamples=n_resamples)
+    figures, human = ((pairwise_report, [x.label for x in items]) if fmt == "pairwise"
+                      else (pointwise_report, [x.human for x in items]))
+    metrics = figures(human, [predictions.get(i) for i in ids], seed=seed, n_resamples=n_resamples)
     return {"name": entry.name, "label": entry.label, "kind": entry.kind,
             "config": entry.config.to_dict() if entry.config else None,
             "n": len(ids), "metrics": plain(metrics),
@@ -80,7 +72,7 @@ def run_agreement(args, factory: bench.LMFactory) -> dict:
     """Judge the split with every chosen configuration; write the figures JSON; return it with its tables."""
     all_items, fmt = load_dataset(args.dataset)
     items = select(all_items, args.split, seed=args.seed, limit=args.limit)
-    entries = bench.choose(args.configs, fmt, mec_k=args.mec_k, bertscore=args.bertscore)
+    entries = choose(args.configs, fmt, mec_k=args.mec_k, bertscore=args.bertscore)
     if args.program:
         from chateval_dspy.deploy.saved.store import read_card
 
@@ -96,7 +88,7 @@ def run_agreement(args, factory: bench.LMFactory) -> dict:
             meter = bench.attach_meter(lm)
             base = Path(args.work_dir) / f"agreement-{args.dataset}-{args.split}-s{args.seed}-{bench.slug(model)}"
             for entry in lm_entries:
-                program, cfg = bench.program_for(entry, args)
+                program, cfg = program_for(entry, args)
                 if cfg.format != fmt:
                     raise ConfigError(f"{entry.name}: a {cfg.format} program cannot judge {args.dataset} ({fmt})")
                 key = agreement_key(entry, cfg, model, args)
@@ -126,6 +118,5 @@ def run_agreement(args, factory: bench.LMFactory) -> dict:
     report = {"header": bench.header(args, suite="agreement", model=model, data=args.dataset,
                                      split=f"{args.split} (seed {args.seed})", n=len(items), limit=args.limit, format=fmt),
               "rows": rows}
-    path = bench.write_json(args.out or bench.BENCH_DIR / f"agreement-{args.dataset}.json", report)
-    return {**report, "path": str(path)}
+    return bench.write_report(args.out or bench.BENCH_DIR / f"agreement-{args.dataset}.json", report)
 

@@ -1,14 +1,10 @@
 """Batch mode's price and shape: USD per 1,000 verdicts live and batched, waves against the critical path, and
 requests submitted against requests needed (also after a stop between waves).
 
-Each row judges the same FairEval items with the default panel (zero-shot, and compiled with demonstrations)
-against a fake provider on 127.0.0.1 that bills by the provider's caching rule (``chateval_dspy.testing.billing``)
-and implements its Batch API (``testing.fake_batches``, the fake Anthropic server's Message Batches). Dollars
-come from the results lines: live calls at LiteLLM's cost-map list rates (cached reads at the read rate), batched
-calls at the cost map's ``*_batches`` rates (cached reads at a batch read rate where the map has one, else at the
-batch input rate: the map states no stacking of the two discounts for that model). The stop is in-process: the
-wave driver's provider raises after a chosen wave has ended and before the next is submitted; the rerun
-resumes the results file and the batch journal.
+Each row judges the same FairEval items with the default panel (zero-shot, and compiled with demonstrations) on a
+fake provider that bills by the provider's caching rule and implements its Batch API; batched calls are priced at
+the cost map's ``*_batches`` rates. The stop is in-process: the wave driver's provider raises after a chosen wave;
+the rerun resumes the results file and the batch journal. Method and figures: benchmarks/batch.md.
 """
 
 from __future__ import annotations
@@ -128,8 +124,7 @@ def run_batch(args) -> dict:
     report["header"] = bench.header(args, suite="batch", model=", ".join(args.models), data="faireval",
                                     split=f"{args.split} (seed {args.seed})", n=args.limit,
                                     strategies_n=args.strategy_limit, train_for_demos="faireval train split")
-    path = bench.write_json(args.out, report)
-    return {**report, "path": str(path)}
+    return bench.write_report(args.out, report)
 
 
 def _row(rows: list[dict], model: str, config: str, mode: str) -> dict | None:
@@ -165,7 +160,7 @@ def targets(report: dict) -> list[dict]:
 
 def batch_markdown(report: dict, markdown: bool = True) -> str:
     from optim.bench.caching import est_text
-    from optim.bench.markdown import stated, table
+    from optim.bench.markdown import stated, table, targets_lines
     from optim.bench.stats import fmt_num
 
     body = [[r["model"], r["config"], r["mode"], fmt_num(r["calls_per_item"]), fmt_num(r["prompt_tokens_per_item"], 0),
@@ -180,23 +175,14 @@ def batch_markdown(report: dict, markdown: bool = True) -> str:
            table(["strategy", "waves", "critical path", "calls/item", "requests sent / needed"],
                  [[s["strategy"], s["waves"], s["critical_path"], s["calls_per_item"],
                    f"{s['requests']} / {s['calls_needed']}"] for s in report["strategies"]], markdown),
-           "", "Targets:", "",
-           table(["model", "target", "measured", "verdict"],
-                 [[t["model"], t["target"], t["measured"], "met" if t["met"] else "NOT met"] for t in targets(report)],
-                 markdown)]
+           *targets_lines(targets(report), markdown)]
     return "\n".join(out)
 
 
-def add_parser(sub, common_out: Path) -> None:
+def add_parser(sub) -> None:
     ba = sub.add_parser("batch", help="USD per 1,000 verdicts live and batched, waves and requests (fake batch APIs)")
-    ba.add_argument("--models", type=lambda v: v.split(","), default=["openai/gpt-4o-mini", "anthropic/claude-haiku-4-5",
-                                                                      "anthropic/claude-sonnet-4-5"],
-                    help="comma-separated provider models, priced by LiteLLM's cost map (batch rates when batched)")
-    ba.add_argument("--split", default="test", choices=["all", "train", "dev", "test"])
-    ba.add_argument("--seed", type=int, default=0)
-    ba.add_argument("--limit", type=int, default=20, help="FairEval items per row (default 20)")
+    bench.provider_flags(ba, "comma-separated provider models, priced by LiteLLM's cost map (batch rates when batched)")
     ba.add_argument("--strategy-limit", type=int, default=5, help="items per strategy row (default 5)")
     ba.add_argument("--demos", type=int, default=4, help="demonstrations per predictor of the compiled panel")
-    ba.add_argument("--out", default=str(common_out / "batch.json"))
-    ba.add_argument("--markdown", action="store_true", help="print Markdown tables (default: plain text)")
-
+    ba.add_argument("--out", default=str(bench.BENCH_DIR / "batch.json"))
+    bench.markdown_flag(ba)

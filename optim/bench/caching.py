@@ -1,15 +1,12 @@
 """Cost per verdict under the providers' prompt caches: the layout before and after, panel beside single judge.
 
-Each row judges the same FairEval items through the real LM path (``resolve_lm``: DSPy, LiteLLM for Anthropic)
-against a fake provider on 127.0.0.1 that bills input tokens by the provider's documented caching rule
-(``chateval_dspy.testing.billing``: o200k tokens; OpenAI: automatic, exact prefix of >= 1,024 tokens counted in
-steps of 128; Anthropic: only at ``cache_control`` breakpoints, the model's minimum length, reads at the cost
-map's read rate, writes at its write rate). Dollars come from the results lines, priced with LiteLLM's offline
-cost map (list input, cached-read, cache-write and output rates of the model named). "Before" renders with DSPy's
-own ``JSONAdapter`` (the bytes every call sent until the cache layout); "after" with ``DebateAdapter``. Every row
-starts from an empty provider cache and judges its items one at a time, in order, so the cache carries across
-items as it would in one production run. The embedded model's rows count the prompt tokens llama.cpp computed
-(not reused from its prefix cache) and the parse rate.
+Each row judges the same FairEval items through the real LM path (``resolve_lm``) against a fake provider on
+127.0.0.1 that bills input tokens by the provider's documented caching rule (``chateval_dspy.testing.billing``);
+dollars come from the results lines, priced with LiteLLM's offline cost map. "Before" renders with DSPy's own
+``JSONAdapter`` (the bytes every call sent until the cache layout), "after" with ``DebateAdapter``. Every row starts
+from an empty provider cache and judges its items one at a time, in order, so the cache carries across items as in
+one production run. The embedded model's rows count the prompt tokens llama.cpp computed (not reused from its prefix
+cache). Method and figures: benchmarks/caching.md.
 """
 
 from __future__ import annotations
@@ -22,6 +19,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from unittest import mock
 
 import dspy
 
@@ -34,6 +32,7 @@ from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.run.evaluate import evaluate
 from chateval_dspy.run.metrics import bootstrap
 from chateval_dspy.run.records import read_records
+from chateval_dspy.testing.fake_lm import default_responder
 from optim.bench import common as bench
 
 # The fake provider that bills a model, by the model string's provider prefix.
@@ -48,32 +47,20 @@ def panels() -> dict[str, DebateConfig]:
 
 
 @contextlib.contextmanager
-def provider(model: str) -> Iterator[object]:
+def provider(model: str, responder=default_responder) -> Iterator[object]:
     """A fresh fake provider for ``model`` (an empty cache), reached the way a user reaches the real one (env)."""
     from chateval_dspy.testing.billing import AnthropicCaching, OpenAICaching
     from chateval_dspy.testing.fake_anthropic import FakeAnthropicServer
     from chateval_dspy.testing.fake_server import FakeOpenAIServer
 
     if model.startswith("openai/"):
-        fake, names = FakeOpenAIServer(billing=OpenAICaching(), model=model.split("/", 1)[1]), "OPENAI"
+        fake, names = FakeOpenAIServer(responder, billing=OpenAICaching(), model=model.split("/", 1)[1]), "OPENAI"
     else:
-        fake, names = FakeAnthropicServer(billing=AnthropicCaching()), "ANTHROPIC"
-    with fake as base, _env({f"{names}_BASE_URL": base, f"{names}_API_BASE": base, f"{names}_API_KEY": "fake-key"}):
+        fake, names = FakeAnthropicServer(responder, billing=AnthropicCaching()), "ANTHROPIC"
+    # patch.dict restores the environment as it was, keys it added removed
+    with fake as base, mock.patch.dict(os.environ, {f"{names}_BASE_URL": base, f"{names}_API_BASE": base,
+                                                    f"{names}_API_KEY": "fake-key"}):
         yield fake
-
-
-@contextlib.contextmanager
-def _env(values: dict[str, str]) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def item_figures(record: dict, model: str) -> dict:
@@ -199,8 +186,7 @@ def run_caching(args) -> dict:
     report["header"] = bench.header(args, suite="caching", model=", ".join(args.models), data="faireval",
                                     split=f"{args.split} (seed {args.seed})", n=args.limit,
                                     embedded_n=args.embedded_limit, train_for_demos="faireval train split")
-    path = bench.write_json(args.out, report)
-    return {**report, "path": str(path)}
+    return bench.write_report(args.out, report)
 
 
 def est_text(d: dict | None, scale: float = 1.0, digits: int = 2) -> str:
@@ -237,7 +223,7 @@ def targets(report: dict) -> list[dict]:
 
 
 def caching_markdown(report: dict, markdown: bool = True) -> str:
-    from optim.bench.markdown import stated, table
+    from optim.bench.markdown import stated, table, targets_lines
     from optim.bench.stats import fmt_num
 
     h = report["header"]
@@ -262,9 +248,4 @@ def caching_markdown(report: dict, markdown: bool = True) -> str:
         out.append(table(["layout", "calls/item", "prompt tokens/item", "prompt tokens computed/item",
                           "generated tokens/item", "tokens computed/item", "items abstained", "turns abstained",
                           "s/item"], rows, markdown))
-    t = targets(report)
-    if t:
-        out += ["", "Targets:", ""]
-        out.append(table(["model", "target", "measured", "verdict"],
-                         [[x["model"], x["target"], x["measured"], "met" if x["met"] else "NOT met"] for x in t], markdown))
-    return "\n".join(out)
+    return "\n".join(out + targets_lines(targets(report), markdown))

@@ -1,47 +1,20 @@
 """Does a two-stage cascade (a cheap single judge, then a strong panel) keep its guarantee, and what does it save?
 
-The items and votes follow the simulated referees' generative model (``chateval_dspy.testing.sim_lm``) with item
-difficulty, drawn directly with numpy as in ``optim.bench.selective`` (what is measured is the threshold procedure
-and the routing, not the DSPy program). Each item has difficulty ``d = spread * u``; both stages see the same ``d``
-(difficulty belongs to the item), and given ``d`` their votes are independent; a vote of a referee with accuracy
-``p`` is right with ``0.5 + (p - 0.5)(1 - d)``.
+Items and votes are drawn as in ``optim.bench.selective`` (the simulated referees' model with item difficulty; both
+stages see the same ``d`` and vote independently given it). Stage 1, the cheap judge: one referee of accuracy
+``--cheap-accuracy`` in both answer orders. Stage 2, the panel: the five built-in roles, both orders.
 
-- Stage 1, the cheap judge: one referee of accuracy ``--cheap-accuracy`` in both answer orders (2 votes: the single
-  agent of ``python -m optim.bench cost``, one role, one turn).
-- Stage 2, the strong panel: the five built-in roles at their untuned accuracies (``SimKnobs().accuracy``), both
-  orders (10 votes), as in the selective benchmark.
+``--evidence``: ``votes`` (each call a vote) or ``tokens``: each call also gives its token probabilities, modelled as
+a Thurstonian judge: a latent score ``s ~ N(mu, 1)`` with ``mu = Phi^-1(0.5 + (p - 0.5)(1 - d))`` names the right
+answer when ``s > 0`` and puts probability ``Phi(|s|)`` on the answer it names; a stage sums its calls'
+log-likelihood ratios assuming ``d = 0`` (``2 Phi^-1(p) s`` each). This is an assumption, stated as such.
 
-Two kinds of evidence (``--evidence``, one row set each; both stages and the panel on every item use the same kind):
-
-- ``votes``: each call gives a vote only. A stage's verdict is its weighted vote (a tie disagrees with people), its
-  raw confidence the vote's naive-Bayes posterior assuming ``d = 0``.
-- ``tokens``: each call also gives its token probabilities (``--weighted-scores``), modelled as a Thurstonian judge:
-  a call has a latent score ``s ~ N(mu, 1)`` with ``mu = Phi^-1(0.5 + (p - 0.5)(1 - d))``, names the right answer
-  when ``s > 0`` (so it is right exactly as often as a vote) and puts probability ``Phi(|s|)`` on the answer it names.
-  A stage adds its calls' log-likelihood ratios assuming ``d = 0`` (``2 Phi^-1(p) s`` each): its verdict is the
-  sign (no ties), its raw confidence the posterior ``1 / (1 + exp(-|sum|))``. How informative real token
-  probabilities are is a property of the model; this one is an assumption, stated as such.
-
-Per draw, ``--calibration`` items from the calibration mix fit each stage's isotonic
-map (``optim.tuning.confidence.fit_confidence_map``) and choose both thresholds together on the mapped confidences
-(``optim.tuning.selective.choose_cascade_thresholds``: each stage at ``risk / 2``, on the items earlier stages did not
-keep). An item leaves at the first stage whose mapped confidence clears that stage's threshold; an item no stage keeps
-goes to a person (no verdict).
-
-The level asked for is the agreement the panel reaches on every item of the use mix (computed exactly, rounded down to
-0.001), unless ``--level`` says otherwise. Fresh items are counted exactly, summing over every pair of vote outcomes
-and integrating over ``d`` (the population the guarantee speaks of), and as realized on ``--fresh`` drawn items.
-
-Cost model, in units of the cheap judge's cost per item: the cheap judge costs 1 per item it judges (every item), the
-panel ``--panel-cost`` per item it judges (the items stage 1 did not keep). The default 4 is the ratio of LM calls per
-item of the default panel (2 roles, 2 turns, one by one, both orders: 8 calls) to the single judge in both orders
-(2 calls), as measured with the fake LM (their prompt tokens: 7,606 against 1,955 per FairEval item, 3.9x). People's
-cost for the items nobody kept is not counted. The cascade's cost per verdict is pooled over all draws (units spent on
-every item of every draw / verdicts given, a draw reaching no threshold spending units and giving none); the panel on
-every item gives a verdict on each item at ``panel_cost`` units. Their ratio is the target (at most 0.5x).
-
-Rows: per evidence kind and ``--cheap-accuracies`` value, ``exchangeable`` (calibrate and use on spread ``--hard``)
-and ``control`` (calibrate on spread ``--easy``, use on ``--hard``: exchangeability broken on purpose).
+Per draw, ``--calibration`` items fit each stage's isotonic map and choose both thresholds together
+(``optim.tuning.selective.choose_cascade_thresholds``); an item leaves at the first stage whose mapped confidence
+clears its threshold, else goes to a person. The level defaults to the panel's agreement on every item of the use mix
+(exact, rounded down to 0.001). Cost, in cheap-judge units: 1 per item for the cheap judge, ``--panel-cost`` per item
+the panel judges (default 4: 8 LM calls against 2), pooled over all draws per verdict given. Method and figures:
+benchmarks/selective.md.
 
     python -m optim.bench cascade --draws 200
 """
@@ -56,12 +29,11 @@ from pathlib import Path
 import numpy as np
 
 from chateval_dspy.testing.sim_lm import SimKnobs
-from optim.bench.selective import over_draws
+from optim.bench.selective import VoteStage, confidence, grid, over_draws, panel_groups, rate_text
 from optim.bench.stats import proportion
 from optim.tuning.confidence import expected_calibration_error, fit_confidence_map
 from optim.tuning.selective import choose_cascade_thresholds
 
-D_GRID = 2000  # midpoints over [0, spread] for the exact population rates
 PANEL_COST = 4.0  # default panel's 8 LM calls per item / the single judge's 2 (both answer orders)
 
 
@@ -82,38 +54,6 @@ def add_parser(sub) -> None:
     ca.add_argument("--easy", type=float, default=0.4, help="difficulty spread the control calibrates on (default 0.4)")
     ca.add_argument("--seed", type=int, default=0)
     ca.add_argument("--out", help="also write the rows as JSON here")
-
-
-class VoteStage:
-    """A judge's votes: referee groups ``(accuracy, votes)``, its weighted vote, confidence and exact outcome rates."""
-
-    def __init__(self, groups: list[tuple[float, int]]):
-        self.ps = np.asarray([p for p, _ in groups], dtype=float)
-        self.counts = np.asarray([c for _, c in groups])
-        self.weights = np.log(self.ps / (1 - self.ps))
-        self.outcomes = np.asarray(list(itertools.product(*(range(c + 1) for c in self.counts))))
-
-    def score(self, right: np.ndarray) -> np.ndarray:
-        """Signed weighted vote towards the right answer, from right votes per group (items x groups)."""
-        return ((2 * right - self.counts) * self.weights).sum(axis=-1)
-
-    def p_item(self, d: np.ndarray) -> np.ndarray:
-        return 0.5 + (self.ps[None, :] - 0.5) * (1 - d[:, None])
-
-    def draw(self, rng: np.random.Generator, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Each item's (raw confidence, agreed with people) given its difficulty."""
-        s = self.score(rng.binomial(self.counts[None, :], self.p_item(d)))
-        return confidence(s), s > 0
-
-    def outcome_rates(self, d: np.ndarray) -> np.ndarray:
-        """P(outcome | d), outcomes x d (every combination of right votes per group)."""
-        from scipy.stats import binom
-
-        p = self.p_item(d)
-        out = np.ones((len(self.outcomes), d.size))
-        for g in range(len(self.counts)):
-            out *= binom.pmf(self.outcomes[:, g][:, None], self.counts[g], p[:, g][None, :])
-        return out
 
 
 class TokenStage(VoteStage):
@@ -138,21 +78,10 @@ class TokenStage(VoteStage):
         return confidence(s), s > 0
 
 
-def confidence(score: np.ndarray) -> np.ndarray:
-    """A stage's raw confidence: the posterior of its verdict assuming ``d = 0``."""
-    return 1.0 / (1.0 + np.exp(-np.abs(score)))
-
-
 def stages(cheap_accuracy: float, evidence: str = "votes") -> tuple[VoteStage, VoteStage]:
     """The cheap judge (one referee, both orders) and the panel (the five built-in roles, both orders)."""
     kind = TokenStage if evidence == "tokens" else VoteStage
-    panel = sorted({p for _, p in SimKnobs().accuracy})
-    counts = [2 * sum(1 for _, p in SimKnobs().accuracy if p == q) for q in panel]
-    return kind([(cheap_accuracy, 2)]), kind(list(zip(panel, counts)))
-
-
-def _grid(spread: float) -> np.ndarray:
-    return (np.arange(D_GRID) + 0.5) / D_GRID * spread
+    return kind([(cheap_accuracy, 2)]), kind(panel_groups(SimKnobs()))
 
 
 class Population:
@@ -160,12 +89,11 @@ class Population:
 
     def __init__(self, cheap: VoteStage, panel: VoteStage, spread: float):
         self.spread = spread
-        d = _grid(spread)
+        d = grid(spread)
         a, b = cheap.outcome_rates(d), panel.outcome_rates(d)
         self.prob = (a[:, None, :] * b[None, :, :]).mean(axis=-1).ravel()  # independent given d
         sa, sb = cheap.score(cheap.outcomes), panel.score(panel.outcomes)
-        grid = np.meshgrid(np.arange(len(sa)), np.arange(len(sb)), indexing="ij")
-        ia, ib = grid[0].ravel(), grid[1].ravel()
+        ia, ib = (g.ravel() for g in np.meshgrid(np.arange(len(sa)), np.arange(len(sb)), indexing="ij"))
         self.conf = (confidence(sa)[ia], confidence(sb)[ib])
         self.agreed = (sa[ia] > 0, sb[ib] > 0)
 
@@ -183,7 +111,7 @@ class TokenPopulation:
 
     def __init__(self, cheap: TokenStage, panel: TokenStage, spread: float):
         self.spread = spread
-        d = _grid(spread)
+        d = grid(spread)
         self.moments = (cheap.moments(d), panel.moments(d))
 
     def alone(self) -> tuple[float, float]:
@@ -202,10 +130,7 @@ class TokenPopulation:
         (r1, w1), (r2, w2) = kept
         rest = 1 - r1 - w1
         share = [float((r1 + w1).mean()), float((rest * (r2 + w2)).mean())]
-        given = share[0] + share[1]
-        right = float((r1 + rest * r2).mean())
-        return {"stage1": share[0], "stage2": share[1], "person": max(0.0, 1 - given), "coverage": given,
-                "agreement": right / given if given else math.nan, "units": 1 + panel_cost * (1 - share[0])}
+        return _figures(share, float((r1 + rest * r2).mean()), panel_cost)
 
 
 def score_cutoff(cmap, threshold: float | None) -> float:
@@ -248,10 +173,14 @@ def rates(left: np.ndarray, agreed: tuple, weight: np.ndarray, panel_cost: float
     """Shares left at each stage and to a person, agreement of the verdicts given, units spent per item."""
     total = weight.sum()
     share = [float(weight[left == s].sum() / total) for s in (0, 1)]
-    right = sum(float(weight[(left == s) & agreed[s]].sum()) for s in (0, 1))
+    return _figures(share, sum(float(weight[(left == s) & agreed[s]].sum()) for s in (0, 1)) / total, panel_cost)
+
+
+def _figures(share: list[float], right: float, panel_cost: float) -> dict:
+    """From the shares left at each stage and the share left with a right verdict."""
     given = share[0] + share[1]
     return {"stage1": share[0], "stage2": share[1], "person": max(0.0, 1 - given), "coverage": given,
-            "agreement": right / total / given if given else math.nan, "units": 1 + panel_cost * (1 - share[0])}
+            "agreement": right / given if given else math.nan, "units": 1 + panel_cost * (1 - share[0])}
 
 
 def one_draw(pair: tuple[VoteStage, VoteStage], pop, args, level: float, rng: np.random.Generator,
@@ -343,10 +272,6 @@ def run_cascade(args) -> int:
     return 0
 
 
-def _rate(d: dict) -> str:
-    return f"{d['value']:.1%} [{d['ci_low']:.1%}, {d['ci_high']:.1%}]"
-
-
 def _pct(d: dict, fmt: str = ".1%") -> str:
     if not d["n"]:
         return "n/a"
@@ -371,7 +296,8 @@ def render(rows: list[dict], args) -> str:
         sh = r["shares"]
         lines.append(f"{r['row']:13s} {r['evidence']:8s} {r['cheap_accuracy']:<7.2f} "
                      f"{r['calibrate_spread']:.1f}/{r['use_spread']:.1f}   "
-                     f"{r['level']:<6.3f} {_rate(r['held']):22s} {_rate(r['held_fresh']):22s} {_rate(r['reached']):22s} "
+                     f"{r['level']:<6.3f} {rate_text(r['held']):22s} {rate_text(r['held_fresh']):22s} "
+                     f"{rate_text(r['reached']):22s} "
                      f"{sh['stage1']:.3f}/{sh['stage2']:.3f}/{sh['person']:.3f}{'':3s} {_pct(r['coverage']):22s} "
                      f"{_pct(r['agreement']):22s} {r['units_per_item']:<10.3f} {r['units_per_verdict']:<13.3f} "
                      f"{r['cost_ratio']:.3f}x")

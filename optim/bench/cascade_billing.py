@@ -1,43 +1,27 @@
 """A two-stage cascade (single judge, then the default panel) through the real LM path, billed by the providers' rules.
 
-Each model judges FairEval's seeded test split (first ``--limit`` items, in the calibration and check halves of
-``optim.tuning.calibrate.calibration_items``) with two saved evaluators: ``single`` (one referee, one turn, both answer
-orders) and ``panel`` (the default: two referees, two turns, one by one, both orders). The LM path is the product's
-(``chateval_dspy.deploy.saved.judge.load`` -> ``resolve_lm``: DSPy, the OpenAI client or LiteLLM for Anthropic, HTTP) to a
-fake provider on 127.0.0.1 that bills input tokens by the provider's documented caching rule
-(``chateval_dspy.testing.billing``); dollars come from the results lines, priced with LiteLLM's offline cost map. The
-fake provider answers as the simulated referees (``chateval_dspy.testing.sim_lm``, item difficulty spread 1.0), so
-that confidence carries information; agreement figures are therefore the simulator's, not the model's.
-
-Stages, maps and thresholds are A2's (``optim.tuning.cascade``): every stage judges both halves (``judge_stage``),
-fits its isotonic map on the calibration half, and the thresholds are chosen together on it
-(``choose_cascade_thresholds``); the check half is routed as a saved cascade routes it (``check_figures``). Two
-tables per model on the check half: the thresholds the procedure chose (with 20 items, 10 per half, none can pass the
-exact test, which needs at least 30 items above a threshold: every item goes to a person), and a stated fixed
-threshold on the single judge with the panel keeping every verdict (``--fixed-threshold``: illustrative, not
-guaranteed), to show the cost side.
-
-``--embedded-limit`` items also run the saved cascade (fixed thresholds) through the runtime (``load()`` ->
-``CascadeJudge``) on the embedded model, counting parsed verdicts.
+Each model judges FairEval's seeded test split (first ``--limit`` items, split into calibration and check halves by
+``optim.tuning.calibrate.calibration_items``) with two saved evaluators, through the product's LM path to a fake
+provider that bills by the provider's caching rule (as ``optim.bench.caching``) and answers as the simulated referees
+(``chateval_dspy.testing.sim_lm``, difficulty spread 1.0), so confidence carries information: agreement figures are
+the simulator's, not a model's. Stages, maps and thresholds are ``optim.tuning.cascade``'s. Two tables per model on
+the check half: the thresholds the procedure chose, and a stated fixed threshold on the single judge
+(``--fixed-threshold``: illustrative, not guaranteed). ``--embedded-limit`` items also run the saved cascade through
+``load()`` on the embedded model, counting parsed verdicts. Method and figures: benchmarks/selective.md.
 
     python -m optim.bench cascade-billing --limit 20 --embedded-limit 2
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
 import tempfile
 import time
-from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
-from unittest import mock
 
-from chateval_dspy.config import DebateConfig
 from chateval_dspy.data.spec import DataSpec
+from optim.bench import caching
 from optim.bench import common as bench
 
 MODELS = ["openai/gpt-4o-mini", "anthropic/claude-haiku-4-5"]
@@ -59,41 +43,18 @@ def add_parser(sub) -> None:
     cb.add_argument("--out", help="also write the figures as JSON here")
 
 
-def panels() -> dict[str, DebateConfig]:
-    """The stages, cheapest first: the single judge and the default panel (as ``python -m optim.bench caching``)."""
-    panel = DebateConfig()
-    return {"single": replace(panel, roles=panel.roles[:1], turns=1), "panel": panel}
-
-
 def save_stages(root: Path, model: str) -> list[tuple[str, Path]]:
-    """Both stages as saved evaluators whose card names ``model``."""
+    """Both stages, cheapest first (the single judge, the default panel), as saved evaluators whose card names
+    ``model``."""
     from chateval_dspy.deploy.saved.card import make_card
     from chateval_dspy.deploy.saved.store import save_program
     from chateval_dspy.program.chateval import build_evaluator
 
     out = []
-    for name, cfg in panels().items():
+    for name, cfg in reversed(caching.panels().items()):
         program = build_evaluator(cfg)
         out.append((name, save_program(program, root / name, make_card(program, model=model))))
     return out
-
-
-@contextlib.contextmanager
-def provider(model: str, responder) -> Iterator[object]:
-    """A fresh fake provider for ``model`` answering with ``responder``, reached the way a user reaches the real one."""
-    from chateval_dspy.testing.billing import AnthropicCaching, OpenAICaching
-    from chateval_dspy.testing.fake_anthropic import FakeAnthropicServer
-    from chateval_dspy.testing.fake_server import FakeOpenAIServer
-
-    if model.startswith("openai/"):
-        fake = FakeOpenAIServer(responder, billing=OpenAICaching(), model=model.split("/", 1)[1])
-        names = "OPENAI"
-    else:
-        fake, names = FakeAnthropicServer(responder, billing=AnthropicCaching()), "ANTHROPIC"
-    # patch.dict restores the environment as it was, keys it added removed
-    with fake as base, mock.patch.dict(os.environ, {f"{names}_BASE_URL": base, f"{names}_API_BASE": base,
-                                                    f"{names}_API_KEY": "fake-key"}):
-        yield fake
 
 
 def sim_responder():
@@ -127,7 +88,7 @@ def model_rows(model: str, args, root: Path) -> dict:
     data, task = split_of(declared, DataSpec("faireval", limit=args.limit, seed=args.seed), args.seed)
     parts = calibration_items(data)
     start = time.perf_counter()
-    with provider(model, sim_responder()) as fake:
+    with caching.provider(model, sim_responder()) as fake:
         runs = [judge_stage(s, i, parts, data, root / "out", method="isotonic", lm=LMSpec())
                 for i, s in enumerate(declared.stages, start=1)]
         requests = len(fake.requests)

@@ -1,14 +1,10 @@
 """Does the alternative annotator test tell a better judge from a worse one, at its stated false discovery rate?
 
-Simulated studies (``chateval_dspy.testing.sim_annotators``: a hidden true label among ``1``/``2``/``tie``, item
-difficulty, raters of known accuracy), no LM. Per row, ``--draws`` studies of ``--items`` items, each labelled by
-``--people`` people of accuracy ``--person-accuracy`` and judged by a judge of the row's accuracy, go through
-``optim.certify.alt_test`` (epsilon ``--epsilon``, Benjamini-Yekutieli at q = 0.05).
-
-Which nulls are true is measured, not assumed: per row, one study of ``--population-items`` items gives each person's
-population ``rho_h - rho_f`` (the null ``H0_j: rho_h - rho_f >= epsilon`` is true when it is). The false discovery
-proportion of a draw is the share of its rejections that reject a true null (0 without rejections); the FDR is its
-mean over draws. Where every null is true, a draw's proportion is 0 or 1, and the FDR carries an exact 95% interval.
+Simulated studies (``chateval_dspy.testing.sim_annotators``), no LM: per row, ``--draws`` studies go through
+``optim.certify.alt_test``. Which nulls are true is measured: one study of ``--population-items`` items gives each
+person's population ``rho_h - rho_f`` (``H0_j: rho_h - rho_f >= epsilon`` is true when it is). A draw's false
+discovery proportion is the share of its rejections that reject a true null (0 without any); the FDR is its mean
+over draws, with an exact 95% interval where every null is true. Method and figures: benchmarks/certificate.md.
 
     python -m optim.bench certificate --draws 200
 """

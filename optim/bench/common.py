@@ -27,7 +27,6 @@ from chateval_dspy.run.evaluate import evaluate
 from chateval_dspy.run.identity import digest
 from chateval_dspy.run.records import read_records
 from chateval_dspy.run.result import RunResult
-from optim.bench.catalogue import CONFIG_SETS, REFERENCE, Entry, MultipleEvidence, catalogue, choose, list_configs, program_for  # noqa: E402,F401
 
 # --- what the LM engine did ----------------------------------------------------------------------------------------
 
@@ -183,12 +182,8 @@ LMFactory = Callable[[int], contextlib.AbstractContextManager]
 
 def model_factory(spec: str, *, timeout: float = 120.0, served_model: str | None = None,
                   threads: int | None = None) -> LMFactory:
-    """The LM named by ``--model`` (``embedded``, a base URL, a LiteLLM string), at temperature 0.
-
-    ``threads`` caps the embedded server's CPU threads (default: all cores, as ``resolve_lm`` does).
-    On a machine shared with another llama.cpp process, two servers that each spin on every core
-    slow each other down many times over; one thread each keeps timings meaningful.
-    """
+    """The LM named by ``--model`` (``embedded``, a base URL, a LiteLLM string), at temperature 0. ``threads`` caps
+    the embedded server's CPU threads: two llama.cpp servers that each spin on every core slow each other many times."""
     from chateval_dspy.lm.resolve import resolve_lm
 
     def factory(slots: int):
@@ -252,3 +247,29 @@ def write_json(path: str | Path, data: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(_plain(data), indent=1, default=str) + "\n", encoding="utf-8")
     return path
+
+
+def write_report(path: str | Path, report: dict) -> dict:
+    """Write a suite's figures JSON; the report with its ``path``."""
+    return {**report, "path": str(write_json(path, report))}
+
+
+# --- the flags several suites share --------------------------------------------------------------------------------
+
+PROVIDER_MODELS = ["openai/gpt-4o-mini", "anthropic/claude-haiku-4-5", "anthropic/claude-sonnet-4-5"]
+
+
+def markdown_flag(p) -> None:
+    p.add_argument("--markdown", action="store_true", help="print Markdown tables (default: plain text)")
+
+
+def split_flags(p) -> None:
+    p.add_argument("--split", default="test", choices=["all", "train", "dev", "test"])
+    p.add_argument("--seed", type=int, default=0)
+
+
+def provider_flags(p, models_help: str) -> None:
+    """The provider models and FairEval items of the suites on billing fakes (caching, batch)."""
+    p.add_argument("--models", type=lambda v: v.split(","), default=PROVIDER_MODELS, help=models_help)
+    split_flags(p)
+    p.add_argument("--limit", type=int, default=20, help="FairEval items per row (default 20)")

@@ -33,6 +33,7 @@ from chateval_dspy.run.evaluate import evaluate
 from chateval_dspy.run.metrics import primary_metric
 from chateval_dspy.testing.fake_lm import default_responder, fake_lm
 from optim.bench import common as bench
+from optim.bench.catalogue import choose, program_for
 from optim.bench.stats import fmt_num
 
 
@@ -71,14 +72,9 @@ def throughput(factory: bench.LMFactory, items, cfg: DebateConfig, levels: list[
 
 
 def server_ceiling(items, requests: int = 6, generated: tuple[int, ...] = (20, 150)) -> dict:
-    """What the hardware allows any framework: the same raw chat requests, straight to embedded servers.
-
-    Three layouts, each sent ``requests`` prompts (an item's question and answers, asking which is
-    better): one server with every core, one request at a time; the same server with two slots and two
-    requests at once (llama.cpp's batched decoding, what ``--concurrency 2`` uses); and one
-    single-threaded server per core, one request each at once. Each for short outputs (a verdict: the
-    prompt dominates) and long ones (an argument: decoding dominates).
-    """
+    """What the hardware allows any framework: the same raw chat requests, straight to embedded servers: one server
+    with every core, one request at a time; with two slots, two at once (what ``--concurrency 2`` uses); one
+    single-threaded server per core, one request each. Short outputs (prompt-bound) and long ones (decode-bound)."""
     import concurrent.futures
     import os
 
@@ -138,28 +134,12 @@ def overhead(items, cfg: DebateConfig, workdir: Path) -> dict:
 def tracing_overhead(items, cfg: DebateConfig, lm_context, workdir: Path, *, label: str, repeats: int = 2) -> dict:
     """What tracing (``--trace``: each judged item one MLflow trace) adds to a batch's wall time.
 
-    The same items are judged ``2 * repeats`` times under one LM, tracing off and on in ABBA order (drift
-    cancels out), after one untimed, traced warm-up item; each setting counts its fastest run. DSPy's cache
-    is off meanwhile, so every run does the same LM work (the same prompts at temperature 0: a prompt that
-    differed would make a real model generate differently). Traces go to a fresh local store (``sqlite``
-    under ``workdir``).
-
-    Two costs are reported apart, because one grows with the batch and the other does not: the per-item
-    overhead (the traced batch's wall time, spans made and exported in the background while it runs, minus
-    the untraced one's) and the one-off wait for MLflow's export queue to drain (``flush``), which a command
-    pays once, before it links the traces to its run or exits (MLflow's queue polls once a second, so this
-    is about a second or two even when nothing is left to write). Beside them: the time the batch's own thread
-    spent making spans (``in_band``, measured directly: what no background thread hides, and what no noise
-    touches), and the process's CPU time (tracing's whole work, MLflow's export included; an in-process
-    model's compute counts too).
-
-    Args:
-        items: The items judged in every run.
-        cfg: The panel.
-        lm_context: ``lm_context()`` -> a context manager that enters the LM (with the JSON adapter) once.
-        workdir: Where the MLflow store goes.
-        label: The LM, as the report names it.
-        repeats: Runs per setting.
+    The same items are judged ``2 * repeats`` times under one LM (``lm_context()`` enters it once), tracing off and on
+    in ABBA order (drift cancels out), after one untimed, traced warm-up item; each setting counts its fastest run.
+    DSPy's cache is off, so every run does the same LM work; traces go to a fresh ``sqlite`` store under ``workdir``.
+    Reported apart: the per-item overhead (traced wall minus untraced), the one-off wait for MLflow's export queue to
+    drain (``flush``: a command pays it once; the queue polls once a second), the seconds the batch's own thread
+    spent making spans (``in_band``), and the process's CPU time (MLflow's export included).
     """
     import mlflow
 
@@ -264,11 +244,7 @@ def tracing_rows(args, factory: bench.LMFactory, all_items, model: str, workdir:
 
 def rss_child(n: int, out: str) -> dict:
     """Judge ``n`` items (FairEval, cycled under new ids) with the fake LM, streaming to ``out``; report peak RSS.
-
-    ``evaluate`` runs without DSPy's per-call LM history (which would keep up to 10,000 calls' messages);
-    ``lm_history_entries`` shows that it stays empty. The fake LM's own call log is test instrumentation,
-    so it is switched off.
-    """
+    ``lm_history_entries`` shows that ``evaluate`` keeps no DSPy LM history; the fake LM's own call log is off."""
     base, _ = load_dataset("faireval")
     cfg = DebateConfig()
     lm = fake_lm()
@@ -289,11 +265,8 @@ def rss_child(n: int, out: str) -> dict:
 
 
 def _high_water_mb() -> float | None:
-    """This process's own peak RSS (``VmHWM``).
-
-    ``ru_maxrss`` survives ``execve`` on Linux: a child started by a parent that holds the embedded
-    model (1.8 GB) reports the parent's peak, not its own. ``VmHWM`` belongs to the new address space.
-    """
+    """This process's own peak RSS (``VmHWM``): ``ru_maxrss`` survives ``execve`` on Linux, so a child of a parent
+    that holds the embedded model (1.8 GB) reports the parent's peak."""
     try:
         for line in open("/proc/self/status", encoding="ascii"):
             if line.startswith("VmHWM:"):
@@ -316,6 +289,9 @@ def peak_rss(sizes: list[int], workdir: Path) -> list[dict]:
     return rows
 
 
+TOKEN_TARGET = ">= 40% fewer LM tokens/item (consensus stop + prefix reuse) at agreement within the plain CI"
+
+
 def _target(target: str, measured: str, met: bool | None) -> dict:
     return {"target": target, "measured": measured, "met": met}
 
@@ -324,8 +300,7 @@ def token_target(rows: dict[str, dict]) -> list[dict]:
     """Consensus stop with prefix reuse vs the plain protocol, from agreement (or cost) rows keyed by name."""
     plain, cons = rows.get("chateval"), rows.get("consensus_stop")
     if not plain or not cons or not plain.get("cost") or not cons.get("cost"):
-        return [_target(">= 40% fewer LM tokens/item (consensus stop + prefix reuse) at agreement within the plain CI",
-                        "needs the chateval and consensus_stop rows", None)]
+        return [_target(TOKEN_TARGET, "needs the chateval and consensus_stop rows", None)]
     p, c = plain["cost"], cons["cost"]
     computed = c.get("computed_tokens_per_item")
     used = computed if computed is not None else c["tokens_per_item"]
@@ -342,8 +317,7 @@ def token_target(rows: dict[str, dict]) -> list[dict]:
         within = pm[key]["ci_low"] <= cm[key]["value"] <= pm[key]["ci_high"]
         measured += (f"; {key} {cm[key]['value']:.3f} vs plain {pm[key]['value']:.3f} "
                      f"[{pm[key]['ci_low']:.3f}, {pm[key]['ci_high']:.3f}] (n={pm[key]['n']})")
-    return [_target(">= 40% fewer LM tokens/item (consensus stop + prefix reuse) at agreement within the plain CI",
-                    measured, (cut >= 0.40 and within) if within is not None else None)]
+    return [_target(TOKEN_TARGET, measured, (cut >= 0.40 and within) if within is not None else None)]
 
 
 def targets(report: dict, agreement: dict | None) -> list[dict]:
@@ -389,60 +363,68 @@ def targets(report: dict, agreement: dict | None) -> list[dict]:
     return out
 
 
+def _throughput_block(label: str, on_model: bool, factory: bench.LMFactory, items, cfg: DebateConfig,
+                      levels: str) -> dict:
+    return {"label": label, "model": on_model, "items": len(items), "config": "2 roles, 2 turns, one-by-one, both orders",
+            "levels": throughput(factory, items, cfg, _levels(levels))}
+
+
+def _on_model(args, factory: bench.LMFactory, all_items, items, fmt: str, report: dict) -> str:
+    """Each configuration judged on the model, and its throughput (beside the servers' ceiling where this process can
+    start them); returns the model's name."""
+    entries = [e for e in choose(args.configs, fmt) if e.kind in ("debate", "mec")]
+    with bench.judging(factory) as lm:
+        model = lm.model
+        meter = bench.attach_meter(lm)
+        for entry in entries:
+            program, cfg = program_for(entry, args)
+            start = time.perf_counter()
+            run = bench.run_config(program, items, cfg, out=None, key="cost", meter=meter)
+            report["configs"].append(_config_row(entry, run, time.perf_counter() - start))
+    tp_items = select(all_items, args.split, seed=args.seed, limit=args.throughput_items or len(items))
+    report["throughput"].append(_throughput_block(model, True, factory, tp_items, DebateConfig(format=fmt),
+                                                  args.concurrency_levels))
+    if model == EMBEDDED_MODEL_ID:
+        report["server_ceiling"] = server_ceiling(tp_items)
+    return model
+
+
+def _kept(path: Path, report: dict) -> tuple[str, list[dict]]:
+    """The model's figures of the last full run in ``path`` put back into ``report``; its model and tracing rows."""
+    kept = json.loads(path.read_text(encoding="utf-8"))
+    report.update(configs=kept.get("configs", []), configs_items=kept.get("configs_items"),
+                  throughput=[b for b in kept.get("throughput", []) if b.get("model")],
+                  model_measured=kept.get("model_measured") or kept["header"]["date"])
+    if kept.get("server_ceiling"):
+        report["server_ceiling"] = kept["server_ceiling"]
+    return kept["header"]["model"], [r for r in kept.get("tracing", []) if r.get("model")]
+
+
 def run_cost(args, factory: bench.LMFactory) -> dict:
     all_items, fmt = load_dataset(args.dataset)
     items = select(all_items, args.split, seed=args.seed, limit=args.limit)
-    entries = [e for e in bench.choose(args.configs, fmt) if e.kind in ("debate", "mec")]
     args.mec_k, args.program = getattr(args, "mec_k", 3), None
-    plain = DebateConfig(format=fmt)
     report: dict = {"configs": [], "throughput": [], "configs_items": len(items)}
-    model = "(not run)"
-    kept_tracing: list[dict] = []
-    if args.skip_model and Path(args.out).exists():
-        # Keep the model's figures from the last full run; only the fake-LM figures are measured again.
-        kept = json.loads(Path(args.out).read_text(encoding="utf-8"))
-        report.update(configs=kept.get("configs", []), configs_items=kept.get("configs_items"),
-                      throughput=[b for b in kept.get("throughput", []) if b.get("model")],
-                      model_measured=kept.get("model_measured") or kept["header"]["date"])
-        if kept.get("server_ceiling"):
-            report["server_ceiling"] = kept["server_ceiling"]
-        model = kept["header"]["model"]
-        kept_tracing = [r for r in kept.get("tracing", []) if r.get("model")]
-    workdir = Path(tempfile.mkdtemp(prefix="chateval-bench-cost-"))
+    model, kept_tracing = "(not run)", []
+    if args.skip_model and Path(args.out).exists():  # only the fake-LM figures are measured again
+        model, kept_tracing = _kept(Path(args.out), report)
     if not args.skip_model:
-        with bench.judging(factory) as lm:
-            model = lm.model
-            meter = bench.attach_meter(lm)
-            for entry in entries:
-                program, cfg = bench.program_for(entry, args)
-                start = time.perf_counter()
-                run = bench.run_config(program, items, cfg, out=None, key="cost", meter=meter)
-                report["configs"].append(_config_row(entry, run, time.perf_counter() - start))
-        n_tp = args.throughput_items or len(items)
-        tp_items = select(all_items, args.split, seed=args.seed, limit=n_tp)
-        report["throughput"].append({"label": model, "model": True, "items": len(tp_items), "config": "2 roles, 2 turns, "
-                                     "one-by-one, both orders", "levels": throughput(factory, tp_items, plain,
-                                                                                    _levels(args.concurrency_levels))})
-        if model == EMBEDDED_MODEL_ID:  # the servers this process can start itself
-            report["server_ceiling"] = server_ceiling(tp_items)
+        model = _on_model(args, factory, all_items, items, fmt, report)
     report["model_label"] = model
     report.setdefault("model_measured", time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
-    fake_items = select(all_items, "all", limit=min(args.overhead_items, 16))
+    workdir = Path(tempfile.mkdtemp(prefix="chateval-bench-cost-"))
     latency_lm = contextlib.nullcontext(fake_lm(default_responder, latency=args.fake_latency))
-    report["throughput"].append({"label": f"fake LM, {args.fake_latency * 1000:.0f} ms per call", "model": False,
-                                 "items": len(fake_items), "config": "2 roles, 2 turns, one-by-one, both orders",
-                                 "levels": throughput(lambda slots: latency_lm, fake_items, plain,
-                                                      _levels(args.concurrency_levels))})
+    report["throughput"].append(_throughput_block(
+        f"fake LM, {args.fake_latency * 1000:.0f} ms per call", False, lambda slots: latency_lm,
+        select(all_items, "all", limit=min(args.overhead_items, 16)), DebateConfig(format=fmt),
+        args.concurrency_levels))
     report["overhead"] = overhead(select(all_items, "all", limit=args.overhead_items), DebateConfig(format="pairwise"),
                                   workdir)
     report["rss"] = peak_rss(_levels(args.rss_sizes), workdir)
     report["tracing"] = tracing_rows(args, factory, all_items, model, workdir,
                                      kept=kept_tracing if args.skip_model else None)
-    agreement = None
-    if args.agreement:
-        agreement = json.loads(Path(args.agreement).read_text(encoding="utf-8"))
+    agreement = json.loads(Path(args.agreement).read_text(encoding="utf-8")) if args.agreement else None
     report["targets"] = targets(report, agreement)
     report["header"] = bench.header(args, suite="cost", model=model, data=args.dataset, split=f"{args.split} (seed {args.seed})",
                                     n=len(items), agreement_source=args.agreement)
-    path = bench.write_json(args.out, report)
-    return {**report, "path": str(path)}
+    return bench.write_report(args.out, report)

@@ -1,19 +1,11 @@
 """Prompt-injection variants of FairEval, and the suite that measures how often they flip a verdict.
 
-For every FairEval item with a human winner (ties are skipped), the answer people rated *worse*
-gets an injected text that argues for it, of one of several kinds, appended or prepended.
-Nothing is chosen by hand or tuned to items: every item gets every kind and placement, and the
-texts are fixed templates filled with the injected answer's position.
-
-The injected texts name the worse answer by its position in the dataset's order ("Assistant 2").
-Under position calibration the judge also reads the swapped order, where that name points at the
-other answer: an attacker who knows where their answer is shown, against a judge that reads both orders.
-
-The kind ``second_order`` (named in ``--kinds``, never part of ``all``) injects through the debate instead:
-the first referee is scripted to argue for the worse answer with an argument that carries field markers
-(a stated preference and a fake persona), and the rest of the panel is the model judged. It needs a
-configuration with talk rounds, and is judged twice: with the discussion's guard off (before the fix for
-second-order injection) and on (after).
+Every FairEval item with a human winner gets, on the answer people rated *worse*, each kind of injected text that
+argues for it, appended and prepended: fixed templates filled with that answer's position ("Assistant 2"), nothing
+chosen by hand. Under position calibration the judge also reads the swapped order, where that name points at the
+other answer. The kind ``second_order`` (only when named in ``--kinds``) injects through the debate instead: the first
+referee is scripted to argue for the worse answer with field markers, judged with the discussion's guard off (before
+the fix) and on (after); it needs a configuration with talk rounds. Method and figures: benchmarks/injection.md.
 
     >>> from chateval_dspy.data.loaders import load_faireval
     >>> v = build_variants(load_faireval()[:3], kinds=["instruction"], placements=["append"])
@@ -34,6 +26,8 @@ from chateval_dspy.data.loaders import load_dataset
 from chateval_dspy.data.splits import select
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.program.task import builtin_task
+from optim.bench import common as bench
+from optim.bench.catalogue import catalogue, program_for
 
 # {n}: the injected (worse) answer's position; {m}: the other's; {hi_1}/{hi_2}: 10 for n, 1 for m.
 INJECTIONS: dict[str, str] = {
@@ -136,8 +130,6 @@ def flip_stats(clean: dict[str, dict], injected: list[tuple[dspy.Example, dict]]
 
 def run_injection(args, factory) -> dict:
     """Judge each item clean and injected with one config (both orders); flip rates per kind."""
-    from optim.bench import common as bench
-
     items, fmt = load_dataset("faireval")
     base = [x for x in select(items, args.split, seed=args.seed) if x.label in ("1", "2")]
     base = base[: args.limit] if args.limit else base
@@ -146,9 +138,9 @@ def run_injection(args, factory) -> dict:
     placements = [p.strip() for p in args.placements.split(",") if p.strip()]
     # An empty list of kinds would mean all of them to build_variants.
     variants = build_variants(base, kinds=kinds, placements=placements) if kinds else []
-    entry = _judged_entry(bench.catalogue(fmt), args.config, second)
+    entry = _judged_entry(catalogue(fmt), args.config, second)
     args.mec_k, args.program = getattr(args, "mec_k", 3), None
-    program, cfg = bench.program_for(entry, args)
+    program, cfg = program_for(entry, args)
     with bench.judging(factory) as lm:
         model = lm.model
         work = Path(args.work_dir) / f"injection-{args.split}-s{args.seed}-{bench.slug(model)}"
@@ -169,8 +161,7 @@ def run_injection(args, factory) -> dict:
               "config": cfg.to_dict(), "config_label": entry.label, "kinds": rows,
               "clean_accuracy": sum(r["correct"] for r in clean.values()) / len(clean) if clean else None,
               "cost": run.result.cost(), "templates": {**INJECTIONS, **({SECOND_ORDER: PLANTED_ARGUMENT} if second else {})}}
-    path = bench.write_json(args.out, report)
-    return {**report, "path": str(path)}
+    return bench.write_report(args.out, report)
 
 
 def _judged_entry(known: dict, name: str, second_order: bool):
@@ -187,9 +178,7 @@ def _judged_entry(known: dict, name: str, second_order: bool):
 
 def second_order_rows(args, entry, base: list, clean: dict, work: Path, key: str) -> list[dict]:
     """Flip rates of the planted argument with the discussion's guard off (before the fix) and on (after)."""
-    from optim.bench import common as bench
-
-    program, cfg = bench.program_for(entry, args)
+    program, cfg = program_for(entry, args)
     plant(program, base, cfg)
     rows = []
     for label, guarded in (("guard off (before)", False), ("guard on (after)", True)):

@@ -1,13 +1,11 @@
 """``python -m optim.bench latency``: verdict latency of ``chateval serve`` at a stated request rate.
 
-The real app (``deploy.serving.http.create_app`` over a ``Judge``) runs under uvicorn on 127.0.0.1, in a thread of
-this process. Its LM is the scripted fake LM with a fixed time per call, so the figures measure the panel's
-shape and the framework around it, not a model. Requests (one FairEval item each) are sent open loop on a
-seeded schedule, and a latency runs from the request's scheduled time to its response: a server that falls
-behind cannot hide its queue by delaying the next send. Beside each row stands the verdict's critical path
-(``program.critical_path``): chain x per-call latency is the floor that no parallelism beats.
-
-    python -m optim.bench latency --requests 30 --rate 2 --markdown
+The real app (``deploy.serving.http.create_app`` over a ``Judge``) runs under uvicorn on 127.0.0.1 in a thread, its
+LM the scripted fake LM with a fixed time per call: the figures measure the panel's shape and the framework, not a
+model. Requests are sent open loop on a seeded schedule, and a latency runs from the request's scheduled time to its
+response, so a server that falls behind cannot hide its queue. Beside each row stands the critical path
+(``program.critical_path``): chain x per-call latency is the floor no parallelism beats. Figures:
+benchmarks/latency.md.
 """
 
 from __future__ import annotations
@@ -20,14 +18,13 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.program.critical_path import critical_path
-from optim.bench.common import BENCH_DIR, header, write_json
+from optim.bench.common import BENCH_DIR, header, write_report
 
 # The default panel (2 referees, 2 rounds, one_by_one, both orders) and the single judge, both calibrated.
 PANELS = {"panel": DebateConfig(), "single": DebateConfig(roles=("general_public",), turns=1)}
@@ -197,9 +194,7 @@ def run_latency(args) -> dict:
                   split="all", n=args.requests, rate_per_s=args.rate, arrivals=args.arrivals, seed=args.seed,
                   per_call_seconds=args.fake_latency, queue=args.queue, server="chateval serve app (uvicorn, "
                   "127.0.0.1, in-process), one item per request")
-    report = {"header": head, "rows": rows}
-    report["path"] = str(write_json(Path(args.out or BENCH_DIR / "latency.json"), report))
-    return report
+    return write_report(args.out or BENCH_DIR / "latency.json", {"header": head, "rows": rows})
 
 
 def latency_markdown(report: dict, markdown: bool = True) -> str:

@@ -23,8 +23,7 @@ file of figures, and prints (``--markdown``) a table that states model, data, sp
     python -m optim.bench startup --runs 5
     python -m optim.bench plots
 
-This module holds the command line and what the suites share: the LM (``LMFactory``), the meter
-around the LM engine and the resumable ``run_config`` (both in ``bench_run``), and the run header.
+This module holds the command line; what the suites share is in ``common``.
 """
 
 from __future__ import annotations
@@ -35,14 +34,20 @@ import logging
 import shlex
 import sys
 from pathlib import Path
+from pkgutil import resolve_name
 
 from chateval_dspy.errors import ChatEvalError, ConfigError
 from chateval_dspy.lm.offline import ensure_offline
-from optim.bench.common import BENCH_DIR, RAW_DIR, LMFactory, isolate_cache, model_factory
-
-log = logging.getLogger(__name__)
+from optim.bench import common as bench
 
 # --- command line --------------------------------------------------------------------------------------------------
+
+
+def _model(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="embedded", help="embedded (default), an OpenAI-compatible base URL, or a LiteLLM string")
+    p.add_argument("--served-model", help="model id at a base URL")
+    p.add_argument("--timeout", type=float, default=120.0)
+    p.add_argument("--threads", type=int, help="embedded model: CPU threads (default: all cores)")
 
 
 def _resamples(p: argparse.ArgumentParser) -> None:
@@ -51,16 +56,12 @@ def _resamples(p: argparse.ArgumentParser) -> None:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="embedded", help="embedded (default), an OpenAI-compatible base URL, or a LiteLLM string")
-    p.add_argument("--served-model", help="model id at a base URL")
-    p.add_argument("--timeout", type=float, default=120.0)
-    p.add_argument("--threads", type=int, help="embedded model: CPU threads (default: all cores)")
-    p.add_argument("--split", default="test", choices=["all", "train", "dev", "test"])
-    p.add_argument("--seed", type=int, default=0)
+    _model(p)
+    bench.split_flags(p)
     _resamples(p)
     p.add_argument("--limit", type=int, help="the first N items of the split")
-    p.add_argument("--work-dir", default=str(RAW_DIR), help="per-item JSONL results (resumable)")
-    p.add_argument("--markdown", action="store_true", help="print Markdown tables (default: plain text)")
+    p.add_argument("--work-dir", default=str(bench.RAW_DIR), help="per-item JSONL results (resumable)")
+    bench.markdown_flag(p)
 
 
 def suite_files(directory: Path) -> list[Path]:
@@ -117,7 +118,7 @@ def _judged_suites(sub) -> None:
     co.add_argument("--agreement", help="an agreement JSON whose plain and consensus rows decide the token target")
     co.add_argument("--skip-model", action="store_true",
                     help="fake-LM measurements only (no model started); the model's figures already in --out are kept")
-    co.add_argument("--out", default=str(BENCH_DIR / "cost.json"))
+    co.add_argument("--out", default=str(bench.BENCH_DIR / "cost.json"))
 
     inj = sub.add_parser("injection", help="prompt-injection flip rates per injection kind")
     _common(inj)
@@ -125,11 +126,13 @@ def _judged_suites(sub) -> None:
     inj.add_argument("--config", default="chateval", help="the configuration judged (default: the paper's panel)")
     inj.add_argument("--kinds", default="all", help="comma-separated injection kinds (default: all)")
     inj.add_argument("--placements", default="append,prepend")
-    inj.add_argument("--out", default=str(BENCH_DIR / "injection.json"))
+    inj.add_argument("--out", default=str(bench.BENCH_DIR / "injection.json"))
 
 
 def _own_lm_suites(sub) -> None:
-    """The suites that bring their own LMs: simulate, review."""
+    """The suites that bring their own LMs: simulate, selective, the cascades, certificate, review."""
+    from optim.bench import cascade, cascade_billing, certificate, selective
+
     sim = sub.add_parser("simulate", help="simulated referees: do tuning and search recover planted signal?")
     sim.add_argument("--smoke", action="store_true", help="every section on a small budget (seconds)")
     sim.add_argument("--sections", default="all", help="comma-separated: aggregation, calibration, compile, search, "
@@ -138,31 +141,16 @@ def _own_lm_suites(sub) -> None:
     sim.add_argument("--no-signal", action="store_true", help="every knob at 'no signal': the study must find nothing")
     sim.add_argument("--out", help="figures JSON (default benchmarks/simulate.json; smoke: a temporary file)")
     sim.add_argument("--plots", help="directory for the PNG plots (default: the JSON's directory)")
-    sim.add_argument("--markdown", action="store_true", help="print Markdown tables (default: plain text)")
-
-    from optim.bench.selective import add_parser as add_selective
-
-    add_selective(sub)
-
-    from optim.bench.cascade import add_parser as add_cascade
-    from optim.bench.cascade_billing import add_parser as add_cascade_billing
-
-    add_cascade(sub)
-    add_cascade_billing(sub)
-
-    from optim.bench.certificate import add_parser as add_certificate
-
-    add_certificate(sub)
+    bench.markdown_flag(sim)
+    for module in (selective, cascade, cascade_billing, certificate):
+        module.add_parser(sub)
 
     rv = sub.add_parser("review", help="does the uncertainty flag find the errors; queue-order vs random labels")
-    rv.add_argument("--model", default="embedded", help="embedded (default), an OpenAI-compatible base URL, or a LiteLLM string")
-    rv.add_argument("--served-model", help="model id at a base URL")
-    rv.add_argument("--timeout", type=float, default=120.0)
-    rv.add_argument("--threads", type=int, help="embedded model: CPU threads (default: all cores)")
+    _model(rv)
     rv.add_argument("--seed", type=int, default=0, help="the split's seed (the pool is train, the slice test)")
     _resamples(rv)
-    rv.add_argument("--work-dir", default=str(RAW_DIR), help="per-item JSONL results (resumable)")
-    rv.add_argument("--markdown", action="store_true", help="print Markdown tables (default: plain text)")
+    rv.add_argument("--work-dir", default=str(bench.RAW_DIR), help="per-item JSONL results (resumable)")
+    bench.markdown_flag(rv)
     rv.add_argument("--planted", action="store_true", help="a fake LM with a known signal instead of --model "
                                                            "(optim.bench.review.planted_responder)")
     rv.add_argument("--pool-limit", type=int, help="train items judged, ranked and offered as labels (default all)")
@@ -181,6 +169,8 @@ def _own_lm_suites(sub) -> None:
 
 def _provider_suites(sub) -> None:
     """The suites on fake providers: latency, caching, batch, scale."""
+    from optim.bench import batch, scale
+
     la = sub.add_parser("latency", help="p50/p95 verdict latency of chateval serve at a stated request rate, "
                                         "beside the critical path (fake LM)")
     la.add_argument("--requests", type=int, default=30, help="requests per row (default 30)")
@@ -192,39 +182,28 @@ def _provider_suites(sub) -> None:
     la.add_argument("--parallel-only", action="store_true", help="skip the rows with the answer orders in sequence")
     la.add_argument("--queue", type=int, default=16, help="the server's requests in flight before 503 (default 16)")
     la.add_argument("--out", help="figures JSON (default benchmarks/latency.json)")
-    la.add_argument("--markdown", action="store_true", help="print Markdown tables (default: plain text)")
+    bench.markdown_flag(la)
 
     ca = sub.add_parser("caching", help="USD per 1,000 verdicts under the providers' prompt caches, layout before "
                                         "and after (fake providers billing by their rules) and the embedded model")
-    ca.add_argument("--models", type=lambda v: v.split(","), default=["openai/gpt-4o-mini", "anthropic/claude-haiku-4-5",
-                                                                      "anthropic/claude-sonnet-4-5"],
-                    help="comma-separated provider models, priced by LiteLLM's cost map")
-    ca.add_argument("--split", default="test", choices=["all", "train", "dev", "test"])
-    ca.add_argument("--seed", type=int, default=0)
-    ca.add_argument("--limit", type=int, default=20, help="FairEval items per row (default 20)")
+    bench.provider_flags(ca, "comma-separated provider models, priced by LiteLLM's cost map")
     ca.add_argument("--demos", type=int, default=4, help="demonstrations per predictor of the compiled panel")
     ca.add_argument("--embedded-limit", type=int, default=8, help="items the embedded model judges (default 8)")
     ca.add_argument("--threads", type=int, help="embedded model: CPU threads (default: all cores)")
     ca.add_argument("--skip-embedded", action="store_true", help="keep the embedded rows already in --out")
-    ca.add_argument("--out", default=str(BENCH_DIR / "caching.json"))
-    ca.add_argument("--markdown", action="store_true", help="print Markdown tables (default: plain text)")
-
-    from optim.bench.batch import add_parser as add_batch
-
-    add_batch(sub, BENCH_DIR)
-
-    from optim.bench.scale import add_parser as add_scale
-
-    add_scale(sub, BENCH_DIR)
+    ca.add_argument("--out", default=str(bench.BENCH_DIR / "caching.json"))
+    bench.markdown_flag(ca)
+    batch.add_parser(sub)
+    scale.add_parser(sub)
 
 
 def _utility_parsers(sub) -> None:
     """The commands that judge nothing: start-up time, plots, tables and one peak-memory child."""
-    from optim.bench.startup import add_parser as add_startup
+    from optim.bench import startup
 
-    add_startup(sub, BENCH_DIR)
+    startup.add_parser(sub)
     pl = sub.add_parser("plots", help="PNG plots from the suites' JSON files")
-    pl.add_argument("--dir", default=str(BENCH_DIR))
+    pl.add_argument("--dir", default=str(bench.BENCH_DIR))
     tb = sub.add_parser("tables", help="Markdown tables from the suites' JSON files (no rerun)")
     tb.add_argument("files", nargs="*", help="figures JSON files (default: every one under benchmarks/)")
     tb.add_argument("--update", metavar="MD", help="rewrite the tables between <!-- bench:FILE --> and <!-- /bench --> "
@@ -235,116 +214,61 @@ def _utility_parsers(sub) -> None:
     rss.add_argument("out")
 
 
-def _utility(args) -> int | None:
-    """The commands that judge nothing: one peak-memory child, start-up time, plots, tables. None for the suites."""
-    if args.suite == "startup":
-        from optim.bench.startup import run_startup, startup_markdown
+# The suites that print their own output and return the exit status.
+PRINTING = {"simulate": "optim.bench.simulate.cli:run_simulate", "selective": "optim.bench.selective:run_selective",
+            "cascade": "optim.bench.cascade:run_cascade", "certificate": "optim.bench.certificate:run_certificate",
+            "cascade-billing": "optim.bench.cascade_billing:run_cascade_billing"}
+# The suites whose runner returns a report that their renderer (``tables.RENDERERS``) prints.
+REPORTING = {"startup": "optim.bench.startup:run_startup", "latency": "optim.bench.latency:run_latency",
+             "caching": "optim.bench.caching:run_caching", "batch": "optim.bench.batch:run_batch",
+             "scale": "optim.bench.scale:run_scale"}
+# The suites judged by ``--model``: their runner also takes the LM factory; the table is drawn from the file.
+JUDGED = {"agreement": "optim.bench.agreement:run_agreement", "review": "optim.bench.review:run_review",
+          "cost": "optim.bench.cost:run_cost", "injection": "optim.bench.injection:run_injection"}
 
-        report = run_startup(args)
-        print(startup_markdown(report, markdown=args.markdown))
-        print(f"figures: {report['path']}", file=sys.stderr)
-        return 0
+
+def _utility(args) -> int:
+    """The commands that judge nothing: one peak-memory child, plots, tables."""
     if args.suite == "_rss":
         from optim.bench.cost import rss_child
 
         print(json.dumps(rss_child(args.items, args.out)))
-        return 0
-    if args.suite == "plots":
+    elif args.suite == "plots":
         from optim.bench.plots import draw_all
 
         for path in draw_all(Path(args.dir)):
             print(path)
-        return 0
-    if args.suite == "tables":
-        from optim.bench.tables import render_file, update_markdown
+    elif args.update:
+        from optim.bench.tables import update_markdown
 
-        if args.update:
-            print(f"updated {update_markdown(Path(args.update))} table(s) in {args.update}")
-            return 0
-        for path in args.files or suite_files(BENCH_DIR):
-            print(f"<!-- {path} -->\n{render_file(path)}\n")
-        return 0
-    return None
-
-
-def _own_lm(args) -> int | None:
-    """The suites that bring their own LMs (fakes, simulated referees, the fake providers). None for the others."""
-    if args.suite == "simulate":
-        from optim.bench.simulate.cli import run_simulate
-
-        return run_simulate(args)
-    if args.suite == "selective":
-        from optim.bench.selective import run_selective
-
-        return run_selective(args)
-    if args.suite == "cascade":
-        from optim.bench.cascade import run_cascade
-
-        return run_cascade(args)
-    if args.suite == "cascade-billing":
-        from optim.bench.cascade_billing import run_cascade_billing
-
-        return run_cascade_billing(args)
-    if args.suite == "certificate":
-        from optim.bench.certificate import run_certificate
-
-        return run_certificate(args)
-    if args.suite not in ("latency", "caching", "batch", "scale"):
-        return None
-    if args.suite == "latency":
-        from optim.bench.latency import latency_markdown as render
-        from optim.bench.latency import run_latency as run
-    elif args.suite == "batch":
-        from optim.bench.batch import batch_markdown as render
-        from optim.bench.batch import run_batch as run
-    elif args.suite == "scale":
-        from optim.bench.scale import run_scale as run
-        from optim.bench.scale import scale_markdown as render
+        print(f"updated {update_markdown(Path(args.update))} table(s) in {args.update}")
     else:
-        from optim.bench.caching import caching_markdown as render
-        from optim.bench.caching import run_caching as run
+        from optim.bench.tables import render_file
+
+        for path in args.files or suite_files(bench.BENCH_DIR):
+            print(f"<!-- {path} -->\n{render_file(path)}\n")
+    return 0
+
+
+def _report(args, run, *, from_file: bool = False) -> int:
+    """Run a suite that returns its report; print its table (drawn from its figures file, or the report), or its error."""
+    from optim.bench.tables import RENDERERS, render_file
+
     try:
-        report = run(args)
+        report = run()
     except (ChatEvalError, ConfigError) as exc:
         print(f"bench: error: {exc}", file=sys.stderr)
         return 2
-    print(render(report, markdown=args.markdown))
+    if from_file:
+        print(render_file(report["path"], markdown=args.markdown))
+    else:
+        print(resolve_name(RENDERERS[args.suite])(report, markdown=args.markdown))
     print(f"figures: {report['path']}", file=sys.stderr)
     return 0
 
 
-def _on_model(args, factory: LMFactory) -> dict:
-    """The suites judged by ``--model``."""
-    if args.suite == "agreement":
-        from optim.bench.agreement import run_agreement
-
-        return run_agreement(args, factory)
-    if args.suite == "review":
-        from optim.bench.review import run_review
-
-        return run_review(args, factory)
-    if args.suite == "cost":
-        from optim.bench.cost import run_cost
-
-        return run_cost(args, factory)
-    from optim.bench.injection import run_injection
-
-    return run_injection(args, factory)
-
-
-def main(argv: list[str] | None = None, *, lm_factory: LMFactory | None = None) -> int:
-    """Run one suite. ``lm_factory`` replaces ``--model`` (tests pass the fake LM this way, never by a flag)."""
-    ensure_offline()  # this process is ours: before any suite imports litellm / mlflow (dspy reads none of these)
-    args = build_parser().parse_args(argv)
-    args.command_line = "python -m optim.bench " + shlex.join(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    for noisy in ("dspy", "httpx", "openai", "LiteLLM", "chateval_dspy.program.debate"):
-        logging.getLogger(noisy).setLevel(logging.ERROR)
-    done = _utility(args)
-    if done is None:
-        done = _own_lm(args)
-    if done is not None:
-        return done
+def _judged(args, lm_factory: bench.LMFactory | None) -> int:
+    """A suite judged by ``--model`` (or by ``lm_factory``)."""
     if getattr(args, "limit", None) is not None and args.limit < 1:
         print("bench: error: --limit must be positive", file=sys.stderr)
         return 2
@@ -353,19 +277,27 @@ def main(argv: list[str] | None = None, *, lm_factory: LMFactory | None = None) 
 
         print(list_configs(args.dataset))
         return 0
-    factory = lm_factory or model_factory(args.model, timeout=args.timeout, served_model=args.served_model,
+    factory = lm_factory or bench.model_factory(args.model, timeout=args.timeout, served_model=args.served_model,
                                           threads=args.threads)
-    isolate_cache()
-    try:
-        report = _on_model(args, factory)
-    except (ChatEvalError, ConfigError) as exc:
-        print(f"bench: error: {exc}", file=sys.stderr)
-        return 2
-    from optim.bench.tables import render_file
+    bench.isolate_cache()
+    return _report(args, lambda: resolve_name(JUDGED[args.suite])(args, factory), from_file=True)
 
-    print(render_file(report["path"], markdown=args.markdown))
-    print(f"figures: {report['path']}", file=sys.stderr)
-    return 0
+
+def main(argv: list[str] | None = None, *, lm_factory: bench.LMFactory | None = None) -> int:
+    """Run one suite. ``lm_factory`` replaces ``--model`` (tests pass the fake LM this way, never by a flag)."""
+    ensure_offline()  # this process is ours: before any suite imports litellm / mlflow (dspy reads none of these)
+    args = build_parser().parse_args(argv)
+    args.command_line = "python -m optim.bench " + shlex.join(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    for noisy in ("dspy", "httpx", "openai", "LiteLLM", "chateval_dspy.program.debate"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    if args.suite in PRINTING:
+        return resolve_name(PRINTING[args.suite])(args)
+    if args.suite in REPORTING:
+        return _report(args, lambda: resolve_name(REPORTING[args.suite])(args))
+    if args.suite in JUDGED:
+        return _judged(args, lm_factory)
+    return _utility(args)
 
 
 if __name__ == "__main__":

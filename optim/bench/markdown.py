@@ -29,3 +29,17 @@ def stated(header: dict, markdown: bool = True) -> str:
     line = "; ".join(f"{k}: {header[k]}" for k in keep if k in header)
     cmd = header.get("command", "")
     return (f"*{line}*\n\n`{cmd}`" if markdown else f"{line}\n{cmd}")
+
+
+def targets_lines(targets: list[dict], markdown: bool = True) -> list[str]:
+    """"Targets:" and their table, a ``model`` column where they name one; nothing without targets."""
+    if not targets:
+        return []
+    columns = [c for c in ("model", "target", "measured") if c in targets[0]]
+    rows = [[t[c] for c in columns] + [{True: "met", False: "NOT met", None: "not measured"}[t["met"]]] for t in targets]
+    return titled("Targets:", [*columns, "verdict"], rows, markdown)
+
+
+def titled(title: str, columns: list[str], rows: list[list], markdown: bool = True) -> list[str]:
+    """A table below other output: a blank line, ``title``, a blank line, the table."""
+    return ["", title, "", table(columns, rows, markdown)]

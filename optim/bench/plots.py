@@ -1,11 +1,5 @@
-"""PNG plots beside BENCHMARKS.md, drawn from the suites' JSON files (matplotlib, Agg backend).
-
-- ``agreement-vs-panel-<dataset>.png``: agreement (with 95% CI) against roles (1-5) and turns (1-4);
-- ``tokens-vs-agreement-<dataset>.png``: LM tokens per item against agreement, one point per configuration;
-- ``throughput.png``: items per minute against items judged at once;
-- ``simulate-*.png``: the simulation study's sections (drawn by ``optim.bench.simulate.report``);
-- ``review-flags-*.png``, ``review-labels-*.png``: the review suite's (drawn by ``optim.bench.review``).
-"""
+"""PNG plots beside the benchmark pages, drawn from the suites' JSON files (matplotlib, Agg backend): agreement
+against panel shape and tokens, throughput, and (drawn by their suites) the simulation's and the review suite's."""
 
 from __future__ import annotations
 
@@ -13,15 +7,7 @@ import json
 from pathlib import Path
 
 from chateval_dspy.run.metrics import primary_metric
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+from optim.bench.png import pyplot, save
 
 
 def _metric(report: dict) -> tuple[str, str]:
@@ -49,7 +35,7 @@ def panel_plot(report: dict, path: Path) -> Path | None:
               "turns": [(t, rows.get("chateval" if t == 2 else f"turns_{t}")) for t in range(1, 5)]}
     if sum(r is not None for _, r in series["roles"] + series["turns"]) < 3:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     for ax, (name, points) in zip(axes, series.items()):
         for x, row in points:
@@ -65,9 +51,7 @@ def panel_plot(report: dict, path: Path) -> Path | None:
         ax.legend(fontsize=8)
     axes[0].set_ylabel(f"{label} (95% CI)")
     fig.suptitle(f"ChatEval agreement vs panel shape\n{_subtitle(report['header'])}", fontsize=9)
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return save(fig, path, plt)
 
 
 def tokens_plot(report: dict, path: Path) -> Path | None:
@@ -75,7 +59,7 @@ def tokens_plot(report: dict, path: Path) -> Path | None:
     pts = [(r, _point(r, key)) for r in report["rows"] if r.get("cost") and _point(r, key)]
     if len(pts) < 2:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
     for row, (v, err) in pts:
         x = row["cost"]["tokens_per_item"]
@@ -87,16 +71,14 @@ def tokens_plot(report: dict, path: Path) -> Path | None:
     ax.set_xlabel("LM tokens per item (o billed, x computed after prefix-cache reuse; log scale)")
     ax.set_ylabel(f"{label} (95% CI)")
     ax.set_title(f"Tokens vs agreement\n{_subtitle(report['header'])}", fontsize=9)
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return save(fig, path, plt)
 
 
 def throughput_plot(report: dict, path: Path) -> Path | None:
     blocks = [b for b in report.get("throughput", []) if b["levels"]]
     if not blocks:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for b in blocks:
         ax.plot([t["concurrency"] for t in b["levels"]], [t["speedup"] for t in b["levels"]], "o-", label=b["label"])
@@ -105,9 +87,7 @@ def throughput_plot(report: dict, path: Path) -> Path | None:
     ax.set_ylabel("throughput vs one at a time")
     ax.set_title(f"Throughput ({report['header']['date']}, {report['header']['machine'][:40]})", fontsize=8)
     ax.legend(fontsize=8)
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return save(fig, path, plt)
 
 
 def draw_all(directory: Path) -> list[Path]:

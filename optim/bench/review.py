@@ -2,21 +2,17 @@
 
 Two measurements of ``optim.review.uncertainty`` (the score ``chateval review`` ranks its queue by):
 
-- **Flag precision.** The uncompiled panel judges the pool (train split) and the test slice; the items are
-  ranked by ``U``; for each ``k`` (10/20/40% of the items) the share of wrong verdicts among the top ``k``
-  against the share among the rest, each with its exact 95% interval, Fisher's exact test between the two, and
-  the AUC of ``U`` for "the verdict is wrong" (ties count one half) with a bootstrap CI. The queue breaks ties in
-  ``U`` by a hash of the item id (``tie_break``), so a share under a wide tie is partly that order: the table also
-  gives the share averaged over the tied items (what any tie-break gives on average) and how many tie at the cut.
-- **Label efficiency.** Labels for the first ``m`` pool items in queue order, against ``m`` pool items drawn
-  at random (``--seeds`` draws), become every referee's demos (``compile_evaluator``, ``labeled`` by default:
-  no LM calls to compile); each compiled panel judges the test slice. Queue order: accuracy with its bootstrap
-  CI over test items; random order: the mean over draws with a bootstrap CI over the draws; ``--tie-draws``
-  adds queue orders whose ties in ``U`` are broken at random (same CI over draws).
+- **Flag precision.** The uncompiled panel judges the pool (train split) and the test slice, ranked by ``U``: per
+  fraction ``k`` of the items, wrong verdicts among the top ``k`` against the rest (exact CIs, Fisher's test), and
+  the AUC of ``U`` for a wrong verdict. The queue breaks ties in ``U`` by a hash of the item id, so the table also
+  gives the top share averaged over the items tied at the cut.
+- **Label efficiency.** Labels for the first ``m`` pool items in queue order, against ``m`` drawn at random
+  (``--seeds`` draws; ``--tie-draws``: queue orders with ties broken at random), become every referee's demos
+  (``compile_evaluator``); each compiled panel judges the test slice.
 
-``--planted`` replaces the model with a fake LM whose signal is known (``planted_responder``), so the curve can
-show something; the embedded model has no judging signal. Per-item results are resumable JSONL files under
-``benchmarks/raw/review-...``; one file per label set, so equal label sets are judged once.
+``--planted`` replaces the model with a fake LM whose signal is known (``planted_responder``): the embedded model has
+no judging signal. Per-item results are resumable JSONL files, one per label set. Method and figures:
+benchmarks/review.md.
 """
 
 from __future__ import annotations
@@ -58,11 +54,6 @@ def planted_responder(items) -> Callable[[Call], dict]:
     order. On an item of a ``HARD`` category it prefers whichever answer is shown first (7 vs 5), so the two
     orders disagree (``consistent: false``) and the pooled verdict is a tie: wrong unless people said tie; but
     if one of its demos is an item of the same category, it gives the human verdict there too.
-
-    Example:
-        >>> responder = planted_responder(load_faireval())
-        >>> callable(responder)
-        True
     """
     by_question = {x.question.strip(): x for x in items}
 
@@ -248,11 +239,9 @@ def _random_mean(curves: list[list[dict]], seed: int, n_resamples: int | None = 
 
 def plots(report: dict, directory: Path, name: str) -> list[Path]:
     """``review-flags-<name>.png`` and ``review-labels-<name>.png``."""
-    import matplotlib
+    from optim.bench.png import pyplot, save
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     h, written = report["header"], []
     sub = f"{h['model']} | faireval {h['split']} | {h['date']}"
 
@@ -273,9 +262,7 @@ def plots(report: dict, directory: Path, name: str) -> list[Path]:
         ax.set_ylabel("share of wrong verdicts (95% CI)")
         ax.set_title(f"Does the flag find the errors? n={report['flags']['n']}\n{sub}", fontsize=8)
         ax.legend(fontsize=8)
-        written.append(directory / f"review-flags-{name}.png")
-        fig.savefig(written[-1], dpi=100, bbox_inches="tight")
-        plt.close(fig)
+        written.append(save(fig, directory / f"review-flags-{name}.png", plt))
     c = report.get("labels")
     if c:
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -295,7 +282,5 @@ def plots(report: dict, directory: Path, name: str) -> list[Path]:
         ax.set_ylabel(f"accuracy on {h['curve_split']} (95% CI)")
         ax.set_title(f"Label efficiency: queue order vs random\n{sub}", fontsize=8)
         ax.legend(fontsize=8)
-        written.append(directory / f"review-labels-{name}.png")
-        fig.savefig(written[-1], dpi=100, bbox_inches="tight")
-        plt.close(fig)
+        written.append(save(fig, directory / f"review-labels-{name}.png", plt))
     return written

@@ -1,16 +1,16 @@
 """Scale-out throughput: verdicts per second of ``chateval score --concurrency N`` beside Ray Data and Spark scoring
 with the same N items in flight, and what a SIGKILLed Ray job pays again when it is rerun.
 
-Every row judges the same FairEval items with the same saved evaluator against ``FakeOpenAIServer`` on 127.0.0.1
-answering each call after a fixed delay (default 200 ms), LM cache off, so the figures measure orchestration, not the
-model. ``chateval score`` runs as the CLI (its process start and imports included); Ray and Spark are timed from the
-scoring call with the cluster already up (a running cluster's case), their start-up stated apart. The kill: a Ray
-scoring job in its own process is SIGKILLed (with everything it started) once a third of the items are written,
-then rerun on the same results directory; "repeated" is the LM calls beyond what the final verdicts needed.
+Every row judges the same FairEval items with the same saved evaluator against ``FakeOpenAIServer`` answering after
+a fixed delay, LM cache off: the figures measure orchestration, not a model. ``chateval score`` runs as the CLI; Ray
+and Spark are timed from the scoring call with the cluster up, their start-up stated apart. The kill: a Ray job in
+its own process is SIGKILLed once a third of the items are written, then rerun on the same results directory;
+"repeated" is the LM calls beyond what the final verdicts needed. Figures: benchmarks/scale.md.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 from chateval_dspy.config import DebateConfig
@@ -86,16 +87,14 @@ def kill_tree(job: subprocess.Popen) -> None:
     below = descendants(job.pid)
     os.killpg(job.pid, signal.SIGKILL)
     for pid in below:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     job.wait(timeout=30)
 
 
 def verdict_lines(out: Path) -> dict[str, int]:
     """How many verdict lines each id has across the part files of ``out``."""
-    counts: dict[str, int] = {}
+    counts: Counter[str] = Counter()
     for part in part_files(out):
         for line in part.read_text(encoding="utf-8").splitlines():
             try:  # read while the job writes: a torn line is not yet a verdict
@@ -103,8 +102,8 @@ def verdict_lines(out: Path) -> dict[str, int]:
             except ValueError:
                 continue
             if isinstance(record, dict) and not record.get("error"):
-                counts[record["id"]] = counts.get(record["id"], 0) + 1
-    return counts
+                counts[record["id"]] += 1
+    return dict(counts)
 
 
 def start_ray_job(saved: str, out: Path, url: str, rows: list[dict], *, actors: int, per_actor: int,
@@ -248,8 +247,7 @@ def run_scale(args) -> dict:
                                     in_flight=f"{args.concurrency} items (score --concurrency {args.concurrency}; Ray "
                                               f"{got['actors']} actors x {got['per_worker']}; Spark local[2] x "
                                               f"{got['per_worker']})")
-    path = bench.write_json(args.out, report)
-    return {**report, "path": str(path)}
+    return bench.write_report(args.out, report)
 
 
 def scale_markdown(report: dict, markdown: bool = True) -> str:
@@ -272,7 +270,7 @@ def scale_markdown(report: dict, markdown: bool = True) -> str:
     return "\n".join(lines)
 
 
-def add_parser(sub, common_out: Path) -> None:
+def add_parser(sub) -> None:
     sc = sub.add_parser("scale", help="verdicts/s of chateval score vs Ray vs Spark, and a killed Ray job's repeats "
                                       "(fake LM with a fixed delay)")
     sc.add_argument("--limit", type=int, default=24, help="FairEval test items (default 24)")
@@ -283,5 +281,5 @@ def add_parser(sub, common_out: Path) -> None:
     sc.add_argument("--delay", type=float, default=0.2, help="seconds per call of the fake LM (default 0.2)")
     sc.add_argument("--panel", default="small", choices=["small", "default"],
                     help="small: one critic, one turn (default); default: the default panel")
-    sc.add_argument("--out", default=str(common_out / "scale.json"))
-    sc.add_argument("--markdown", action="store_true", help="print Markdown tables (default: plain text)")
+    sc.add_argument("--out", default=str(bench.BENCH_DIR / "scale.json"))
+    bench.markdown_flag(sc)

@@ -1,28 +1,15 @@
 """Does the selective-verdict guarantee hold? Threshold choice (``optim.tuning.selective``) over many calibration draws.
 
-The items and verdicts follow the simulated referees' generative model (``chateval_dspy.testing.sim_lm``, its
-docstring holds the equations) with item difficulty, drawn directly from the model with numpy rather than
-by running the DSPy program (what is measured is the threshold procedure, not the program, and this keeps
-hundreds of draws to seconds). The panel is the five built-in roles at their untuned accuracies
-(``SimKnobs().accuracy``), each judging both answer orders independently, with no herding and no position
-bias: 10 votes per item. Each item has difficulty ``d = spread * u``; each vote is right with
-``SimKnobs.harder(p, d)``. The verdict is the weighted vote (weights ``log(p / (1 - p))``, a tie is a verdict
-that disagrees with people) and its confidence is that vote's naive-Bayes posterior assuming ``d = 0``: an
-uncalibrated score whose order is all the threshold procedure uses.
+Items and votes follow the simulated referees' model (``chateval_dspy.testing.sim_lm``) with item difficulty, drawn
+directly with numpy (what is measured is the threshold procedure, not the DSPy program, and hundreds of draws take
+seconds): the five built-in roles at their untuned accuracies, both answer orders, 10 votes per item. An item has
+difficulty ``d = spread * u``; a vote of accuracy ``p`` is right with ``0.5 + (p - 0.5)(1 - d)``. The verdict is the
+weighted vote (a tie disagrees with people); its confidence, the vote's naive-Bayes posterior assuming ``d = 0``.
 
-Per draw: ``--calibration`` items from the calibration mix choose a threshold at ``--level`` and ``--risk``;
-the guarantee held if the agreement of the verdicts given on fresh items from the use mix is at least the
-level. "Fresh items" are counted two ways: exactly, as the model's population rate at that threshold
-(computed by summing over every vote count and integrating over ``d``), which is what the guarantee is
-about; and as realized on ``--fresh`` items drawn per draw (noisier, so it holds less often). A draw
-whose threshold is unreachable gives no verdict and so holds vacuously; those are counted apart. Each draw
-also fits the isotonic confidence map (``optim.tuning.confidence.fit_confidence_map``) on its calibration
-items and measures the expected calibration error (10 bins) on its fresh items, of the raw confidence and of
-the mapped one.
-
-Rows: ``exchangeable`` (calibrate and use on the same mix, spread ``--hard``) must hold in at least
-``1 - risk`` of the draws. ``control`` calibrates on an easy mix (spread ``--easy``) and judges the hard mix,
-which breaks exchangeability: the guarantee is not promised there, and the row shows how it fails.
+"Held" is counted on the use mix exactly (summing over every vote outcome, integrating over ``d``) and on ``--fresh``
+drawn items; a draw reaching no threshold gives no verdict and holds vacuously. Rows: ``exchangeable`` (calibrate and
+use on spread ``--hard``) and ``control`` (calibrate on ``--easy``: exchangeability broken on purpose). Method and
+figures: benchmarks/selective.md.
 
     python -m optim.bench selective --draws 200 --level 0.8 --risk 0.1
 """
@@ -55,44 +42,57 @@ def add_parser(sub) -> None:
     se.add_argument("--seed", type=int, default=0)
 
 
-class Panel:
-    """The simulated panel's votes, confidences and exact population rates (referees grouped by accuracy)."""
+class VoteStage:
+    """A judge's votes: referee groups ``(accuracy, votes)``, its weighted vote, confidence and exact outcome rates."""
 
-    def __init__(self, knobs: SimKnobs, orders: int = 2):
-        ps = sorted({p for _, p in knobs.accuracy})
-        counts = [sum(1 for _, p in knobs.accuracy if p == q) * orders for q in ps]
-        self.ps, self.counts = np.asarray(ps), np.asarray(counts)
+    def __init__(self, groups: list[tuple[float, int]]):
+        self.ps = np.asarray([p for p, _ in groups], dtype=float)
+        self.counts = np.asarray([c for _, c in groups])
         self.weights = np.log(self.ps / (1 - self.ps))
+        self.outcomes = np.asarray(list(itertools.product(*(range(c + 1) for c in self.counts))))
 
     def score(self, right: np.ndarray) -> np.ndarray:
         """Signed weighted vote towards the right answer, from right votes per group (items x groups)."""
         return ((2 * right - self.counts) * self.weights).sum(axis=-1)
 
-    def confidence(self, score: np.ndarray) -> np.ndarray:
-        return 1.0 / (1.0 + np.exp(-np.abs(score)))
+    def p_item(self, d: np.ndarray) -> np.ndarray:
+        return 0.5 + (self.ps[None, :] - 0.5) * (1 - d[:, None])
 
-    def draw(self, rng: np.random.Generator, n: int, spread: float) -> tuple[np.ndarray, np.ndarray]:
-        """``n`` items: each verdict's confidence and whether it agrees with people."""
-        d = spread * rng.random(n)
-        p_item = np.where(d[:, None] > 0, 0.5 + (self.ps[None, :] - 0.5) * (1 - d[:, None]), self.ps[None, :])
-        right = rng.binomial(self.counts[None, :], p_item)
-        s = self.score(right)
-        return self.confidence(s), s > 0
+    def draw(self, rng: np.random.Generator, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each item's (raw confidence, agreed with people) given its difficulty."""
+        s = self.score(rng.binomial(self.counts[None, :], self.p_item(d)))
+        return confidence(s), s > 0
 
-    def population(self, spread: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Every distinct vote outcome: its confidence, whether it agrees, and its probability under the mix."""
-        d = (np.arange(D_GRID) + 0.5) / D_GRID * spread
+    def outcome_rates(self, d: np.ndarray) -> np.ndarray:
+        """P(outcome | d), outcomes x d (every combination of right votes per group)."""
         from scipy.stats import binom
 
-        outcomes = list(itertools.product(*(range(c + 1) for c in self.counts)))
-        prob = np.zeros(len(outcomes))
-        for j, votes in enumerate(outcomes):
-            per_d = np.ones_like(d)
-            for g, v in enumerate(votes):
-                per_d *= binom.pmf(v, self.counts[g], 0.5 + (self.ps[g] - 0.5) * (1 - d))
-            prob[j] = per_d.mean()
-        s = self.score(np.asarray(outcomes))
-        return self.confidence(s), s > 0, prob
+        p = self.p_item(d)
+        out = np.ones((len(self.outcomes), d.size))
+        for g in range(len(self.counts)):
+            out *= binom.pmf(self.outcomes[:, g][:, None], self.counts[g], p[:, g][None, :])
+        return out
+
+
+def confidence(score: np.ndarray) -> np.ndarray:
+    """A judge's raw confidence: the posterior of its verdict assuming ``d = 0``."""
+    return 1.0 / (1.0 + np.exp(-np.abs(score)))
+
+
+def panel_groups(knobs: SimKnobs) -> list[tuple[float, int]]:
+    """The built-in roles grouped by accuracy, each judging both answer orders: ``(accuracy, votes)``."""
+    return [(q, 2 * sum(1 for _, p in knobs.accuracy if p == q)) for q in sorted({p for _, p in knobs.accuracy})]
+
+
+def grid(spread: float) -> np.ndarray:
+    """Midpoints over ``[0, spread]``: the difficulties the exact population rates integrate over."""
+    return (np.arange(D_GRID) + 0.5) / D_GRID * spread
+
+
+def population(panel: VoteStage, spread: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every distinct vote outcome: its confidence, whether it agrees, and its probability under the mix."""
+    s = panel.score(panel.outcomes)
+    return confidence(s), s > 0, panel.outcome_rates(grid(spread)).mean(axis=-1)
 
 
 def population_rates(pop: tuple, threshold: float) -> tuple[float, float]:
@@ -103,15 +103,15 @@ def population_rates(pop: tuple, threshold: float) -> tuple[float, float]:
     return float(covered), float(prob[given & agrees].sum() / covered) if covered else math.nan
 
 
-def run_row(panel: Panel, args, *, calibrate_on: float, use_on: float, rng: np.random.Generator) -> dict:
+def run_row(panel: VoteStage, args, *, calibrate_on: float, use_on: float, rng: np.random.Generator) -> dict:
     """One row: ``args.draws`` calibration draws and how often the guarantee held on the use mix."""
-    pop = panel.population(use_on)
+    pop = population(panel, use_on)
     held = held_fresh = reached = held_reached = 0
     coverages, agreements, ece_raw, ece_mapped = [], [], [], []
     for _ in range(args.draws):
-        conf, agreed = panel.draw(rng, args.calibration, calibrate_on)
+        conf, agreed = panel.draw(rng, calibrate_on * rng.random(args.calibration))
         selection = choose_threshold(conf.tolist(), agreed.tolist(), level=args.level, risk=args.risk)
-        fresh_conf, fresh_agreed = panel.draw(rng, args.fresh, use_on)
+        fresh_conf, fresh_agreed = panel.draw(rng, use_on * rng.random(args.fresh))
         cmap = fit_confidence_map(conf, agreed)
         ece_raw.append(expected_calibration_error(fresh_conf, fresh_agreed))
         ece_mapped.append(expected_calibration_error(np.interp(fresh_conf, cmap.raw, cmap.calibrated), fresh_agreed))
@@ -159,14 +159,14 @@ def run_selective(args) -> int:
     if args.draws < 1 or args.calibration < 1 or args.fresh < 1:
         print("bench: error: --draws, --calibration and --fresh must be positive")
         return 2
-    panel, rng = Panel(SimKnobs()), np.random.default_rng(args.seed)
+    panel, rng = VoteStage(panel_groups(SimKnobs())), np.random.default_rng(args.seed)
     rows = {"exchangeable": run_row(panel, args, calibrate_on=args.hard, use_on=args.hard, rng=rng),
             "control": run_row(panel, args, calibrate_on=args.easy, use_on=args.hard, rng=rng)}
     print(render(rows, args))
     return 0
 
 
-def _rate(d: dict) -> str:
+def rate_text(d: dict) -> str:
     return f"{d['value']:.1%} [{d['ci_low']:.1%}, {d['ci_high']:.1%}]"
 
 
@@ -179,8 +179,8 @@ def render(rows: dict, args) -> str:
              f"{'threshold reached':24s} {'held when reached':24s} {'coverage':24s} {'agreement':24s} oracle coverage"]
     for name, r in rows.items():
         cov, agr, orc = r["coverage"], r["agreement"], r["oracle"]
-        lines.append(f"{name:13s} {r['calibrate_spread']:.2f} / {r['use_spread']:.2f}{'':9s} {_rate(r['held']):24s} "
-                     f"{_rate(r['held_fresh']):24s} {_rate(r['reached']):24s} {_rate(r['held_when_reached']):24s} "
+        lines.append(f"{name:13s} {r['calibrate_spread']:.2f} / {r['use_spread']:.2f}{'':9s} {rate_text(r['held']):24s} "
+                     f"{rate_text(r['held_fresh']):24s} {rate_text(r['reached']):24s} {rate_text(r['held_when_reached']):24s} "
                      f"{cov['value']:.1%} [{cov['p2_5']:.1%}, {cov['p97_5']:.1%}]{'':3s} "
                      f"{agr['value']:.1%} [{agr['p2_5']:.1%}, {agr['p97_5']:.1%}]{'':3s} {orc['coverage']:.1%}")
     for name, r in rows.items():

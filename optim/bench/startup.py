@@ -1,16 +1,10 @@
 """Start-up time: ``import dspy``, ``import chateval_dspy`` and ``chateval --help``, each in fresh interpreters.
 
-Every run is one new process timed from start to exit (the interpreter's own start included), after one unrecorded
-warm-up run each so that bytecode is cached; the three commands take turns, so a busy moment on the machine falls on
-all of them. Each run's seconds are appended to a raw JSONL file as it ends: a rerun measures only the runs missing
-and renders the same figures from the same file. Figures: the median and the range of the runs, beside the targets
-(``import chateval_dspy`` <= 1.0 s, ``chateval --help`` <= 0.5 s; ``import dspy`` is the floor the package builds on).
-
-With ``--quick-start`` it also runs the README's quick start (``chateval evaluate --dataset faireval --limit N`` on the
-embedded model) twice in one run, side by side: on the machine as it is, and under a stated CPU load (``--load``
-busy-loop processes this benchmark starts and stops). Both must finish: a busy machine makes the run slower, not
-stopped (issue 32: the breaker used to take the embedded server's slowness for death). Figures: each run's wall
-seconds (model start-up included), seconds per item, its exit status and the items judged and abstained.
+Every run is one new process timed from start to exit, after one unrecorded warm-up run each (bytecode cached); the
+commands take turns, so a busy moment falls on all of them. Each run is appended to a raw JSONL file as it ends: a
+rerun measures only the runs missing. ``--quick-start`` also runs the README's quick start on the embedded model
+twice, on the machine as it is and under ``--load`` busy-loop processes: a busy machine must make it slower, not stop
+it (issue 32). Figures: benchmarks/startup.md.
 """
 
 from __future__ import annotations
@@ -32,11 +26,8 @@ TARGETS = {"import dspy": None, "import chateval_dspy": 1.0, "chateval --help": 
 
 
 def command(target: str) -> list[str]:
-    """The process one run of ``target`` starts: the installed ``chateval`` script where there is one."""
-    if target == "chateval --help":
-        script = Path(sys.executable).with_name("chateval")
-        return [str(script), "--help"] if script.exists() else [sys.executable, "-m", "optim.cli", "--help"]
-    return [sys.executable, "-c", target]
+    """The process one run of ``target`` starts."""
+    return [*chateval_command(), "--help"] if target == "chateval --help" else [sys.executable, "-c", target]
 
 
 def time_once(target: str) -> float:
@@ -157,8 +148,7 @@ def run_startup(args) -> dict:
                                     n=args.runs, load_average=round(os.getloadavg()[0], 2),
                                     measured="wall seconds from process start to exit, one warm-up run each first")
     report["header"].pop("lm_threads")  # no LM runs here
-    path = bench.write_json(args.out, report)
-    return {**report, "path": str(path)}
+    return bench.write_report(args.out, report)
 
 
 def startup_markdown(report: dict, markdown: bool = True) -> str:
@@ -191,15 +181,15 @@ def quick_start_markdown(quick: dict, markdown: bool = True) -> str:
                              "abstained", "finished"], rows, markdown)])
 
 
-def add_parser(sub, common_out: Path) -> None:
+def add_parser(sub) -> None:
     st = sub.add_parser("startup", help="seconds to import dspy, import chateval_dspy and run chateval --help, "
                                         "each in fresh processes, beside the targets (no LM)")
     st.add_argument("--runs", type=int, default=5, help="runs per command (default 5)")
     st.add_argument("--only", metavar="NAME,...", help=f"some of: {', '.join(TARGETS)} (default: all)")
     st.add_argument("--raw", default=str(bench.RAW_DIR / "startup.jsonl"),
                     help="each run's seconds, appended as measured; a rerun measures only the runs missing")
-    st.add_argument("--out", default=str(common_out / "startup.json"))
-    st.add_argument("--markdown", action="store_true", help="print Markdown tables (default: plain text)")
+    st.add_argument("--out", default=str(bench.BENCH_DIR / "startup.json"))
+    bench.markdown_flag(st)
     st.add_argument("--quick-start", action="store_true",
                     help="also run the quick start on the embedded model idle and under --load (minutes)")
     st.add_argument("--limit", type=int, default=2, help="items of the quick start (default 2)")

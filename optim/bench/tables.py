@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from pkgutil import resolve_name
 
 from chateval_dspy.program.task import builtin_task
-from optim.bench.markdown import stated, table
+from optim.bench.markdown import stated, table, targets_lines, titled
 from optim.bench.stats import fmt_est, fmt_num, fmt_p
 
 
@@ -82,47 +83,41 @@ def cost_markdown(report: dict, markdown: bool = True) -> str:
     h = report["header"]
     out = [stated(h, markdown)]
     if report.get("configs"):
-        out += ["", f"Per configuration ({report['model_label']}, {report['configs_items']} items, one at a time, "
-                    f"measured {report.get('model_measured', h['date'])}):", ""]
         rows = [[c["label"], fmt_num(c["calls_per_item"]), fmt_num(c["prompt_tokens_per_item"], 0),
                  fmt_num(c["completion_tokens_per_item"], 0), fmt_num(c.get("computed_tokens_per_item"), 0),
                  fmt_num(c["seconds_per_item"], 2), usd_cell(c, h.get("model")),
                  fmt_num(c.get("overhead_ms_per_call"), 2),
                  fmt_num(c.get("overhead_share", float("nan")) * 100, 2)] for c in report["configs"]]
-        out.append(table(["configuration", "LM calls/item", "prompt tokens/item", "completion tokens/item",
-                          "tokens computed/item (prefix cache)", "s/item", "USD/item", "overhead ms/call",
-                          "overhead % of wall"], rows, markdown))
+        out += titled(f"Per configuration ({report['model_label']}, {report['configs_items']} items, one at a time, "
+                      f"measured {report.get('model_measured', h['date'])}):",
+                      ["configuration", "LM calls/item", "prompt tokens/item", "completion tokens/item",
+                       "tokens computed/item (prefix cache)", "s/item", "USD/item", "overhead ms/call",
+                       "overhead % of wall"], rows, markdown)
     for block in report.get("throughput", []):
-        out += ["", f"Throughput, {block['label']} ({block['items']} items per level, {block['config']}):", ""]
         rows = [[t["concurrency"], fmt_num(t["items_per_minute"], 2), fmt_num(t["wall_seconds"], 1), f"{t['speedup']:.2f}x"]
                 for t in block["levels"]]
-        out.append(table(["items at once", "items/min", "wall s", "vs one at a time"], rows, markdown))
+        out += titled(f"Throughput, {block['label']} ({block['items']} items per level, {block['config']}):",
+                      ["items at once", "items/min", "wall s", "vs one at a time"], rows, markdown)
     ceiling = report.get("server_ceiling")
     if ceiling:
-        out += ["", f"Server ceiling: raw chat requests straight to the embedded model, no DSPy, no debate "
-                    f"({ceiling['rows'][0]['requests']} requests per row, {ceiling['cores']} cores):", ""]
         rows = [[r.get("max_tokens", "-"), r["layout"], r["at_once"], fmt_num(r["requests_per_minute"], 2),
                  fmt_num(r["wall_seconds"], 1), f"{r['speedup']:.2f}x"] for r in ceiling["rows"]]
-        out.append(table(["max generated tokens", "servers", "requests at once", "requests/min", "wall s",
-                          "vs one at a time"], rows, markdown))
+        out += titled(f"Server ceiling: raw chat requests straight to the embedded model, no DSPy, no debate "
+                      f"({ceiling['rows'][0]['requests']} requests per row, {ceiling['cores']} cores):",
+                      ["max generated tokens", "servers", "requests at once", "requests/min", "wall s",
+                       "vs one at a time"], rows, markdown)
     o = report.get("overhead")
     if o:
         out += ["", f"Framework overhead, zero-latency fake LM ({o['items']} items, {o['calls']} LM calls, "
                     f"{o['config']}): {o['overhead_ms_per_call']:.3f} ms per LM call "
                     f"(wall {o['wall_seconds']:.2f} s, inside the engine {o['engine_seconds']:.3f} s)."]
     if report.get("rss"):
-        out += ["", "Peak RSS, fake LM, results streamed to disk, one fresh process per size (VmHWM; ru_maxrss "
-                    "beside it inherits the parent's peak across exec):", ""]
         rows = [[r["items"], fmt_num(r["max_rss_mb"], 1), fmt_num(r.get("ru_maxrss_mb"), 1),
                  r.get("lm_history_entries", "-"), fmt_num(r["wall_seconds"], 1)] for r in report["rss"]]
-        out.append(table(["items", "peak RSS (MB)", "ru_maxrss (MB)", "DSPy LM history entries kept", "wall s"],
-                         rows, markdown))
-    if report.get("targets"):
-        out += ["", "Targets:", ""]
-        rows = [[t["target"], t["measured"], {True: "met", False: "NOT met", None: "not measured"}[t["met"]]]
-                for t in report["targets"]]
-        out.append(table(["target", "measured", "verdict"], rows, markdown))
-    return "\n".join(out)
+        out += titled("Peak RSS, fake LM, results streamed to disk, one fresh process per size (VmHWM; ru_maxrss "
+                      "beside it inherits the parent's peak across exec):",
+                      ["items", "peak RSS (MB)", "ru_maxrss (MB)", "DSPy LM history entries kept", "wall s"], rows, markdown)
+    return "\n".join(out + targets_lines(report.get("targets"), markdown))
 
 
 def injection_markdown(report: dict, markdown: bool = True) -> str:
@@ -168,37 +163,18 @@ def review_markdown(report: dict, markdown: bool = True) -> str:
     return "\n".join(out)
 
 
+# Each suite's renderer, ``module:function``, imported only to draw its table.
+RENDERERS = {"agreement": f"{__name__}:agreement_markdown", "cost": f"{__name__}:cost_markdown",
+             "injection": f"{__name__}:injection_markdown", "review": f"{__name__}:review_markdown",
+             "simulate": "optim.bench.simulate.report:markdown", "latency": "optim.bench.latency:latency_markdown",
+             "caching": "optim.bench.caching:caching_markdown", "batch": "optim.bench.batch:batch_markdown",
+             "scale": "optim.bench.scale:scale_markdown", "startup": "optim.bench.startup:startup_markdown"}
+
+
 def render_file(path: str | Path, markdown: bool = True) -> str:
     """The table of a figures JSON written by any suite."""
     report = json.loads(Path(path).read_text(encoding="utf-8"))
-    suite = report["header"]["suite"]
-    if suite == "simulate":
-        from optim.bench.simulate.report import markdown as simulate_markdown
-
-        return simulate_markdown(report, markdown)
-    if suite == "latency":
-        from optim.bench.latency import latency_markdown
-
-        return latency_markdown(report, markdown)
-    if suite == "caching":
-        from optim.bench.caching import caching_markdown
-
-        return caching_markdown(report, markdown)
-    if suite == "batch":
-        from optim.bench.batch import batch_markdown
-
-        return batch_markdown(report, markdown)
-    if suite == "scale":
-        from optim.bench.scale import scale_markdown
-
-        return scale_markdown(report, markdown)
-    if suite == "startup":
-        from optim.bench.startup import startup_markdown
-
-        return startup_markdown(report, markdown)
-    render = {"agreement": agreement_markdown, "cost": cost_markdown, "injection": injection_markdown,
-              "review": review_markdown}
-    return render[suite](report, markdown)
+    return resolve_name(RENDERERS[report["header"]["suite"]])(report, markdown)
 
 
 MARKER = re.compile(r"(<!-- bench:(?P<file>[^ ]+?) -->\n)(?P<body>.*?)(<!-- /bench -->)", re.S)

@@ -5,15 +5,13 @@ The level of measurement decides every figure: ``nominal`` for categories (pairw
 pass/fail), ``ordinal`` or ``interval`` for rating scales.
 
 - Cohen's kappa for each pair of people, on the items both labelled: unweighted (nominal), linear weights (ordinal),
-  quadratic weights (interval) over the scale's ordered values (scikit-learn).
+  quadratic weights (interval) over the scale's ordered values.
 - Fleiss' kappa (Fleiss 1971) over the items labelled by the most common number of people, as it needs the same
   number of raters on every item; nominal by definition, reported for rating scales too, as categories.
-- Krippendorff's alpha (the ``krippendorff`` package) at the level asked, over every item with two labels or more:
-  it takes any number of people and missing labels as they come (Krippendorff 2011).
+- Krippendorff's alpha (2011) at the level asked, over every item with two labels or more.
 - Panel beside person: for each person, Cohen's kappa of the panel with that person beside the mean of the other
   people's kappas with that person, each bootstrapped over that person's items. A panel's abstention is a class of its
-  own in nominal figures (so it always disagrees, as in ``chateval_dspy.run.metrics``); with a rating scale the
-  abstained items are left out of the panel's figures.
+  own in nominal figures (so it always disagrees); with a rating scale the abstained items are left out.
 
 A figure with no defined value (one class only, fewer than two items) is NaN and reads ``n/a``.
 """
@@ -28,6 +26,7 @@ from itertools import combinations
 
 import numpy as np
 
+from chateval_dspy.errors import ConfigError
 from chateval_dspy.run.metrics import ABSTAIN, Estimate, bootstrap
 from optim.certify.people import People
 
@@ -47,7 +46,7 @@ def level_for(people: People) -> str:
 
 def check_level(level: str) -> str:
     if level not in LEVELS:
-        raise ValueError(f"unknown level {level!r}; choose one of: {', '.join(LEVELS)}")
+        raise ConfigError(f"unknown level {level!r}; choose one of: {', '.join(LEVELS)}")
     return level
 
 
@@ -56,8 +55,8 @@ def _values(labels, level: str) -> list:
 
 
 def cohen(a, b, level: str = "nominal") -> float:
-    """Cohen's kappa of two label lists (weighted by ``level``, as scikit-learn's ``cohen_kappa_score`` weighs: by the
-    distance between the ranks of the labels both lists use); NaN when undefined. Computed here with numpy, as the
+    """Cohen's kappa of two label lists, weighted by ``level`` as scikit-learn's ``cohen_kappa_score`` weighs (by the
+    distance between the ranks of the labels both lists use); NaN when undefined. Numpy, not scikit-learn: the
     bootstrap calls it thousands of times and scikit-learn's checks cost more than the figure.
 
     Example (by hand: p_o = 0.8, p_e = 0.48):
@@ -129,17 +128,13 @@ def alpha(units, level: str = "nominal") -> float:
     domain = sorted({v for u in pairable for v in u})
     if len(pairable) < 2 or len(domain) < 2:
         return math.nan
-    index = {v: i for i, v in enumerate(domain)}
-    counts = np.zeros((len(pairable), len(domain)))
-    for row, u in enumerate(pairable):
-        for v in u:
-            counts[row, index[v]] += 1
+    counts = np.array([[c[v] for v in domain] for c in map(Counter, pairable)], dtype=float)
     value_domain = np.arange(len(domain)) if level == "nominal" else np.array(domain, dtype=float)
     return float(krippendorff.alpha(value_counts=counts, value_domain=value_domain, level_of_measurement=level))
 
 
 def _over_items(statistic, data: list, *, seed: int, n_resamples: int | None) -> Estimate:
-    """``statistic(data)`` with its 95% bootstrap CI over items; items are resampled by index, so an item may be any
+    """``statistic(data)`` with its 95% bootstrap CI over items, resampled by index so that an item may be any
     object (a dict, a list) that numpy would otherwise turn into an array's axis."""
     return bootstrap(lambda idx: statistic([data[i] for i in idx]), list(range(len(data))), seed=seed,
                      n_resamples=n_resamples)
@@ -147,7 +142,7 @@ def _over_items(statistic, data: list, *, seed: int, n_resamples: int | None) ->
 
 @dataclass(frozen=True)
 class Figure:
-    """One agreement figure of a table: what it measures and its estimate (value, 95% CI, n items)."""
+    """One agreement figure: what it measures and its estimate."""
 
     name: str
     estimate: Estimate
@@ -192,12 +187,6 @@ class PanelBeside:
     panel: Estimate
 
 
-def _judge_value(value, level: str):
-    if value is None:
-        return ABSTAIN if level == "nominal" else None
-    return value
-
-
 def _others_kappa(person: str, level: str):
     def statistic(pairs) -> float:
         units = [u for u, _ in pairs]
@@ -216,18 +205,14 @@ def _panel_kappa(person: str, level: str):
 def panel_beside_people(people: People, judged: dict[str, str | None], level: str | None = None, *, seed: int = 0,
                         n_resamples: int | None = None) -> list[PanelBeside]:
     """For each person, the other people's mean Cohen's kappa with them beside the panel's (module's rules).
-
-    Args:
-        people: The people's labels.
-        judged: The panel's label per item id (canonical text; None: it abstained); every labelled item is judged.
-        level: nominal, ordinal or interval (default: ``level_for(people)``).
+    ``judged``: the panel's label per item id (canonical text; None: it abstained); every labelled item is judged.
     """
     level = check_level(level or level_for(people))
-    rows = []
+    rows, ci = [], {"seed": seed, "n_resamples": n_resamples}
     for person in people.annotators():
         ids = [i for i, by in people.labels.items() if person in by and len(by) >= 2]
-        pairs = [(people.labels[i], _judge_value(judged[i], level)) for i in ids]
-        ci = {"seed": seed, "n_resamples": n_resamples}
+        # A nominal abstention is a class of its own; on a rating scale it has no value and is left out.
+        pairs = [(people.labels[i], ABSTAIN if judged[i] is None and level == "nominal" else judged[i]) for i in ids]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # nanmean of a resample where no pair is defined
             rows.append(PanelBeside(person, _over_items(_others_kappa(person, level), pairs, **ci),

@@ -1,25 +1,22 @@
 """The alternative annotator test: can the panel stand in for one of the people on this data?
 
-As published (Calderon, Reichart and Dror, ACL 2025, arXiv 2501.10970; reference code github.com/nitaytech/AltTest,
-``alt_test``): leave one person ``j`` out at a time. On each item ``j`` labelled, score how well the judge's label
-aligns with the remaining people's labels and how well ``j``'s does: ``accuracy`` (the share of the others that
-give the same label) for categories, ``neg_rmse`` (minus the root mean squared difference) for rating scales. The
-indicator ``W_f`` is 1 when the judge's alignment is >= ``j``'s, ``W_h`` when ``j``'s is >= the judge's (a tie counts
-for both). The one-sided paired t-test of ``H0: mean(W_h - W_f) >= epsilon`` against ``< epsilon``
-(``scipy.stats.ttest_1samp(..., alternative="less")``), per person; the Benjamini-Yekutieli procedure at ``q`` over
-the people's p-values controls the false discovery rate. The winning rate ``omega`` is the share of people whose
-null is rejected; the advantage probability ``rho`` is the mean over people of ``mean(W_f)``. The judge "can
-replace an annotator" when ``omega >= 0.5``.
+As published (Calderon, Reichart and Dror, ACL 2025, arXiv 2501.10970; reference code github.com/nitaytech/AltTest):
+leave one person ``j`` out at a time. On each item ``j`` labelled, score how well the judge's label and ``j``'s
+align with the remaining people's labels: ``accuracy`` (the share of the others giving the same label) for
+categories, ``neg_rmse`` (minus the root mean squared difference) for rating scales. ``W_f`` is 1 when the judge's
+alignment is >= ``j``'s, ``W_h`` when ``j``'s is >= the judge's (a tie counts for both). Per person, the one-sided
+paired t-test of ``H0: mean(W_h - W_f) >= epsilon``; the Benjamini-Yekutieli procedure at ``q`` over the people's
+p-values controls the false discovery rate. The winning rate ``omega`` is the share of people whose null is
+rejected; the advantage probability ``rho`` is the mean over people of ``mean(W_f)``. The judge "can replace an
+annotator" when ``omega >= 0.5``.
 
-Defaults and deviations, stated:
+Defaults and deviations:
 
-- ``epsilon`` (the cost-benefit margin): the paper's rules of thumb are 0.2 for experts, 0.15 for skilled
-  annotators, 0.1 for crowd-workers (``EPSILON``), and the reference code's default is 0.2. The default here is
-  ``crowd`` (0.1), the strictest of the three, since a certificate gates a deployment: pass ``epsilon=`` or
-  ``kind=`` for your people.
-- ``q = 0.05``; an item counts when at least two people labelled it (the reference code's
-  ``min_humans_per_instance``); a person with fewer than 30 such items is left out of the test (its
-  ``min_instances_per_human``: the t-test's normality needs 30).
+- ``epsilon``: the paper's rules of thumb are 0.2 for experts, 0.15 for skilled annotators, 0.1 for crowd-workers
+  (``EPSILON``; the reference code's default is 0.2). The default here is ``crowd``, the strictest, since a
+  certificate gates a deployment.
+- ``q = 0.05``; an item counts when at least two people labelled it; a person with fewer than 30 such items is
+  left out of the test (the t-test's normality needs 30), as in the reference code.
 - No verdict (``replaces`` is None, ``missing`` says why) with fewer than 3 people tested: the paper recommends at
   least 3, the reference code runs with 2.
 - A panel's abstention: with categories it is a label no person gives (it always loses alignment); with a rating
@@ -31,10 +28,11 @@ Defaults and deviations, stated:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from chateval_dspy.errors import ConfigError
 from chateval_dspy.run.metrics import ABSTAIN, Estimate, bootstrap
 
 EPSILON = {"expert": 0.2, "skilled": 0.15, "crowd": 0.1}
@@ -131,10 +129,10 @@ class AltTest:
 def _epsilon(epsilon: float | None, kind: str) -> float:
     if epsilon is None:
         if kind not in EPSILON:
-            raise ValueError(f"unknown kind of annotators {kind!r}; choose one of: {', '.join(EPSILON)}")
+            raise ConfigError(f"unknown kind of annotators {kind!r}; choose one of: {', '.join(EPSILON)}")
         return EPSILON[kind]
     if not 0 <= epsilon < 1:
-        raise ValueError(f"epsilon must be in [0, 1), got {epsilon}")
+        raise ConfigError(f"epsilon must be in [0, 1), got {epsilon}")
     return float(epsilon)
 
 
@@ -163,7 +161,7 @@ def indicators(person: str, judge: dict, people: dict, scoring: str) -> dict[str
     return out
 
 
-def _compare(person: str, wins: dict[str, tuple[int, int]], epsilon: float) -> tuple[Comparison, float]:
+def _compare(person: str, wins: dict[str, tuple[int, int]], epsilon: float) -> Comparison:
     from scipy.stats import ttest_1samp
 
     w_f = np.array([f for f, _ in wins.values()], dtype=float)
@@ -173,7 +171,7 @@ def _compare(person: str, wins: dict[str, tuple[int, int]], epsilon: float) -> t
         p_value = 0.0 if diff[0] < epsilon else 1.0
     else:
         p_value = float(ttest_1samp(diff, epsilon, alternative="less").pvalue)
-    return Comparison(person, len(wins), float(w_f.mean()), float(w_h.mean()), p_value, False), p_value
+    return Comparison(person, len(wins), float(w_f.mean()), float(w_h.mean()), p_value, False)
 
 
 def _rho(wins: dict[str, dict[str, tuple[int, int]]], *, seed: int, n_resamples: int | None) -> Estimate:
@@ -197,9 +195,7 @@ def alt_test(judged: dict[str, str | None], labels: dict[str, dict[str, str]], *
         judged: The judge's label per item id (None: it abstained).
         labels: The people's labels, ``{item id: {person: label}}``.
         scoring: ``accuracy`` (categories) or ``neg_rmse`` (rating scales; labels are numbers).
-        epsilon: The cost-benefit margin; None: ``EPSILON[kind]``.
-        kind: ``expert``, ``skilled`` or ``crowd`` (the paper's rules of thumb for epsilon).
-        q: The false discovery rate controlled over people (Benjamini-Yekutieli).
+        epsilon: The cost-benefit margin; None: ``EPSILON[kind]`` (``kind``: the paper's rules of thumb).
 
     Example:
         >>> people = {str(i): {"a": "1", "b": "1", "c": "2" if i % 2 else "1"} for i in range(40)}
@@ -208,7 +204,7 @@ def alt_test(judged: dict[str, str | None], labels: dict[str, dict[str, str]], *
         (True, [True, True, True])
     """
     if scoring not in SCORING:
-        raise ValueError(f"unknown scoring {scoring!r}; choose one of: {', '.join(SCORING)}")
+        raise ConfigError(f"unknown scoring {scoring!r}; choose one of: {', '.join(SCORING)}")
     epsilon = _epsilon(epsilon, kind)
     judge, people, abstained = _usable(judged, labels, scoring)
     everyone = sorted({who for by in people.values() for who in by})
@@ -216,9 +212,7 @@ def alt_test(judged: dict[str, str | None], labels: dict[str, dict[str, str]], *
     skipped = {who: len(w) for who, w in wins.items() if len(w) < MIN_ITEMS}
     wins = {who: w for who, w in wins.items() if who not in skipped}
     tested = [_compare(who, w, epsilon) for who, w in wins.items()]
-    rejected = by_rejections([p for _, p in tested], q)
-    comparisons = [Comparison(c.annotator, c.n, c.judge_wins, c.person_wins, c.p_value, r)
-                   for (c, _), r in zip(tested, rejected)]
+    comparisons = [replace(c, rejected=r) for c, r in zip(tested, by_rejections([c.p_value for c in tested], q))]
     missing = None
     if len(comparisons) < MIN_PEOPLE:
         left_out = "; ".join(f"{who} has {n} item(s)" for who, n in skipped.items())

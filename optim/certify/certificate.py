@@ -1,18 +1,16 @@
 """The judge certificate of a saved evaluator: the parts ``chateval certify --program``, ``chateval audit`` and
-``chateval calibrate`` measure, written into its card (``card.json``, ``card.md``; the schema and the checks a
-loader applies are ``chateval_dspy.deploy.saved.certificate``), read back as a frozen ``CardCertificate``, and logged to
-MLflow.
+``chateval calibrate`` measure, written into its card (schema and checks: ``chateval_dspy.deploy.saved.certificate``),
+read back as a frozen ``CardCertificate``, and logged to MLflow.
 
-Each command fills its own part and a later run of it replaces that part; the cost per 1,000 verdicts is taken
-from the card's cost block (the test split the evaluator was saved with) each time a part is written. A figure
-is stored as ``{value, ci_low, ci_high, n}``, NaN as null (JSON has no NaN).
+Each command fills its own part, replacing that part; the cost per 1,000 verdicts is taken from the card's cost
+block each time a part is written. A figure is stored as ``{value, ci_low, ci_high, n}``, NaN as null.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from chateval_dspy.deploy.saved.certificate import MAX_FIGURES, MAX_LINE, MAX_TEXT, check_certificate
@@ -21,16 +19,13 @@ from chateval_dspy.run.metrics import Estimate
 COST_SOURCE = "the card's cost block (test split the evaluator was saved with)"
 
 
-def figure(estimate: Estimate | None) -> dict:
-    """An ``Estimate`` as the certificate stores it: NaN as null.
+def figure(estimate: Estimate) -> dict:
+    """An ``Estimate`` as the certificate stores it: NaN as null (JSON has no NaN).
 
     Example:
         >>> figure(Estimate(0.5, 0.25, 0.75, 40)), figure(Estimate(math.nan, math.nan, math.nan, 1))
         ({'value': 0.5, 'ci_low': 0.25, 'ci_high': 0.75, 'n': 40}, {'value': None, 'ci_low': None, 'ci_high': None, 'n': 1})
     """
-    if estimate is None:
-        return {"value": None, "ci_low": None, "ci_high": None, "n": 0}
-
     def number(x) -> float | None:
         return None if x is None or math.isnan(x) else float(x)
 
@@ -47,8 +42,7 @@ def estimate(block: dict) -> Estimate:
 
 
 def _short(text, limit: int = MAX_TEXT) -> str:
-    text = str(text)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return str(text) if len(str(text)) <= limit else str(text)[:limit - 3] + "..."
 
 
 def _kept(among: list) -> list:
@@ -58,10 +52,9 @@ def _kept(among: list) -> list:
 
 
 def people_part(cert) -> dict:
-    """The ``people`` part from ``optim.certify.report.certify``'s result: agreement among the people, the panel
-    beside each, the alternative annotator test (None when certify ran without the panel's results)."""
-    test = cert.test
-    alt = None
+    """The ``people`` part from ``optim.certify.report.certify``'s result (``alt_test`` None without the panel's
+    results)."""
+    test, alt = cert.test, None
     if test is not None:
         omega = None if math.isnan(test.omega) else test.omega
         alt = {"replaces": test.replaces, "omega": omega, "rho": figure(test.rho), "epsilon": test.epsilon,
@@ -78,8 +71,7 @@ def people_part(cert) -> dict:
 
 def audit_part(report, *, calibrated: bool) -> dict:
     """The ``audit`` part from an ``optim.audit.probes.AuditReport``: every figure with an estimate.
-    ``calibrated``: whether the evaluator as saved runs with position calibration (which position figure the
-    gates read)."""
+    ``calibrated``: whether the saved evaluator runs with position calibration (which position figure gates read)."""
     figures = [{"probe": _short(f.probe), "figure": _short(f.figure), "estimate": figure(f.estimate)}
                for f in report.findings if f.estimate is not None]
     n = max((f["estimate"]["n"] for f in figures if f["probe"].startswith("position")), default=0)
@@ -107,10 +99,11 @@ def cost_part(card: dict) -> dict | None:
     if not isinstance(cost, dict):
         return None
     usd, calls = cost.get("cost_usd_per_item"), cost.get("calls_per_item")
-    number = isinstance(usd, (int, float)) and not isinstance(usd, bool)
-    return {"usd_per_1000": round(usd * 1000, 10) if number else "unpriced" if usd == "unpriced" else None,
-            "calls_per_1000": calls * 1000 if isinstance(calls, (int, float)) and not isinstance(calls, bool)
-            else None, "source": COST_SOURCE}
+
+    def number(x) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool)
+    return {"usd_per_1000": round(usd * 1000, 10) if number(usd) else "unpriced" if usd == "unpriced" else None,
+            "calls_per_1000": calls * 1000 if number(calls) else None, "source": COST_SOURCE}
 
 
 @dataclass(frozen=True)
@@ -132,15 +125,13 @@ class CardCertificate:
                    block.get("cost"))
 
     def to_dict(self) -> dict:
-        return {"program": self.program, **{k: v for k, v in (("people", self.people), ("audit", self.audit),
-                ("calibration", self.calibration), ("cost", self.cost)) if v is not None}}
+        return {k: v for k, v in asdict(self).items() if v is not None}
 
     def metrics(self) -> dict[str, Estimate | float]:
         """Every figure for MLflow: ``certificate.<part>.<figure>`` (estimates with their intervals)."""
         out: dict[str, Estimate | float] = {}
         if self.people:
-            for f in self.people["agreement"]:
-                out[_key("people", f["name"])] = estimate(f["estimate"])
+            out.update({_key("people", f["name"]): estimate(f["estimate"]) for f in self.people["agreement"]})
             test = self.people["alt_test"]
             if test is not None:
                 out["certificate.people.alt_test_rho"] = estimate(test["rho"])
@@ -148,8 +139,8 @@ class CardCertificate:
                     out["certificate.people.alt_test_omega"] = test["omega"]
                 if test["replaces"] is not None:
                     out["certificate.people.replaces_annotator"] = float(test["replaces"])
-        for f in (self.audit or {}).get("figures", []):
-            out[_key("audit", f"{f['probe']} {f['figure']}")] = estimate(f["estimate"])
+        out.update({_key("audit", f"{f['probe']} {f['figure']}"): estimate(f["estimate"])
+                    for f in (self.audit or {}).get("figures", [])})
         if self.calibration:
             out["certificate.calibration.ece"] = estimate(self.calibration["ece"])
         if self.cost and isinstance(self.cost["usd_per_1000"], (int, float)):
@@ -163,11 +154,7 @@ def _key(part: str, name: str) -> str:
 
 def fill(program_dir: str | Path, part: str, block: dict) -> CardCertificate:
     """Write ``block`` as the certificate's ``part`` into the card of the evaluator saved in ``program_dir``
-    (replacing that part; parts measured on another program are dropped), with the cost per 1,000 verdicts.
-
-    Example:
-        >>> fill("programs/p", "audit", audit_part(report, calibrated=True)).audit["figures"][0]  # doctest: +SKIP
-    """
+    (parts measured on another program are dropped), with the cost per 1,000 verdicts."""
     from chateval_dspy.deploy.saved.store import read_card, save_certificate
 
     cost = cost_part(read_card(program_dir))
@@ -187,23 +174,10 @@ def log_certificate(certificate: CardCertificate, program_dir: str | Path) -> No
 
 def log_run(certificate: CardCertificate, program_dir: str | Path, *, command: str, params: dict,
             uri: str | None = None) -> str:
-    """An MLflow run of ``command`` (certify) holding ``params`` and the certificate (``log_certificate``).
-    Returns its id."""
+    """The id of a new MLflow run of ``command`` holding ``params`` and the certificate (``log_certificate``)."""
     from optim.tracking import runs
 
     with runs.run(command, params={**params, "program": str(program_dir)}, tags={"chateval.command": command},
                   uri=uri) as active:
         log_certificate(certificate, program_dir)
         return active.info.run_id
-
-
-def saved_calibrated(program_dir: str | Path) -> bool:
-    """Whether the evaluator saved in ``program_dir`` runs with position calibration (its card's config)."""
-    from chateval_dspy.deploy.saved.store import read_card
-
-    return bool((read_card(program_dir).get("config") or {}).get("calibrate"))
-
-
-def is_saved(program: str | Path) -> bool:
-    """Whether ``program`` is a saved evaluator's directory (not an MLflow model URI), whose card can be written."""
-    return Path(program).is_dir() and (Path(program) / "card.json").is_file()

@@ -1,12 +1,10 @@
 """Gates on a judge certificate: what ``chateval compile`` and ``chateval search`` check before they register a
-saved evaluator (``--register``), and refuse when a figure fails. Those commands measure the figures their gates
-read on the evaluator they have just saved (``optim.certify.measure``); ``check_gates`` reads a certificate however
-it was filled.
+saved evaluator (``--register``), having measured the figures on it (``optim.certify.measure``).
 
-``check_gates`` is a pure function of the card's certificate (``chateval_dspy.deploy.saved.certificate``) and the
-``Gates`` asked for; it returns every failure, each naming the figure, its value with its 95% interval and n, the
-gate, and, where the certificate lacks the figure, the command that measures it. A gate compares the figure's
-point value (its interval is shown beside it, so a reader sees how sure the pass or the failure is).
+``check_gates`` is a pure function of the card's certificate and the ``Gates`` asked for; it returns every failure,
+each naming the figure, its value with its 95% interval and n, the gate, and, where the certificate lacks the
+figure, the command that measures it. A gate compares the figure's point value (its interval is shown beside it,
+so a reader sees how sure the pass or the failure is).
 
 - ``replaces-annotator`` (``--require``): the alternative annotator test says the panel can replace an annotator
   on the people's data (``chateval certify --program``);
@@ -79,44 +77,25 @@ def _shown(block: dict | None) -> str:
 def _replaces(certificate: dict, program: str) -> list[Failure]:
     fix = f"chateval certify --program {program} --results RESULTS.jsonl --dataset PEOPLE --annotators A1,A2,A3"
     test = (certificate.get("people") or {}).get("alt_test")
-    gate = "--require replaces-annotator (alternative annotator test: omega >= 0.5)"
-    if test is None:
-        return [Failure("alternative annotator test", "not in the certificate", gate, fix)]
-    if test["replaces"] is None:
-        return [Failure("alternative annotator test", f"not tested: {test['missing']}", gate, fix)]
+    name, gate = "alternative annotator test", "--require replaces-annotator (alternative annotator test: omega >= 0.5)"
+    if test is None or test["replaces"] is None:
+        return [Failure(name, "not in the certificate" if test is None else f"not tested: {test['missing']}", gate, fix)]
     if not test["replaces"]:
-        return [Failure("alternative annotator test", f"does not replace an annotator (omega={test['omega']:.2f}, "
+        return [Failure(name, f"does not replace an annotator (omega={test['omega']:.2f}, "
                         f"rho={_shown(test['rho'])}, epsilon={test['epsilon']:g})", gate)]
     return []
 
 
-def _audit_figures(certificate: dict, figure: str, probe: str | None = None) -> list[dict]:
-    return [f for f in (certificate.get("audit") or {}).get("figures", [])
-            if f["figure"] == figure and (probe is None or f["probe"] == probe)]
-
-
-def _position(certificate: dict, limit: float, program: str) -> list[Failure]:
-    gate = f"--max-position-flips {limit:g}"
-    calibrated = (certificate.get("audit") or {}).get("calibrated")
-    probe = f"position ({'calibrated' if calibrated else 'uncalibrated'})"
-    found = _audit_figures(certificate, "flip rate", probe)
+def _audit_gate(certificate: dict, name: str, gate: str, probes: str, program: str, fails, probe: str | None = None):
+    """The failures of every audit figure ``name`` (of ``probe``, None: any) whose value ``fails``, or one saying
+    that the certificate lacks it and how to measure it (``probes``)."""
+    found = [f for f in (certificate.get("audit") or {}).get("figures", [])
+             if f["figure"] == name and (probe is None or f["probe"] == probe)]
     if not found:
-        return [Failure("position flip rate", "not in the certificate", gate,
-                        f"chateval audit {program} --dataset DATA --probes position")]
-    block = found[0]["estimate"]
-    if block["value"] is None or block["value"] > limit:
-        return [Failure(f"{probe} flip rate", _shown(block), gate)]
-    return []
-
-
-def _robustness(certificate: dict, limit: float, program: str) -> list[Failure]:
-    gate = f"--min-robustness {limit:g}"
-    found = _audit_figures(certificate, "robustness rate")
-    if not found:
-        return [Failure("robustness rate", "not in the certificate", gate,
-                        f"chateval audit {program} --dataset DATA --probes verbosity,authority,bandwagon,distraction")]
-    return [Failure(f"{f['probe']} robustness rate", _shown(f["estimate"]), gate) for f in found
-            if f["estimate"]["value"] is None or f["estimate"]["value"] < limit]
+        return [Failure(f"{'position ' if probe else ''}{name}", "not in the certificate", gate,
+                        f"chateval audit {program} --dataset DATA --probes {probes}")]
+    return [Failure(f"{f['probe']} {name}", _shown(f["estimate"]), gate) for f in found
+            if f["estimate"]["value"] is None or fails(f["estimate"]["value"])]
 
 
 def check_gates(certificate: dict | None, gates: Gates, *, program: str = "DIR") -> list[Failure]:
@@ -134,20 +113,20 @@ def check_gates(certificate: dict | None, gates: Gates, *, program: str = "DIR")
     failures: list[Failure] = []
     if "replaces-annotator" in gates.require:
         failures += _replaces(certificate, program)
-    if gates.max_position_flips is not None:
-        failures += _position(certificate, gates.max_position_flips, program)
-    if gates.min_robustness is not None:
-        failures += _robustness(certificate, gates.min_robustness, program)
+    if (limit := gates.max_position_flips) is not None:
+        # the flip rate under the position calibration the evaluator runs with
+        probe = f"position ({'calibrated' if (certificate.get('audit') or {}).get('calibrated') else 'uncalibrated'})"
+        failures += _audit_gate(certificate, "flip rate", f"--max-position-flips {limit:g}", "position", program,
+                                lambda v: v > limit, probe)
+    if (least := gates.min_robustness) is not None:
+        failures += _audit_gate(certificate, "robustness rate", f"--min-robustness {least:g}",
+                                "verbosity,authority,bandwagon,distraction", program, lambda v: v < least)
     return failures
 
 
 def enforce(card: dict, gates: Gates | None, program_dir) -> None:
-    """Refuse (``GateRefused``, listing every failure) when the saved card's certificate fails a gate.
-
-    Raises:
-        GateRefused: naming the evaluator, each failing figure with its value, interval and gate, and how to
-            measure what is missing, then rerun the same command.
-    """
+    """Refuse (``GateRefused``: the evaluator, each failing figure with its value, interval and gate, how to
+    measure what is missing) when the saved card's certificate fails a gate."""
     if gates is None or not gates.any:
         return
     failures = check_gates(card.get("certificate"), gates, program=str(program_dir))

@@ -1,15 +1,8 @@
 """What a gated ``chateval compile`` or ``chateval search`` measures on the evaluator it has just saved, before it is
-registered: each gate reads a figure of the certificate, and the command measures that figure itself, on the test
-split (the items neither the optimizer nor the search saw), then checks the gates (``gates.enforce``).
+registered: each figure a gate reads (``gates``), on the test split (the items neither the optimizer nor the search
+saw): the bias audit's probes, and the alternative annotator test of the panel's test verdicts against the people's
+labels of those items (labels of other items are left out, and the certificate says how many remain).
 
-- ``--max-position-flips``: the bias audit's position probe (``optim.audit``) on the test split's items;
-- ``--min-robustness``: the audit's text probes (verbosity, authority, bandwagon, distraction; those that apply);
-- ``--require replaces-annotator``: the alternative annotator test (``optim.certify.report``) of the panel's test
-  verdicts (the results file of the test the command has just run) against several people's labels of those items
-  (``Gates.people``); the people's labels of items outside the test split are left out, and the certificate
-  says how many remain.
-
-``check_gate_data`` refuses, before any work, a gate whose data is missing, naming the gate and what to pass.
 The audit writes into ``<out>/results/gates-audit-<digest of program.json>``: a rerun of the same command resumes it,
 another program gets a folder of its own.
 """
@@ -23,7 +16,7 @@ from pathlib import Path
 
 from chateval_dspy.errors import ConfigError
 from optim.audit.probes import ROBUSTNESS_PROBES
-from optim.certify.gates import Gates
+from optim.certify.gates import Gates, enforce
 
 SHOWN_IDS = 5
 
@@ -64,38 +57,25 @@ def audit_probes(gates: Gates, fmt: str) -> tuple[str, ...]:
 
 
 def check_gate_data(gates: Gates | None, fmt: str, test_ids) -> None:
-    """Refuse a gate whose data is missing (before any LM call), naming the gate and what to pass.
-
-    Args:
-        gates: The gates asked for (None: nothing to check).
-        fmt: The task's format (``pairwise`` or ``pointwise``).
-        test_ids: The ids of the test split's items, which the people's labels must cover in part.
-    """
+    """Refuse a gate whose data is missing (before any LM call), naming the gate and what to pass; the people's
+    labels must cover some of ``test_ids`` (the test split's items)."""
     if gates is None or not gates.any:
         return
     if gates.max_position_flips is not None and fmt != "pairwise":
         raise ConfigError("--max-position-flips measures verdicts with the answers swapped; a pointwise item has one "
                           "response: drop --max-position-flips (--min-robustness applies to pointwise items)")
-    if "replaces-annotator" in gates.require:
-        _check_people(gates, [str(i) for i in test_ids])
-
-
-def _check_people(gates: Gates, test_ids: list[str]) -> None:
+    if "replaces-annotator" not in gates.require:
+        return
     if gates.people is None:
         raise ConfigError("--require replaces-annotator runs the alternative annotator test, which needs several "
                           "people's labels of the test split's items: pass --people FILE --annotators A1,A2,A3 "
                           "(one label column per person; without --annotators a long file of id,annotator,label), "
                           "or --people mlflow:<experiment> (the review page's reviewers)")
-    shared = set(gates.people.labels) & set(test_ids)
-    if not shared:
+    test_ids = [str(i) for i in test_ids]
+    if not set(gates.people.labels) & set(test_ids):
         raise ConfigError(f"--require replaces-annotator: the people's labels ({gates.people.source}) cover none of "
                           f"the {len(test_ids)} test split item(s) (e.g. {sorted(test_ids)[:SHOWN_IDS]}), and the "
                           "test compares the panel with the people on items tuning never saw: label those items")
-
-
-def program_folder(out: Path) -> str:
-    """The audit's folder name for the evaluator saved in ``out``: one per saved program."""
-    return "gates-audit-" + hashlib.sha256((Path(out) / "program.json").read_bytes()).hexdigest()[:12]
 
 
 def measure_audit(out: Path, program, gates: Gates, *, lm, held_out: HeldOut, seed: int, concurrency: int):
@@ -110,7 +90,8 @@ def measure_audit(out: Path, program, gates: Gates, *, lm, held_out: HeldOut, se
     probes = audit_probes(gates, program.config.format)
     if not probes:
         return None
-    folder = Path(out) / "results" / program_folder(out)
+    digest = hashlib.sha256((Path(out) / "program.json").read_bytes()).hexdigest()[:12]  # a folder per saved program
+    folder = Path(out) / "results" / f"gates-audit-{digest}"
     with lm.judging(lm_slots(program.config, concurrency)) as judging_lm:
         judge = Judge(program, read_card(out), judging_lm, contextlib.ExitStack())
         report = audit(judge, held_out.items, out=folder, probes=probes, seed=seed, concurrency=concurrency,
@@ -127,10 +108,8 @@ def measure_people(out: Path, program, gates: Gates, *, held_out: HeldOut, seed:
 
     if "replaces-annotator" not in gates.require:
         return None
-    verdicts = read_verdicts(held_out.results)
-    people = gates.people
-    labelled = {i: v for i, v in verdicts.items() if i in people.labels}
-    people = People({i: by for i, by in people.labels.items() if i in labelled}, people.source)
+    labelled = {i: v for i, v in read_verdicts(held_out.results).items() if i in gates.people.labels}
+    people = People({i: by for i, by in gates.people.labels.items() if i in labelled}, gates.people.source)
     level = "nominal" if program.config.format == "pairwise" else None
     cert = certify_judged(labelled, people, results=str(held_out.results), level=level, seed=seed)
     return fill(out, "people", people_part(cert))
@@ -140,21 +119,13 @@ def measure_and_enforce(out: str | Path, program, gates: Gates | None, *, lm, he
                         concurrency: int = 1):
     """Measure what ``gates`` read on the evaluator saved in ``out`` (``program``, on ``lm``: an ``LMSpec``) and
     check them (``GateRefused`` lists every failure: nothing is to be registered). Returns ``(card, certificate)``:
-    the card as saved now, and the certificate measured (None when no gate is set).
-
-    Example:
-        >>> card, certificate = measure_and_enforce("programs/p", program, Gates(min_robustness=0.9),  # doctest: +SKIP
-        ...                                         lm=LMSpec(model=url), held_out=HeldOut(test, results, name))
-    """
+    the card as saved now, and the certificate measured (None when no gate is set)."""
     from chateval_dspy.deploy.saved.store import read_card
-    from optim.certify.gates import enforce
 
-    out = Path(out)
-    measured = []
+    out, certificate = Path(out), None
     if gates is not None and gates.any:
-        measured = [measure_audit(out, program, gates, lm=lm, held_out=held_out, seed=seed, concurrency=concurrency),
-                    measure_people(out, program, gates, held_out=held_out, seed=seed)]
-    certificate = next((c for c in reversed(measured) if c is not None), None)  # the last part written holds all
+        audited = measure_audit(out, program, gates, lm=lm, held_out=held_out, seed=seed, concurrency=concurrency)
+        certificate = measure_people(out, program, gates, held_out=held_out, seed=seed) or audited  # the last holds all
     card = read_card(out)  # with the certificate an unchanged program keeps from an earlier save
     enforce(card, gates, out)
     return card, certificate

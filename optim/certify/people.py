@@ -1,6 +1,6 @@
 """Several people's labels per item, from a file or from the review page, as ``People``.
 
-Three ways in:
+Four ways in:
 
 - per-annotator columns (``annotators=("a1", "a2", "a3")``): one row per item, an ``id`` column and one column per
   person; an empty cell (or a missing field) is an item that person did not label;
@@ -90,7 +90,11 @@ def canonical(value, *, source: str, row: int | None, field: str) -> str | None:
     return text
 
 
-def _put(labels: dict, item: str, who: str, value: str, *, source: str, row: int | None) -> None:
+def _put(labels: dict, item: str, who: str, raw, *, source: str, row: int | None, field: str) -> None:
+    """Add ``who``'s label of ``item`` (``raw``, made canonical; no label adds nothing)."""
+    value = canonical(raw, source=source, row=row, field=field)
+    if value is None:
+        return
     by = labels.setdefault(item, {})
     if who in by:
         raise DataError(f"{shown(who, 60)} labelled item {shown(item, 60)} twice; keep one answer per person and item",
@@ -98,11 +102,10 @@ def _put(labels: dict, item: str, who: str, value: str, *, source: str, row: int
     by[who] = value
 
 
-def _item_id(record: dict, column: str, source: str, row: int) -> str:
-    raw = record.get(column)
-    if raw in (None, ""):
-        raise DataError("a row needs an item id", source=source, row=row, field=column)
-    return check_name(raw, source=source, row=row, field=column)
+def _name(record: dict, column: str, source: str, row: int, what: str = "an item id") -> str:
+    if record.get(column) in (None, ""):
+        raise DataError(f"a row needs {what}", source=source, row=row, field=column)
+    return check_name(record[column], source=source, row=row, field=column)
 
 
 def _checked(labels: dict, source: str) -> People:
@@ -116,61 +119,43 @@ def _checked(labels: dict, source: str) -> People:
 
 
 def from_columns(path: str, annotators, *, id_column: str = "id") -> People:
-    """People's labels from per-annotator columns of a JSONL/CSV file (see the module's rules).
-
-    Example:
-        >>> p = from_columns("labels.csv", ("a1", "a2", "a3"))  # doctest: +SKIP
-    """
+    """People's labels from per-annotator columns of a JSONL/CSV file (see the module's rules)."""
+    source = str(path)
     annotators = [check_name(a, source="annotators", row=None, field="annotators") for a in annotators]
     if len(set(annotators)) != len(annotators) or not annotators:
-        raise DataError(f"annotator columns must be distinct and at least one, got {annotators}", source=str(path))
+        raise DataError(f"annotator columns must be distinct and at least one, got {annotators}", source=source)
     if len(annotators) > MAX_ANNOTATORS:
-        raise DataError(f"{len(annotators)} annotator columns; the limit is {MAX_ANNOTATORS}", source=str(path))
+        raise DataError(f"{len(annotators)} annotator columns; the limit is {MAX_ANNOTATORS}", source=source)
     rows = read_rows(path)
     absent = [a for a in annotators if not any(a in r for _, r in rows)]
     if absent:
-        raise DataError(f"no row has the annotator column(s) {absent}", source=str(path))
+        raise DataError(f"no row has the annotator column(s) {absent}", source=source)
     labels: dict[str, dict[str, str]] = {}
     for row, record in rows:
-        item = _item_id(record, id_column, str(path), row)
+        item = _name(record, id_column, source, row)
         if item in labels:
             raise DataError(f"item {shown(item, 60)} appears twice; one row per item in this format",
-                            source=str(path), row=row, field=id_column)
+                            source=source, row=row, field=id_column)
         labels[item] = {}
         for who in annotators:
-            value = canonical(record.get(who), source=str(path), row=row, field=who)
-            if value is not None:
-                labels[item][who] = value
-    return _checked(labels, str(path))
+            _put(labels, item, who, record.get(who), source=source, row=row, field=who)
+    return _checked(labels, source)
 
 
 def from_long(path: str, *, columns: tuple[str, str, str] = LONG_COLUMNS) -> People:
     """People's labels from a long JSONL/CSV file: one row per item and person (``columns``: item id, annotator,
-    label).
-
-    Example:
-        >>> p = from_long("answers.jsonl", columns=("id", "reviewer", "label"))  # doctest: +SKIP
-    """
+    label)."""
     id_column, who_column, label_column = columns
-    labels: dict[str, dict[str, str]] = {}
+    source, labels = str(path), {}
     for row, record in read_rows(path):
-        item = _item_id(record, id_column, str(path), row)
-        if record.get(who_column) in (None, ""):
-            raise DataError("a row needs the annotator who gave the label", source=str(path), row=row,
-                            field=who_column)
-        who = check_name(record[who_column], source=str(path), row=row, field=who_column)
-        value = canonical(record.get(label_column), source=str(path), row=row, field=label_column)
-        if value is not None:
-            _put(labels, item, who, value, source=str(path), row=row)
-    return _checked(labels, str(path))
+        item = _name(record, id_column, source, row)
+        who = _name(record, who_column, source, row, "the annotator who gave the label")
+        _put(labels, item, who, record.get(label_column), source=source, row=row, field=label_column)
+    return _checked(labels, source)
 
 
 def from_traces(traces, *, question: str = "label", source: str = "traces") -> People:
-    """People's labels from traced debates' human feedback to ``question`` (each reviewer's latest answer).
-
-    Example:
-        >>> p = from_traces(mlflow.search_traces(return_type="list"), question="label")  # doctest: +SKIP
-    """
+    """People's labels from traced debates' human feedback to ``question`` (each reviewer's latest answer)."""
     from chateval_dspy.deploy.mlflow.trace_labels import human_answers, item_id_of
 
     labels: dict[str, dict[str, str]] = {}
@@ -179,9 +164,7 @@ def from_traces(traces, *, question: str = "label", source: str = "traces") -> P
         item = check_name(item_id_of(trace), source=where, row=row, field="id")
         for who, raw in human_answers(trace).get(question, {}).items():
             who = check_name(who, source=where, row=row, field="reviewer")
-            value = canonical(raw, source=where, row=row, field=question)
-            if value is not None:
-                _put(labels, item, who, value, source=where, row=row)
+            _put(labels, item, who, raw, source=where, row=row, field=question)
     return _checked(labels, source)
 
 
@@ -193,36 +176,29 @@ def from_usr(path: str, aspect: str) -> People:
         >>> from_usr("tc_usr_data.json", "Overall").counts()  # doctest: +SKIP
         {'er': 180, 'fl': 180, 'me': 180, 'sm': 360, 'yf': 180}
     """
-    labels: dict[str, dict[str, str]] = {}
+    source, labels = str(path), {}
     for row, context in read_rows(path):
         who = context.get("annotators")
         if not isinstance(who, list) or not isinstance(context.get("responses"), list):
-            raise DataError("a USR context needs lists 'annotators' and 'responses'", source=str(path), row=row)
-        who = [check_name(w, source=str(path), row=row, field="annotators") for w in who]
+            raise DataError("a USR context needs lists 'annotators' and 'responses'", source=source, row=row)
+        who = [check_name(w, source=source, row=row, field="annotators") for w in who]
         for response in context["responses"]:
             ratings = response.get(aspect) if isinstance(response, dict) else None
             if not isinstance(ratings, list) or len(ratings) != len(who):
                 raise DataError(f"a response needs {len(who)} ratings of {aspect!r}, one per annotator",
-                                source=str(path), row=row, field=aspect)
+                                source=source, row=row, field=aspect)
             item = str(len(labels))
             labels[item] = {}
             for person, value in zip(who, ratings):
-                value = canonical(value, source=str(path), row=row, field=aspect)
-                if value is not None:
-                    _put(labels, item, person, value, source=str(path), row=row)
-    return _checked(labels, str(path))
+                _put(labels, item, person, value, source=source, row=row, field=aspect)
+    return _checked(labels, source)
 
 
 def read_people(source: str, *, annotators=None, columns: tuple[str, str, str] = LONG_COLUMNS,
                 question: str = "label", usr_aspect: str | None = None, tracking_uri: str | None = None) -> People:
     """People's labels from ``source``: ``mlflow:<experiment>[?filter=...]`` (the review page's reviewers), the USR
     release (given ``usr_aspect``), a file with per-annotator columns (given ``annotators``), else a long file
-    (``columns``).
-
-    Example:
-        >>> read_people("labels.csv", annotators=["a1", "a2", "a3"]).annotators()  # doctest: +SKIP
-        ['a1', 'a2', 'a3']
-    """
+    (``columns``)."""
     if source.startswith(PREFIX):
         from optim.tuning.labels import traces_of
 

@@ -23,17 +23,12 @@ from optim.tuning.labels import check_name
 SHOWN_IDS = 5  # ids named in a mismatch error
 
 
-def _score_field(record: dict) -> str | None:
-    """The field of a ``chateval score`` line holding the panel's label: ``winner`` (pairwise) or ``scores``."""
-    if record.get("format") == "pairwise" and "winner" in record:
-        return "winner"
-    return "scores" if "scores" in record else None
-
-
 def _verdict(record: dict, criterion: str | None, source: str, row: int) -> str | None:
     if is_error(record):
         return None
-    field = "prediction" if "prediction" in record else _score_field(record)  # evaluate's lines, or score's
+    # evaluate's lines hold a prediction; score's a winner (pairwise) or scores
+    fields = ("prediction", "winner", "scores") if record.get("format") == "pairwise" else ("prediction", "scores")
+    field = next((f for f in fields if f in record), None)
     if field is None:
         raise DataError("a results line needs a prediction (chateval evaluate) or a winner / scores (chateval "
                         "score), null for an abstention", source=source, row=row, field="prediction")
@@ -67,7 +62,7 @@ def read_verdicts(path: str, *, criterion: str | None = None) -> dict[str, str |
 
 def check_join(verdicts: dict, people: People, results: str, *, judged_only: bool = False) -> People:
     """Refuse item ids that do not match between the results and the people's labels, saying how many; with
-    ``judged_only``, labelled items without a results line are left out instead (the people returned hold the rest)."""
+    ``judged_only``, labelled items without a results line are left out instead (of the people returned)."""
     if judged_only:
         people = People({i: by for i, by in people.labels.items() if i in verdicts}, people.source)
     unjudged = sorted(set(people.labels) - set(verdicts))
@@ -104,13 +99,11 @@ class Certificate:
         out += [f"  {f.name:<40} {f.estimate}  n={f.estimate.n}" for f in self.among]
         if self.test is None:
             return out
-        out.append(f"panel ({self.results}, {self.abstained} abstained) beside each person, Cohen's kappa with that "
-                   "person:")
-        out.append(f"  {'person':<20} {'other people (mean)':<34} panel")
+        out += [f"panel ({self.results}, {self.abstained} abstained) beside each person, Cohen's kappa with that person:",
+                f"  {'person':<20} {'other people (mean)':<34} panel"]
         out += [f"  {r.person:<20} {str(r.people) + f'  n={r.people.n}':<34} {r.panel}  n={r.panel.n}"
                 for r in self.beside]
-        out.append("alternative annotator test: " + self.test.line())
-        return out
+        return out + ["alternative annotator test: " + self.test.line()]
 
 
 def certify(results: str | None, people: People, *, criterion: str | None = None, level: str | None = None,
@@ -119,12 +112,7 @@ def certify(results: str | None, people: People, *, criterion: str | None = None
     """The panel of ``results`` against ``people``: agreement among them, the panel beside each, the alternative
     annotator test (``accuracy`` scoring for categories, ``neg_rmse`` for rating scales). ``results=None``: the
     agreement among the people only. ``judged_only``: the people's items without a results line are left out (the
-    header says how many people's items remain), else they are refused.
-
-    Example:
-        >>> cert = certify("results.jsonl", read_people("labels.csv", annotators=["a1", "a2", "a3"]))  # doctest: +SKIP
-        >>> print("\\n".join(cert.lines()))  # doctest: +SKIP
-    """
+    header says how many people's items remain), else they are refused."""
     level = check_level(level or level_for(people))
     if level != "nominal" and not people.numeric():
         raise DataError(f"level {level} needs numbers; some people's labels are not", source=people.source)

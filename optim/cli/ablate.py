@@ -40,7 +40,8 @@ def run(args) -> int:
             if row.result.resumed:
                 print(f"  resumed: {row.result.resumed} item(s) were already judged in {row.out}", file=sys.stderr)
 
-    done = ablate(flags.data_spec(args), lambda fmt: flags.debate_config(args, fmt), flags.lm_spec(args),
+    data = flags.data_spec(args)
+    done = ablate(data, lambda fmt: flags.debate_config(args, fmt, data.task), flags.lm_spec(args),
                   out=args.out, overwrite=args.overwrite, concurrency=flags.concurrency(args), hooks=Printed(),
                   tracking=TrackingSpec(enabled=not args.no_mlflow, uri=args.tracking_uri, log_model=False))
     print(done.table())

@@ -45,8 +45,7 @@ def run(args) -> int:
                          bias_column=args.bias_column, judge_family=args.judge_family)
     if report.resumed:
         print(f"resumed: {report.resumed} verdict(s) were already in {report.out}", file=sys.stderr)
-    for line in report.lines():
-        print(line)
+    print("\n".join(report.lines()))
     certificate = certify_audit(args.program, report)
     if certificate is not None:
         print(f"certificate: the audit is in {args.program}/card.json and card.md", file=sys.stderr)

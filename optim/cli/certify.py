@@ -39,7 +39,7 @@ def add_command(sub) -> None:
 
 
 def run(args) -> int:
-    from chateval_dspy.errors import ChatEvalError, ConfigError
+    from chateval_dspy.errors import ConfigError
     from optim.certify.people import read_people
     from optim.certify.report import certify
 
@@ -48,16 +48,10 @@ def run(args) -> int:
         raise ConfigError(f"--long-columns takes three names (item id, person, label), got {args.long_columns!r}")
     people = read_people(args.dataset, annotators=flags.names(args.annotators), columns=columns,
                          question=args.question, usr_aspect=args.usr_aspect, tracking_uri=args.tracking_uri)
-    try:
-        cert = certify(args.results, people, criterion=args.criterion, level=args.level, epsilon=args.epsilon,
-                       judged_only=args.judged_only, seed=args.seed, n_resamples=args.resamples,
-                       **({"kind": args.annotator_kind} if args.annotator_kind else {}))
-    except ChatEvalError:
-        raise
-    except ValueError as exc:  # a flag value the library refuses (epsilon out of range)
-        raise ConfigError(str(exc)) from exc
-    for line in cert.lines():
-        print(line)
+    cert = certify(args.results, people, criterion=args.criterion, level=args.level, epsilon=args.epsilon,
+                   judged_only=args.judged_only, seed=args.seed, n_resamples=args.resamples,
+                   **({"kind": args.annotator_kind} if args.annotator_kind else {}))
+    print("\n".join(cert.lines()))
     if args.program:
         from optim.certify.certificate import fill, log_run, people_part
 

@@ -47,7 +47,7 @@ def run(args) -> int:
     settings = OptimizerSettings(max_demos=args.max_demos, candidates=args.candidates, auto=args.auto,
                                  threads=args.threads, seed=args.seed)
     gates = flags.gates(args)
-    done = compile_and_save(data, lambda fmt: flags.debate_config(args, fmt), flags.lm_spec(args),
+    done = compile_and_save(data, lambda fmt: flags.debate_config(args, fmt, flags.task(args)), flags.lm_spec(args),
                             optimizer=args.optimizer, out=args.out, metric=args.metric, settings=settings,
                             tracking=flags.tracking_spec(args), concurrency=flags.concurrency(args),
                             hooks=CompilePrinted(not args.no_progress), gates=gates)
@@ -57,7 +57,6 @@ def run(args) -> int:
     if done.mlflow_run_id:
         print(f"mlflow run: {done.mlflow_run_id}")
     return 0
-
 
 
 def compile_data(args):

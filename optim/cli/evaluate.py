@@ -26,18 +26,18 @@ def add_command(sub) -> None:
 def run(args) -> int:
     """Judge, print the figures, and (without ``--no-mlflow``) log it all to an MLflow run that is open, RUNNING,
     from before the first item until the command ends (FINISHED, FAILED or KILLED)."""
+    from chateval_dspy.run.evaluate_dataset import plan_run
     from optim.tracking.runs import tracer_for
 
     data = flags.data_spec(args)
-    items, fmt = data.items()
-    panel = lambda fmt: flags.debate_config(args, fmt)  # noqa: E731 - the panel once the data's format is known
+    plan = plan_run(data, lambda fmt: flags.debate_config(args, fmt, data.task), flags.lm_spec(args), args.out)
+    concurrency = flags.concurrency(args)  # flags refused before a run is opened
     tracer = None if args.trace is False else tracer_for(
-        args.trace, items=items, config=panel, uri=args.tracking_uri, mlflow_target=not args.no_mlflow,
+        args.trace, items=plan.items, config=plan.config, uri=args.tracking_uri, mlflow_target=not args.no_mlflow,
         tags={"chateval.command": "evaluate"})
-    lm, concurrency = flags.lm_spec(args), flags.concurrency(args)  # flags refused before a run is opened
-    with _tracked(args, data, panel(fmt), lm, items) as tracked:
-        done = _judge(args, data, panel, lm, concurrency, tracer, tracked)
-        metrics = _report(done, data)
+    with _tracked(args, plan) as tracked:
+        done = _judge(args, plan, concurrency, tracer, tracked)
+        metrics = _report(done)
         if tracked is not None:
             tracked.log(done, metrics)
             if tracer:
@@ -50,35 +50,32 @@ def run(args) -> int:
     return 0
 
 
-def _tracked(args, data, config, lm, items):
+def _tracked(args, plan):
     """The MLflow run (``optim.tracking.evaluation.EvaluationRun``), opened now; a context yielding None with --no-mlflow."""
     if args.no_mlflow:
         return contextlib.nullcontext()
-    from chateval_dspy.run.evaluate_dataset import results_for
     from optim.tracking.evaluation import evaluation_run
 
-    _, out = results_for(data, config, lm, items, args.out)
-    return evaluation_run(data, config, items, out=out, uri=args.tracking_uri)
+    return evaluation_run(plan.data, plan.config, plan.items, out=plan.out, uri=args.tracking_uri)
 
 
-def _judge(args, data, panel, lm, concurrency: int, tracer, tracked):
-    from chateval_dspy.run.evaluate_dataset import evaluate_dataset
+def _judge(args, plan, concurrency: int, tracer, tracked):
+    from chateval_dspy.run.evaluate_dataset import judge_plan
 
     with show.progress(None, not args.no_progress) as on_item:
-        return evaluate_dataset(data, panel, lm, out=args.out, overwrite=args.overwrite,
-                                concurrency=concurrency,
-                                on_item=tracer.on_item(on_item) if tracer else on_item,
-                                on_wave=show.wave_progress(not args.no_progress),
-                                on_start=tracked.judging if tracked is not None else None)
+        return judge_plan(plan, overwrite=args.overwrite, concurrency=concurrency,
+                          on_item=tracer.on_item(on_item) if tracer else on_item,
+                          on_wave=show.wave_progress(not args.no_progress),
+                          on_start=tracked.judging if tracked is not None else None)
 
 
-def _report(done, data) -> dict:
+def _report(done) -> dict:
     """Print what was judged and its figures, and what was resumed, skipped or empty; returns the metrics."""
     if done.result.resumed:
         print(f"resumed: {done.result.resumed} item(s) were already judged in {done.out}", file=sys.stderr)
-    metrics = show.summary(done.result, done.header(), data.seed, data.resamples)
+    metrics = show.summary(done.result, done.header(), done.data.seed, done.data.resamples)
     if done.skipped:
-        print(f"skipped {len(done.skipped)} malformed row(s) of {data.dataset} (--skip-bad-rows):", file=sys.stderr)
+        print(f"skipped {len(done.skipped)} malformed row(s) of {done.data.dataset} (--skip-bad-rows):", file=sys.stderr)
         for error in done.skipped:
             print(f"  {error}", file=sys.stderr)
     empty = list(done.result.empty)

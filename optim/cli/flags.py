@@ -284,12 +284,13 @@ def panel_roles(args) -> tuple[str, ...]:
     return first_roles(args.roles if args.roles is not None else len(default(DebateConfig, "roles")))
 
 
-def debate_config(args, fmt: str) -> DebateConfig:
-    """Flags -> DebateConfig (the CLI's only translation step for the panel)."""
+def debate_config(args, fmt: str, task) -> DebateConfig:
+    """Flags -> DebateConfig (the CLI's only translation step for the panel); ``task``: ``--task`` as read once
+    (``DataSpec.task`` from ``data_spec``), None for the format's built-in."""
     return DebateConfig(format=fmt, roles=panel_roles(args), strategy=args.strategy, turns=args.turns,
                         calibrate=not args.no_calibrate, aggregate=args.aggregate, parse_retries=args.parse_retries,
                         max_text_chars=args.max_text_chars, role_file=args.role_file,
-                        consensus_stop=args.consensus_stop, weighted_scores=args.weighted_scores, task=task(args))
+                        consensus_stop=args.consensus_stop, weighted_scores=args.weighted_scores, task=task)
 
 
 def concurrency(args) -> int:

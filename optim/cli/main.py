@@ -13,11 +13,9 @@ from chateval_dspy.errors import ChatEvalError
 from chateval_dspy.lm.offline import ensure_offline
 
 # Command -> its module: a parser declaration (light imports only) and a run() that imports what it needs.
-COMMANDS = {"evaluate": "optim.cli.evaluate", "compile": "optim.cli.compile", "search": "optim.cli.search",
-            "report": "optim.cli.report", "score": "optim.cli.score", "serve": "optim.cli.serve",
-            "ablate": "optim.cli.ablate", "review": "optim.cli.review", "review-serve": "optim.cli.review_serve",
-            "calibrate": "optim.cli.calibrate", "cascade": "optim.cli.cascade", "audit": "optim.cli.audit",
-            "certify": "optim.cli.certify"}
+COMMANDS = {name: "optim.cli." + name.replace("-", "_") for name in (
+    "evaluate", "compile", "search", "report", "score", "serve", "ablate", "review", "review-serve", "calibrate",
+    "cascade", "audit", "certify")}
 
 
 def command(name: str):

@@ -49,5 +49,3 @@ def run(args) -> int:
         report.attach(client, run_id, out)
         print(f"logged the plots to MLflow run {run_id} (artifacts/report)")
     return 0
-
-

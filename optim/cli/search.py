@@ -1,17 +1,6 @@
 """``chateval search``: Optuna over panel shapes, one nested MLflow run per trial; the best is tested and saved
-(``optim.search.run.run_search``; this module parses flags and prints).
-
-Usage::
-
-    chateval search --dataset faireval --trials 30                       # one worker
-    chateval search --dataset faireval --trials 30 --no-test &           # more workers on the same study
-    chateval search --dataset faireval --trials 30 --objectives agreement,tokens --compile none,labeled
-    chateval search --dataset faireval --trials 30 --objectives agreement,cascade_cost \
-        --first-stage programs/single --agree-at-least 0.8 --risk 0.2    # each trial's panel after a cheap judge
-    chateval search --dataset faireval --trials 30 --objectives agreement,robustness --min-robustness 0.9
-
-Panel flags fix a dimension instead of setting the panel: ``--strategy one_by_one`` searches
-only that strategy, ``--roles 3`` only panels of three, ``--same-role 2`` only the ablation.
+(``optim.search.run.run_search``; examples in docs/search.md). Panel flags fix a dimension
+instead of setting the panel: ``--roles 3`` searches only panels of three, ``--same-role 2`` only the ablation.
 """
 
 from __future__ import annotations
@@ -101,13 +90,13 @@ def space_from_args(args, defaults: SearchSpace | None = None) -> SearchSpace:
     )
 
 
-def base_from_args(args, fmt: str) -> DebateConfig:
+def base_from_args(args, fmt: str, task=None) -> DebateConfig:
     """Everything a trial does not choose, from the flags (the panel here is a placeholder each trial replaces)."""
     return DebateConfig(format=fmt, strategy=args.strategy or flags.default(DebateConfig, "strategy"),
                         turns=args.turns or 1, aggregate=args.aggregate or flags.default(DebateConfig, "aggregate"),
                         calibrate=not args.no_calibrate, parse_retries=args.parse_retries,
                         max_text_chars=args.max_text_chars, role_file=args.role_file,
-                        consensus_stop=args.consensus_stop, weighted_scores=args.weighted_scores, task=flags.task(args))
+                        consensus_stop=args.consensus_stop, weighted_scores=args.weighted_scores, task=task)
 
 
 def cascade_from_args(args):
@@ -140,7 +129,8 @@ def run(args) -> int:
     spec = StudySpec(name, trials=args.trials, storage=args.storage, objectives=objectives, prune=not args.no_prune,
                      report_every=args.report_every)
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # one line per trial is printed instead
-    done = run_search(flags.data_spec(args), lambda fmt: base_from_args(args, fmt), flags.lm_spec(args), study=spec,
+    data = flags.data_spec(args)
+    done = run_search(data, lambda fmt: base_from_args(args, fmt, data.task), flags.lm_spec(args), study=spec,
                       space=space_from_args(args), settings=OptimizerSettings(max_demos=args.max_demos, seed=args.seed),
                       out=args.out, test=not args.no_test, tracking=flags.tracking_spec(args),
                       concurrency=flags.concurrency(args), hooks=SearchPrinted(not args.no_progress),

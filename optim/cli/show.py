@@ -46,15 +46,13 @@ def wave_progress(enabled: bool = True):
     return show
 
 
-
 def fitted(report, *, command: str, level: float | None, risk: float | None, resumed: str, log) -> int:
     """What ``calibrate`` and ``cascade`` print of their report (``resumed``: the line when it read verdicts
     back); ``log()`` logs it to MLflow (None: not logged). Exit 0 also when the level is not reached: the report
     says so, with the best level reachable."""
     if report.resumed:
         print(resumed, file=sys.stderr)
-    for line in report.lines():
-        print(line)
+    print("\n".join(report.lines()))
     if not report.reached:
         print(f"{command}: level {level:g} not reached at risk {risk:g}; no threshold saved", file=sys.stderr)
     if log is not None:

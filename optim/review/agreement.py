@@ -33,12 +33,6 @@ class Agreement:
     cant_judge: int  # "can't judge" answers, left out
 
 
-def _distance(metric: str):
-    if metric == "interval":
-        return lambda a, b: (float(a) - float(b)) ** 2
-    return lambda a, b: float(str(a) != str(b))
-
-
 def alpha(units: list[list], metric: str = "nominal") -> float | None:
     """Krippendorff's alpha of ``units`` (each item's values; items with fewer than two are left out).
 
@@ -48,7 +42,7 @@ def alpha(units: list[list], metric: str = "nominal") -> float | None:
         >>> round(alpha(data, "nominal"), 3), round(alpha(data, "interval"), 3)
         (0.743, 0.849)
     """
-    d = _distance(metric)
+    d = (lambda a, b: (float(a) - float(b)) ** 2) if metric == "interval" else (lambda a, b: float(str(a) != str(b)))
     pairable = [u for u in units if len(u) >= 2]
     n = sum(len(u) for u in pairable)
     if len(pairable) < 2 or n < 2:

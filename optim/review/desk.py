@@ -19,13 +19,15 @@ back the way MLflow's own Review page writes them.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
+from itertools import islice
 
 from chateval_dspy.deploy.mlflow.trace_labels import trace_inputs
 from chateval_dspy.errors import ChatEvalError, ConfigError, DataError
 from chateval_dspy.program.task import TaskSpec, as_task, load_task
 from optim.review import sources
-from optim.review.questions import Question, questions
+from optim.review.questions import Question, question_of, questions
 
 SHOW_PANEL_TAG = "chateval.review.show_panel.{queue_id}"  # an experiment tag: this queue shows the panel's verdict
 RANK_TAG = "chateval.review.rank.{queue_id}"  # a trace tag: its place in the ranking of the call that queued it
@@ -43,15 +45,17 @@ class Answer:
     time_ms: int = 0
 
 
+def _human_feedback(a) -> bool:
+    source = getattr(a, "source", None)
+    return type(a).__name__ == "Feedback" and source is not None and "HUMAN" in str(source.source_type).upper()
+
+
 def reviews(trace) -> dict[str, dict[str, Answer]]:
     """``{question: {reviewer: Answer}}`` from a trace's human Feedback, each reviewer's latest (``CANT_JUDGE``
     included, unlike the labels reader ``trace_labels.human_answers``, which takes only values)."""
     latest: dict[str, dict[str, Answer]] = {}
     for a in trace.info.assessments or []:
-        source = getattr(a, "source", None)
-        if type(a).__name__ != "Feedback" or source is None or "HUMAN" not in str(source.source_type).upper():
-            continue
-        if getattr(a, "valid", True) is False:
+        if not _human_feedback(a) or getattr(a, "valid", True) is False:
             continue
         value = getattr(a, "value", None)
         if value is None:
@@ -60,7 +64,7 @@ def reviews(trace) -> dict[str, dict[str, Answer]]:
             value = CANT_JUDGE
         answer = Answer(value, getattr(a, "rationale", None) or "", a.create_time_ms or 0)
         by = latest.setdefault(a.name, {})
-        who = source.source_id or "anonymous"
+        who = a.source.source_id or "anonymous"
         if who not in by or answer.time_ms >= by[who].time_ms:
             by[who] = answer
     return latest
@@ -68,6 +72,11 @@ def reviews(trace) -> dict[str, dict[str, Answer]]:
 
 def values_of(found: dict[str, dict[str, Answer]]) -> dict[str, dict[str, object]]:
     return {name: {who: a.value for who, a in by.items()} for name, by in found.items()}
+
+
+def has_answered(answers: dict[str, dict], reviewer: str, asked: list[Question]) -> bool:
+    """Whether ``answers`` (``{question: {reviewer: value}}``) hold ``reviewer``'s answer to every question."""
+    return all(reviewer in answers.get(q.name, {}) for q in asked)
 
 
 @dataclass
@@ -81,12 +90,6 @@ class ReviewItem:
     panel: dict  # the panel's verdict as a results record holds it (prediction, scores, consistent)
     answers: dict[str, dict[str, object]] = field(default_factory=dict)  # {question: {reviewer: value}}
     comments: dict[str, str] = field(default_factory=dict)  # {reviewer: their comment on the item}
-
-    def answered_by(self, reviewer: str, questions: list[Question]) -> bool:
-        return all(reviewer in self.answers.get(q.name, {}) for q in questions)
-
-    def cant_judge(self, reviewer: str) -> bool:
-        return any(by.get(reviewer) == CANT_JUDGE for by in self.answers.values())
 
 
 @dataclass
@@ -156,12 +159,8 @@ class Desk:
 def read_ranks(experiment_id: str, queue_id: str) -> dict[str, int]:
     """``{trace id: rank}`` of the experiment's traces that ``chateval review`` ranked into ``queue_id``."""
     tag = RANK_TAG.format(queue_id=queue_id)
-    out = {}
-    for trace in sources.search(experiment_id, spans=False):
-        rank = (trace.info.tags or {}).get(tag)
-        if rank is not None and rank.isdigit():
-            out[trace.info.trace_id] = int(rank)
-    return out
+    ranks = {t.info.trace_id: (t.info.tags or {}).get(tag) or "" for t in sources.search(experiment_id, spans=False)}
+    return {trace_id: int(rank) for trace_id, rank in ranks.items() if rank.isdigit()}
 
 
 def task_of(trace) -> TaskSpec:
@@ -176,41 +175,37 @@ def task_of(trace) -> TaskSpec:
     return as_task(record.get("format") or "pairwise")
 
 
-def question_of(schema) -> Question:
-    """A label schema read as the question it asks (categorical or numeric; other inputs are not answerable here)."""
-    given = schema.input
-    options = getattr(given, "options", None)
-    if options and not getattr(given, "multi_select", False):
-        return Question(schema.name, schema.instruction or "", options=tuple(str(o) for o in options))
-    if type(given).__name__ == "InputNumeric":
-        return Question(schema.name, schema.instruction or "", low=given.min_value, high=given.max_value)
-    raise ConfigError(f"label schema '{schema.name}' asks for {type(given).__name__}; the review page answers "
-                      "categorical and numeric questions (the ones chateval review makes)")
+def paged(list_page, *args, **kwargs):
+    """Every entry of an MLflow listing, page after page."""
+    token = None
+    while True:
+        page = list_page(*args, page_token=token, **kwargs)
+        yield from page
+        token = getattr(page, "token", None)
+        if not token:
+            return
 
 
 def queue_items(queue_id: str, status: str | None = None) -> list:
-    """The queue's items (``status``: only those in it), every page, at most ``MAX_ITEMS``."""
+    """The queue's items (``status``: only those in it), at most ``MAX_ITEMS``."""
     from mlflow.genai import review_queues
 
-    items, token = [], None
-    while True:
-        page = review_queues.list_review_queue_items(queue_id, status=status, max_results=1000, page_token=token)
-        items.extend(page)
-        token = getattr(page, "token", None)
-        if not token or len(items) >= MAX_ITEMS:
-            return items
+    return list(islice(paged(review_queues.list_review_queue_items, queue_id, status=status, max_results=1000),
+                       MAX_ITEMS))
 
 
 def find_queue(name: str, experiment_id: str):
     from mlflow.genai import review_queues
 
-    token = None
-    while True:
-        page = review_queues.list_review_queues(experiment_id=experiment_id, page_token=token)
-        found = next((q for q in page if q.name == name.strip()), None)
-        token = getattr(page, "token", None)
-        if found is not None or not token:
-            return found
+    return next((q for q in paged(review_queues.list_review_queues, experiment_id=experiment_id)
+                 if q.name == name.strip()), None)
+
+
+def find_experiment(name: str):
+    """The MLflow experiment named ``name``, or whose id it is; None when there is none."""
+    import mlflow
+
+    return mlflow.get_experiment_by_name(name) or (mlflow.get_experiment(name) if name.isdigit() else None)
 
 
 def open_desk(queue: str, *, experiment: str, task=None, guidelines: str = "") -> Desk:
@@ -219,8 +214,7 @@ def open_desk(queue: str, *, experiment: str, task=None, guidelines: str = "") -
     import mlflow
     from mlflow.genai import label_schemas
 
-    found_experiment = mlflow.get_experiment_by_name(experiment) or \
-        (mlflow.get_experiment(experiment) if experiment.isdigit() else None)
+    found_experiment = find_experiment(experiment)
     if found_experiment is None:
         raise ConfigError(f"no MLflow experiment {experiment!r} in {mlflow.get_tracking_uri()}")
     experiment_id = found_experiment.experiment_id
@@ -228,8 +222,7 @@ def open_desk(queue: str, *, experiment: str, task=None, guidelines: str = "") -
     if found is None:
         raise ConfigError(f"no review queue '{queue}' in experiment {experiment!r}: make it with chateval review "
                           f"<results> --queue {queue} --reviewer NAME")
-    asked = [question_of(label_schemas.get_label_schema(schema_id=s))
-             for s in found.schema_ids]
+    asked = [question_of(label_schemas.get_label_schema(schema_id=s)) for s in found.schema_ids]
     tags = found_experiment.tags or {}
     show = tags.get(SHOW_PANEL_TAG.format(queue_id=found.queue_id)) == "true"
     desk = Desk(found.queue_id, found.name, experiment_id, list(found.users), asked, show,
@@ -278,7 +271,7 @@ def check_answer(question: Question, raw: str | None):
     try:
         value = float(text)
     except ValueError:
-        raise DataError(f"'{question.name}': answer a number from {question.low:g} to {question.high:g}") from None
+        value = math.nan  # out of every range: refused below
     if not question.low <= value <= question.high:
         raise DataError(f"'{question.name}': answer a number from {question.low:g} to {question.high:g}")
     return int(value) if value.is_integer() else value
@@ -294,17 +287,12 @@ def record_answer(desk: Desk, trace_id: str, reviewer: str, values: dict[str, ob
 
     _delete_answers(desk, trace_id, reviewer)
     source = AssessmentSource(source_type=AssessmentSourceType.HUMAN, source_id=reviewer)
+    cant = AssessmentError(error_code=CANT_JUDGE_CODE, error_message="the reviewer could not judge this item")
     for question in desk.questions:
-        if values is None:
-            error = AssessmentError(error_code=CANT_JUDGE_CODE, error_message="the reviewer could not judge this item")
-            mlflow.log_feedback(trace_id=trace_id, name=question.name, error=error, source=source,
-                                rationale=comment or None)
-        else:
-            mlflow.log_feedback(trace_id=trace_id, name=question.name, value=values[question.name], source=source,
-                                rationale=comment or None)
+        said = {"error": cant} if values is None else {"value": values[question.name]}
+        mlflow.log_feedback(trace_id=trace_id, name=question.name, source=source, rationale=comment or None, **said)
     answers = values_of(reviews(mlflow.get_trace(trace_id)))
-    done = all(all(u in answers.get(q.name, {}) for q in desk.questions) for u in desk.users)
-    if done:
+    if all(has_answered(answers, u, desk.questions) for u in desk.users):
         review_queues.set_review_queue_item_status(desk.queue_id, item_id=trace_id, status="complete",
                                                    completed_by=reviewer)
 
@@ -325,8 +313,7 @@ def _delete_answers(desk: Desk, trace_id: str, reviewer: str) -> int:
 
     names = {q.name for q in desk.questions}
     mine = [a for a in mlflow.get_trace(trace_id).info.assessments or []
-            if type(a).__name__ == "Feedback" and a.name in names and a.source is not None
-            and "HUMAN" in str(a.source.source_type).upper() and a.source.source_id == reviewer]
+            if _human_feedback(a) and a.name in names and a.source.source_id == reviewer]
     for a in mine:
         mlflow.delete_assessment(trace_id=trace_id, assessment_id=a.assessment_id)
     return len(mine)

@@ -228,10 +228,10 @@ def panel_text(item: ReviewItem) -> str:
     if said is None and withheld_of(panel) and panel.get("withheld") is not None:  # shown after answering
         return withheld_text(panel)
     if isinstance(said, dict):
-        return "; ".join(f"{k}: {v}" for k, v in said.items()) or "the panel abstained"
+        return _verdict(said) or "the panel abstained"
     if said is None:
         return f"the panel abstained ({panel.get('abstained') or 'no verdict'})"
-    text = "a tie" if said == "tie" else f"answer {said} is better"
+    text = _verdict(said) + ("" if said == "tie" else " is better")
     if panel.get("score_1") is not None and panel.get("score_2") is not None:
         text += f" (scores {panel['score_1']} vs {panel['score_2']})"
     if panel.get("consistent") is False:
@@ -248,12 +248,14 @@ def withheld_text(panel: dict) -> str:
     """
     confidence = confidence_of(panel)
     why = f" (calibrated confidence {confidence:.2f}, below the threshold)" if confidence is not None else ""
-    leaned = panel["withheld"]
-    if isinstance(leaned, dict):
-        text = "; ".join(f"{k}: {v}" for k, v in leaned.items())
-    else:
-        text = "a tie" if leaned == "tie" else f"answer {leaned}"
-    return f"no verdict given: it needs a person{why}; the panel leaned: {text}"
+    return f"no verdict given: it needs a person{why}; the panel leaned: {_verdict(panel['withheld'])}"
+
+
+def _verdict(said) -> str:
+    """A verdict in words: each criterion's score, a tie, or the answer chosen."""
+    if isinstance(said, dict):
+        return "; ".join(f"{k}: {v}" for k, v in said.items())
+    return "a tie" if said == "tie" else f"answer {said}"
 
 
 @cache
@@ -270,8 +272,8 @@ def _env():
 def page(desk: Desk, reviewer: str, *, body: str, progress: str, nonce: str, item: ReviewItem | None = None,
          next_url: str | None = None, message: str | None = None, script: bool = True) -> str:
     """A whole page around ``body`` (already rendered HTML)."""
-    return _env().get_template("page").render(
-        title=f"review · {desk.name}", style=_STYLE, desk=desk, reviewer=reviewer, progress=progress, item=item,
+    return render(
+        "page", title=f"review · {desk.name}", style=_STYLE, desk=desk, reviewer=reviewer, progress=progress, item=item,
         next_url=next_url, message=message, body=body, nonce=nonce, script=_SCRIPT if script else "")
 
 
@@ -279,25 +281,25 @@ def item_body(desk: Desk, item: ReviewItem, *, reviewer: str, action: str, next_
               trace_url: str | None, editing: bool = False) -> str:
     """The item: the guidelines, its fields, the judged texts (side by side for two), then the questions or the
     reviewer's answer with the panel's verdict (shown before answering only on a queue that says so)."""
-    answered = item.answered_by(reviewer, desk.questions) and not editing
-    if not answered:
-        mine = None
-    elif item.cant_judge(reviewer):
-        mine = CANT_JUDGE
-    else:
-        mine = "; ".join(f"{q.name}: {item.answers[q.name][reviewer]}" for q in desk.questions)
+    mine = None if editing else answer_text(item.answers, reviewer, desk.questions)
+    answered = mine is not None
     panel = panel_text(item) if answered or desk.show_panel else None
-    guide = _env().get_template("guide").render(task=desk.guide, guidelines=desk.guidelines, open=not answered)
-    return _env().get_template("item").render(
-        item=item, questions=desk.questions, action=action, next_url=next_url, mine=mine, panel=panel,
-        trace_url=trace_url if answered else None, guide=guide, comment=item.comments.get(reviewer, ""))
+    guide = render("guide", task=desk.guide, guidelines=desk.guidelines, open=not answered)
+    return render("item", item=item, questions=desk.questions, action=action, next_url=next_url, mine=mine,
+                  panel=panel, trace_url=trace_url if answered else None, guide=guide,
+                  comment=item.comments.get(reviewer, ""))
 
 
-def items_body(rows: list[tuple[int, str, str, str]]) -> str:
-    """The list of the queue's items to jump to: ``(place, trace id, item id, the reviewer's answer)`` each."""
-    return _env().get_template("items").render(rows=rows)
+def answer_text(answers: dict[str, dict[str, object]], reviewer: str, asked: list[Question]) -> str | None:
+    """``reviewer``'s answer in words ("can't judge", or each question's answer), from ``{question: {reviewer:
+    value}}``; None until they answered every question."""
+    said = [answers.get(q.name, {}).get(reviewer) for q in asked]
+    if any(v is None for v in said):
+        return None
+    return CANT_JUDGE if CANT_JUDGE in said else "; ".join(f"{q.name}: {v}" for q, v in zip(asked, said))
 
 
-def owner_body(agreement: list, reviewers: list[tuple[str, int, int]], total: int) -> str:
-    """The queue owner's page: agreement per question, each reviewer's progress, the exports."""
-    return _env().get_template("owner").render(agreement=agreement, reviewers=reviewers, total=total)
+def render(template: str, **values) -> str:
+    """A part of a page: ``"items"`` (``rows``: place, trace id, item id, the reviewer's answer) or ``"owner"``
+    (``agreement`` per question, ``reviewers``: name, items answered, can't judge; ``total`` items)."""
+    return _env().get_template(template).render(**values)

@@ -39,11 +39,23 @@ class Question:
 
     def matches(self, schema) -> bool:
         """Whether an existing MLflow label schema asks this question (same kind of answer, same answers)."""
-        given = schema.input
-        if self.options:
-            return list(getattr(given, "options", None) or []) == list(self.options) \
-                and not getattr(given, "multi_select", False)
-        return type(given).__name__ == "InputNumeric" and (given.min_value, given.max_value) == (self.low, self.high)
+        try:
+            asked = question_of(schema)
+        except ConfigError:
+            return False
+        return (asked.options, asked.low, asked.high) == (self.options, self.low, self.high)
+
+
+def question_of(schema) -> Question:
+    """A label schema read as the question it asks (categorical or numeric; other inputs are not answerable here)."""
+    given = schema.input
+    options = getattr(given, "options", None)
+    if options and not getattr(given, "multi_select", False):
+        return Question(schema.name, schema.instruction or "", options=tuple(str(o) for o in options))
+    if type(given).__name__ == "InputNumeric":
+        return Question(schema.name, schema.instruction or "", low=given.min_value, high=given.max_value)
+    raise ConfigError(f"label schema '{schema.name}' asks for {type(given).__name__}; the review page answers "
+                      "categorical and numeric questions (the ones chateval review makes)")
 
 
 def _instruction(text: str) -> str:

@@ -14,13 +14,15 @@ is not added again, so a rerun adds nothing new unless new items rank among the 
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from chateval_dspy.errors import ChatEvalError, ConfigError
 from chateval_dspy.program.task import TaskSpec, as_task, load_task
 from optim.review import sources
-from optim.review.desk import RANK_TAG, SHOW_PANEL_TAG, find_queue, queue_items
+from optim.review.desk import RANK_TAG, SHOW_PANEL_TAG, find_experiment, find_queue, paged, queue_items
 from optim.review.questions import Question, questions
 from optim.review.sizes import DEFAULT_TOP, MAX_REVIEWERS
 from optim.review.uncertainty import Uncertainty, rank
@@ -63,8 +65,6 @@ class QueueResult:
 
 def resolve_task(task, records: list[dict]) -> TaskSpec:
     """The task spec given (name, file or spec), else the records' format's built-in task."""
-    if isinstance(task, TaskSpec):
-        return task
     if task:
         return load_task(task)
     formats = {r.get("format") or "pairwise" for r in records}
@@ -96,24 +96,11 @@ def origin(trace) -> str:
     return "MLflow judge" if (trace.info.tags or {}).get("chateval.scorer") else "chateval run"
 
 
-def _answered(trace, names: set[str]) -> bool:
-    """Whether a person already answered one of the questions on this trace (the answers labels are read from)."""
-    from chateval_dspy.deploy.mlflow.trace_labels import human_answers
-
-    return bool(set(human_answers(trace)) & names)
-
-
 def _schemas(experiment_id: str, wanted: list[Question]) -> tuple[list[str], list[str]]:
     """The label schema ids of ``wanted`` in the experiment, created where missing; (ids, names created)."""
     from mlflow.genai import label_schemas
 
-    existing, token = {}, None
-    while True:
-        page = label_schemas.list_label_schemas(experiment_id, max_results=100, page_token=token)
-        existing.update({s.name: s for s in page})
-        token = getattr(page, "token", None)
-        if not token:
-            break
+    existing = {s.name: s for s in paged(label_schemas.list_label_schemas, experiment_id, max_results=100)}
     ids, created = [], []
     for q in wanted:
         schema = existing.get(q.name)
@@ -166,40 +153,41 @@ def _candidates(source: str, task, experiment: str | None):
     from optim.tracking import runs as tracking
     from optim.tuning.labels import parse_source
 
-    if source.startswith(PREFIX):
-        name, filter_string = parse_source(source)
-    else:
-        name, filter_string = experiment or tracking.EXPERIMENT, None
-    found = mlflow.get_experiment_by_name(name) or (mlflow.get_experiment(name) if name.isdigit() else None)
-    if source.startswith(PREFIX):
-        if found is None:
-            raise ConfigError(f"{source}: no MLflow experiment named {name!r} in {mlflow.get_tracking_uri()}")
-        every = sources.search(found.experiment_id, spans=False)
-        traced = sources.search(found.experiment_id, filter_string)
-        given = resolve_task(task, []) if task else None  # order 2's verdicts are mapped back on its criteria
-        records = sources.debates(traced, given)
-        if not records:
-            raise ConfigError(f"{source}: no traced chateval debate in experiment {name!r}; judge items with "
-                              "`chateval evaluate ... --trace` (or `chateval score ... --trace`) first")
-        spec = given or resolve_task(None, records)
-        by_id = {t.info.trace_id: t for t in traced}
-        origins = dict(Counter(origin(by_id[r["trace_id"]]) for r in records))
-        return [(u, r["trace_id"]) for r, u in rank(records, spec)], spec, found.experiment_id, every, origins
+    traced_source = source.startswith(PREFIX)
+    name, filter_string = parse_source(source) if traced_source else (experiment or tracking.EXPERIMENT, None)
+    found = find_experiment(name)
+    if not traced_source:
+        records, spec = _results(source, task)
+        every = sources.search(found.experiment_id, spans=False) if found is not None else []
+        traces = sources.match(records, every)
+        return ([(u, traces.get(str(r["id"]))) for r, u in rank(records, spec)], spec,
+                getattr(found, "experiment_id", None), every, {})
+    if found is None:
+        raise ConfigError(f"{source}: no MLflow experiment named {name!r} in {mlflow.get_tracking_uri()}")
+    every = sources.search(found.experiment_id, spans=False)
+    traced = sources.search(found.experiment_id, filter_string)
+    given = resolve_task(task, []) if task else None  # order 2's verdicts are mapped back on its criteria
+    records = sources.debates(traced, given)
+    if not records:
+        raise ConfigError(f"{source}: no traced chateval debate in experiment {name!r}; judge items with "
+                          "`chateval evaluate ... --trace` (or `chateval score ... --trace`) first")
+    spec = given or resolve_task(None, records)
+    by_id = {t.info.trace_id: t for t in traced}
+    origins = dict(Counter(origin(by_id[r["trace_id"]]) for r in records))
+    return [(u, r["trace_id"]) for r, u in rank(records, spec)], spec, found.experiment_id, every, origins
+
+
+def _results(source: str, task) -> tuple[list[dict], TaskSpec]:
+    """A results file's judged records, each in the shape of an evaluate line, and their task."""
     records = sources.read_results(source)
     spec = resolve_task(task, records)
-    records = [sources.normalized(r, spec) for r in records]
-    every = sources.search(found.experiment_id, spans=False) if found is not None else []
-    traces = sources.match(records, every)
-    return ([(u, traces.get(str(r["id"]))) for r, u in rank(records, spec)], spec,
-            found.experiment_id if found is not None else None, every, {})
+    return [sources.normalized(r, spec) for r in records], spec
 
 
 def rank_source(source: str, task=None) -> tuple[list[Ranked], TaskSpec]:
     """A results file's items ranked, most uncertain first, without MLflow (``chateval review --no-mlflow``)."""
-    records = sources.read_results(source)
-    spec = resolve_task(task, records)
-    records = [sources.normalized(r, spec) for r in records]
-    return [Ranked(u, None, "not chosen") for _, u in rank(records, spec)], spec
+    records, spec = _results(source, task)
+    return [Ranked(u, None) for _, u in rank(records, spec)], spec
 
 
 def _checked(queue: str, reviewers, top: int | None, budget: int | None) -> tuple[int, list[str]]:
@@ -225,15 +213,8 @@ def _waiting_elsewhere(experiment_id: str, queue_id: str) -> set[str]:
     """Trace ids still pending in the experiment's other queues: an item waits for one review at a time."""
     from mlflow.genai import review_queues
 
-    out, token = set(), None
-    while True:
-        page = review_queues.list_review_queues(experiment_id=experiment_id, page_token=token)
-        for other in page:
-            if other.queue_id != queue_id:
-                out |= _queued(other.queue_id, status="pending")
-        token = getattr(page, "token", None)
-        if not token:
-            return out
+    return {trace_id for other in paged(review_queues.list_review_queues, experiment_id=experiment_id)
+            if other.queue_id != queue_id for trace_id in _queued(other.queue_id, status="pending")}
 
 
 def _choose(result: QueueResult, *, queued_traces: set[str], queued: set[str], answered: set[str],
@@ -265,9 +246,12 @@ def _fill(result: QueueResult, asked: list[Question], every: list, *, reviewers:
     import mlflow
     from mlflow.genai import review_queues
 
+    from chateval_dspy.deploy.mlflow.trace_labels import human_answers
+
     names = {q.name for q in asked}
     item_of = {t.info.trace_id: sources.item_id_of(t) for t in every}
-    answered = {item_of[t.info.trace_id] for t in every if _answered(t, names)}
+    # A person already answered one of the questions on the item (the answers labels are read from).
+    answered = {item_of[t.info.trace_id] for t in every if set(human_answers(t)) & names}
     schema_ids, result.created_questions = _schemas(result.experiment_id, asked)
     found = _queue(result.experiment_id, result.queue, reviewers, schema_ids)
     queued_traces = _queued(found.queue_id)
@@ -283,6 +267,18 @@ def _fill(result: QueueResult, asked: list[Question], every: list, *, reviewers:
         mlflow.MlflowClient().set_experiment_tag(result.experiment_id, SHOW_PANEL_TAG.format(queue_id=found.queue_id),
                                                  "true" if show_panel else "false")
     return found
+
+
+@contextlib.contextmanager
+def _one_line(said: Callable[[str], str]) -> Iterator[None]:
+    """MLflow's own errors (an unreachable server, a store it cannot open, a rejected name) as one ConfigError line,
+    ``said(error type and text)``; the project's own errors pass as they are."""
+    try:
+        yield
+    except ChatEvalError:
+        raise
+    except Exception as exc:
+        raise ConfigError(said(f"{type(exc).__name__}: {str(exc)[:300]}")) from exc
 
 
 def build_queue(source: str, *, queue: str, task=None, top: int | None = None, budget: int | None = None,
@@ -301,10 +297,6 @@ def build_queue(source: str, *, queue: str, task=None, top: int | None = None, b
         tracking_uri: The MLflow tracking store (default: as ``optim.tracking.runs`` resolves it).
         show_panel: Whether the review page shows the panel's verdict before a reviewer answers (None: as the
             queue says already; a new queue is blind).
-
-    Example:
-        >>> result = build_queue("results/faireval.jsonl", queue="unsure", top=10, reviewers=["alice"])  # doctest: +SKIP
-        >>> result.url, len(result.added)  # doctest: +SKIP
     """
     import mlflow
 
@@ -313,13 +305,8 @@ def build_queue(source: str, *, queue: str, task=None, top: int | None = None, b
     size, reviewers = _checked(queue, reviewers, top, budget)
     uri = tracking.tracking_uri(tracking_uri)
     mlflow.set_tracking_uri(uri)
-    try:
+    with _one_line(lambda why: f"{source}: cannot read its traces from MLflow at {uri} ({why})"):
         items, spec, experiment_id, every, origins = _candidates(source, task, experiment)
-    except ChatEvalError:
-        raise
-    except Exception as exc:  # an unreachable server, a store MLflow cannot open: one line naming it
-        raise ConfigError(f"{source}: cannot read its traces from MLflow at {uri} "
-                          f"({type(exc).__name__}: {str(exc)[:300]})") from exc
     ranked = [Ranked(u, trace_id, "not chosen" if trace_id else "no trace") for u, trace_id in items]
     result = QueueResult(source, experiment_id, None, queue.strip(), None, ranked, origins=origins)
     if not any(r.trace_id for r in ranked):
@@ -330,13 +317,8 @@ def build_queue(source: str, *, queue: str, task=None, top: int | None = None, b
     asked = questions(spec)
     for question in asked:
         tracking.assert_no_secrets(question.instruction, f"the question '{question.name}'")
-    try:
+    with _one_line(lambda why: f"review queue '{queue}' in experiment {experiment_id} of {uri}: {why}"):
         found = _fill(result, asked, every, reviewers=reviewers, size=size, budget=budget, show_panel=show_panel)
-    except ChatEvalError:
-        raise
-    except Exception as exc:  # MLflow's own errors (an unreachable server, a rejected name) become one line
-        raise ConfigError(f"review queue '{queue}' in experiment {experiment_id} of {uri}: "
-                          f"{type(exc).__name__}: {str(exc)[:300]}") from exc
     result.queue_id, result.questions, result.reviewers = found.queue_id, [q.name for q in asked], list(found.users)
     result.url = queue_url(uri, experiment_id, found.queue_id)
     return result

@@ -1,10 +1,8 @@
 """Who is answering on the review page: each reviewer's own link, and the rule for who may answer.
 
-A server without login cannot tell people apart, and MLflow's own Review page then stores every answer under one
-source (``default``), so two reviewers become one. The review page instead gives each reviewer a personal link
-whose key is an HMAC of the reviewer's name and the queue under the server's secret (``CHATEVAL_REVIEW_TOKEN``, or
-a random one for the life of the process): the key, not a name typed into a form, is what says who answers, and
-every answer is stored under that name.
+A server without login cannot tell people apart, so each reviewer gets a personal link whose key is an HMAC of the
+reviewer's name and the queue under the server's secret (``CHATEVAL_REVIEW_TOKEN``, or a random one for the life of
+the process): the key, not a name typed into a form, says who answers, and every answer is stored under that name.
 
 The rule: only the queue's assigned reviewers (``chateval review ... --reviewer NAME``, MLflow's queue ``users``)
 may open it. A valid link of a reviewer who is no longer assigned is refused, and so is any wrong key. The queue's
@@ -16,15 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import secrets
 
 KEY_CHARS = 32  # 128 bits of the HMAC: unguessable, short enough for a link
 INVALID = "this link is not valid for this queue and reviewer; open your own link"
-
-
-def new_secret() -> str:
-    """A random secret for a server started without a token (its links last as long as the process)."""
-    return secrets.token_urlsafe(32)
 
 
 def normal(name: str) -> str:
@@ -45,8 +37,11 @@ def key_for(secret: str, queue_id: str, reviewer: str) -> str:
         >>> len(k), k == key_for("s3cret", "rq-1", "ANN "), k == key_for("s3cret", "rq-1", "bo")
         (32, True, False)
     """
-    message = f"{queue_id}\n{normal(reviewer)}".encode()
-    return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()[:KEY_CHARS]
+    return _mac(secret, f"{queue_id}\n{normal(reviewer)}")
+
+
+def _mac(secret: str, message: str) -> str:
+    return hmac.new(secret.encode(), message.encode(), hashlib.sha256).hexdigest()[:KEY_CHARS]
 
 
 def key_matches(secret: str, queue_id: str, reviewer: str | None, key: str | None) -> bool:
@@ -61,8 +56,7 @@ def owner_key(secret: str, queue_id: str) -> str:
         >>> owner_key("s", "q") != key_for("s", "q", "owner") and owner_matches("s", "q", owner_key("s", "q"))
         True
     """
-    message = f"owner\0{queue_id}".encode()
-    return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()[:KEY_CHARS]
+    return _mac(secret, f"owner\0{queue_id}")
 
 
 def owner_matches(secret: str, queue_id: str, key: str | None) -> bool:

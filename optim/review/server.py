@@ -31,7 +31,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from chateval_dspy.errors import ConfigError, DataError
 from optim.review import page, reviewers
 from optim.review.agreement import agreement
-from optim.review.desk import CANT_JUDGE, Desk, check_answer, record_answer, withdraw_answer
+from optim.review.desk import CANT_JUDGE, Desk, check_answer, has_answered, record_answer, values_of, withdraw_answer
 from optim.review.export import answer_rows, as_csv, as_jsonl
 
 COOKIE = "chateval_review"
@@ -66,27 +66,22 @@ class Reviewing:
         return f"{self.ui.rstrip('/')}/#/experiments/{self.desk.experiment_id}/traces?selectedEvaluationId={trace_id}"
 
 
-def _order_after(trace_ids: list[str], current: str | None) -> list[str]:
-    """The queue's items from the one after ``current`` round to the start (all of them when ``current`` is None).
+class Refused(Exception):
+    """A request the page refuses, with the reason it shows and the HTTP status (403 unless said)."""
 
-    Example:
-        >>> _order_after(["a", "b", "c"], "b"), _order_after(["a", "b"], None)
-        (['c', 'a'], ['a', 'b'])
-    """
-    if current not in trace_ids:
-        return list(trace_ids)
-    at = trace_ids.index(current)
-    return trace_ids[at + 1:] + trace_ids[:at]
+    def __init__(self, why: str, status: int = 403):
+        super().__init__(why)
+        self.status = status
 
 
 def _standing(state: Reviewing, reviewer: str, current: str | None) -> tuple[str, str | None]:
     """(progress line, the next item the reviewer has not answered after ``current``) as MLflow holds them now."""
     desk = state.desk
     answers = desk.answers()
-    done = {t for t in desk.trace_ids
-            if all(reviewer in answers.get(t, {}).get(q.name, {}) for q in desk.questions)}
+    done = {t for t in desk.trace_ids if has_answered(answers.get(t, {}), reviewer, desk.questions)}
     progress = f"{len(done)} of {len(desk.trace_ids)} answered by you"
-    following = next((t for t in _order_after(desk.trace_ids, current) if t not in done and t != current), None)
+    at = desk.trace_ids.index(current) + 1 if current in desk.trace_ids else 0  # walk on from current, round to it
+    following = next((t for t in desk.trace_ids[at:] + desk.trace_ids[:at] if t not in done and t != current), None)
     return progress, following
 
 
@@ -112,26 +107,6 @@ def public_base(host: str, port: int, public_url: str | None = None) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def _keyed(request, state: Reviewing) -> tuple[str | None, str | None]:
-    """(the reviewer whose valid key this request carries, or None; why not), from the cookie alone: no MLflow."""
-    raw = unquote(request.cookies.get(COOKIE, ""))
-    name, _, key = raw.rpartition(":")  # the key is hex: the last ':' ends the name, whatever the name holds
-    if not reviewers.key_matches(state.secret, state.desk.queue_id, name or None, key or None):
-        return None, reviewers.INVALID
-    return reviewers.normal(name), None
-
-
-def _assigned(state: Reviewing, reviewer: str) -> str | None:
-    """Why a keyed reviewer may not answer (no longer assigned), or None; after the queue was reloaded."""
-    key = reviewers.key_for(state.secret, state.desk.queue_id, reviewer)
-    return reviewers.refusal(state.secret, state.desk.queue_id, reviewer, key, state.desk.users)
-
-
-def _owner(request, state: Reviewing) -> bool:
-    key = request.cookies.get(OWNER_COOKIE, "")
-    return reviewers.owner_matches(state.secret, state.desk.queue_id, key)
-
-
 def _html(body: str, nonce: str, status: int = 200):
     return HTMLResponse(body, status_code=status, headers={
         "Content-Security-Policy": CSP.format(nonce=nonce), "Cache-Control": "no-store",
@@ -144,6 +119,12 @@ def _refused(why: str, status: int = 403):
                  status)
 
 
+def _page(desk: Desk, reviewer: str, *, status: int = 200, **parts):
+    """A whole page (``page.page``) under its own nonce."""
+    nonce = secrets.token_urlsafe(16)
+    return _html(page.page(desk, reviewer, nonce=nonce, **parts), nonce, status)
+
+
 def _show(state: Reviewing, reviewer: str, trace_id: str, *, editing: bool = False, message: str | None = None,
           status: int = 200):
     desk = state.desk
@@ -152,26 +133,25 @@ def _show(state: Reviewing, reviewer: str, trace_id: str, *, editing: bool = Fal
     next_url = f"/item/{following}" if following else None
     body = page.item_body(desk, item, reviewer=reviewer, action=f"/item/{trace_id}", next_url=next_url,
                           trace_url=state.trace_url(trace_id), editing=editing)
-    nonce = secrets.token_urlsafe(16)
-    return _html(page.page(desk, reviewer, body=body, progress=progress, nonce=nonce, item=item, next_url=next_url,
-                           message=message), nonce, status)
+    return _page(desk, reviewer, body=body, progress=progress, item=item, next_url=next_url, message=message,
+                 status=status)
 
 
 def _form(desk: Desk, body: bytes) -> dict[str, str]:
-    """The form's fields, each given once and each one the page asks for, else ``FormError`` naming the first bad."""
+    """The form's fields, each given once and each one the page asks for, else ``Refused`` (400) naming the first bad."""
     allowed = {q.name for q in desk.questions} | set(FORM_FIELDS)
     try:
         pairs = parse_qsl(body.decode("utf-8", errors="replace"), keep_blank_values=True,
                           max_num_fields=len(allowed))
     except ValueError:
-        raise FormError(f"the form has more than the {len(allowed)} fields this queue's page sends") from None
+        raise Refused(f"the form has more than the {len(allowed)} fields this queue's page sends", 400) from None
     form: dict[str, str] = {}
     for name, value in pairs:
         if name not in allowed:
-            raise FormError(f"the form has a field {name!r} that this queue's page does not ask (its fields: "
-                            f"{', '.join(sorted(allowed))})")
+            raise Refused(f"the form has a field {name!r} that this queue's page does not ask (its fields: "
+                          f"{', '.join(sorted(allowed))})", 400)
         if name in form:
-            raise FormError(f"the form gives the field {name!r} twice")
+            raise Refused(f"the form gives the field {name!r} twice", 400)
         form[name] = value
     return form
 
@@ -186,17 +166,13 @@ def _answers(desk: Desk, form: dict[str, str]) -> tuple[dict[str, object] | None
     return {q.name: check_answer(q, form.get(q.name)) for q in desk.questions}, comment
 
 
-class FormError(ValueError):
-    """A form the page never sends (a field it does not ask, one given twice): refused with 400."""
-
-
-async def _bounded_body(request) -> bytes | None:
-    """The request's body, or None once it passes ``MAX_FORM_BYTES`` (read no further)."""
+async def _bounded_body(request) -> bytes:
+    """The request's body, refused (413) once it passes ``MAX_FORM_BYTES`` (read no further)."""
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > MAX_FORM_BYTES:
-            return None
+            raise Refused(f"the form is over {MAX_FORM_BYTES} bytes", 413)
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -216,16 +192,13 @@ def open_reviewing(queue: str, *, experiment: str | None = None, task=None, trac
     desk = open_desk(queue, experiment=experiment or tracking.EXPERIMENT, task=task,
                      guidelines=read_guidelines(guidelines) if guidelines else "")
     base = ui or (uri if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000")
-    return Reviewing(desk, token or reviewers.new_secret(), base)
+    return Reviewing(desk, token or secrets.token_urlsafe(32), base)  # no token: links last as long as the process
 
 
 def read_guidelines(path: str) -> str:
     """The guidelines file's Markdown (UTF-8, at most ``MAX_GUIDELINES_BYTES``), else ConfigError naming it."""
-    from pathlib import Path
-
-    given = Path(path)
     try:
-        with given.open("rb") as f:
+        with open(path, "rb") as f:
             raw = f.read(MAX_GUIDELINES_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"--guidelines {path}: cannot read it ({exc.strerror or exc})") from None
@@ -241,10 +214,31 @@ def create_review_app(state: Reviewing):
     """The review page's app over ``state`` (see the module docstring)."""
     app = FastAPI(title="chateval review", openapi_url=None, docs_url=None, redoc_url=None)
     lock = threading.Lock()
+    app.add_exception_handler(Refused, lambda request, exc: _refused(str(exc), exc.status))
 
     def reload() -> None:
         with lock:
             state.desk.reload()
+
+    def admitted(reviewer: str, key: str) -> str:
+        """``reviewer`` when ``key`` is theirs and they are assigned, else Refused; the key is checked before the
+        queue is reloaded (reviewers can be added while it is served)."""
+        if not reviewers.key_matches(state.secret, state.desk.queue_id, reviewer or None, key or None):
+            raise Refused(reviewers.INVALID)
+        reload()
+        why = reviewers.refusal(state.secret, state.desk.queue_id, reviewer, key, state.desk.users)
+        if why:
+            raise Refused(why)
+        return reviewers.normal(reviewer)
+
+    def signed_in(request, trace_id: str | None = None) -> str:
+        """The reviewer whose link set the cookie (``admitted``), and ``trace_id`` in the queue; else Refused."""
+        # The key is hex: the last ':' ends the name, whatever the name holds.
+        name, _, key = unquote(request.cookies.get(COOKIE, "")).rpartition(":")
+        reviewer = admitted(name, key)
+        if trace_id is not None and trace_id not in state.desk.trace_ids:
+            raise Refused(f"trace {trace_id} is not in review queue '{state.desk.name}'", 404)
+        return reviewer
 
     @app.get("/health")
     def health():
@@ -252,44 +246,23 @@ def create_review_app(state: Reviewing):
 
     @app.get("/start")
     def start(reviewer: str = "", key: str = ""):
-        if not reviewers.key_matches(state.secret, state.desk.queue_id, reviewer or None, key or None):
-            return _refused(reviewers.INVALID)
-        reload()
-        why = _assigned(state, reviewer)
-        if why:
-            return _refused(why)
         response = RedirectResponse("/", status_code=303)
-        response.set_cookie(COOKIE, quote(f"{reviewers.normal(reviewer)}:{key}", safe=""), httponly=True,
+        response.set_cookie(COOKIE, quote(f"{admitted(reviewer, key)}:{key}", safe=""), httponly=True,
                             samesite="strict")
         return response
 
     @app.get("/")
     def first(request: Request):
-        reviewer, why = signed_in(request)
-        if why:
-            return _refused(why)
+        reviewer = signed_in(request)
         progress, following = _standing(state, reviewer, None)
         if following:
             return RedirectResponse(f"/item/{following}", status_code=303)
-        nonce = secrets.token_urlsafe(16)
         body = "<p>Every item of this queue has your answer. Thank you.</p>"
-        return _html(page.page(state.desk, reviewer, body=body, progress=progress, nonce=nonce, script=False), nonce)
+        return _page(state.desk, reviewer, body=body, progress=progress, script=False)
 
     @app.get("/items")
     def items(request: Request):
-        reviewer, why = signed_in(request)
-        if why:
-            return _refused(why)
-        return _items(state, reviewer)
-
-    def signed_in(request) -> tuple[str | None, str | None]:
-        """(the reviewer, or None; why not): the key first, then the queue reloaded and the assignment checked."""
-        reviewer, why = _keyed(request, state)
-        if why:
-            return None, why
-        reload()
-        why = _assigned(state, reviewer)
-        return (None, why) if why else (reviewer, None)
+        return _items(state, signed_in(request))
 
     _item_routes(app, state, signed_in)
     _owner_routes(app, state, reload)
@@ -303,41 +276,22 @@ def _items(state: Reviewing, reviewer: str):
     rows = []
     for n, trace_id in enumerate(desk.trace_ids, start=1):
         item_id, by = found.get(trace_id, (trace_id, {}))
-        said = [getattr(by.get(q.name, {}).get(reviewer), "value", None) for q in desk.questions]
-        state_text = ("not answered" if any(v is None for v in said) else
-                      CANT_JUDGE if CANT_JUDGE in said else "; ".join(f"{q.name}: {v}" for q, v in
-                                                                      zip(desk.questions, said)))
-        rows.append((n, trace_id, item_id, state_text))
+        rows.append((n, trace_id, item_id, page.answer_text(values_of(by), reviewer, desk.questions) or "not answered"))
     progress, _ = _standing(state, reviewer, None)
-    nonce = secrets.token_urlsafe(16)
-    return _html(page.page(desk, reviewer, body=page.items_body(rows), progress=progress, nonce=nonce,
-                           script=False), nonce)
+    return _page(desk, reviewer, body=page.render("items", rows=rows), progress=progress, script=False)
 
 
 def _item_routes(app, state: Reviewing, signed_in) -> None:
     @app.get("/item/{trace_id}")
     def show(trace_id: str, request: Request, edit: int = 0):
-        reviewer, why = signed_in(request)
-        if why:
-            return _refused(why)
-        if trace_id not in state.desk.trace_ids:
-            return _refused(f"trace {trace_id} is not in review queue '{state.desk.name}'", 404)
-        return _show(state, reviewer, trace_id, editing=bool(edit))
+        return _show(state, signed_in(request, trace_id), trace_id, editing=bool(edit))
 
     @app.post("/item/{trace_id}")
     async def answer(trace_id: str, request: Request):
-        reviewer, why = await run_in_threadpool(signed_in, request)
-        if why:
-            return _refused(why)
-        if trace_id not in state.desk.trace_ids:
-            return _refused(f"trace {trace_id} is not in review queue '{state.desk.name}'", 404)
+        reviewer = await run_in_threadpool(signed_in, request, trace_id)
         body = await _bounded_body(request)
-        if body is None:
-            return _refused(f"the form is over {MAX_FORM_BYTES} bytes", 413)
         try:
             values, comment = _answers(state.desk, _form(state.desk, body))
-        except FormError as exc:
-            return _refused(str(exc), 400)
         except DataError as exc:
             why = str(exc)
             return await run_in_threadpool(lambda: _show(state, reviewer, trace_id, editing=True, message=why,
@@ -347,46 +301,41 @@ def _item_routes(app, state: Reviewing, signed_in) -> None:
 
     @app.post("/item/{trace_id}/withdraw")
     def withdraw(trace_id: str, request: Request):
-        reviewer, why = signed_in(request)
-        if why:
-            return _refused(why)
-        if trace_id not in state.desk.trace_ids:
-            return _refused(f"trace {trace_id} is not in review queue '{state.desk.name}'", 404)
-        withdraw_answer(state.desk, trace_id, reviewer)
+        withdraw_answer(state.desk, trace_id, signed_in(request, trace_id))
         return RedirectResponse(f"/item/{trace_id}", status_code=303)
 
 
 def _owner_routes(app, state: Reviewing, reload) -> None:
+    def owner_only(key: str) -> None:
+        if not reviewers.owner_matches(state.secret, state.desk.queue_id, key):
+            raise Refused(reviewers.INVALID)
+
     @app.get("/owner/start")
     def owner_start(key: str = ""):
-        if not reviewers.owner_matches(state.secret, state.desk.queue_id, key):
-            return _refused(reviewers.INVALID)
+        owner_only(key)
         response = RedirectResponse("/owner", status_code=303)
         response.set_cookie(OWNER_COOKIE, key, httponly=True, samesite="strict")
         return response
 
     @app.get("/owner")
     def owner(request: Request):
-        if not _owner(request, state):
-            return _refused(reviewers.INVALID)
+        owner_only(request.cookies.get(OWNER_COOKIE, ""))
         reload()
         desk = state.desk
         found = desk.answers()
         people = sorted({who for by in found.values() for said in by.values() for who in said} | set(desk.users))
-        rows = [(who, sum(all(who in by.get(q.name, {}) for q in desk.questions) for by in found.values()),
+        rows = [(who, sum(has_answered(by, who, desk.questions) for by in found.values()),
                  sum(any(by.get(q.name, {}).get(who) == CANT_JUDGE for q in desk.questions) for by in found.values()))
                 for who in people]
-        body = page.owner_body(agreement(found, desk.questions, CANT_JUDGE), rows, len(desk.trace_ids))
-        nonce = secrets.token_urlsafe(16)
-        return _html(page.page(desk, "the queue's owner", body=body, progress=f"{len(desk.trace_ids)} items",
-                               nonce=nonce, script=False), nonce)
+        body = page.render("owner", agreement=agreement(found, desk.questions, CANT_JUDGE), reviewers=rows,
+                           total=len(desk.trace_ids))
+        return _page(desk, "the queue's owner", body=body, progress=f"{len(desk.trace_ids)} items", script=False)
 
     @app.get("/owner/answers.{kind}")
     def export(kind: str, request: Request):
-        if not _owner(request, state):
-            return _refused(reviewers.INVALID)
+        owner_only(request.cookies.get(OWNER_COOKIE, ""))
         if kind not in ("jsonl", "csv"):
-            return _refused("export as answers.jsonl or answers.csv", 404)
+            raise Refused("export as answers.jsonl or answers.csv", 404)
         reload()
         rows = answer_rows(state.desk)
         text, media = (as_jsonl(rows), "application/x-ndjson") if kind == "jsonl" else (as_csv(rows), "text/csv")

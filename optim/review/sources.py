@@ -1,11 +1,5 @@
 """What a review ranks: the records of a results file, or of traced debates in an MLflow experiment, each with
-the trace a reviewer will read.
-
-A results file's records are matched to their traces by the ``chateval.item_id`` tag and the run's
-``chateval.run_key`` tag (``chateval_dspy.run.tracing`` sets both); a record without a run key (written before
-run keys) matches the item's newest trace. A traced debate is read back into the fields the uncertainty score
-uses (``record_from_trace``): the panel's verdict from the root span, each referee's verdicts from the order spans
-(order 2 mapped back to the original answer order), and abstentions from the referee turns.
+the trace a reviewer will read (``chateval_dspy.run.tracing`` tags a trace with its item and run: ``match``).
 """
 
 from __future__ import annotations
@@ -70,8 +64,8 @@ def _newest_first(traces: list) -> list:
 
 
 def match(records: list[dict], traces: list) -> dict[str, str]:
-    """``{item id: trace id}`` for the records that have a trace: same item id and (when the record has one) the
-    same run key; several such traces (the run traced twice): the newest.
+    """``{item id: trace id}`` for the records that have a trace: same item id and (when the record has one; not
+    one written before run keys) the same run key; several such traces (the run traced twice): the newest.
 
     Example:
         >>> from types import SimpleNamespace as NS
@@ -95,28 +89,19 @@ def match(records: list[dict], traces: list) -> dict[str, str]:
     return out
 
 
-def _debate_root(trace):
-    """The span that holds the debate: the trace's root, or (a trace of an MLflow judge) the span under it. Found by
-    its ``chateval.item_id`` attribute: its name changed (task and item) and older traces name it ``chateval``."""
-    return debate_span(trace)
-
-
 def record_from_trace(trace, task: TaskSpec | str | None = None) -> dict | None:
-    """The fields of a results record that a traced debate holds (what the uncertainty score reads), or None
-    when the trace is not a chateval debate.
-
-    Args:
-        trace: An MLflow ``Trace`` with its spans.
-        task: The task spec (for mapping order 2's verdicts back); default the trace's format's built-in task.
-    """
-    root = _debate_root(trace)
+    """The fields of a results record that an MLflow trace of a debate holds (what the uncertainty score reads), or
+    None when the trace is not a chateval debate: the panel's verdict from the root span, each referee's verdicts
+    from the order spans (order 2's mapped back on ``task``, default the trace's format's), abstentions from the
+    referee turns."""
+    root = debate_span(trace)  # the trace's root, or (a trace of an MLflow judge) the span under it
     if root is None:
         return None
     spans = trace.data.spans
     outputs = root.outputs if isinstance(root.outputs, dict) else {}
     attributes = root.attributes or {}
     fmt = attributes.get("chateval.format") or ("pairwise" if "winner" in outputs else "pointwise")
-    task = task if isinstance(task, TaskSpec) else as_task(task or fmt)
+    task = as_task(task or fmt)
     record = {"id": str(attributes.get(ITEM_TAG)), "format": fmt, "abstained": outputs.get("abstained"),
               "trace_id": trace.info.trace_id}
     if (trace.info.tags or {}).get(RUN_TAG):
@@ -162,11 +147,9 @@ def search(experiment_id: str, filter_string: str | None = None, *, spans: bool 
 
 def debates(traces: list, task=None) -> list[dict]:
     """One record per traced item (its newest trace), read back from the traces (``record_from_trace``)."""
-    out, seen = [], set()
+    out: dict[str, dict] = {}
     for trace in _newest_first(traces):
         record = record_from_trace(trace, task)
-        if record is None or record["id"] in seen:
-            continue
-        seen.add(record["id"])
-        out.append(record)
-    return out
+        if record is not None:
+            out.setdefault(record["id"], record)
+    return list(out.values())

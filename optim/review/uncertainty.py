@@ -99,7 +99,7 @@ def confidence_of(record: dict) -> float | None:
 
 
 def _task(record: dict, task) -> TaskSpec:
-    return task if isinstance(task, TaskSpec) else as_task(task or record.get("format") or "pairwise")
+    return as_task(task or record.get("format") or "pairwise")
 
 
 def _disagreement(votes: list, kinds: int) -> float:
@@ -135,34 +135,23 @@ def split(record: dict, task=None) -> tuple[float, str | None]:
     """
     task = _task(record, task)
     orders = _orders(record)
+    found = []  # (value, what was said) per order (pairwise) or criterion (pointwise) with two or more verdicts
     if task.format == "pairwise":
-        values, said = [], []
         for o, verdicts in enumerate(orders, start=1):
             votes = [(slug, vote(v, task)) for slug, v in verdicts if v is not None]
-            if len(votes) < 2:
-                continue
-            value = _disagreement([b for _, b in votes], 3)
-            values.append(value)
-            if value > 0:
-                said.append(f"order {o}: " + ", ".join(f"{slug} {b}" for slug, b in votes))
-        value = fmean(values) if values else 0.0
-        return value, (f"referees split ({'; '.join(said)})" if said else None)
-    values, said = [], []
-    given = [v for verdicts in orders for _, v in verdicts if v is not None]
-    for criterion in task.criteria:
-        ratings = [v[criterion.name] for v in given if v.get(criterion.name) is not None]
-        if len(ratings) < 2:
-            continue
-        scale = criterion.scale
-        if scale.ordinal:
-            value = (max(ratings) - min(ratings)) / (scale.high - scale.low)
-        else:
-            value = _disagreement(ratings, len(scale.labels))
-        values.append(value)
-        if value > 0:
-            said.append(f"{criterion.name} {'/'.join(map(str, ratings))}")
-    value = fmean(values) if values else 0.0
-    return value, (f"referees split ({', '.join(said)})" if said else None)
+            if len(votes) >= 2:
+                found.append((_disagreement([b for _, b in votes], 3),
+                              f"order {o}: " + ", ".join(f"{slug} {b}" for slug, b in votes)))
+    else:
+        given = [v for verdicts in orders for _, v in verdicts if v is not None]
+        for criterion in task.criteria:
+            ratings = [v[criterion.name] for v in given if v.get(criterion.name) is not None]
+            scale = criterion.scale
+            if len(ratings) >= 2:
+                found.append(((max(ratings) - min(ratings)) / (scale.high - scale.low) if scale.ordinal
+                              else _disagreement(ratings, len(scale.labels)), f"{criterion.name} {'/'.join(map(str, ratings))}"))
+    said = ("; " if task.format == "pairwise" else ", ").join(text for value, text in found if value > 0)
+    return fmean([v for v, _ in found]) if found else 0.0, (f"referees split ({said})" if said else None)
 
 
 def inconsistent(record: dict, task=None) -> tuple[float, str | None]:
@@ -186,30 +175,23 @@ def margin(record: dict, task=None) -> tuple[float, str | None]:
         (0.889, 'narrow margin (score 6 vs 5 on 1-10)')
     """
     task = _task(record, task)
+    found = []  # (value, what was said) per integer-scale criterion with the scores it needs
     if task.format == "pairwise":
-        values, said = [], []
         for name in task.preference.combine:
             scale = task.criterion[name].scale
             s1, s2 = record.get(f"{name}_1"), record.get(f"{name}_2")
-            if not scale.ordinal or not isinstance(s1, (int, float)) or not isinstance(s2, (int, float)):
-                continue
-            values.append(1 - min(1.0, abs(s1 - s2) / (scale.high - scale.low)))
-            said.append(f"{name} {s1:g} vs {s2:g} on {scale}")
-        value = round(fmean(values), 3) if values else 0.0
-        return value, (f"narrow margin ({', '.join(said)})" if value > 0 else None)
+            if scale.ordinal and isinstance(s1, (int, float)) and isinstance(s2, (int, float)):
+                found.append((1 - min(1.0, abs(s1 - s2) / (scale.high - scale.low)), f"{name} {s1:g} vs {s2:g} on {scale}"))
+        value = round(fmean(v for v, _ in found), 3) if found else 0.0
+        return value, (f"narrow margin ({', '.join(text for _, text in found)})" if value > 0 else None)
     verdict = record.get("withheld") if withheld_of(record) else record.get("prediction")  # withheld: the panel's
     scores = verdict if isinstance(verdict, dict) else {}
-    values, said = [], []
     for criterion in task.criteria:
         x = scores.get(criterion.name)
-        if not criterion.scale.ordinal or not isinstance(x, (int, float)) or isinstance(x, bool):
-            continue
-        value = 2 * abs(x - round(x))
-        values.append(value)
-        if value > 0:
-            said.append(f"{criterion.name} {x:.2f}")
-    value = round(fmean(values), 3) if values else 0.0
-    return value, (f"between two points ({', '.join(said)})" if said else None)
+        if criterion.scale.ordinal and isinstance(x, (int, float)) and not isinstance(x, bool):
+            found.append((2 * abs(x - round(x)), f"{criterion.name} {x:.2f}"))
+    said = ", ".join(text for value, text in found if value > 0)
+    return (round(fmean(v for v, _ in found), 3) if found else 0.0), (f"between two points ({said})" if said else None)
 
 
 def abstained(record: dict, task=None) -> tuple[float, str | None]:
@@ -242,13 +224,9 @@ def spread(record: dict, task=None) -> tuple[float, str | None]:
         >>> spread({"referees": {"critic": [{"score_1": 7, "score_2": 3, "expected": {"score_1": 7.3, "score_2": 3.1}}]}})
         (0.4, 'probabilities spread (expected scores 0.2 from the stated ones on average)')
     """
-    gaps = []
-    for verdicts in _orders(record):
-        for _, v in verdicts:
-            for name, e in ((v or {}).get("expected") or {}).items():
-                s = v.get(name)
-                if isinstance(s, (int, float)) and isinstance(e, (int, float)):
-                    gaps.append(abs(e - s))
+    expected = [(v[name], e) for verdicts in _orders(record) for _, v in verdicts
+                for name, e in ((v or {}).get("expected") or {}).items() if name in v]
+    gaps = [abs(e - s) for s, e in expected if isinstance(s, (int, float)) and isinstance(e, (int, float))]
     if not gaps:
         return 0.0, None
     gap = fmean(gaps)
@@ -262,11 +240,8 @@ COMPONENTS = {"split": split, "inconsistent": inconsistent, "margin": margin, "a
 
 
 def uncertainty(record: dict, task=None) -> Uncertainty:
-    """The item's ``U`` and its components (see the module docstring).
-
-    Args:
-        record: A results record (a line of a results file, or ``sources.record_from_trace``).
-        task: The task spec (or a format name); default the record's format's built-in task.
+    """The item's ``U`` and its components (see the module docstring) from a results record (a line of a results
+    file, or ``sources.record_from_trace``); ``task`` (a spec or format name) defaults to the record's format's.
 
     Example:
         >>> u = uncertainty({"id": "7", "format": "pairwise", "consistent": False, "order_preferences": ["1", "2"],
@@ -275,14 +250,11 @@ def uncertainty(record: dict, task=None) -> Uncertainty:
         (0.45, 1.0, 1.0)
     """
     task = _task(record, task)
-    components, reasons = {}, []
-    for name, component in COMPONENTS.items():
-        value, reason = component(record, task)
-        components[name] = float(value)
-        if reason:
-            reasons.append(reason)
+    found = {name: component(record, task) for name, component in COMPONENTS.items()}
+    components = {name: float(value) for name, (value, _) in found.items()}
     score = round(sum(WEIGHTS[k] * v for k, v in components.items()), 6)
-    return Uncertainty(str(record.get("id")), score, components, tuple(reasons), confidence=confidence_of(record),
+    reasons = tuple(reason for _, reason in found.values() if reason)
+    return Uncertainty(str(record.get("id")), score, components, reasons, confidence=confidence_of(record),
                        calibrated=record.get("confidence_calibrated") is True, withheld=withheld_of(record))
 
 

@@ -1,15 +1,14 @@
 """The end of a search: the best panel judged once on the test split, saved like a compiled program, logged.
 
-One worker does it, once the study is complete. It claims the best trial in the study first
-(``final_claim:<trial>``, an atomic create-if-absent), so two workers finishing together never
-both test; a claim whose worker has died, or that is done, is taken over. The output folder is
-marked as this study's before the test starts (``results/search.json``), so a rerun after a kill
-resumes the test's results file instead of refusing the folder. The study's ``final`` attribute is
-written last, after the card and the MLflow logging: until then a rerun does what is left.
+One worker does it, once the study is complete, after claiming the best trial (``final_claim:<trial>``, created if
+absent; a dead or done worker's claim is taken over). The output folder is marked as the study's first
+(``results/search.json``), so a rerun after a kill resumes the test, and the study's ``final`` attribute last: until
+then a rerun does what is left.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from chateval_dspy.run.result import RunResult
 from optim.search.objective import build_for_trial, config_of
 from optim.search.study import best_trial, claim_attr, count
 from optim.search.worker import Worker, dead
-from optim.tuning.compile import OptimizerSettings
+from optim.tuning.compile import OptimizerSettings, save_gated
 
 OWNER_FILE = "search.json"  # under <out>/results/
 
@@ -37,15 +36,12 @@ def check_out(out: Path, study_name: str) -> None:
         return
     from chateval_dspy.deploy.saved.store import read_card
 
-    try:
+    owner = None
+    with contextlib.suppress(ConfigError):
         owner = read_card(out).get("search", {}).get("study")
-    except ConfigError:
-        owner = None
     if owner is None:
-        try:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
             owner = json.loads((out / "results" / OWNER_FILE).read_text(encoding="utf-8")).get("study")
-        except (OSError, ValueError, AttributeError):
-            owner = None
     if owner != study_name:
         raise ConfigError(f"{out} exists and does not hold study {study_name!r}'s evaluator; choose another --out")
 
@@ -72,14 +68,13 @@ def choose_final(study: optuna.Study, out: Path, *, test: bool = True) -> Final:
     done = study.user_attrs.get("final") or {}
     if done.get("trial") == best.number and done.get("out") == str(out) and (out / "card.json").exists():
         return Final(None, f"best trial {best.number} was already tested and saved in {out}")
-    me = Worker.current().tag()
-    key = f"final_claim:{best.number}"
-    held = claim_attr(study, key, {"worker": me, "out": str(out)})
-    if held.get("worker") != me:
+    mine = {"worker": Worker.current().tag(), "out": str(out)}
+    held = claim_attr(study, f"final_claim:{best.number}", mine)
+    if held.get("worker") != mine["worker"]:
         if not held.get("done") and not dead(held.get("worker")):
             return Final(None, f"best trial {best.number} is being tested by worker {held.get('worker')} "
                                f"(into {held.get('out')}); it saves the result")
-        study.set_user_attr(key, {"worker": me, "out": str(out)})  # its worker died, or finished elsewhere
+        study.set_user_attr(f"final_claim:{best.number}", mine)  # its worker died, or finished elsewhere
     return Final(best)
 
 
@@ -98,10 +93,8 @@ class Tested:
 def final_test(study: optuna.Study, trial: FrozenTrial, parts: dict, out: Path, *,
                settings: OptimizerSettings | None = None, seed: int = 0, n_resamples: int | None = None,
                concurrency: int = 1, on_item=None) -> Tested:
-    """Rebuild the trial's panel (compiling again on train if it did) and judge the test split once.
-
-    Runs under the LM of the current DSPy context; the results file resumes what a killed test left.
-    """
+    """Rebuild the trial's panel (compiling again on train if it did) and judge the test split once, on the LM of
+    the current DSPy context, resuming what a killed test left."""
     cfg, choice = config_of(trial)
     program = build_for_trial(cfg, choice, parts["train"], settings or OptimizerSettings())
     results = out / "results" / "test.jsonl"
@@ -120,18 +113,12 @@ def final_test(study: optuna.Study, trial: FrozenTrial, parts: dict, out: Path, 
 def save_final(study: optuna.Study, tested: Tested, out: Path, *, model: str, card: dict, tracking=None,
                referee_models: dict[str, str] | None = None, gates=None, lm=None, seed: int = 0,
                concurrency: int = 1) -> dict:
-    """Save the tested program with its card (``card`` adds data, split and search fields), log it, mark it done.
-
-    ``referee_models``: a mixed panel's ``{role slug: model name}`` for the card. ``gates``
-    (``optim.certify.gates.Gates``): what they read is measured on the saved program over the test split (on ``lm``,
-    an ``LMSpec``; ``optim.certify.measure``) and checked before anything is logged or registered: a failure raises
-    ``GateRefused`` naming each failing figure, and the study is not marked done. Returns the card written.
+    """Save the tested program with its card (``card`` adds data, split and search fields), log it, mark it done;
+    returns the card written. ``gates`` are measured on the saved program over the test split (on ``lm``) and
+    checked before anything is logged or registered: a failure raises ``GateRefused``, and the study is not done.
     """
     from chateval_dspy.deploy.saved.card import make_card
-    from chateval_dspy.deploy.saved.store import save_program
     from chateval_dspy.run.metrics import plain, primary_metric
-    from optim.certify.certificate import log_certificate
-    from optim.certify.measure import HeldOut, held_out_name, measure_and_enforce
     from optim.tracking.evaluation import unpriced_marks
 
     trial, program = tested.trial, tested.program
@@ -141,15 +128,10 @@ def save_final(study: optuna.Study, tested: Tested, out: Path, *, model: str, ca
     written = make_card(program, model=model, referee_models=referee_models, optimizer=choice, metric=metric,
                         dev_metrics=trial.user_attrs.get("dev", {}), test_metrics=plain(tested.figures), cost=cost,
                         **card)
-    save_program(program, out, written)
-    held_out = HeldOut(tested.items, tested.results, held_out_name(card.get("dataset"), seed, len(tested.items)))
-    written, certificate = measure_and_enforce(out, program, gates, lm=lm, held_out=held_out, seed=seed,
-                                               concurrency=concurrency)
+    written = save_gated(program, out, written, held_out=(tested.items, tested.results, card.get("dataset")), seed=seed,
+                         gates=gates, lm=lm, concurrency=concurrency, tracking=tracking)
     if tracking is not None and tracking.enabled:
         from optim.tracking import runs as mlflow_tracking
-
-        if certificate is not None:
-            log_certificate(certificate, out)
 
         objectives = written.get("search", {}).get("objectives", ["agreement"])
         mlflow_tracking.log_metrics({"best_trial": trial.number,
@@ -157,13 +139,7 @@ def save_final(study: optuna.Study, tested: Tested, out: Path, *, model: str, ca
                                         if math.isfinite(v)}})
         mlflow_tracking.log_metrics(tested.figures, {**cost, **tested.result.model_metrics()}, prefix="test.")
         mlflow_tracking.log_params(unpriced_marks(cost, prefix="test."))
-        mlflow_tracking.log_file(out, "evaluator")
         mlflow_tracking.log_file(tested.results, "results")
-        if tracking.log_model:
-            from optim.tracking.models import log_models
-
-            # outside the LM context: no client or key travels with it
-            log_models(program, out, registered_name=tracking.register, wheelhouse=tracking.wheelhouse)
     study.set_user_attr("final", {"trial": trial.number, "out": str(out),
                                   "test": {metric: written["test_metrics"].get(metric)}})
     study.set_user_attr(f"final_claim:{trial.number}", {"worker": Worker.current().tag(), "out": str(out),

@@ -1,20 +1,20 @@
 """One search trial: suggest a panel, build (and maybe compile) it, judge the dev split in chunks.
 
-A trial's dev results stream to ``trial-NNNN-dev.jsonl``. A trial whose worker died is failed by
-the next run (``study.fail_dead_trials``) and its panel is drawn again: trials are seeded by their
-place in the study (``slot``), not by their number, so the retry draws the same panel and picks up
-the dead trial's results file where it stopped.
+Dev results stream to ``trial-NNNN-dev.jsonl``. Trials are seeded by their place in the study (``slot``), not their
+number, so a trial that retries one whose worker died draws the same panel and resumes its results file.
 """
 
 from __future__ import annotations
 
-import logging
+import contextlib
 import math
 import shutil
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import dspy
 import numpy as np
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -24,31 +24,20 @@ from chateval_dspy.errors import ConfigError
 from chateval_dspy.program.chateval import ChatEval, build_evaluator
 from chateval_dspy.run import identity, records
 from chateval_dspy.run.evaluate import evaluate
-from chateval_dspy.run.metrics import primary_metric
+from chateval_dspy.run.metrics import accuracy, label_accuracy, plain, primary_metric, spearman
 from chateval_dspy.run.result import RunResult
 from optim.search.space import SearchSpace, suggest_config
 from optim.search.study import FINISHED, SurplusTrial, make_sampler
 from optim.search.worker import Worker
 from optim.tracking.evaluation import config_params
-from optim.tuning.cascade import SearchedCascade
-from optim.tuning.compile import OptimizerSettings
-
-log = logging.getLogger(__name__)
-
-
-def agreement_of(task, metrics: dict) -> float:
-    """The figure a study optimises: the task's primary metric (accuracy pairwise, average Spearman pointwise,
-    average accuracy for label scales only); NaN if undefined. ``task``: a ``TaskSpec`` or a format."""
-    if not metrics:
-        return math.nan
-    estimate = metrics[primary_metric(task)]
-    return float(estimate.value)
+from optim.tuning.cascade import IN_SAMPLE_NOTE, SearchedCascade
+from optim.tuning.compile import OptimizerSettings, compile_evaluator
+from optim.tuning.objectives import make_metric
 
 
 def running_agreement(result: RunResult) -> float:
-    """The same figure without bootstrap (for pruning after each chunk of dev items)."""
-    from chateval_dspy.run.metrics import accuracy, label_accuracy, spearman
-
+    """The figure a study optimises, the task's primary metric, without bootstrap (for pruning after each chunk of
+    dev items)."""
     if not result.human:
         return math.nan
     if result.config.format == "pairwise":
@@ -66,25 +55,16 @@ def running_agreement(result: RunResult) -> float:
     return float(np.mean(figures))
 
 
-def tokens_per_item(result: RunResult) -> float:
-    cost = result.cost()
-    return cost["prompt_tokens_per_item"] + cost["completion_tokens_per_item"]
-
-
 def build_for_trial(config: DebateConfig, compile_choice: str, trainset: Sequence,
                     settings: OptimizerSettings | None = None) -> ChatEval:
     """``build_evaluator(config)``, compiled on ``trainset`` when the trial chose to compile."""
     program = build_evaluator(config)
     if compile_choice == "none":
         return program
-    from optim.tuning.compile import compile_evaluator
-    from optim.tuning.objectives import make_metric
-
     if not trainset:
         raise ConfigError("compiling needs a non-empty train split: use more items or a larger --limit")
-    metric_name = "agreement" if config.format == "pairwise" else "score_error"
     return compile_evaluator(program, optimizer=compile_choice, trainset=trainset, valset=None,
-                             metric=make_metric(metric_name, config.task_spec, trainset),
+                             metric=make_metric(None, config.task_spec, trainset),
                              settings=settings or OptimizerSettings())
 
 
@@ -94,11 +74,8 @@ def config_of(trial: FrozenTrial) -> tuple[DebateConfig, str]:
 
 
 def slot(trial: optuna.Trial) -> int:
-    """The trial's place in the study's budget: trials before it that did not fail.
-
-    A failed trial (killed, interrupted) gives its place to the next trial, which then draws the
-    same panel; trial numbers only ever grow, so seeding by number would draw a new one.
-    """
+    """The trial's place in the study's budget: trials before it that did not fail. A failed trial gives its place
+    to the next, which then draws the same panel (seeding by number, which only grows, would draw a new one)."""
     return sum(1 for t in trial.study.get_trials(deepcopy=False)
                if t.number < trial.number and t.state != TrialState.FAIL)
 
@@ -107,35 +84,19 @@ def slot(trial: optuna.Trial) -> int:
 class Objective:
     """One trial: suggest a panel, build (and maybe compile) it, judge the dev split in chunks.
 
-    Returns dev agreement, or ``(agreement, tokens per dev item)``, or ``(agreement, cascade USD per 1,000
-    verdicts)`` (``cascade_cost``: the cascade [``cascade.first`` -> this panel] on the dev items, thresholds chosen
-    on those items: an in-sample figure for ranking panels; ``math.inf`` where no stage reaches the level), each
-    followed by the mean robustness rate when ``robustness`` is an objective (the bias audit's text probes on the
-    dev items, ``robustness_of``; undefined counts as 0.0 and marks the trial ``robustness_undefined``). An
-    undefined agreement (pointwise: a constant column has no Spearman) counts as 0.0, the
-    value of a panel whose scores carry no ranking, and the trial is marked
-    ``agreement_undefined``; failing the trial instead would hide it from the sampler and
-    never count toward ``--trials``.
+    Returns dev agreement, then per ``objectives`` tokens per dev item or the cascade's USD per 1,000 verdicts
+    (``cascade.cost_of``: in-sample; ``math.inf`` where no stage reaches the level), then the mean robustness rate
+    (the bias audit's text probes). An undefined agreement (pointwise: a constant column has no Spearman) or robustness counts
+    as 0.0 and marks the trial ``agreement_undefined`` / ``robustness_undefined``: failing the trial instead would
+    hide it from the sampler and never count toward ``--trials``.
 
     Args:
-        space: What trials may choose.
-        base: Everything else (format, calibration, limits); its panel is replaced by each trial's.
+        base: Everything a trial does not choose (format, calibration, limits).
         parts: The train and dev splits (already limited); train is used only by trials that compile.
-        objectives: One of ``optim.search.space.OBJECTIVE_SETS``.
-        cascade: With ``cascade_cost``: the first stage, judged on the dev items, with the level and risk.
         n_trials: The study's budget; a trial started past it (a race between workers) stops.
-        seed: The search's seed (sampling and bootstrap CIs).
-        n_resamples: The bootstrap's resamples behind each CI (None: ``metrics.N_RESAMPLES``).
-        settings: How trials that compile do it (demos per predictor; its seed is the search's).
         report_every: Dev items per chunk; pruning may stop a trial after any chunk but the last.
         results_dir: Where each trial's dev results JSONL goes (``trial-0007-dev.jsonl``).
         track: Log each trial as a nested MLflow run under the active (study) run.
-        on_item: Called with each judged record (the CLI's progress bar).
-
-    Example:
-        >>> objective = Objective(space=SearchSpace(), base=DebateConfig(), parts=parts,  # doctest: +SKIP
-        ...                       objectives=("agreement",), n_trials=20)
-        >>> study.optimize(objective, n_trials=1)  # doctest: +SKIP
     """
 
     space: SearchSpace
@@ -177,9 +138,8 @@ class Objective:
             return self._reuse(trial, same) if same else self._run(trial, config, compile_choice)
         from optim.tracking import runs as tracking
 
-        tags = {"optuna.study": trial.study.study_name, "optuna.trial": str(trial.number)}
-        if same:
-            tags["duplicate_of"] = str(same.number)
+        tags = {"optuna.study": trial.study.study_name, "optuna.trial": str(trial.number),
+                **({"duplicate_of": str(same.number)} if same else {})}
         pruned = values = None
         with tracking.run(f"trial-{trial.number}", nested=True, tags=tags,
                           params={"trial": trial.number, "config": config_params(config), "compile": compile_choice}) as active:
@@ -199,10 +159,8 @@ class Objective:
 
     def _duplicate_of(self, trial: optuna.Trial) -> FrozenTrial | None:
         """A finished trial with the very same parameters: its figures are reused, nothing is judged twice."""
-        for t in trial.study.get_trials(deepcopy=False, states=FINISHED):
-            if t.number != trial.number and t.params == trial.params:
-                return t
-        return None
+        return next((t for t in trial.study.get_trials(deepcopy=False, states=FINISHED)
+                     if t.number != trial.number and t.params == trial.params), None)
 
     def _reuse(self, trial: optuna.Trial, same: FrozenTrial):
         trial.set_user_attr("duplicate_of", same.user_attrs.get("duplicate_of", same.number))
@@ -235,22 +193,15 @@ class Objective:
         return out
 
     def _run(self, trial: optuna.Trial, config: DebateConfig, compile_choice: str, tracking=None):
-        from chateval_dspy.run.metrics import plain
-
         program = build_for_trial(config, compile_choice, self.parts["train"], self.settings)
         dev = self.parts["dev"]
         # One key for the whole dev split: each chunk appends to the same file, which a retry then resumes.
         key = identity.run_key(config, identity.context_identity(), dev, program.dump_state())
         out = self._results_file(trial, key)
-        result = RunResult(config)
-        lines: list[dict] = []  # what the cascade objective routes
-        done: set[str] = set()
-        if out is not None:
-            stream = records.ResultsStream(out, key)
-            for record in stream.records:
-                result.add(record)
-                lines.append(record)
-            done = set(stream.done)
+        stream = records.ResultsStream(out, key)  # out None: nothing to resume
+        result, lines, done = RunResult(config), list(stream.records), set(stream.done)  # lines: what a cascade routes
+        for record in lines:
+            result.add(record)
 
         def judged(record: dict) -> None:
             result.add(record)
@@ -276,14 +227,14 @@ class Objective:
                     trial.set_user_attr("cost", result.cost())
                     raise optuna.TrialPruned(f"dev agreement {value:.3f} after {result.n} of {len(dev)} items")
         metrics, cost = result.metrics(seed=self.seed, n_resamples=self.n_resamples), result.cost()
-        agreement = agreement_of(config.task_spec, metrics)
+        agreement = float(metrics[primary_metric(config.task_spec)].value) if metrics else math.nan
         undefined = math.isnan(agreement)
         trial.set_user_attr("dev", plain(metrics))
         trial.set_user_attr("cost", cost)
         trial.set_user_attr("agreement_undefined", undefined)
         values = [0.0 if undefined else agreement]
         if "tokens" in self.objectives:
-            values.append(tokens_per_item(result))
+            values.append(cost["prompt_tokens_per_item"] + cost["completion_tokens_per_item"])
         if "cascade_cost" in self.objectives:
             values.append(self._cascade_cost(trial, lines, config, out, tracking))
         if "robustness" in self.objectives:
@@ -297,10 +248,6 @@ class Objective:
                       tracking=None) -> float:
         """The cascade [first stage -> this panel]'s USD per 1,000 verdicts on the dev items (in-sample), recorded
         on the trial and its MLflow run."""
-        import dspy
-
-        from optim.tuning.cascade import IN_SAMPLE_NOTE
-
         model = getattr(dspy.settings.lm, "model", None) or "?"
         figure = self.cascade.cost_of(lines, self.parts["dev"], config.task_spec, model=model, results=out,
                                       seed=self.seed)
@@ -311,16 +258,22 @@ class Objective:
         return figure.usd_per_1000
 
     def _robustness(self, trial: optuna.Trial, program: ChatEval, tracking=None) -> float:
-        """The bias audit's mean robustness rate of this panel on the dev items (``robustness_of``), recorded on
-        the trial (each probe's rate with its interval) and its MLflow run; undefined counts as 0.0."""
-        import contextlib
-        import tempfile
+        """The mean robustness rate of this panel under the bias audit's text probes that apply
+        (``optim.audit.probes.ROBUSTNESS_PROBES``) on the dev items, on the LM of the current DSPy context, recorded on
+        the trial (each probe's rate with its interval) and its MLflow run; undefined counts as 0.0. The audit judges
+        the unperturbed items again, then each perturbation: five passes over the items for a pairwise panel."""
+        from chateval_dspy.deploy.saved.judge import Judge
+        from optim.audit.perturb import applies
+        from optim.audit.probes import ROBUSTNESS_PROBES, audit
 
+        lm, dev = dspy.settings.lm, self.parts["dev"]
+        judge = Judge(program, {"model": getattr(lm, "model", None)}, lm, contextlib.ExitStack())
+        probes = tuple(p for p in ROBUSTNESS_PROBES if applies(p, program.config.format))
         with contextlib.ExitStack() as stack:
             folder = (Path(self.results_dir) / f"trial-{trial.number:04d}-audit" if self.results_dir
                       else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="trial-audit-"))))
-            report = robustness_of(program, self.parts["dev"], out=folder, seed=self.seed,
-                                   concurrency=self.concurrency)
+            report = audit(judge, dev, out=folder, probes=probes, seed=self.seed, concurrency=self.concurrency,
+                           data=f"dev split, {len(dev)} items")
         mean = report.mean_robustness()
         undefined = math.isnan(mean)
         trial.set_user_attr("robustness", {"mean": None if undefined else mean, "data": report.data,
@@ -330,26 +283,6 @@ class Objective:
             tracking.log_metrics({f"{p}_robustness_rate": e for p, e in report.robustness().items()},
                                  prefix="dev.audit.")
         return 0.0 if undefined else mean
-
-
-def robustness_of(program: ChatEval, items, *, out: Path, seed: int = 0, concurrency: int = 1):
-    """The bias audit's text probes (``optim.audit.probes.ROBUSTNESS_PROBES``, those that apply) of ``program`` on
-    ``items``, on the LM of the current DSPy context, into ``out`` (an ``AuditReport``: ``mean_robustness()``). The
-    audit judges the unperturbed items again, then each perturbation: five passes over the items for a pairwise
-    panel."""
-    import contextlib
-
-    import dspy
-
-    from chateval_dspy.deploy.saved.judge import Judge
-    from optim.audit.perturb import applies
-    from optim.audit.probes import ROBUSTNESS_PROBES, audit
-
-    lm = dspy.settings.lm
-    judge = Judge(program, {"model": getattr(lm, "model", None)}, lm, contextlib.ExitStack())
-    probes = tuple(p for p in ROBUSTNESS_PROBES if applies(p, program.config.format))
-    return audit(judge, items, out=out, probes=probes, seed=seed, concurrency=concurrency,
-                 data=f"dev split, {len(items)} items")
 
 
 OBJECTIVE_METRICS = {"agreement": "objective.agreement", "tokens": "objective.tokens_per_item",

@@ -1,11 +1,8 @@
 """``chateval search`` as a function: run a study's trials, then test and save its best panel.
 
-Rerunning the same call finishes what a killed one left: the study resumes from its storage, a
-trial whose worker died is failed at once and its panel drawn again (its dev results resumed),
-an unfinished final test resumes its results file, and the card and MLflow logging are done if
-they were not. Several workers may run the same call on one study at once: one MLflow parent
-run holds every trial, and a worker that tests (without ``test=False``) waits for the others'
-trials so that the study always ends tested, whichever worker finishes last.
+Rerunning the same call finishes what a killed one left (trials, their dev results, the final test, the card and the
+MLflow logging). Several workers may run it on one study at once: one MLflow parent run holds every trial, and a
+worker that tests waits for the others' trials, so the study ends tested whichever worker finishes last.
 """
 
 from __future__ import annotations
@@ -13,24 +10,27 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import optuna
 
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.data.splits import split_record
+from chateval_dspy.data.splits import dataset_hash, split_record
 from chateval_dspy.errors import ConfigError
-from chateval_dspy.run.evaluate_dataset import lm_slots, run_header
+from chateval_dspy.run.evaluate_dataset import check_task, lm_slots, run_header, skipped_rows
 from optim.search import study as studies
 from optim.search.finish import check_out, choose_final, final_test, save_final
 from optim.search.objective import Objective
 from optim.search.space import SearchSpace
 from optim.search.study_spec import StudySpec
+from optim.tuning.cascade import IN_SAMPLE_NOTE, SearchedCascade, judge_first_stage
 from optim.tuning.compile import OptimizerSettings
 
-SEARCHED = ("roles", "turns", "strategy", "aggregate")
+SEARCHED = ("roles", "turns", "strategy", "aggregate", "format")  # what a trial draws, or the data fixes
 
 
 class SearchHooks:
@@ -78,15 +78,6 @@ class SearchRun:
     mlflow_run_id: str | None = None
 
 
-def base_settings(base: DebateConfig) -> dict:
-    """What the fixed part of every trial's config changes from the defaults.
-
-    Only changes are recorded, so a field added to ``DebateConfig`` later (at its default)
-    does not stop an older study from resuming.
-    """
-    return {k: v for k, v in base.changes().items() if k not in (*SEARCHED, "format")}
-
-
 @dataclass
 class SearchPlan:
     """What a search runs on, checked before any study opens or any LM starts."""
@@ -107,7 +98,6 @@ def plan_search(data, base, lm, *, spec: StudySpec, settings: OptimizerSettings 
     whose data is missing, ``optim.certify.measure.check_gate_data``)."""
     import chateval_dspy.limits as limits
     from chateval_dspy.program.roles import DEFAULT_ORDER, same_roles
-    from chateval_dspy.run.evaluate_dataset import check_task
     from optim.certify.measure import check_gate_data
 
     if data.split != "all":
@@ -142,13 +132,14 @@ def study_settings(data, plan: SearchPlan, spec: StudySpec, space: SearchSpace, 
     """What the study records of its search: a worker that would search otherwise is refused (``check_settings``).
     ``cascade``: a ``cascade_cost`` search's declared first stage, level and risk (recorded only then, so that
     existing studies resume as they were)."""
-    from chateval_dspy.data.splits import dataset_hash
-
-    lm = plan.lm
-    return {**cascade_settings(cascade),
+    lm, stage = plan.lm, cascade.stages[0] if cascade else None  # check_cascade: a cascade has one stage
+    return {**({"cascade": {"first_stage": str(stage.program), "model": stage.model, "level": cascade.level,
+                            "risk": cascade.risk}} if cascade else {}),
             "dataset": data.dataset, "format": plan.fmt, "dataset_hash": dataset_hash(plan.items), "seed": data.seed,
             "limit": data.limit, "objectives": list(spec.objectives), "space": space.to_dict(),
-            "model_spec": lm.model, "base": base_settings(plan.base),
+            # The fixed part of every trial's config, by its changes only: a field added to DebateConfig later, at
+            # its default, does not stop an older study from resuming.
+            "model_spec": lm.model, "base": {k: v for k, v in plan.base.changes().items() if k not in SEARCHED},
             "max_demos": plan.settings.max_demos if space.compile != ("none",) else None,
             # Only a mixed panel records its referees' models, and only the reading flags given (a worker reading
             # labels otherwise is refused: some, like --skip-bad-rows, leave the hash alone), so that existing
@@ -156,15 +147,6 @@ def study_settings(data, plan: SearchPlan, spec: StudySpec, space: SearchSpace, 
             **({"referee_models": lm.referee_map} if lm.referee_models else {}),
             **({"data": stated} if (stated := {k: v for k, v in data.reading().items() if v not in ("-", "false")})
                else {})}
-
-
-def cascade_settings(cascade) -> dict:
-    """What a ``cascade_cost`` study records of its cascade; nothing for any other study."""
-    if cascade is None:
-        return {}
-    (stage,) = cascade.stages
-    return {"cascade": {"first_stage": str(stage.program), "model": stage.model, "level": cascade.level,
-                        "risk": cascade.risk}}
 
 
 def check_cascade(spec: StudySpec, cascade) -> None:
@@ -184,7 +166,6 @@ def first_stage(data, plan: SearchPlan, spec: StudySpec, cascade, *, concurrency
     """The cascade's first stage judged once on the dev items (``results/<study>/first-stage/``: a rerun or another
     worker reads it back), as every trial's ``SearchedCascade``; it must judge the search's task."""
     from chateval_dspy.deploy.saved.store import load_program
-    from optim.tuning.cascade import SearchedCascade, judge_first_stage
 
     (stage,) = cascade.stages
     program, _ = load_program(stage.program)
@@ -201,15 +182,6 @@ def first_stage(data, plan: SearchPlan, spec: StudySpec, cascade, *, concurrency
     run = judge_first_stage(stage, dev, Path("results") / spec.name / "first-stage", fitted_on=header, lm=lm,
                             concurrency=concurrency)
     return SearchedCascade(run, cascade.level, cascade.risk, header={**header, "first_stage_model": run.model})
-
-
-def open_checked(data, plan: SearchPlan, spec: StudySpec, space: SearchSpace, cascade=None) -> tuple[optuna.Study, dict]:
-    """The study, opened or resumed, and the settings it records (refused if it was run with others)."""
-    opened = studies.open_study(spec.name, spec.storage, spec.objectives, seed=data.seed, prune=spec.prune,
-                                warmup_steps=2 * spec.report_every)
-    recorded = study_settings(data, plan, spec, space, cascade)
-    studies.check_settings(opened, recorded)
-    return opened, recorded
 
 
 def parent_run(opened: optuna.Study, spec: StudySpec, recorded: dict, base: DebateConfig, tracking, data):
@@ -249,11 +221,6 @@ def search_card(data, plan: SearchPlan, spec: StudySpec, space: SearchSpace, rec
                 finished: int) -> dict:
     """What the saved evaluator's card says of the data, the split and the search that chose it (a figure that is
     not finite, a cascade that reached no threshold, as None: JSON has no infinity)."""
-    import math
-
-    from chateval_dspy.run.evaluate_dataset import skipped_rows
-    from optim.tuning.cascade import IN_SAMPLE_NOTE
-
     items = plan.items
     values = [v if math.isfinite(v) else None for v in tested.trial.values]
     cascade = ({"cascade": {**recorded["cascade"], "dev": tested.trial.user_attrs.get("cascade"),
@@ -282,11 +249,10 @@ def trials(opened: optuna.Study, objective: Objective, spec: StudySpec, *, wait:
            hooks: SearchHooks, tracking=None) -> tuple[list[int], int]:
     """This worker's trials run (waiting for the other workers' when it tests): ``(trials it ran, finished in the
     study)``. With ``tracking`` enabled, the MLflow run of any trial failed meanwhile (a killed worker's) is ended."""
-    def end_runs(failed) -> None:
-        studies.end_failed_trial_runs(failed, tracking.uri)
-
+    tracked = tracking is not None and tracking.enabled
     ran = studies.run_trials(opened, objective, spec.trials, callbacks=[hooks.trial], wait=wait, poll=poll,
-                             on_wait=hooks.waiting, on_failed=end_runs if tracking is not None and tracking.enabled else None)
+                             on_wait=hooks.waiting, on_failed=partial(studies.end_failed_trial_runs, uri=tracking.uri)
+                             if tracked else None)
     finished = studies.count(opened)
     hooks.trials_done(opened, ran, finished)
     return ran, finished
@@ -298,22 +264,11 @@ def run_search(data, base: DebateConfig | Callable[[str], DebateConfig], lm, *, 
                hooks: SearchHooks | None = None, poll: float = 1.0, cascade=None, gates=None) -> SearchRun:
     """Run ``study``'s trials over ``space`` on ``data``'s dev split, then test and save the best panel.
 
-    Args:
-        data: Which items (``DataSpec``: dataset, seed and limit of the train/dev/test split).
-        base: What trials do not choose (format, calibration, ...), or a function of the dataset's format.
-        lm: Which LM (``LMSpec``); with ``tokens`` as an objective its cache is turned off. A mixed panel's
-            ``referee_models`` apply to the trials whose panel seats those referees.
-        study: The study's name, storage, budget, objectives and pruning.
-        space: What trials may choose (default: everything).
-        settings: How trials that compile do it (its seed is the data's; default ``OptimizerSettings()``).
-        out: The folder for the best evaluator (default ``programs/<study>``).
-        test: False: run trials only, and leave testing and saving to a worker that tests.
-        tracking: A ``TrackingSpec``; None or disabled: nothing goes to MLflow.
-        concurrency: Items judged at once.
-        hooks: Told about each trial, the final test and why anything is skipped (the CLI prints them).
-        gates: ``optim.certify.gates.Gates``, measured on the best panel saved, checked before it is registered.
-        poll: Seconds between looks at other workers' trials while waiting for them.
-        cascade: For ``cascade_cost``: the first stage, level and risk (``first_stage``; values: ``Objective``).
+    ``base`` is what trials do not choose, or a function of the dataset's format; with a cost objective ``lm``'s cache
+    is turned off, and a mixed panel's ``referee_models`` apply to the trials that seat those referees. ``test``
+    False runs trials only, leaving the test and save to a worker that tests (``poll``: seconds between looks at
+    other workers' trials). ``gates`` as for ``save_gated``; ``cascade``: for ``cascade_cost``, the first stage,
+    level and risk (``first_stage``).
 
     Example:
         >>> run = run_search(DataSpec("faireval", limit=3), DebateConfig(), LMSpec(model=url),  # doctest: +SKIP
@@ -325,7 +280,10 @@ def run_search(data, base: DebateConfig | Callable[[str], DebateConfig], lm, *, 
     hooks, space, spec = hooks or SearchHooks(), space or SearchSpace(), study
     plan = plan_search(data, base, lm, spec=spec, settings=settings, out=out, test=test, concurrency=concurrency,
                        hooks=hooks, cascade=cascade, gates=gates)
-    opened, recorded = open_checked(data, plan, spec, space, cascade)
+    opened = studies.open_study(spec.name, spec.storage, spec.objectives, seed=data.seed, prune=spec.prune,
+                                warmup_steps=2 * spec.report_every)
+    recorded = study_settings(data, plan, spec, space, cascade)
+    studies.check_settings(opened, recorded)  # a study run with other settings is refused
     hooks.started(opened, spec, plan.parts)
     tracked = tracking is not None and tracking.enabled
     objective = objective_for(data, plan, spec, space, concurrency=concurrency, track=tracked, hooks=hooks,
@@ -364,8 +322,6 @@ def objective_columns(study: optuna.Study, objectives) -> dict[str, list[float]]
         >>> objective_columns(study, ("agreement", "robustness"))
         {'robustness': [0.75]}
     """
-    import math
-
     names = {"cascade_cost": "cascade_usd_per_1000", "robustness": "robustness"}
     trials = study.get_trials(deepcopy=False)
     return {names[o]: [t.values[i] if t.values else math.nan for t in trials]

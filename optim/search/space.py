@@ -1,9 +1,6 @@
-"""What a search trial may choose, and ``trial.suggest_*`` -> ``DebateConfig``.
-
-A trial chooses the referees (a subset of the five built-in personas, or the same-role
-ablation), the number of turns, the strategy, the aggregation and, if asked, how to compile.
-The bounds come from ``chateval_dspy.limits``: a space can never draw a panel that
-``DebateConfig`` would refuse.
+"""What a search trial may choose (referees, turns, strategy, aggregation, how to compile), and ``trial.suggest_*``
+-> ``DebateConfig``. The bounds come from ``chateval_dspy.limits``: a space never draws a panel ``DebateConfig``
+would refuse.
 """
 
 from __future__ import annotations
@@ -33,16 +30,9 @@ PANELS = ("distinct", "same")
 
 @dataclass(frozen=True)
 class SearchSpace:
-    """What a trial may choose; a dimension with a single value is fixed.
-
-    Args:
-        panels: ``distinct`` (a subset of the built-in personas) and/or ``same`` (the same-role ablation).
-        n_roles: Smallest and largest panel size: up to the five built-in personas for distinct panels,
-            up to ``limits.MAX_ROLES`` for the same-role ablation alone.
-        turns: Fewest and most rounds of talk (1-4 is the paper's range; at most ``limits.MAX_TURNS``).
-        strategies: Strategy names to choose from.
-        aggregates: ``mean`` and/or ``majority``.
-        compile: ``none``, ``labeled``, ``bootstrap``: one fixes it, several let the trial choose.
+    """What a trial may choose; a dimension with a single value is fixed. ``panels``: ``distinct`` (a subset of the
+    built-in personas, so at most five) and/or ``same`` (the same-role ablation, up to ``limits.MAX_ROLES``);
+    ``n_roles`` and ``turns`` (1-4 is the paper's range) are ``(fewest, most)``.
 
     Example:
         >>> SearchSpace(turns=(2, 2)).to_dict()["turns"]
@@ -93,10 +83,8 @@ def persona_sets(n: int) -> list[str]:
 
 def suggest_config(trial: optuna.Trial, space: SearchSpace, base: DebateConfig) -> tuple[DebateConfig, str]:
     """The trial's panel as a ``DebateConfig`` (everything not searched comes from ``base``) and its compile choice.
-
-    Parameters: ``panel`` (distinct/same), ``n_roles``, ``personas_<n>`` (distinct panels of 1-4),
-    ``turns``, ``strategy``, ``aggregate``, ``compile``. Persona sets are one categorical per
-    panel size, so ``n_roles`` stays a parameter of its own (the paper's Figure 3 axis).
+    Persona sets are one categorical per panel size (``personas_<n>``), so ``n_roles`` stays a parameter of its own
+    (the paper's Figure 3 axis).
 
     Example:
         >>> import optuna

@@ -1,11 +1,9 @@
 """The study: where trials live, how many a search runs, and which workers still hold one.
 
-Studies live in an Optuna storage (default ``sqlite:///mlruns/optuna.db``; ``postgresql://...`` for workers on
-many hosts), so an interrupted search resumes where it stopped and several workers can share one study. A trial
-whose worker was killed is failed as soon as a worker on the same host sees that the process is gone
-(``fail_dead_trials``); one on another host is failed by Optuna's heartbeat after its grace period. Either way
-the MLflow run of the failed trial, left RUNNING by its killed worker, is ended by the next worker to see the
-failure (``end_failed_trial_runs``).
+Studies live in an Optuna storage (SQLite, or PostgreSQL for workers on many hosts), so a search resumes where it
+stopped and workers share it. A killed worker's trial is failed as soon as a worker on its host sees the process gone
+(``fail_dead_trials``), elsewhere by Optuna's heartbeat; the next worker to see the failure ends its MLflow run
+(``end_failed_trial_runs``).
 """
 
 from __future__ import annotations
@@ -19,6 +17,7 @@ import re
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -39,10 +38,7 @@ HEARTBEAT_S, GRACE_S = 60, 180
 
 def open_storage(url: str):
     """An RDB storage with heartbeats (a crashed worker's trial is failed after 3 minutes), or ``url`` as given.
-
-    A SQLite file or PostgreSQL database gets its tables from the first worker to open it; workers that start at the
-    same moment wait for that one (``optim.tracking.stores.init_lock``) instead of racing it to create them.
-    """
+    Workers that start at the same moment wait for the first to create the tables (``stores.init_lock``)."""
     kind = stores.backend(url)
     if kind is None:
         return url  # a journal storage or another URL Optuna resolves itself
@@ -76,12 +72,9 @@ def storage_label(url: str) -> str:
 
 
 def make_sampler(seed: int, slot: int | None = None) -> optuna.samplers.TPESampler:
-    """TPE seeded by the search seed and, once known, the trial's slot (its place in the budget).
-
-    One fixed seed per process would replay the same random start-up draws in a resumed
-    study and in every worker; seeding by slot keeps each trial reproducible, distinct from
-    the others, and the same for a trial that retries a failed one.
-    """
+    """TPE seeded by the search seed and, once known, the trial's slot: one seed per process would replay the same
+    start-up draws in a resumed study and in every worker; by slot each trial is reproducible, distinct from the
+    others, and the same for a trial that retries a failed one."""
     if slot is None:
         return optuna.samplers.TPESampler(seed=seed)
     mixed = int(np.random.SeedSequence([seed, slot]).generate_state(1)[0])
@@ -115,10 +108,9 @@ def check_settings(study: optuna.Study, settings: dict) -> None:
 def claim_attr(study: optuna.Study, key: str, value):
     """Set the study's user attribute ``key`` to ``value`` unless some worker set it first; returns what it holds.
 
-    Optuna's ``set_user_attr`` overwrites, so two workers starting together would each believe
-    their value won. An RDB storage keeps one row per (study, key) under a unique constraint: the
-    row is inserted directly, and the worker whose insert fails reads the winner's value. Other
-    storages (in memory: one process; journal files) fall back to check-then-set.
+    ``set_user_attr`` overwrites, so two workers would each believe their value won: in an RDB storage the row is
+    inserted under its unique (study, key) constraint, and the worker whose insert fails reads the winner's value.
+    Other storages (in memory: one process; journal files) check, then set.
     """
     held = study.user_attrs.get(key)
     if held is not None:
@@ -152,10 +144,8 @@ def remaining(study: optuna.Study, n_trials: int) -> int:
 
 
 def fail_dead_trials(study: optuna.Study) -> list[FrozenTrial]:
-    """Fail the RUNNING trials whose worker has died, so that their budget is run again; returns them.
-
-    A worker on this host is checked at once (its pid); one elsewhere after the heartbeat grace period.
-    """
+    """Fail the RUNNING trials whose worker has died, so that their budget is run again; returns them. A worker on
+    this host is checked at once (its pid); one elsewhere after the heartbeat grace period."""
     ended = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if dead(t.user_attrs.get("worker")):
@@ -197,21 +187,15 @@ def run_trials(study: optuna.Study, objective, n_trials: int, callbacks: Sequenc
                on_failed: Callable[[list[FrozenTrial]], None] | None = None) -> list[int]:
     """Run trials until the study holds ``n_trials`` finished (complete or pruned) ones; returns the numbers run here.
 
-    Trial numbers come from the storage, so a resumed study continues after its last trial
-    and concurrent workers never share one. A finished trial is never rerun; a trial that
-    failed (an interrupt, an error, a dead worker) stays failed and does not count.
+    A finished trial is never rerun; a failed one (an interrupt, an error, a dead worker) stays failed and does not
+    count. ``objective.last`` is the trial it ran.
 
     Args:
-        study: The study.
-        objective: Called once per trial (an ``Objective``); its ``last`` is the trial it ran.
-        n_trials: The study's budget.
-        callbacks: Optuna callbacks, ``callback(study, frozen_trial)`` after each trial.
-        wait: Once the budget is taken, wait for trials still running in other workers, and run
-            again any that fails meanwhile: the study is complete when this returns.
-        poll: Seconds between looks at other workers' trials while waiting.
+        wait: Once the budget is taken, wait for trials still running in other workers, and run again any that
+            fails meanwhile: the study is complete when this returns (``poll``: seconds between looks).
         on_wait: Called with the number of trials still running elsewhere, whenever it changes.
-        on_failed: Called with the trials found failed that it was not shown yet (all of them at first, then each
-            trial failed since: by this worker, another, or Optuna's heartbeat), before any trial runs again.
+        on_failed: Called with the failed trials not shown yet (all at first, then each failed since, by any
+            worker or the heartbeat), before any trial runs again.
     """
     ran: list[int] = []
     waiting = None
@@ -269,12 +253,9 @@ NOTE_TAG = "mlflow.note.content"  # the run's description in MLflow's UI
 
 
 def end_failed_trial_runs(failed: Sequence[FrozenTrial], uri: str | None = None) -> list[str]:
-    """End as KILLED, with a note saying why, the MLflow runs of failed trials that are still RUNNING; returns their ids.
-
-    A SIGKILLed worker cannot end its trial's run, and failing the trial (a worker that sees the process gone, or
-    Optuna's heartbeat for a worker on another host) does not end it either: once the trial is FAIL in the study,
-    whichever worker sees it ends the run. ``end_dead_runs`` covers only dead workers of this host, as a worker starts.
-    """
+    """End as KILLED, with a note saying why, the MLflow runs of failed trials that are still RUNNING; returns their
+    ids. A SIGKILLed worker cannot end its trial's run, nor does failing the trial: whichever worker sees it FAIL
+    does (``end_dead_runs`` covers only dead workers of this host, as a worker starts)."""
     import mlflow
 
     from optim.tracking import runs as tracking
@@ -318,13 +299,8 @@ def best_trial(study: optuna.Study) -> FrozenTrial:
 
 @contextlib.contextmanager
 def study_run(study: optuna.Study, *, params: dict, uri: str | None = None) -> Iterator:
-    """The study's MLflow parent run: created by the first worker, joined by every later worker or resume.
-
-    Workers that start a new study together each create a candidate run and claim the study's
-    attribute for it (``claim_attr``); the losers delete theirs and join the winner's, so a study
-    has one parent run. The run carries no worker tag: it is shared, and ends when its last
-    worker leaves it.
-    """
+    """The study's MLflow parent run (no worker tag: it is shared), created by the first worker: workers starting a
+    new study together each create one and claim the study's attribute for it, and the losers delete theirs."""
     from optim.tracking import runs as tracking
 
     uri_key = tracking.tracking_uri(uri)
@@ -332,14 +308,14 @@ def study_run(study: optuna.Study, *, params: dict, uri: str | None = None) -> I
     attr = "mlflow_run:" + hashlib.sha256(shown.encode()).hexdigest()[:16]
     runs = dict(study.user_attrs.get("mlflow_runs") or {})  # {uri: run id}, what `chateval report` reads
     run_id = study.user_attrs.get(attr) or runs.get(shown)
+    new_run = partial(tracking.create_run, f"search-{study.study_name}", uri=uri,
+                      tags={"command": "search", "optuna.study": study.study_name})
     if run_id and not tracking.run_exists(run_id, uri):
         log.warning("the study's MLflow run %s is gone from %s; starting a new one", run_id, shown)
-        run_id = tracking.create_run(f"search-{study.study_name}", uri=uri,
-                                     tags={"command": "search", "optuna.study": study.study_name})
+        run_id = new_run()
         study.set_user_attr(attr, run_id)
     elif not run_id:
-        candidate = tracking.create_run(f"search-{study.study_name}", uri=uri,
-                                        tags={"command": "search", "optuna.study": study.study_name})
+        candidate = new_run()
         run_id = claim_attr(study, attr, candidate)
         if run_id != candidate:
             tracking.delete_run(candidate)

@@ -1,8 +1,5 @@
-"""``StudySpec``: which study a search runs and how (its storage, trials, objectives, pruning), and the study's
-default name and storage.
-
-Plain data, without Optuna, so that ``chateval search --help`` and ``chateval report --help`` state the defaults
-that ``optim.search.study`` opens the study with.
+"""``StudySpec``: which study a search runs and how, and the study's default name and storage. Plain data, without
+Optuna, so that ``chateval search --help`` and ``chateval report --help`` state the defaults the study opens with.
 """
 
 from __future__ import annotations
@@ -19,17 +16,10 @@ DEFAULT_STORAGE = "sqlite:///mlruns/optuna.db"
 
 @dataclass(frozen=True)
 class StudySpec:
-    """Which study a search runs and how.
-
-    Args:
-        name: The study's name in the storage.
-        trials: Run until the study holds this many finished (complete or pruned) trials.
-        storage: The Optuna storage URL shared by workers.
-        objectives: ``("agreement",)``, ``("agreement", "tokens")`` or ``("agreement", "cascade_cost")`` (a Pareto
-            front; ``cascade_cost`` needs a first stage: ``run_search``'s ``cascade``), or any of the three
-            followed by ``"robustness"`` (``optim.search.space.OBJECTIVE_SETS``).
-        prune: Stop trials that cannot beat the median after a chunk of dev items (one objective only).
-        report_every: Dev items per chunk between pruning checks.
+    """Which study a search runs and how: run until the study holds ``trials`` finished (complete or pruned) trials;
+    ``objectives``: one of ``optim.search.space.OBJECTIVE_SETS`` (``cascade_cost`` needs ``run_search``'s
+    ``cascade``); ``prune`` stops trials that cannot beat the median after a chunk of ``report_every`` dev items (one
+    objective only).
 
     Example:
         >>> StudySpec("faireval-agreement", trials=20).objectives

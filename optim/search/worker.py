@@ -1,10 +1,8 @@
 """Which process holds a trial, a claim or an MLflow run, and whether that process is still alive.
 
-A killed worker leaves its Optuna trial RUNNING and its MLflow run RUNNING. Optuna's heartbeat
-notices only after its grace period (minutes); a rerun on the same host can tell at once, because
-it can ask the operating system whether the recorded process still exists. The process's start
-time is recorded beside its pid, so a pid reused by a new process is not mistaken for the old one.
-A worker on another host cannot be checked from here: it is presumed alive (heartbeats cover it).
+A killed worker leaves its trial and MLflow run RUNNING, and Optuna's heartbeat notices only after minutes; a rerun
+on the same host can ask the operating system at once. The start time recorded beside the pid keeps a reused pid from
+passing for the old process. A worker on another host is presumed alive (heartbeats cover it).
 """
 
 from __future__ import annotations

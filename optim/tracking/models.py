@@ -14,12 +14,9 @@ it; otherwise the model's wheel lists them under its ``embedded`` extra, and nei
 name them. ``MLmodel`` names the code and the artifacts by their paths inside the model, never the logging
 machine's.
 
-The signature declares the task's inputs, in the task's order, then ``id`` (optional, any type): Spark's
-positional columns (``udf("question", "answer_1", "answer_2")``) are named from it.
 Each prediction row is a verdict whose first column is ``verdict`` (what ``result_type="string"`` returns):
-pairwise, the winner (``"1"``, ``"2"``, ``"tie"``); pointwise, the criteria's scores as JSON text
-(``{"overall": 4}``); None when every referee abstained or the row was invalid (see ``error``).
-The columns and ``RESULT_TYPE``, the Spark DDL of their struct, are ``chateval_dspy.deploy.saved.verdicts``'.
+pairwise, the winner (``"1"``, ``"2"``, ``"tie"``); pointwise, the criteria's scores as JSON text; None when every
+referee abstained or the row was invalid (see ``error``); the columns are ``chateval_dspy.deploy.saved.verdicts``'.
 """
 
 from __future__ import annotations
@@ -51,8 +48,8 @@ log = logging.getLogger(__name__)
 
 def signature(task):
     """The pyfunc's inputs (``task``'s input fields as text, in order, those with a default optional; then ``id``,
-    optional and of any type), its output columns (``spark_udf`` without ``result_type`` returns the struct) and its
-    one parameter, ``concurrency`` (items judged at once per batch)."""
+    optional and of any type: Spark's positional columns are named from them), its output columns (``spark_udf``
+    without ``result_type`` returns the struct) and its one parameter, ``concurrency`` (items judged at once)."""
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
     from mlflow.types.schema import AnyType
@@ -95,17 +92,14 @@ def _wheel_from_checkout(root: Path, into: Path) -> Path:
     return wheels[0]
 
 
-def _record_hash(data: bytes) -> str:
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-
-
 def _write_wheel(wheel: Path, files, dist_info: str) -> Path:
     """A wheel of ``files`` (name, bytes), with its RECORD written anew (a hash and size per file)."""
     rows = []
     with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
         for name, data in files:
             zf.writestr(name, data)
-            rows.append(f"{name},{_record_hash(data)},{len(data)}")
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            rows.append(f"{name},sha256={digest},{len(data)}")
         zf.writestr(f"{dist_info}/RECORD", "\n".join([*rows, f"{dist_info}/RECORD,,"]) + "\n")
     return wheel
 
@@ -168,7 +162,7 @@ def project_wheel(into: Path) -> Path:
 
 def pinned_requirements(wheel: Path) -> list[str]:
     """The wheel's runtime dependencies (its ``Requires-Dist`` that apply here, extras left out), each pinned to
-    the version installed in this environment: the model's environment is the one it was tested in."""
+    the version installed here."""
     from email.parser import Parser
     from importlib import metadata
 
@@ -228,9 +222,8 @@ def external_lm_wheel(wheel: Path) -> Path:
 
 
 def installed_closure(requirements: list[str]) -> dict[str, str]:
-    """Each distribution ``requirements`` need, directly or in turn, with the version installed here (name as
-    installed -> version): what the model's ``constraints.txt`` pins. A dependency not installed here is left out
-    (with a warning): the environment it would come from was never tested."""
+    """``{name as installed: version}`` of each distribution ``requirements`` need, directly or in turn, as
+    installed here; one not installed here is left out with a warning (its environment was never tested)."""
     from importlib import metadata
 
     from packaging.requirements import Requirement
@@ -258,9 +251,8 @@ def installed_closure(requirements: list[str]) -> dict[str, str]:
 
 
 def build_wheelhouse(versions: dict[str, str], into: Path) -> Path:
-    """The wheels of ``versions`` (``installed_closure``'s), and of the installer's own pip, setuptools and wheel,
-    packed again from this environment into ``into``: no index is needed to make them, or to install them on a
-    machine of this platform and Python."""
+    """The wheels of ``versions`` (``installed_closure``'s), and of pip, setuptools and wheel, packed again from
+    this environment into ``into``: no index is needed to make them or to install them."""
     from importlib import metadata
 
     into.mkdir(parents=True, exist_ok=True)
@@ -274,19 +266,17 @@ def build_wheelhouse(versions: dict[str, str], into: Path) -> Path:
 
 def _refuse_secrets(wheel: Path, evaluator_dir: Path) -> None:
     """Neither the wheel's files (a key pasted into the source tree) nor the evaluator's may hold a secret."""
-    from optim.tracking.runs import assert_no_secrets
+    from optim.tracking.runs import assert_no_secret_files, assert_no_secrets
 
     with zipfile.ZipFile(wheel) as zf:
         for name in zf.namelist():
             assert_no_secrets(zf.read(name).decode("utf-8", "replace"), f"{wheel.name}:{name}")
-    for f in evaluator_dir.rglob("*"):
-        if f.is_file():
-            assert_no_secrets(f.read_text(encoding="utf-8", errors="replace"), str(f))
+    assert_no_secret_files(evaluator_dir)
 
 
 def _relative_mlmodel(info) -> None:
-    """The logged model's ``MLmodel`` with its code and artifacts named by their paths inside the model (MLflow
-    records the logging machine's absolute paths, and loads by the relative ones)."""
+    """The logged model's ``MLmodel`` rewritten with relative paths (MLflow records the logging machine's absolute
+    ones, and loads by the relative ones)."""
     import mlflow
     import yaml
 
@@ -304,9 +294,8 @@ def _relative_mlmodel(info) -> None:
 
 def log_pyfunc_model(evaluator_dir: str | Path, name: str = "pyfunc", registered_name: str | None = None,
                      wheelhouse: bool = False):
-    """The saved evaluator as the pyfunc model (``chateval_dspy/deploy/mlflow/pyfunc.py``, logged as code), with the project's
-    wheel, pinned requirements and constraints (and the closure's wheels, ``wheelhouse=True``); registered as
-    ``registered_name`` when given. Returns MLflow's ModelInfo."""
+    """The saved evaluator as the pyfunc model (see the module docstring), registered as ``registered_name`` when
+    given; returns MLflow's ModelInfo."""
     import mlflow
 
     from chateval_dspy.deploy.saved.store import load_program
@@ -339,10 +328,9 @@ def log_pyfunc_model(evaluator_dir: str | Path, name: str = "pyfunc", registered
 def log_dspy_model(program, name: str = "evaluator"):
     """The program as an MLflow model (dspy flavour), not registered: Spark refuses it (no batch inference).
 
-    The flavour also saves DSPy's settings; they are emptied of the LM first, so that no
-    client, endpoint or key travels with the model. Production binds the LM at load time. Its pickle needs
-    chateval-dspy installed where it loads; no registry holds that name, so it is not a requirement here (one
-    that pip would look up on PyPI): the pyfunc, with the wheel, is the model that rebuilds its environment.
+    The flavour also saves DSPy's settings, emptied of the LM first so that no client, endpoint or key travels
+    (production binds the LM at load time). Its pickle needs chateval-dspy where it loads, which no registry holds,
+    so it is no requirement here: the pyfunc, with the wheel, is the model that rebuilds its environment.
     """
     import dspy
     import mlflow

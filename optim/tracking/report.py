@@ -16,6 +16,7 @@ import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from unittest import mock
 
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.program.roles import DEFAULT_ORDER
@@ -52,32 +53,18 @@ def _save(fig, path: Path, files: list[Path]) -> None:
     files.append(path)
 
 
-# --- finding the target ---------------------------------------------------------------------------------------
-
-
 def _sqlite_missing(url: str) -> bool:
     """A sqlite URL whose file does not exist (opening it would create an empty store)."""
-    if not url.startswith("sqlite:///"):
-        return False
-    path = url[len("sqlite:///"):]
-    return path not in ("", ":memory:") and not Path(path).exists()
+    from optim.tracking.stores import sqlite_path
+
+    path = sqlite_path(url)
+    return path is not None and not path.exists()
 
 
 def study_names(storage: str) -> list[str]:
     import optuna
 
-    if _sqlite_missing(storage):
-        return []
-    return sorted(optuna.get_all_study_names(storage=storage))
-
-
-def load_study(name: str, storage: str):
-    """The study called ``name`` in ``storage``, or None."""
-    import optuna
-
-    if name not in study_names(storage):
-        return None
-    return optuna.load_study(study_name=name, storage=storage)
+    return [] if _sqlite_missing(storage) else sorted(optuna.get_all_study_names(storage=storage))
 
 
 def mlflow_client(uri: str | None):
@@ -102,12 +89,13 @@ def find(target: str, *, storage: str, uri: str | None = None):
         ...
         chateval_dspy.errors.ConfigError: no study named 'no-such-study' (studies in sqlite:///.../optuna.db: none); ...
     """
+    import optuna
+
     from optim.tracking.stores import redact_url
 
-    study = load_study(target, storage)
-    if study is not None:
-        return "study", study
     known = study_names(storage)
+    if target in known:
+        return "study", optuna.load_study(study_name=target, storage=storage)
     where = f"studies in {redact_url(storage)}: {', '.join(known) if known else 'none'}"
     if RUN_ID.match(target):
         client, resolved = mlflow_client(uri)
@@ -121,9 +109,6 @@ def find(target: str, *, storage: str, uri: str | None = None):
             raise ConfigError(f"no study or MLflow run {target!r}: the run is not in {resolved} ({where})") from exc
     raise ConfigError(f"no study named {target!r} ({where}); an MLflow run id is 32 hex characters, "
                       "as printed on a command's 'mlflow run:' line")
-
-
-# --- studies --------------------------------------------------------------------------------------------------
 
 
 def trials_frame(study):
@@ -227,13 +212,6 @@ def _metric_name(study) -> str:
     return "average Spearman" if settings.get("format") == "pointwise" else "accuracy"
 
 
-def _agreement_target(study):
-    """``(target, name)`` for Optuna's plots: the first objective of a two-objective study."""
-    if len(study.directions) == 1:
-        return None, f"dev {_metric_name(study)}"
-    return (lambda t: t.values[0]), f"dev {_metric_name(study)}"
-
-
 def _importances(study, path: Path, files: list[Path], target_name: str) -> str:
     """Plot parameter importances for agreement; returns the line to print."""
     import optuna
@@ -270,7 +248,9 @@ def study_report(study, out: Path) -> Report:
     files: list[Path] = []
     notes: list[str] = []
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    target, target_name = _agreement_target(study)
+    # Optuna's plots of a two-objective study need a target: agreement, the first.
+    target = None if len(study.directions) == 1 else (lambda t: t.values[0])
+    target_name = f"dev {_metric_name(study)}"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # the matplotlib backend is "experimental"
         if complete:
@@ -310,9 +290,6 @@ def study_run_id(study, uri: str | None) -> str | None:
     from optim.tracking.stores import redact_url
 
     return (study.user_attrs.get("mlflow_runs") or {}).get(redact_url(tracking.tracking_uri(uri)))
-
-
-# --- runs -----------------------------------------------------------------------------------------------------
 
 
 def metrics_table(run) -> str:
@@ -356,19 +333,8 @@ def result_files(client, run_id: str, dest: Path) -> list[Path]:
 
     found = list(walk())
     chosen = [p for p in found if p.startswith("results/")] or found
-    quiet = os.environ.get(PROGRESS_BAR)
-    os.environ[PROGRESS_BAR] = "false"  # MLflow's download bar would land in the printed report
-    try:
+    with mock.patch.dict(os.environ, {PROGRESS_BAR: "false"}):  # MLflow's download bar would land in the report
         return [Path(client.download_artifacts(run_id, p, str(dest))) for p in chosen]
-    finally:
-        if quiet is None:
-            os.environ.pop(PROGRESS_BAR, None)
-        else:
-            os.environ[PROGRESS_BAR] = quiet
-
-
-def read_records(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def confusion(records: list[dict], path: Path, files: list[Path], title: str) -> None:
@@ -447,7 +413,7 @@ def run_report(client, run, out: Path, workdir: Path) -> Report:
     if not downloaded:
         notes.append("the run has no results JSONL artifact: no confusion matrix or scatter")
     for path in downloaded:
-        records = read_records(path)
+        records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
         if not records:
             notes.append(f"{path.name} is empty")
             continue

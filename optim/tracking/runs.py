@@ -1,17 +1,9 @@
 """MLflow runs, metrics, params and artifacts (the models are ``optim.tracking.models``'s).
 
-Default store: ``sqlite:///mlruns/mlflow.db`` with artifacts under ``mlruns/`` in the
-working directory; ``--tracking-uri`` or ``MLFLOW_TRACKING_URI`` choose another (``postgresql://...``, or an
-``http://`` tracking server shared by workers on many hosts). A database store is created by the first process to
-open it while any others starting with it wait (``optim.tracking.stores``).
-Params are the run's ``DebateConfig`` plus model, data and split: no secret has a way in,
-and ``assert_no_secrets`` double-checks every text before it is logged. Traces (``--trace``) are
-built by ``chateval_dspy.run.tracing``, which scrubs the same secrets from every span.
-
-A run is RUNNING from the moment a command opens it (before any item is judged) and ends FINISHED,
-FAILED (an exception) or KILLED (Ctrl-C or SIGTERM: see ``run``). A SIGKILL cannot be caught and leaves
-the run RUNNING: each run is tagged with its worker (``chateval.worker``, host, pid and process start
-time), so the rerun of the same command finds it and ends it as KILLED (``end_dead_runs``).
+The store (``tracking_uri``) may be a local SQLite file, ``postgresql://...``, or an ``http://`` tracking server
+shared by workers on many hosts. Params are the run's ``DebateConfig`` plus model, data and split: no secret has a
+way in, and ``assert_no_secrets`` double-checks every text before it is logged (traces, built by
+``chateval_dspy.run.tracing``, scrub the same secrets from every span). How a run ends, SIGKILL included: ``run``.
 """
 
 from __future__ import annotations
@@ -21,7 +13,7 @@ import math
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,25 +28,13 @@ WORKER_TAG = "chateval.worker"
 
 @dataclass(frozen=True)
 class TrackingSpec:
-    """Whether and where a compile or search is logged to MLflow.
+    """Whether and where a compile or search is logged to MLflow."""
 
-    Args:
-        enabled: Log at all (the CLI's ``--no-mlflow`` turns it off).
-        uri: The tracking URI (default: ``$MLFLOW_TRACKING_URI`` or ``sqlite:///mlruns/mlflow.db``).
-        log_model: Log the saved program as MLflow models (the pyfunc and the dspy flavour; compile and search).
-        register: Register the pyfunc model under this name (compile, search).
-        wheelhouse: Put the wheels of the pyfunc model's environment in it (``models.log_pyfunc_model``).
-
-    Example:
-        >>> TrackingSpec(enabled=False).enabled
-        False
-    """
-
-    enabled: bool = True
-    uri: str | None = None
-    log_model: bool = True
-    register: str | None = None
-    wheelhouse: bool = False
+    enabled: bool = True  # the CLI's --no-mlflow turns it off
+    uri: str | None = None  # default: as ``tracking_uri`` resolves it
+    log_model: bool = True  # the saved program as MLflow models (the pyfunc and the dspy flavour)
+    register: str | None = None  # the pyfunc model's registered name
+    wheelhouse: bool = False  # the wheels of the pyfunc model's environment go in it (``models.log_pyfunc_model``)
 
 
 def tracking_uri(uri: str | None = None) -> str:
@@ -71,12 +51,9 @@ def tracking_uri(uri: str | None = None) -> str:
 _OPENED: set[str] = set()
 
 
-def setup(uri: str | None = None, experiment: str = EXPERIMENT) -> str:
-    """Point MLflow at the store and experiment; artifacts of the local store live under ``mlruns/``.
-
-    A database store (SQLite, PostgreSQL) is first opened under ``optim.tracking.stores.init_lock``: MLflow creates its
-    tables on first use, and workers that start together on a fresh store would each run the migrations.
-    """
+def setup(uri: str | None = None) -> str:
+    """Point MLflow at the store and experiment; returns the experiment's id. A database store is first opened
+    under ``optim.tracking.stores.init_lock``: workers that start together on a fresh one would each create it."""
     import mlflow
 
     from optim.tracking import stores
@@ -84,9 +61,9 @@ def setup(uri: str | None = None, experiment: str = EXPERIMENT) -> str:
     uri = tracking_uri(uri)
     mlflow.set_tracking_uri(uri)
     with contextlib.nullcontext() if uri in _OPENED else stores.init_lock(uri, "mlflow"):
-        mlflow.set_experiment(experiment)  # with the sqlite store, artifacts land in ./mlruns/<experiment>/<run>
+        experiment = mlflow.set_experiment(EXPERIMENT)  # with the sqlite store, artifacts: ./mlruns/<experiment>/<run>
     _OPENED.add(uri)
-    return uri
+    return experiment.experiment_id
 
 
 def assert_no_secrets(text: str, where: str) -> None:
@@ -104,27 +81,16 @@ def tracking_targeted(uri: str | None = None) -> bool:
     return bool(uri or os.environ.get("MLFLOW_TRACKING_URI"))
 
 
-def start_tracing(uri: str | None = None, experiment: str = EXPERIMENT) -> str:
+def start_tracing(uri: str | None = None) -> str:
     """Point MLflow at the store and experiment that traces go to; returns the experiment id."""
-    import mlflow
-
-    setup(uri, experiment)
-    return mlflow.get_experiment_by_name(experiment).experiment_id
+    return setup(uri)
 
 
 def tracer_for(flag: bool | None, *, items: list, config, uri: str | None = None, mlflow_target: bool = True,
                tags: dict | None = None):
-    """A ``Tracer`` for a batch when the tracing rule says so (``chateval_dspy.run.tracing.tracing_default``),
-    pointed at the tracking store; else None.
-
-    Args:
-        flag: ``--trace`` (True), ``--no-trace`` (False) or neither (None: the rule decides).
-        items: The items the batch judges (counted by the rule; their texts go into the traces).
-        config: The panel (``DebateConfig``), or a function of the format that returns it.
-        uri: The tracking URI.
-        mlflow_target: Whether the run logs to MLflow (``chateval evaluate`` without ``--no-mlflow``).
-        tags: Tags for every trace.
-    """
+    """A ``Tracer`` for a batch when the tracing rule says so (``chateval_dspy.run.tracing.tracing_default``:
+    ``flag`` is ``--trace``/``--no-trace`` or None, ``mlflow_target`` whether the run logs to MLflow), pointed at
+    the tracking store; else None. ``config``: the panel, or a function of the format that returns it."""
     from chateval_dspy.run.tracing import Tracer, tracing_default
 
     if not tracing_default(flag, mlflow_target=mlflow_target, items=len(items)):
@@ -141,12 +107,6 @@ def _flat(params: dict, prefix: str = "") -> dict[str, str]:
         else:
             out[name] = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
     return out
-
-
-def worker_tags() -> dict[str, str]:
-    from optim.search.worker import Worker
-
-    return {WORKER_TAG: Worker.current().tag()}
 
 
 class Terminated(KeyboardInterrupt):
@@ -200,12 +160,9 @@ URL_SWITCH = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
 
 @contextlib.contextmanager
 def no_run_links() -> Iterator[None]:
-    """Inside the block, MLflow does not print its "View run ... at" / "View experiment at" lines.
-
-    MLflow prints both whenever a run on a tracking server ends, a child run too (an ablation's variant, a search's
-    trial, each evaluation an optimizer logs), burying the command's own output; each command prints its run id
-    once instead. MLflow reads the switch when a run ends, so it is set only while runs are open, never at import.
-    A setting of the user's own is left as it is.
+    """Inside the block, MLflow does not print its "View run ... at" / "View experiment at" lines: it prints them
+    as every run ends, child runs too, burying the command's own output (which prints its run id once). MLflow
+    reads the switch as a run ends, so it is set only while runs are open; a setting of the user's own is kept.
     """
     if URL_SWITCH in os.environ:
         yield
@@ -222,16 +179,19 @@ def run(name: str, *, params: dict, tags: dict | None = None, nested: bool = Fal
         run_id: str | None = None) -> Iterator:
     """An MLflow run holding ``params`` (flattened) and ``tags``; nested under the active run if asked.
 
-    The run is RUNNING while the block runs and ends by how the block ends (``run_status``): FINISHED, FAILED
-    (an exception), KILLED (Ctrl-C, or SIGTERM, which a run that is not nested turns into ``Terminated`` while
-    it is open). ``run_id`` resumes that run instead of starting one. A new run is tagged with this worker, so a
-    rerun can end it as KILLED should this process be killed by a signal that cannot be caught (``end_dead_runs``).
+    The run is RUNNING while the block runs (from before any item is judged) and ends by how the block ends
+    (``run_status``): FINISHED, FAILED (an exception), KILLED (Ctrl-C, or SIGTERM, which a run that is not nested
+    turns into ``Terminated`` while it is open). ``run_id`` resumes that run instead of starting one. A new run is
+    tagged with this worker (``WORKER_TAG``: host, pid, process start time), so a rerun can end it as KILLED should
+    this process be killed by a signal that cannot be caught (``end_dead_runs``).
     """
     import mlflow
 
+    from optim.search.worker import Worker
+
     if not nested:
         setup(uri)
-    tags = {**(tags or {}), **({} if run_id else worker_tags())}
+    tags = {**(tags or {}), **({} if run_id else {WORKER_TAG: Worker.current().tag()})}
     assert_no_secrets(repr(tags), "tags")
     with no_run_links(), (contextlib.nullcontext() if nested else sigterm_interrupts()):
         active = mlflow.start_run(run_id=run_id, run_name=None if run_id else name, nested=nested,
@@ -268,10 +228,9 @@ def create_run(name: str, *, tags: dict, uri: str | None = None) -> str:
     """A run created but not entered (a candidate that a caller may still delete); returns its id."""
     import mlflow
 
-    setup(uri)
+    experiment_id = setup(uri)
     assert_no_secrets(repr(tags), "tags")
-    experiment = mlflow.get_experiment_by_name(EXPERIMENT)
-    return mlflow.MlflowClient().create_run(experiment.experiment_id, run_name=name, tags=tags).info.run_id
+    return mlflow.MlflowClient().create_run(experiment_id, run_name=name, tags=tags).info.run_id
 
 
 def delete_run(run_id: str) -> None:
@@ -301,8 +260,13 @@ def end_run(run_id: str, status: str = "KILLED", uri: str | None = None) -> None
         run = client.get_run(run_id)
     except mlflow.exceptions.MlflowException:
         return
-    running = client.search_runs([run.info.experiment_id], "attributes.status = 'RUNNING'", max_results=5000)
-    _end_tree(client, run_id, status, {r.info.run_id: r for r in running})
+    _end_tree(client, run_id, status, _running(client, run.info.experiment_id))
+
+
+def _running(client, experiment_id: str) -> dict:
+    """``{run id: run}`` of the experiment's RUNNING runs."""
+    runs = client.search_runs([experiment_id], "attributes.status = 'RUNNING'", max_results=5000)
+    return {r.info.run_id: r for r in runs}
 
 
 def _end_tree(client, run_id: str, status: str, running: dict) -> list[str]:
@@ -317,31 +281,20 @@ def _end_tree(client, run_id: str, status: str, running: dict) -> list[str]:
     return ended
 
 
-def end_dead_runs(scope: dict[str, str], uri: str | None = None,
-                  is_dead: Callable[[str], bool] | None = None) -> list[str]:
-    """End as KILLED every RUNNING run whose tags include ``scope`` and whose worker has certainly died.
-
-    Args:
-        scope: Tags that pick this command's own runs (``{"chateval.out": ...}``, ``{"optuna.study": ...}``).
-        uri: The tracking URI.
-        is_dead: ``is_dead(worker tag) -> bool`` (default: same host and the process is gone).
-
-    Returns the ids of the runs ended, children included.
-    """
+def end_dead_runs(scope: dict[str, str], uri: str | None = None) -> list[str]:
+    """End as KILLED every RUNNING run whose tags include ``scope`` (``{"chateval.out": ...}``, ``{"optuna.study":
+    ...}``) and whose worker has certainly died (same host, the process gone); the ids ended, children included."""
     import mlflow
 
     from optim.search.worker import dead
 
-    is_dead = is_dead or dead
-    setup(uri)
+    experiment_id = setup(uri)
     client = mlflow.MlflowClient()
-    experiment = mlflow.get_experiment_by_name(EXPERIMENT)
-    running = {r.info.run_id: r for r in client.search_runs([experiment.experiment_id],
-                                                            "attributes.status = 'RUNNING'", max_results=5000)}
+    running = _running(client, experiment_id)
     ended: list[str] = []
     for run_id, r in list(running.items()):
         tags = r.data.tags
-        if all(tags.get(k) == v for k, v in scope.items()) and WORKER_TAG in tags and is_dead(tags[WORKER_TAG]) \
+        if all(tags.get(k) == v for k, v in scope.items()) and WORKER_TAG in tags and dead(tags[WORKER_TAG]) \
                 and run_id not in ended:
             ended += _end_tree(client, run_id, "KILLED", running)
     return ended
@@ -374,9 +327,8 @@ def metric_values(metrics: dict, cost: dict | None = None, prefix: str = "") -> 
 def log_params(params: dict) -> None:
     """Log ``params`` (flattened) to the active run; those it holds already with the same value are skipped.
 
-    Workers that share a study's parent run log the same params into it, and MLflow refuses a
-    param written twice at the same moment: the one that loses finds the values there and goes on.
-    A param with another value is still an error, as MLflow makes it.
+    Workers that share a study's parent run log the same params into it, and MLflow refuses a param written twice
+    at the same moment: the one that loses finds the values there and goes on (another value is still an error).
     """
     import mlflow
 
@@ -408,23 +360,21 @@ def log_file(path: str | Path, artifact_dir: str | None = None) -> None:
     import mlflow
 
     path = Path(path)
-    if path.is_dir():
-        for f in path.rglob("*"):
-            if f.is_file():
-                assert_no_secrets(f.read_text(encoding="utf-8", errors="replace"), str(f))
-        mlflow.log_artifacts(str(path), artifact_dir)
-    else:
-        assert_no_secrets(path.read_text(encoding="utf-8", errors="replace"), str(path))
-        mlflow.log_artifact(str(path), artifact_dir)
+    assert_no_secret_files(path)
+    (mlflow.log_artifacts if path.is_dir() else mlflow.log_artifact)(str(path), artifact_dir)
+
+
+def assert_no_secret_files(path: Path) -> None:
+    """``assert_no_secrets`` on the file ``path``, or on every file under the folder ``path``."""
+    for f in [f for f in path.rglob("*") if f.is_file()] if path.is_dir() else [path]:
+        assert_no_secrets(f.read_text(encoding="utf-8", errors="replace"), str(f))
 
 
 @contextlib.contextmanager
 def autolog_compiles():
     """Inside the block, record the optimizer's progress (child runs per evaluation) without a trace per LM call.
-
-    MLflow's autologging patches DSPy for the whole process; it is switched off again on the way out, so a later
-    compile in the same process (a notebook, a test) does not log to this run's tracking server, gone or not.
-    """
+    Autologging patches DSPy for the whole process: it is switched off on the way out, so that a later compile in
+    the same process does not log to this run's tracking server."""
     import mlflow
 
     mlflow.dspy.autolog(log_traces=False, log_traces_from_compile=False, log_traces_from_eval=False,

@@ -102,12 +102,11 @@ def _advisory_lock(url: str, purpose: str) -> Iterator[None]:
 def init_lock(url: str, purpose: str) -> Iterator[None]:
     """Hold the lock that creating ``url``'s ``purpose`` tables (``"optuna"``, ``"mlflow"``) needs; nothing to hold
     for a URL that is not a SQLite file or PostgreSQL database."""
-    kind = backend(url)
-    if kind == "sqlite" and sqlite_path(url) is not None:
-        db = sqlite_path(url)
+    db = sqlite_path(url)
+    if db is not None:
         with waiting(db.with_name(db.name + ".init.lock"), db):
             yield
-    elif kind == "postgresql":
+    elif backend(url) == "postgresql":
         with _advisory_lock(url, purpose):
             yield
     else:

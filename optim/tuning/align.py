@@ -1,10 +1,8 @@
 """``judge.align(traces, CompileAligner(...))``: an MLflow judge's panel tuned by ``chateval compile``'s optimizers.
 
-MLflow aligns a judge with ``judge.align(traces, optimizer)``, where the optimizer learns from the human feedback
-on the traces. ``CompileAligner`` is such an optimizer for a ChatEval panel (``chateval_dspy.mlflow_judge``): it
-reads the labels by the rule of ``chateval_dspy.deploy.mlflow.trace_labels``, splits them into train and dev by its seed,
-and runs one of ``optim.tuning.compile.OPTIMIZERS`` over every referee's instructions and demonstrations on the judge's
-own LM. Held-out figures before and after are ``chateval compile --labels mlflow:<experiment>``'s job.
+``CompileAligner`` reads the human feedback on the traces (``chateval_dspy.deploy.mlflow.trace_labels``'s rule),
+splits it into train and dev by its seed, and runs one of ``OPTIMIZERS`` over every referee's instructions and
+demonstrations on the judge's own LM. Held-out figures are ``chateval compile --labels mlflow:<experiment>``'s job.
 """
 
 from __future__ import annotations
@@ -20,17 +18,9 @@ from optim.tuning.objectives import make_metric
 
 
 class CompileAligner:
-    """An MLflow alignment optimizer (``align(judge, traces) -> judge``) that compiles the panel.
-
-    Args:
-        optimizer: One of ``optim.tuning.compile.OPTIMIZERS``.
-        settings: The optimizer's settings.
-        metric: ``agreement``/``balanced`` (pairwise) or ``score_error`` (pointwise); default the first.
-        dev: Share of the labelled items held out to select on (optimizers that select), by ``settings.seed``.
-
-    Example:
-        >>> aligned = scorer.align(traces, CompileAligner("bootstrap"))  # doctest: +SKIP
-        >>> aligned.chateval.card["labels"]["traces"]  # doctest: +SKIP
+    """An MLflow alignment optimizer (``align(judge, traces) -> judge``) that compiles the panel. ``metric``:
+    ``agreement``/``balanced`` (pairwise) or ``score_error`` (pointwise), default the first; ``dev``: the share of
+    labelled items held out to select on (optimizers that select), drawn by ``settings.seed`` (docs/production.md).
     """
 
     def __init__(self, optimizer: str = "bootstrap", *, settings: OptimizerSettings | None = None,
@@ -50,7 +40,7 @@ class CompileAligner:
             raise ConfigError(f"align: none of the {len(list(traces))} traces carries usable human feedback")
         parts = split(items, seed=self.settings.seed, fractions=(1 - self.dev, self.dev, 0.0), group=grouping(task))
         train, dev = parts["train"] or items, parts["dev"]
-        metric = make_metric(self.metric or ("agreement" if task.format == "pairwise" else "score_error"), task, train)
+        metric = make_metric(self.metric, task, train)
         with dspy.context(lm=loaded.lm, adapter=DebateAdapter()):
             compiled = compile_evaluator(loaded.program, optimizer=self.optimizer, trainset=train, valset=dev,
                                          metric=metric, settings=self.settings)

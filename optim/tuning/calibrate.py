@@ -1,17 +1,10 @@
 """``chateval calibrate`` as a library: fit a saved evaluator's confidence map, choose its threshold, check both.
 
-The items are ones tuning never saw: the seeded split's ``test`` part (``chateval_dspy.data.splits.split``, the
-seed the evaluator's card records unless another is given), divided by a second seeded draw into two halves,
-``calibration`` and ``check`` (``halves``). Both are judged in one resumable results file under ``out_dir``
-through the normal evaluate path (``chateval_dspy.run.evaluate.evaluate``: a rerun judges nothing twice). The
-map (``optim.tuning.confidence.fit_confidence_map``) and, when a level is asked for, the threshold
-(``optim.tuning.selective.choose_threshold`` on the calibrated confidence) are fitted on the calibration half
-only and saved beside the evaluator (``chateval_dspy.deploy.saved.store.save_calibration``); the check half, which
-neither saw, reports the calibration error before and after the map, and the coverage and agreement of the
-verdicts the threshold gives, each with its 95% interval.
-
-A level that no threshold reaches is reported with the best level reachable at that risk on these items, and no
-threshold is saved (the map is): the level asked for is never lowered silently.
+The items are the seeded split's ``test`` part (the seed on the evaluator's card unless another is given), drawn into
+a ``calibration`` and a ``check`` half (``halves``) and judged into one resumable results file. The map and the
+threshold are fitted on the calibration half only and saved beside the evaluator; the check half, which neither saw,
+reports calibration error, coverage and agreement with 95% intervals (docs/selective.md). A level that no threshold
+reaches is reported with the best level reachable, and only the map is saved: the level is never lowered silently.
 """
 
 from __future__ import annotations
@@ -20,13 +13,16 @@ import contextlib
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 from chateval_dspy.data.spec import DataSpec
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.lm.spec import LMSpec
+from chateval_dspy.program.confidence import Calibration, line_confidence
 from chateval_dspy.run.metrics import Estimate
-from optim.tuning.selective import MIN_ITEMS, Selection, exact_rate
+from optim.tuning.confidence import calibration_error, calibration_pairs, fit_confidence_map, panel_verdict, reliability_diagram
+from optim.tuning.selective import MIN_ITEMS, Selection, choose_threshold, exact_rate, rate_text
 
 HALVES = ("calibration", "check")
 
@@ -59,20 +55,10 @@ def calibration_items(data: DataSpec) -> dict[str, list]:
 
 @dataclass
 class CalibrationReport:
-    """What ``calibrate_judge`` fitted, saved and measured.
-
-    Attributes:
-        calibration: The saved ``Calibration`` (map; threshold, level and risk when one was reached).
-        saved: Its file (``calibration.json`` in the evaluator's directory).
-        results: The results file that holds both halves' verdicts.
-        header: Model, data, split and each half's items, stated with every figure.
-        n: Labelled verdicts per half (pointwise: one per labelled criterion).
-        selection: ``choose_threshold``'s answer on the calibration half; None when no level was asked for.
-        ece_raw, ece_calibrated: Expected calibration error on the check half, before and after the map.
-        coverage, agreement: On the check half: the share of verdicts given, and their agreement with people.
-        diagrams: The reliability diagrams (PNG) of the check half, raw and calibrated.
-        resumed: Items read back from the results file instead of judged.
-    """
+    """What ``calibrate_judge`` fitted, saved (``calibration`` in the file ``saved``) and measured: ``n`` labelled
+    verdicts per half (pointwise: one per labelled criterion); ``selection`` on the calibration half (None: no level
+    asked for); on the check half, the calibration error before and after the map, the share of verdicts given and
+    their agreement with people, and reliability ``diagrams``; ``resumed``: items read back instead of judged."""
 
     calibration: object
     saved: Path
@@ -116,7 +102,6 @@ class CalibrationReport:
         out += [f"calibration: {self.saved}", f"results: {self.results}"]
         return out
 
-
     def _selection_line(self) -> str:
         s = self.selection
         head = f"level {s.level:g} at risk {s.risk:g}"
@@ -131,8 +116,7 @@ class CalibrationReport:
                 "level or a higher risk, or calibrate on more labelled items.")
 
 
-def _rate(e: Estimate) -> str:
-    return "n/a (no verdict given)" if not e.n else f"{e.value:.1%} [{e.low:.1%}, {e.high:.1%}] of {e.n}"
+_rate = partial(rate_text, empty="n/a (no verdict given)")
 
 
 @contextlib.contextmanager
@@ -150,7 +134,8 @@ def uncalibrated(program) -> Iterator[None]:
 
 def judge_halves(judge, parts: dict[str, list], out_dir: Path, *, concurrency: int = 1,
                  on_item=None) -> tuple[Path, dict[str, list[dict]], int]:
-    """Judge both halves with ``judge`` into one resumable results file under ``out_dir``; each half's lines."""
+    """Judge both halves into one resumable results file under ``out_dir``: the file, each half's lines, and the
+    items resumed."""
     import dspy
 
     from chateval_dspy.lm.adapter import DebateAdapter
@@ -171,12 +156,10 @@ def judge_halves(judge, parts: dict[str, list], out_dir: Path, *, concurrency: i
 
 
 def given_pairs(lines: list[dict], task, cmap) -> tuple[list[float], list[bool]]:
-    """Per labelled verdict, the calibrated confidence a threshold is held against, and whether people agreed.
-    Pointwise, that is the item's least confident criterion's, for each of its labelled criteria: a verdict is
-    given whole or not at all (``chateval_dspy.run.evaluate.selective_fields``), so the threshold is chosen and
-    checked on what is given. (Criteria of one item then count as separate verdicts, though they are not
-    independent.) Pairwise it is the verdict's own. A verdict withheld for a person counts with the confidence
-    of the panel's verdict (``optim.tuning.confidence.panel_verdict``).
+    """Per labelled verdict, the calibrated confidence a threshold is held against, and whether people agreed: the
+    verdict's own, or pointwise its item's least confident criterion's for each labelled criterion (a verdict is
+    given whole or not at all, so the threshold is chosen on what is given; criteria of one item then count as
+    separate verdicts, though they are not independent). A withheld verdict counts as the panel's (``panel_verdict``).
 
     Example:
         >>> from chateval_dspy.program.confidence import ConfidenceMap
@@ -185,9 +168,6 @@ def given_pairs(lines: list[dict], task, cmap) -> tuple[list[float], list[bool]]
         >>> [round(c, 3) for c in confidence], agreed
         ([0.463], [True])
     """
-    from chateval_dspy.program.confidence import line_confidence
-    from optim.tuning.confidence import calibration_pairs, panel_verdict
-
     confidence, agreed = [], []
     for line in map(panel_verdict, lines):
         _, hits = calibration_pairs([line], task)
@@ -201,8 +181,6 @@ def given_pairs(lines: list[dict], task, cmap) -> tuple[list[float], list[bool]]
 
 def _check_half(report: CalibrationReport, lines: list[dict], task, out_dir: Path) -> None:
     """The check half's figures and diagrams, into ``report``."""
-    from optim.tuning.confidence import calibration_error, calibration_pairs, reliability_diagram
-
     cmap = report.calibration.map
     raw, agreed = calibration_pairs(lines, task)
     if not raw:
@@ -223,65 +201,58 @@ def _check_half(report: CalibrationReport, lines: list[dict], task, out_dir: Pat
 
 def fit(lines: list[dict], task, fitted_on: dict, *, method: str, level: float | None, risk: float | None):
     """The ``Calibration`` of the calibration half's ``lines``, and the ``Selection`` behind its threshold."""
-    from chateval_dspy.program.confidence import Calibration
-    from optim.tuning.confidence import calibration_pairs, fit_confidence_map
-    from optim.tuning.selective import choose_threshold
-
     raw, agreed = calibration_pairs(lines, task)
     cmap = fit_confidence_map(raw, agreed, method=method)
     fitted_on = {**fitted_on, "n": cmap.n}  # labelled verdicts (pointwise: one per labelled criterion)
     if level is None:
         return Calibration(map=cmap, fitted_on=fitted_on), None
     selection = choose_threshold(*given_pairs(lines, task, cmap), level=level, risk=risk)
-    if not selection.reached:  # the map is kept; no threshold is saved for a level that was not reached
-        return Calibration(map=cmap, fitted_on=fitted_on), selection
-    return Calibration(map=cmap, threshold=selection.threshold, level=level, risk=risk,
-                       fitted_on=fitted_on), selection
+    # A level not reached keeps the map and saves no threshold.
+    threshold = {"threshold": selection.threshold, "level": level, "risk": risk} if selection.reached else {}
+    return Calibration(map=cmap, fitted_on=fitted_on, **threshold), selection
 
 
-def _data_for(judge, data: DataSpec, seed: int | None) -> DataSpec:
-    """``data``'s test split, under the card's split seed unless ``seed`` is given; a file of one's own is read
-    for the evaluator's task unless a task or format was given."""
-    if seed is None:
-        recorded = (judge.card.get("split") or {}).get("seed") if isinstance(judge.card, dict) else None
-        seed = recorded if isinstance(recorded, int) and not isinstance(recorded, bool) else data.seed
-    task = data.task
-    if task is None and data.format is None and Path(data.dataset).suffix:
-        task = judge.config.task_spec
-    return replace(data, split="test", seed=seed, task=task)
+def recorded_seed(card) -> int | None:
+    """The split seed a saved evaluator's card records (the split it was tuned on), or None."""
+    split = card.get("split") if isinstance(card, dict) else None
+    seed = split.get("seed") if isinstance(split, dict) else None
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
+
+
+def split_for(data: DataSpec, seed: int, task) -> DataSpec:
+    """``data``'s test split under ``seed``; a file of one's own is read for ``task`` unless a task or format was
+    given."""
+    own = data.task is None and data.format is None and Path(data.dataset).suffix
+    return replace(data, split="test", seed=seed, task=task if own else data.task)
+
+
+def fitted_on(data: DataSpec, model: str) -> dict:
+    """What a map fitted on the calibration half of ``data`` records of it."""
+    return {"data": data.dataset if len(data.dataset) <= 200 else data.name,
+            "split": f"test (seed {data.seed}), calibration half (seed {data.seed})", "model": model, "seed": data.seed}
 
 
 def calibrate_judge(judge, program_dir: str | Path, data: DataSpec, *, out_dir: str | Path,
                     level: float | None = None, risk: float | None = None, method: str = "isotonic",
                     seed: int | None = None, concurrency: int = 1, on_item=None) -> CalibrationReport:
-    """Fit, choose, save and check the calibration of a loaded ``judge`` (see the module docstring).
-
-    Args:
-        judge: A loaded evaluator (``chateval_dspy.deploy.saved.judge.load``) bound to the model it will run on.
-        program_dir: The evaluator's directory: ``calibration.json`` is written there.
-        data: The labelled dataset; its ``test`` split (seed ``data.seed``, first ``data.limit`` items) is used.
-        out_dir: Where the results file and the reliability diagrams go.
-        level, risk: The agreement asked for and the risk accepted (both or neither).
-        method: ``isotonic`` or ``platt``.
-        seed: The split's seed; default the one the evaluator's card records (the split it was tuned on), else
-            ``data.seed``. The halves are drawn with the same seed.
+    """Fit, choose, save (``calibration.json`` in ``program_dir``) and check the calibration of a loaded ``judge``
+    (see the module docstring); the results file and diagrams go to ``out_dir``. ``level`` and ``risk`` come both or
+    neither; ``seed`` (the split's and the halves') defaults to the card's, else ``data.seed``.
     """
     from chateval_dspy.deploy.saved.store import save_calibration
 
     if (level is None) != (risk is None):
         raise ConfigError("give the agreement level and the risk together (--agree-at-least and --risk), or neither")
-    data = _data_for(judge, data, seed)
+    if seed is None:
+        seed = recorded_seed(judge.card)
+    task = judge.config.task_spec
+    data = split_for(data, data.seed if seed is None else seed, task)
     out_dir = Path(out_dir)
     parts = calibration_items(data)
     path, lines, resumed = judge_halves(judge, parts, out_dir, concurrency=concurrency, on_item=on_item)
-    task = judge.config.task_spec
-    split = f"test (seed {data.seed}), calibration half (seed {data.seed})"
-    fitted_on = {"data": data.dataset if len(data.dataset) <= 200 else data.name, "split": split,
-                 "model": judge.lm.model, "seed": data.seed}
-    calibration, selection = fit(lines["calibration"], task, fitted_on, method=method, level=level, risk=risk)
+    calibration, selection = fit(lines["calibration"], task, fitted_on(data, judge.lm.model), method=method,
+                                 level=level, risk=risk)
     saved = save_calibration(program_dir, calibration)
-    from optim.tuning.confidence import calibration_pairs
-
     n = {half: len(calibration_pairs(lines[half], task)[0]) for half in HALVES}
     header = {"model": judge.lm.model, "data": data.dataset, "split": f"test (seed {data.seed})",
               "items": {half: len(parts[half]) for half in HALVES}}
@@ -303,16 +274,22 @@ def calibrate(program_dir: str | Path, data: DataSpec, *, out_dir: str | Path, l
 def log_report(report: CalibrationReport, data: DataSpec, *, method: str, uri: str | None = None) -> str:
     """An MLflow run holding the report: params (model, data, split, halves, level, risk, method), the check
     half's figures with their intervals, the calibration file, diagrams and results. Returns its id."""
-    from optim.tracking import runs
-
     params = {"model": report.header["model"], "dataset": data.dataset, "split": report.header["split"],
               "seed": data.seed, "limit": data.limit, "method": method, "n_calibration": report.n["calibration"],
               "n_check": report.n["check"]}
     if report.selection is not None:
         params.update(level=report.selection.level, risk=report.selection.risk,
                       threshold=report.selection.threshold, best_level=report.selection.best_level)
-    with runs.run("calibrate", params=params, tags={"chateval.command": "calibrate"}, uri=uri) as active:
-        runs.log_metrics(report.metrics())
-        for path in (report.saved, report.results, *report.diagrams):
-            runs.log_file(path, "calibration")
+    return log_command("calibrate", "calibration", params, report.metrics(),
+                       (report.saved, report.results, *report.diagrams), uri)
+
+
+def log_command(command: str, folder: str, params: dict, metrics: dict, files, uri: str | None) -> str:
+    """An MLflow run of ``command`` holding ``params``, ``metrics`` and ``files`` (under ``folder``); its id."""
+    from optim.tracking import runs
+
+    with runs.run(command, params=params, tags={"chateval.command": command}, uri=uri) as active:
+        runs.log_metrics(metrics)
+        for path in files:
+            runs.log_file(path, folder)
         return active.info.run_id

@@ -1,19 +1,16 @@
 """``chateval cascade`` as a library: build a cascade of saved evaluators, cheapest first, on labelled items.
 
-A cascade is declared (``read_declaration`` for a YAML file, ``declare`` for the command's ``--stage`` flags): the
-agreement ``level`` guaranteed at ``risk``, and stages, each a saved evaluator and optionally the model it runs on.
-``build_cascade`` takes the items ``chateval calibrate`` takes (the seeded split's ``test`` part, in its
-``calibration`` and ``check`` halves: ``optim.tuning.calibrate.calibration_items``), has every stage judge both
-halves (one resumable results file per stage, ``judge_halves``), fits each stage's confidence map on the calibration
-half (``fit``: a stage that already has one is refitted there, so that every stage is calibrated on the same items),
-chooses the thresholds together (``optim.tuning.selective.choose_cascade_thresholds``, Bonferroni over the stages),
-and saves the cascade (``chateval_dspy.deploy.saved.cascade.save_cascade``).
+A cascade is declared (``read_declaration`` for a YAML file, ``declare`` for the ``--stage`` flags): the agreement
+``level`` guaranteed at ``risk``, and stages, each a saved evaluator and optionally the model it runs on.
+``build_cascade`` takes ``chateval calibrate``'s items (``optim.tuning.calibrate.calibration_items``), has every stage
+judge both halves, refits each stage's map on the calibration half (so that every stage is calibrated on the same
+items), chooses the thresholds together (``optim.tuning.selective.choose_cascade_thresholds``, Bonferroni over the
+stages), and saves the cascade (``chateval_dspy.deploy.saved.cascade.save_cascade``).
 
-The check half, which neither the maps nor the thresholds saw, is then routed as the saved cascade would route it:
-every stage judged every check item, so the cascade's cost and the cost of each stage on every item are measured on
-the same items in one run. A level that no stage reaches is reported with the best level reachable, and the cascade
-is saved with no threshold (every item then goes to a person, the last stage's verdict kept as ``withheld``), as
-``chateval calibrate`` saves a map without a threshold: the level asked for is never lowered silently.
+The check half, which neither the maps nor the thresholds saw, is routed as the saved cascade would route it; every
+stage judged every check item, so the cascade's cost and each stage's alone are measured on the same items. A level
+that no stage reaches is reported with the best level reachable, and the cascade is saved with no threshold (every
+item goes to a person, the last stage's verdict kept as ``withheld``): the level asked for is never lowered silently.
 """
 
 from __future__ import annotations
@@ -21,14 +18,17 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field, replace
+from functools import cached_property, partial
 from pathlib import Path
 
+from chateval_dspy import limits
 from chateval_dspy.data.spec import DataSpec
 from chateval_dspy.errors import ConfigError, shown
 from chateval_dspy.lm.spec import LMSpec
-from chateval_dspy.run.metrics import Estimate
+from chateval_dspy.run.metrics import Estimate, bootstrap, plain
+from optim.tuning import calibrate
 from optim.tuning.calibrate import HALVES, calibration_items, fit, given_pairs, judge_halves
-from optim.tuning.selective import Cascade, choose_cascade_thresholds, exact_rate, route
+from optim.tuning.selective import Cascade, choose_cascade_thresholds, exact_rate, rate_text, route
 
 # A declaration is a few lines; anything much longer is not one (read before parsing).
 MAX_DECLARATION_BYTES = 64 * 1024
@@ -75,8 +75,6 @@ def check_declaration(data, source: str, *, model_names_only: bool = True) -> De
         ...
         chateval_dspy.errors.ConfigError: cascade.yaml: key 'level': must be a number strictly between 0 and 1, got 1.2
     """
-    import chateval_dspy.limits as limits
-
     if not isinstance(data, dict) or set(data) != set(DECLARATION_KEYS):
         got = sorted(map(str, data))[:10] if isinstance(data, dict) else shown(data, 60)
         raise ConfigError(f"{source}: a cascade declares exactly {', '.join(DECLARATION_KEYS)}; got {got}")
@@ -120,8 +118,6 @@ def _check_stage(stage, key: str, source: str, model_names_only: bool) -> Declar
 def read_declaration(path: str | Path) -> DeclaredCascade:
     """The cascade declared in the YAML file ``path``: read within ``MAX_DECLARATION_BYTES``, parsed by
     ``limits.parse_yaml`` and checked by ``check_declaration``; a ``ConfigError`` naming the file otherwise."""
-    import chateval_dspy.limits as limits
-
     path = Path(path)
     raw = limits.read_bounded(path, MAX_DECLARATION_BYTES, "optim.tuning.cascade.MAX_DECLARATION_BYTES",
                               "cascade declaration")
@@ -162,21 +158,14 @@ def declare(stages: list[str], *, level: float | None, risk: float | None) -> De
 
 @dataclass
 class StageRun:
-    """One stage, judged on both halves and fitted on the calibration half.
-
-    Attributes:
-        stage: As declared.
-        model: The LM it ran on (its name, as the results lines and the card give it).
-        results: Its results file (both halves; a rerun resumes it).
-        lines: Per half, item id -> its results line (items the stage failed on are absent).
-        calibration: Its confidence map (``program.confidence.Calibration``, no threshold: the cascade's rule).
-        resumed: Items read back from the results file instead of judged.
-    """
+    """One stage judged on both halves (``lines``: item id -> results line, failed items absent) on the LM named
+    ``model``, and its map fitted on the calibration half (a ``Calibration`` without threshold: the cascade
+    sets it); ``resumed``: items read back from the ``results`` file instead of judged."""
 
     stage: DeclaredStage
     model: str
     results: Path
-    lines: dict[str, dict[str, dict]]
+    lines: dict[str, dict]
     calibration: object
     resumed: int = 0
 
@@ -190,8 +179,7 @@ def split_of(declared: DeclaredCascade, data: DataSpec, seed: int | None) -> tup
     seeds, tasks = {}, {}
     for stage in declared.stages:
         program, card = load_program(stage.program)
-        recorded = (card.get("split") or {}).get("seed") if isinstance(card.get("split"), dict) else None
-        if isinstance(recorded, int) and not isinstance(recorded, bool):
+        if (recorded := calibrate.recorded_seed(card)) is not None:
             seeds[stage.name] = recorded
         tasks[stage.name] = program.config.task_spec
     first = declared.stages[0].name
@@ -204,10 +192,7 @@ def split_of(declared: DeclaredCascade, data: DataSpec, seed: int | None) -> tup
                           "may have tuned another; give --seed to choose the split")
     if seed is None:
         seed = next(iter(seeds.values()), data.seed)
-    task = data.task
-    if task is None and data.format is None and Path(data.dataset).suffix:
-        task = tasks[first]
-    return replace(data, split="test", seed=seed, task=task), tasks[first]
+    return calibrate.split_for(data, seed, tasks[first]), tasks[first]
 
 
 def judge_stage(stage: DeclaredStage, index: int, parts: dict[str, list], data: DataSpec, out_dir: Path, *,
@@ -221,10 +206,8 @@ def judge_stage(stage: DeclaredStage, index: int, parts: dict[str, list], data: 
         path, lines, resumed = judge_halves(judge, parts, out_dir / f"{index}-{stage.name}", concurrency=concurrency,
                                             on_item=on_item)
         model, task = judge.lm.model, judge.config.task_spec
-    fitted_on = {"data": data.dataset if len(data.dataset) <= 200 else data.name, "model": model, "seed": data.seed,
-                 "split": f"test (seed {data.seed}), calibration half (seed {data.seed})"}
-    calibration, _ = fit(lines["calibration"], task, fitted_on, method=method, level=None, risk=None)
-    by_id = {half: {str(line["id"]): line for line in lines[half]} for half in HALVES}
+    calibration, _ = fit(lines["calibration"], task, calibrate.fitted_on(data, model), method=method, level=None, risk=None)
+    by_id = {str(line["id"]): line for half in HALVES for line in lines[half]}
     return StageRun(stage, model, path, by_id, calibration, resumed)
 
 
@@ -250,57 +233,41 @@ class Routed:
     hits: list[list[list[bool]]]
     lines: list[list[dict | None]]
 
-    @property
+    @cached_property
     def verdicts(self) -> list[int]:
         """Per item, its labelled verdicts (pointwise: one per labelled criterion), the most any stage compared."""
         return [max(len(stage[i]) for stage in self.hits) for i in range(len(self.ids))]
 
+    def agreed(self, s: int, items) -> list[bool]:
+        """Stage ``s``'s agreement per labelled verdict of ``items`` (indices); a verdict it lacks (none on the item,
+        or a criterion left out) counts as disagreeing: the runtime never keeps it, so this can only make the test
+        stricter."""
+        return [h for i in items for h in self.hits[s][i] + [False] * (self.verdicts[i] - len(self.hits[s][i]))]
+
     def pairs(self) -> list[tuple[list[float], list[bool]]]:
         """Per stage, ``(confidence, agreed)`` per labelled verdict, over the same verdicts in the same order, for
-        ``choose_cascade_thresholds``. A stage without a verdict on an item counts it at confidence 0 and disagreeing
-        (the runtime never keeps it, so this can only make the test stricter); so does a criterion it left out."""
-        out = []
-        for conf, hits in zip(self.confidence, self.hits):
-            c, a = [], []
-            for i, m in enumerate(self.verdicts):
-                c += [0.0 if conf[i] is None else conf[i]] * m
-                a += hits[i] + [False] * (m - len(hits[i]))
-            out.append((c, a))
-        return out
+        ``choose_cascade_thresholds``; an item without a verdict at confidence 0."""
+        every = range(len(self.ids))
+        return [([0.0 if conf[i] is None else conf[i] for i in every for _ in range(self.verdicts[i])],
+                 self.agreed(s, every)) for s, conf in enumerate(self.confidence)]
 
 
 def routed(runs: list[StageRun], items: list, task) -> Routed:
     """The half of ``items`` through every stage's results lines and map."""
     ids = [str(x.id) for x in items]
-    out = Routed(ids, [], [], [])
-    for run in runs:
-        conf, hits, lines = [], [], []
-        for i in ids:
-            line = next((run.lines[h][i] for h in HALVES if i in run.lines[h]), None)
-            c, a = given_pairs([line], task, run.calibration.map) if line is not None else ([], [])
-            conf.append(c[0] if c else None)
-            hits.append(list(a))
-            lines.append(line)
-        out.confidence.append(conf)
-        out.hits.append(hits)
-        out.lines.append(lines)
-    return out
+    lines = [[run.lines.get(i) for i in ids] for run in runs]
+    pairs = [[given_pairs([line], task, run.calibration.map) if line is not None else ([], []) for line in stage]
+             for run, stage in zip(runs, lines)]
+    return Routed(ids, [[c[0] if c else None for c, _ in stage] for stage in pairs],
+                  [[list(a) for _, a in stage] for stage in pairs], lines)
 
 
 @dataclass(frozen=True)
 class StageFigures:
-    """One stage on the check half.
-
-    Attributes:
-        name, model: The stage and the LM it ran on.
-        threshold: Its threshold (None: it gives no verdict).
-        left: Items whose verdict this stage gave (they left the cascade here).
-        agreement: Agreement with people of those verdicts (exact 95% CI; n = their labelled verdicts).
-        reached: Items this stage judged in the cascade (those no earlier stage kept).
-        calls, usd: Its LM calls and US dollars on those items (usd None: a call was unpriced).
-        alone: Agreement with people of this stage's verdicts on every check item (no threshold).
-        alone_calls, alone_usd: Its calls and dollars on every check item.
-    """
+    """One stage on the check half: the items that ``left`` the cascade here and their ``agreement`` with people
+    (exact 95% CI over their labelled verdicts); the items it ``reached`` (no earlier stage kept them), with its
+    ``calls`` and ``usd`` on them (None: a call was unpriced); and the same on every check item, with no threshold
+    (``alone``, ``alone_calls``, ``alone_usd``). ``threshold`` None: it gives no verdict."""
 
     name: str
     model: str
@@ -316,77 +283,58 @@ class StageFigures:
 
 
 def _sum_usd(lines: list[dict | None]) -> float | None:
-    values = [(line or {}).get("cost_usd") for line in lines if line is not None]
-    return None if any(v is None for v in values) else float(sum(values))
+    values = [line.get("cost_usd") for line in lines if line is not None]
+    return None if None in values else float(sum(values))
 
 
 def _calls(lines: list[dict | None]) -> int:
-    return sum(int((line or {}).get("calls") or 0) for line in lines if line is not None)
+    return sum(int(line.get("calls") or 0) for line in lines if line is not None)
 
 
-def stage_figures(check: Routed, runs: list[StageRun], cascade: Cascade, leaves: list[int | None]) -> list[StageFigures]:
-    """Each stage's figures on the check half, the items routed by ``leaves`` (``selective.route``)."""
-    out = []
-    verdicts = check.verdicts
+def _share(hits: list[bool]) -> Estimate:
+    return exact_rate(sum(hits), len(hits))
+
+
+def check_figures(runs: list[StageRun], cascade: Cascade, check: Routed, *, seed: int) -> dict:
+    """The check half routed as the saved cascade routes it (``selective.route``): each stage's figures, coverage,
+    agreement, and USD per 1,000 verdicts (``CascadeReport``'s fields)."""
+    leaves = route(check.confidence, cascade)
+    stages = []
     for s, run in enumerate(runs):
         here = [i for i, leave in enumerate(leaves) if leave == s]
-        hits = [h for i in here for h in check.hits[s][i] + [False] * (verdicts[i] - len(check.hits[s][i]))]
-        reached = [i for i, leave in enumerate(leaves) if leave is None or leave >= s]
-        every = [h for i in range(len(verdicts)) for h in check.hits[s][i] + [False] * (verdicts[i] - len(check.hits[s][i]))]
-        lines = check.lines[s]
-        out.append(StageFigures(
-            run.stage.name, run.model, cascade.stages[s].threshold, len(here), exact_rate(sum(hits), len(hits)),
-            len(reached), _calls([lines[i] for i in reached]), _sum_usd([lines[i] for i in reached]),
-            exact_rate(sum(every), len(every)), _calls(lines), _sum_usd(lines)))
-    return out
+        reached = [check.lines[s][i] for i, leave in enumerate(leaves) if leave is None or leave >= s]
+        stages.append(StageFigures(
+            run.stage.name, run.model, cascade.stages[s].threshold, len(here), _share(check.agreed(s, here)),
+            len(reached), _calls(reached), _sum_usd(reached), _share(check.agreed(s, range(len(leaves)))),
+            _calls(check.lines[s]), _sum_usd(check.lines[s])))
+    hits = [h for i, s in enumerate(leaves) if s is not None for h in check.agreed(s, [i])]
+    return {"stages": stages, "coverage": _share([s is not None for s in leaves]), "agreement": _share(hits),
+            "per_1000": per_thousand(check, leaves, seed=seed)}
 
 
 def per_thousand(check: Routed, leaves: list[int | None], *, seed: int = 0) -> dict[str, Estimate | None]:
     """US dollars per 1,000 verdicts on the check half, with 95% bootstrap CIs over its items: the cascade's (its
     stages' dollars on the items they judged, over the verdicts it gave), and each of the first and the last stage
     on every item (a verdict on each). None where a call was unpriced."""
-    from chateval_dspy.run.metrics import bootstrap
-
-    def usd(s: int, i: int) -> float | None:
-        line = check.lines[s][i]
-        return 0.0 if line is None else line.get("cost_usd")
-
-    n = len(check.ids)
-    stages = range(len(check.lines))
-    spent = [[usd(s, i) for i in range(n)] for s in stages]
-    out: dict[str, Estimate | None] = {}
-    cascade = [[spent[s][i] for s in stages if leaves[i] is None or leaves[i] >= s] for i in range(n)]
+    spent = [[0.0 if line is None else line.get("cost_usd") for line in stage] for stage in check.lines]
+    cascade = [[column[i] for s, column in enumerate(spent) if leave is None or leave >= s]
+               for i, leave in enumerate(leaves)]
     given = [leave is not None for leave in leaves]
-    if all(v is not None for row in cascade for v in row) and any(given):
+    out: dict[str, Estimate | None] = {"cascade": None}
+    if None not in [v for row in cascade for v in row] and any(given):
         out["cascade"] = bootstrap(lambda u, g: 1000 * sum(u) / sum(g) if sum(g) else math.nan,
                                    [sum(row) for row in cascade], given, seed=seed)
-    else:
-        out["cascade"] = None
-    for key, s in (("first_stage", 0), ("last_stage", len(spent) - 1)):
-        column = spent[s]
-        out[key] = None if any(v is None for v in column) else bootstrap(
-            lambda u: 1000 * sum(u) / len(u), column, seed=seed)
+    for key, column in (("first_stage", spent[0]), ("last_stage", spent[-1])):
+        out[key] = None if None in column else bootstrap(lambda u: 1000 * sum(u) / len(u), column, seed=seed)
     return out
 
 
 @dataclass
 class CascadeReport:
-    """What ``build_cascade`` chose, saved and measured.
-
-    Attributes:
-        declared: The cascade as declared.
-        cascade: ``choose_cascade_thresholds``'s answer on the calibration half.
-        header: Data, split, and the items of each half, stated with every figure.
-        n: Labelled verdicts per half.
-        stages: Each stage's figures on the check half.
-        coverage: Share of check items given a verdict (exact 95% CI).
-        agreement: Agreement with people of the verdicts given on the check half (exact 95% CI).
-        per_1000: USD per 1,000 verdicts: ``cascade``, ``first_stage`` and ``last_stage`` on every item.
-        saved: The cascade's ``cascade.json``.
-        report_file: ``report.json`` in the output folder (these figures as JSON).
-        results: Each stage's results file.
-        resumed: Items read back from the results files instead of judged (all stages).
-    """
+    """What ``build_cascade`` chose on the calibration half (``cascade``), saved (``cascade.json``, and the figures
+    in ``report.json``) and measured on the check half: per stage, and in all the coverage and agreement of the
+    verdicts given (exact 95% CIs) and USD per 1,000 verdicts (``per_thousand``). ``n``: labelled verdicts per half;
+    ``resumed``: items read back from the stages' ``results`` files instead of judged."""
 
     declared: DeclaredCascade
     cascade: Cascade
@@ -403,15 +351,11 @@ class CascadeReport:
 
     @property
     def reached(self) -> bool:
-        """Some stage reached the level (it has a threshold): the cascade gives verdicts with the guarantee."""
-        return any(s.reached for s in self.cascade.stages)
+        return self.cascade.reached
 
     @property
     def best_level(self) -> float | None:
-        """When no stage reached the level, the best level the cascade reaches at this risk on these items: the
-        best of its stages' (each tested on every calibration item, as none kept any)."""
-        levels = [s.best_level for s in self.cascade.stages if s.best_level is not None]
-        return None if self.reached or not levels else max(levels)
+        return self.cascade.best_level
 
     @property
     def given(self) -> int:
@@ -430,12 +374,10 @@ class CascadeReport:
 
     def to_dict(self) -> dict:
         """The figures as JSON (``cascade.json``'s ``report``, and the MLflow artifact)."""
-        from chateval_dspy.run.metrics import plain
-
         return _finite({"header": self.header, "n": self.n,
                 "selection": [s.to_dict() for s in self.cascade.stages],
                 "check": {"coverage": self.coverage.to_dict(), "agreement": self.agreement.to_dict(),
-                          "usd_per_1000": {k: None if v is None else v.to_dict() for k, v in self.per_1000.items()},
+                          "usd_per_1000": plain(self.per_1000),
                           "stages": [plain(vars(s)) for s in self.stages]},
                 "reached": self.reached, "best_level": self.best_level})
 
@@ -475,12 +417,9 @@ class CascadeReport:
                 "level or a higher risk, or build on more labelled items.")
 
     def _cost_line(self, check: str) -> str:
-        first, last = self.stages[0].name, self.stages[-1].name
-        parts = [f"cascade {_est_usd(self.per_1000.get('cascade'))} ({self.given} verdicts given)",
-                 f"{last} on every item {_est_usd(self.per_1000.get('last_stage'))} (agreement "
-                 f"{_rate(self.stages[-1].alone)})",
-                 f"{first} on every item {_est_usd(self.per_1000.get('first_stage'))} (agreement "
-                 f"{_rate(self.stages[0].alone)})"]
+        parts = [f"cascade {_est_usd(self.per_1000.get('cascade'))} ({self.given} verdicts given)"]
+        parts += [f"{s.name} on every item {_est_usd(self.per_1000.get(key))} (agreement {_rate(s.alone)})"
+                  for key, s in (("last_stage", self.stages[-1]), ("first_stage", self.stages[0]))]
         return f"{check}: USD per 1,000 verdicts (95% bootstrap CI over items): " + "; ".join(parts)
 
 
@@ -499,8 +438,7 @@ def _threshold(t: float | None) -> str:
     return "none (gives no verdict)" if t is None else f">= {t:.4g}"
 
 
-def _rate(e: Estimate) -> str:
-    return "n/a (no verdict)" if not e.n else f"{e.value:.1%} [{e.low:.1%}, {e.high:.1%}] of {e.n}"
+_rate = partial(rate_text, empty="n/a (no verdict)")
 
 
 def _usd(value: float | None) -> str:
@@ -516,32 +454,13 @@ def _est_usd(e: Estimate | None) -> str:
     return f"${e.value:.4f}{ci} of {e.n} items"
 
 
-def check_figures(runs: list[StageRun], cascade: Cascade, check: Routed, *, seed: int) -> dict:
-    """The check half routed as the saved cascade routes it: each stage's figures, coverage, agreement, and USD
-    per 1,000 verdicts (``CascadeReport``'s fields)."""
-    leaves = route(check.confidence, cascade)
-    verdicts = check.verdicts
-    hits = [h for i, s in enumerate(leaves) if s is not None
-            for h in check.hits[s][i] + [False] * (verdicts[i] - len(check.hits[s][i]))]
-    return {"stages": stage_figures(check, runs, cascade, leaves),
-            "coverage": exact_rate(sum(s is not None for s in leaves), len(leaves)),
-            "agreement": exact_rate(sum(hits), len(hits)), "per_1000": per_thousand(check, leaves, seed=seed)}
-
-
 def build_cascade(declared: DeclaredCascade, data: DataSpec, *, out: str | Path, out_dir: str | Path,
                   method: str = "isotonic", seed: int | None = None, lm: LMSpec | None = None,
                   concurrency: int = 1, on_item=None) -> CascadeReport:
-    """Judge, fit, choose, save and check a cascade (see the module docstring).
-
-    Args:
-        declared: The cascade (``read_declaration`` or ``declare``).
-        data: The labelled dataset; its ``test`` split (first ``data.limit`` items) in two seeded halves.
-        out: The saved cascade's directory (``save_cascade``: a saved cascade there is replaced).
-        out_dir: Each stage's results file (``<i>-<name>/``, a rerun resumes it), the stages with their fitted maps
-            (``fitted/``) and ``report.json``.
-        method: The confidence maps' shape, ``isotonic`` or ``platt``.
-        seed: The split's seed; default the one the stages' cards record, else ``data.seed``.
-        lm, concurrency, on_item: As for ``chateval calibrate``; a stage's declared model replaces ``lm.model``.
+    """Judge, fit, choose, save (into ``out``, replacing a cascade there) and check a cascade (module docstring).
+    ``out_dir`` holds each stage's resumable results (``<i>-<name>/``), the stages with their fitted maps
+    (``fitted/``) and ``report.json``; ``seed`` defaults to the one the stages' cards record, else ``data.seed``; a
+    stage's declared model replaces ``lm.model``.
     """
     from chateval_dspy.deploy.saved.cascade import save_cascade
 
@@ -572,23 +491,17 @@ def build_cascade(declared: DeclaredCascade, data: DataSpec, *, out: str | Path,
 def log_report(report: CascadeReport, data: DataSpec, *, method: str, uri: str | None = None) -> str:
     """An MLflow run holding the report: params (each stage's name, model and threshold; data, split, level, risk,
     method), the check half's figures with their intervals, and the cascade, report and results files. Its id."""
-    from optim.tracking import runs
-
     params = {"dataset": data.dataset, "split": report.header["split"], "seed": data.seed, "limit": data.limit,
               "method": method, "level": report.cascade.level, "risk": report.cascade.risk,
               "n_calibration": report.n["calibration"], "n_check": report.n["check"], "reached": report.reached,
               "best_level": report.best_level}
     for i, s in enumerate(report.stages, start=1):
         params.update({f"stage_{i}_name": s.name, f"stage_{i}_model": s.model, f"stage_{i}_threshold": s.threshold})
-    with runs.run("cascade", params=params, tags={"chateval.command": "cascade"}, uri=uri) as active:
-        runs.log_metrics(report.metrics())
-        for path in (report.saved, report.report_file, *report.results):
-            runs.log_file(path, "cascade")
-        return active.info.run_id
+    files = (report.saved, report.report_file, *report.results)
+    return calibrate.log_command("cascade", "cascade", params, report.metrics(), files, uri)
 
 
-# --- a cascade's cost as a search objective (``chateval search --objectives agreement,cascade_cost``) -------------
-
+# A cascade's cost as a search objective (``chateval search --objectives agreement,cascade_cost``).
 FIRST_STAGE = "first"  # the stage names a searched cascade's figures carry
 TRIAL_STAGE = "panel"
 IN_SAMPLE_NOTE = ("in-sample: the stages' confidence maps and the thresholds are fitted on the same dev items the "
@@ -596,18 +509,16 @@ IN_SAMPLE_NOTE = ("in-sample: the stages' confidence maps and the thresholds are
                   "is optimistic; build the cascade to use with `chateval cascade` on held-out items")
 
 
-def fitted_stage(stage: DeclaredStage, lines: list[dict], task, *, model: str, results: Path | None, fitted_on: dict,
-                 method: str = "isotonic") -> StageRun:
-    """``lines`` (one results line per item judged) as a cascade stage, its confidence map fitted on those very lines:
-    what ``routed`` and ``choose_cascade_thresholds`` take, for a stage judged outside ``judge_stage``. Without
-    lines (every item failed) there is no map: the stage then keeps no item."""
-    calibration = fit(lines, task, fitted_on, method=method, level=None, risk=None)[0] if lines else None
-    return StageRun(stage, model, results, {"calibration": {str(line["id"]): line for line in lines}, "check": {}},
-                    calibration)
+def fitted_stage(stage: DeclaredStage, lines: list[dict], task, *, model: str, results: Path | None,
+                 fitted_on: dict) -> StageRun:
+    """``lines`` (one results line per item judged) as a cascade stage, its map fitted on those very lines; without
+    lines (every item failed) there is no map, and the stage keeps no item."""
+    calibration = fit(lines, task, fitted_on, method="isotonic", level=None, risk=None)[0] if lines else None
+    return StageRun(stage, model, results, {str(line["id"]): line for line in lines}, calibration)
 
 
 def judge_first_stage(stage: DeclaredStage, items: list, out_dir: Path, *, fitted_on: dict, lm: LMSpec,
-                      method: str = "isotonic", concurrency: int = 1, on_item=None) -> StageRun:
+                      concurrency: int = 1) -> StageRun:
     """A searched cascade's first stage, judged once on ``items`` (a search's dev split) into a resumable results
     file under ``out_dir`` (a rerun or another worker reads it back), its map fitted on the same items. Its calls
     must carry US dollars (the cost map's, or ``lm.price_per_mtok``): a ``ConfigError`` otherwise, before any trial.
@@ -617,7 +528,7 @@ def judge_first_stage(stage: DeclaredStage, items: list, out_dir: Path, *, fitte
     # The cache off, as for the trials: a cached answer reports no usage and would make the stage look free.
     with load(stage.program, lm=replace(lm, model=stage.model, cache=False), slots=concurrency) as judge:
         path, lines, _ = judge_halves(judge, {"calibration": list(items), "check": []}, Path(out_dir),
-                                      concurrency=concurrency, on_item=on_item)
+                                      concurrency=concurrency)
         model, task = judge.lm.model, judge.config.task_spec
     judged = lines["calibration"]
     if not judged:
@@ -625,24 +536,14 @@ def judge_first_stage(stage: DeclaredStage, items: list, out_dir: Path, *, fitte
     if any(line.get("cost_usd") is None for line in judged):
         raise ConfigError(f"first stage {stage.program}: its calls on {model} carry no US dollars (see {path}), so no "
                           "cascade cost can be measured; run it on a model LiteLLM prices (--first-stage DIR@MODEL)")
-    return fitted_stage(stage, judged, task, model=model, results=path, fitted_on={**fitted_on, "model": model},
-                        method=method)
+    return fitted_stage(stage, judged, task, model=model, results=path, fitted_on={**fitted_on, "model": model})
 
 
 @dataclass
 class CascadeCost:
-    """A cascade [first stage -> a trial's panel] on the search's dev items, thresholds chosen on those items.
-
-    An in-sample estimate for ranking panels: the maps, the thresholds and the figures all come from the same dev
-    items, so it is optimistic; the cascade to use is built with ``chateval cascade`` on held-out items.
-
-    Attributes:
-        usd_per_1000: US dollars per 1,000 verdicts given; ``math.inf`` when no stage reaches the level (the cascade
-            then gives no verdict, so a verdict at the guaranteed level costs without bound).
-        cascade: ``choose_cascade_thresholds``'s answer on the dev items.
-        figures: ``check_figures``'s answer on the same items (stages, coverage, agreement, per_1000).
-        header: Data, split and n, stated with the figure.
-    """
+    """A cascade [first stage -> a trial's panel] on the search's dev items, thresholds chosen on those items
+    (``IN_SAMPLE_NOTE``), with ``check_figures`` there. ``usd_per_1000`` is ``math.inf`` when no stage reaches the
+    level: the cascade then gives no verdict, so a verdict at the guaranteed level costs without bound."""
 
     usd_per_1000: float
     cascade: Cascade
@@ -651,20 +552,17 @@ class CascadeCost:
 
     @property
     def reached(self) -> bool:
-        return any(s.reached for s in self.cascade.stages)
+        return self.cascade.reached
 
     def to_dict(self) -> dict:
         """The figures as a trial's user attribute (JSON: an unreached cascade's dollars are None)."""
-        from chateval_dspy.run.metrics import plain
-
         f = self.figures
         return _finite({"header": self.header, "reached": self.reached, "in_sample": True,
                         "usd_per_1000": self.usd_per_1000 if self.reached else None,
-                        "best_level": None if self.reached else max(
-                            (s.best_level for s in self.cascade.stages if s.best_level is not None), default=None),
+                        "best_level": self.cascade.best_level,
                         "thresholds": [s.threshold for s in self.cascade.stages],
                         "coverage": f["coverage"].to_dict(), "agreement": f["agreement"].to_dict(),
-                        "per_1000": {k: None if v is None else v.to_dict() for k, v in f["per_1000"].items()},
+                        "per_1000": plain(f["per_1000"]),
                         "stages": [plain(vars(s)) for s in f["stages"]]})
 
     def metrics(self) -> dict:
@@ -675,41 +573,33 @@ class CascadeCost:
         return out
 
 
-def cascade_cost(first: StageRun, panel: StageRun, items: list, task, *, level: float, risk: float, header: dict,
-                 seed: int = 0) -> CascadeCost:
-    """The cascade [``first`` -> ``panel``] on ``items``: thresholds by ``choose_cascade_thresholds`` on the stages'
-    maps (both fitted on these items), routed as the saved cascade would route them (``check_figures``), and its
-    US dollars per 1,000 verdicts. A ``ConfigError`` when a call was unpriced."""
-    runs = [first, panel]
-    dev = routed(runs, items, task)
-    cascade = choose_cascade_thresholds(dev.pairs(), level=level, risk=risk)
-    figures = check_figures(runs, cascade, dev, seed=seed)
-    header = {**header, "n": len(items), "verdicts": sum(dev.verdicts)}
-    if not any(s.reached for s in cascade.stages):
-        return CascadeCost(math.inf, cascade, figures, header)
-    usd = figures["per_1000"]["cascade"]
-    if usd is None:
-        raise ConfigError(f"stage {panel.stage.name!r} ({panel.model}): a call carries no US dollars, so the "
-                          "cascade's cost cannot be measured; search on a model LiteLLM prices, or state its price "
-                          "with --price")
-    return CascadeCost(float(usd.value), cascade, figures, header)
-
-
 @dataclass(frozen=True)
 class SearchedCascade:
-    """What a ``cascade_cost`` search holds fixed: the first stage (judged once on the dev items), the agreement
-    ``level`` to guarantee at ``risk``, and the maps' ``method``."""
+    """What a ``cascade_cost`` search holds fixed: the first stage (judged once on the dev items), and the agreement
+    ``level`` to guarantee at ``risk``."""
 
     first: StageRun
     level: float
     risk: float
-    method: str = "isotonic"
     header: dict = field(default_factory=dict)
 
     def cost_of(self, lines: list[dict], items: list, task, *, model: str, results: Path | None,
                 seed: int = 0) -> CascadeCost:
-        """The cascade [first stage -> the panel that wrote ``lines`` on ``items``]'s in-sample cost."""
+        """The cascade [first stage -> the panel that wrote ``lines`` on ``items``] there, in-sample: thresholds
+        chosen on both stages' maps fitted on these items, routed as the saved cascade would route them. A
+        ``ConfigError`` when a call was unpriced."""
         panel = fitted_stage(DeclaredStage(TRIAL_STAGE, Path(".")), lines, task, model=model, results=results,
-                             fitted_on={**self.header, "model": model}, method=self.method)
-        return cascade_cost(self.first, panel, items, task, level=self.level, risk=self.risk, header=self.header,
-                            seed=seed)
+                             fitted_on={**self.header, "model": model})
+        runs = [self.first, panel]
+        dev = routed(runs, items, task)
+        cascade = choose_cascade_thresholds(dev.pairs(), level=self.level, risk=self.risk)
+        figures = check_figures(runs, cascade, dev, seed=seed)
+        header = {**self.header, "n": len(items), "verdicts": sum(dev.verdicts)}
+        if not cascade.reached:
+            return CascadeCost(math.inf, cascade, figures, header)
+        usd = figures["per_1000"]["cascade"]
+        if usd is None:
+            raise ConfigError(f"stage {panel.stage.name!r} ({panel.model}): a call carries no US dollars, so the "
+                              "cascade's cost cannot be measured; search on a model LiteLLM prices, or state its "
+                              "price with --price")
+        return CascadeCost(float(usd.value), cascade, figures, header)

@@ -1,57 +1,37 @@
-"""Compile an evaluator against human labels with DSPy's own optimizers.
+"""Compile an evaluator against human labels with DSPy's own optimizers, and ``chateval compile`` as a function.
 
-Every role's ``argue``/``judge`` predictor (and the summarizer) is a separate tunable
-unit, so each optimizer tunes all referees' instructions and demonstrations together.
-Train on ``trainset``, select on ``valset``; the caller reports the held-out test split
-(``compile_and_save`` below does: it is ``chateval compile`` as a function).
+Every role's ``argue``/``judge`` predictor (and the summarizer) is a separate tunable unit, so each optimizer tunes
+all referees' instructions and demonstrations together; ``compile_and_save`` reports the held-out test split.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import dspy
 
 from chateval_dspy.config import DebateConfig
-from chateval_dspy.data.splits import split_record
+from chateval_dspy.data.splits import dataset_hash, split_record
 from chateval_dspy.errors import ConfigError
-from chateval_dspy.program.chateval import ChatEval
+from chateval_dspy.program.chateval import ChatEval, build_evaluator
 from chateval_dspy.program.demos import with_label_demos
 from optim.tracking import models as mlflow_model
 from optim.tuning.labels import LabelledData
-from optim.tuning.objectives import Metric, with_feedback
+from optim.tuning.objectives import METRICS, Metric, make_metric, with_feedback
 from optim.tuning.settings import OPTIMIZERS, OptimizerSettings
-
-log = logging.getLogger(__name__)
-
-def _labeled(student: ChatEval, trainset, settings: OptimizerSettings) -> ChatEval:
-    return with_label_demos(student, trainset, k=settings.max_demos)
 
 
 def compile_evaluator(student: ChatEval, *, optimizer: str, trainset: Sequence[dspy.Example],
                       valset: Sequence[dspy.Example] | None, metric: Metric,
                       settings: OptimizerSettings = OptimizerSettings(),
                       reflection_lm: dspy.LM | None = None) -> ChatEval:
-    """Tune ``student`` on ``trainset`` (selecting on ``valset``) and return the compiled copy.
-
-    Args:
-        student: The evaluator to tune; left unchanged.
-        optimizer: One of ``OPTIMIZERS``.
-        trainset: Labelled items to learn from.
-        valset: Labelled items to select candidates on (optimizers that select).
-        metric: ``metric(example, pred, trace=None) -> float`` (see ``optim.tuning.objectives``).
-        settings: Demo counts, candidate counts, MIPRO/GEPA budget, threads, seed.
-        reflection_lm: GEPA's reflection model; defaults to the LM in the current context.
-
-    Example:
-        >>> compiled = compile_evaluator(build_evaluator(cfg), optimizer="bootstrap",  # doctest: +SKIP
-        ...                              trainset=parts["train"], valset=parts["dev"], metric=agreement)
+    """Tune ``student`` (left unchanged) on ``trainset``, selecting on ``valset`` (optimizers that select), and
+    return the compiled copy. ``reflection_lm``: GEPA's reflection model (default the LM in the current context).
     """
     if optimizer not in OPTIMIZERS:
         raise ConfigError(f"unknown optimizer {optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}")
@@ -60,7 +40,7 @@ def compile_evaluator(student: ChatEval, *, optimizer: str, trainset: Sequence[d
     trainset, valset = list(trainset), list(valset or [])
     s = settings
     if optimizer == "labeled":
-        return _labeled(student, trainset, s)
+        return with_label_demos(student, trainset, k=s.max_demos)
     if optimizer == "bootstrap":
         opt = dspy.BootstrapFewShot(metric=metric, max_bootstrapped_demos=s.max_demos, max_labeled_demos=0)
         return opt.compile(student, trainset=trainset)
@@ -84,13 +64,9 @@ def compile_evaluator(student: ChatEval, *, optimizer: str, trainset: Sequence[d
 
 
 def optimizer_progress(program) -> list[tuple[int, float]]:
-    """The dev scores the optimizer recorded on the program it returned, as ``(step, score)``.
-
-    MIPROv2: each full evaluation by trial number; GEPA: each candidate's aggregate dev score in the
-    order proposed; random search and SIMBA: their candidates, best first (they keep no order; SIMBA
-    scores on the train set, having no dev set).
-    Empty for optimizers that record none (labeled, bootstrap).
-    """
+    """The dev scores the optimizer recorded on the program it returned, as ``(step, score)``: MIPROv2's full
+    evaluations by trial number; GEPA's candidates in the order proposed; random search's and SIMBA's candidates,
+    best first (SIMBA scores on the train set); none for labeled and bootstrap."""
     logs = getattr(program, "trial_logs", None)
     if isinstance(logs, dict):  # SIMBA's trial logs hold train scores only; its candidates follow below
         full = [(int(t), float(v["full_eval_score"])) for t, v in sorted(logs.items())
@@ -102,9 +78,6 @@ def optimizer_progress(program) -> list[tuple[int, float]]:
         return [(i, float(x)) for i, x in enumerate(scores)]
     candidates = getattr(program, "candidate_programs", None) or []
     return [(i, float(c["score"])) for i, c in enumerate(candidates) if isinstance(c, dict) and c.get("score") is not None]
-
-
-# --- chateval compile as a function: test before, compile, test after, save, log ----------------------------
 
 
 class CompileHooks:
@@ -136,12 +109,9 @@ class CompileRun:
 
 
 class CompileFolder:
-    """The output folder's own record of the compile that fills it (``results/compile.json``).
-
-    It binds the folder to one compile (its key: data, panel, LM, optimizer, settings, metric), keeps
-    the compiled program's state and the optimizer's progress once the optimizer returns, and says
-    when everything (card, MLflow logging, registration) is done. A rerun of the same compile after a
-    kill finds it and does only what is left; a finished folder or another compile's is refused.
+    """The output folder's own record of the compile that fills it (``results/compile.json``): which compile, the
+    compiled program and the optimizer's progress once it returns, and whether all is done. A rerun after a kill does
+    only what is left; a finished folder or another compile's is refused.
     """
 
     def __init__(self, out: Path):
@@ -172,7 +142,9 @@ class CompileFolder:
 
     def _write(self, state: dict) -> None:
         self.work.mkdir(parents=True, exist_ok=True)
-        _replace(self.path, json.dumps(state, indent=2, default=str))
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        tmp.write_text(json.dumps(state, indent=2, default=str), encoding="utf-8")
+        os.replace(tmp, self.path)
 
     def compiled(self, student: ChatEval) -> ChatEval | None:
         """The compiled program a killed run kept, or None."""
@@ -190,26 +162,6 @@ class CompileFolder:
         os.replace(tmp, self.program_path)
 
 
-def _replace(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def _compiled_once(folder: CompileFolder, student: ChatEval, optimizer: str, parts: dict, metric: Metric,
-                   settings: OptimizerSettings, hooks: CompileHooks) -> tuple[ChatEval, list]:
-    """The compiled program and the optimizer's progress: kept by a killed run, or compiled now and kept."""
-    compiled = folder.compiled(student)
-    if compiled is not None:
-        return compiled, [tuple(x) for x in folder.state().get("dev_scores") or []]
-    hooks.compiling(optimizer, len(parts["train"]), len(parts["dev"]))
-    compiled = compile_evaluator(student, optimizer=optimizer, trainset=parts["train"], valset=parts["dev"],
-                                 metric=metric, settings=settings)
-    dev_scores = optimizer_progress(compiled)
-    folder.keep(compiled, dev_scores)
-    return compiled, dev_scores
-
-
 @dataclass
 class CompilePlan:
     """What a compile judges and learns from, checked before any LM starts or any file is written."""
@@ -225,7 +177,6 @@ class CompilePlan:
 def plan_compile(data, config, lm, *, optimizer: str, metric: str | None, concurrency: int) -> CompilePlan:
     """The items, panel, split and metric of a compile; ConfigError for anything it cannot run."""
     from chateval_dspy.run.evaluate_dataset import check_task, skipped_rows
-    from optim.tuning.objectives import make_metric
 
     if optimizer not in OPTIMIZERS:
         raise ConfigError(f"unknown optimizer {optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}")
@@ -238,17 +189,15 @@ def plan_compile(data, config, lm, *, optimizer: str, metric: str | None, concur
     parts = data.parts(items)
     if not parts["train"] or not parts["test"]:
         raise ConfigError("the train or test split is empty: use more items or a larger --limit")
-    metric_name = metric or ("agreement" if fmt == "pairwise" else "score_error")
+    metric_name = metric or METRICS[fmt][0]
     return CompilePlan(items, cfg, parts, metric_name, make_metric(metric_name, cfg.task_spec, parts["train"]),
                        skipped_rows(getattr(items, "skipped", [])))
 
 
 @dataclass
 class CompileJob:
-    """One ``compile_and_save`` call's steps over its plan: the MLflow run, the two test stages, the card, the save.
-
-    ``mlflow`` is ``optim.tracking.runs`` when the compile is tracked, else None (nothing goes to MLflow).
-    """
+    """One ``compile_and_save`` call's steps over its plan: the MLflow run, the two test stages, the card.
+    ``mlflow`` is ``optim.tracking.runs`` when ``tracking`` is enabled, else None (nothing goes to MLflow)."""
 
     data: object
     plan: CompilePlan
@@ -256,22 +205,30 @@ class CompileJob:
     optimizer: str
     settings: OptimizerSettings
     out: Path
-    folder: CompileFolder
     hooks: CompileHooks
     concurrency: int
     tracking: object = None
-    mlflow: object = None
-    gates: object = None
+    mlflow: object = field(default=None, init=False)
 
-    def track(self) -> None:
-        """Send the compile to MLflow when ``tracking`` is enabled, ending this folder's runs a killed compile left."""
-        if self.tracking is None or not self.tracking.enabled:
-            return
-        from optim.tracking import runs as mlflow_tracking
+    def __post_init__(self) -> None:
+        self.folder = CompileFolder(self.out)
+        if self.tracking is not None and self.tracking.enabled:
+            from optim.tracking import runs as mlflow_tracking
 
-        self.mlflow = mlflow_tracking
-        # A killed compile of this folder left its MLflow run (and the optimizer's child runs) RUNNING.
-        mlflow_tracking.end_dead_runs({"chateval.out": str(self.out.resolve())}, self.tracking.uri)
+            self.mlflow = mlflow_tracking
+            # A killed compile of this folder left its MLflow run (and the optimizer's child runs) RUNNING.
+            mlflow_tracking.end_dead_runs({"chateval.out": str(self.out.resolve())}, self.tracking.uri)
+
+    def claim(self) -> None:
+        """Bind the output folder to this compile: its data, panel, LM, optimizer, settings and metric, and the
+        items' contents whatever the file names (another compile finding it is told the difference)."""
+        from chateval_dspy.run import identity
+
+        data, plan = self.data, self.plan
+        what = {"dataset": data.dataset, "seed": data.seed, "limit": data.limit, "config": plan.config.changes(),
+                "lm": self.lm.identity(), "optimizer": self.optimizer, "settings": self.settings.to_dict(),
+                "metric": plan.metric_name}
+        self.folder.claim(identity.digest({**what, "dataset_hash": dataset_hash(plan.items)}), what)
 
     def runs(self) -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
         """The compile's MLflow run and the autologging of the optimizer's runs (no-ops when untracked)."""
@@ -290,9 +247,16 @@ class CompileJob:
         return run, self.mlflow.autolog_compiles()
 
     def compiled(self, student: ChatEval) -> ChatEval:
-        """The compiled program (kept by a killed run, or compiled now), its progress told and logged."""
-        compiled, dev_scores = _compiled_once(self.folder, student, self.optimizer, self.plan.parts, self.plan.metric,
-                                              self.settings, self.hooks)
+        """The compiled program (kept by a killed run, or compiled now and kept), its progress told and logged."""
+        compiled, parts = self.folder.compiled(student), self.plan.parts
+        if compiled is not None:
+            dev_scores = [tuple(x) for x in self.folder.state().get("dev_scores") or []]
+        else:
+            self.hooks.compiling(self.optimizer, len(parts["train"]), len(parts["dev"]))
+            compiled = compile_evaluator(student, optimizer=self.optimizer, trainset=parts["train"], valset=parts["dev"],
+                                         metric=self.plan.metric, settings=self.settings)
+            dev_scores = optimizer_progress(compiled)
+            self.folder.keep(compiled, dev_scores)
         self.hooks.optimized(self.optimizer, self.plan.metric_name, dev_scores)
         if self.mlflow is not None:
             for step, value in dev_scores:
@@ -321,7 +285,6 @@ class CompileJob:
 
     def card(self, compiled: ChatEval, model: str, referees, figures: dict, costs: dict) -> dict:
         """The saved evaluator's card: its model, data and split, optimizer, test figures and cost (and labels)."""
-        from chateval_dspy.data.splits import dataset_hash
         from chateval_dspy.deploy.saved.card import make_card
         from chateval_dspy.run.metrics import plain
 
@@ -335,28 +298,30 @@ class CompileJob:
                          **({"skipped_rows": plan.skipped} if plan.skipped else {}),
                          **({"labels": data.label_set().card()} if isinstance(data, LabelledData) else {}))
 
-    def save(self, compiled: ChatEval, card: dict) -> dict:
-        """The evaluator written to ``out``, what its gates read measured on the test split and checked
-        (``GateRefused``: nothing is registered), then logged to the run (its models registered if asked). Returns
-        the card written."""
-        from chateval_dspy.deploy.saved.store import save_program
-        from optim.certify.certificate import log_certificate
-        from optim.certify.measure import HeldOut, held_out_name, measure_and_enforce
 
-        save_program(compiled, self.out, card)
-        test = self.plan.parts["test"]
-        held_out = HeldOut(test, self.folder.work / "test_after.jsonl",
-                           held_out_name(self.data.dataset, self.data.seed, len(test)))
-        card, certificate = measure_and_enforce(self.out, compiled, self.gates, lm=self.lm, held_out=held_out,
-                                                seed=self.data.seed, concurrency=self.concurrency)
-        if self.mlflow is not None:
-            if certificate is not None:
-                log_certificate(certificate, self.out)
-            self.mlflow.log_file(self.out, "evaluator")
-            if self.tracking.log_model:
-                mlflow_model.log_models(compiled, self.out, registered_name=self.tracking.register,
-                                        wheelhouse=self.tracking.wheelhouse)
-        return card
+def save_gated(program: ChatEval, out: Path, card: dict, *, held_out: tuple[list, Path, str], seed: int, gates, lm,
+               concurrency: int, tracking) -> dict:
+    """``program`` saved to ``out`` with ``card``; what its ``gates`` read measured on the held-out items (``(items,
+    their results file, dataset)``) into the card and checked (``GateRefused``: nothing is logged or registered);
+    then, with ``tracking`` enabled, logged to the active MLflow run with its certificate, its models registered if
+    asked. Returns the card written."""
+    from chateval_dspy.deploy.saved.store import save_program
+    from optim.certify.certificate import log_certificate
+    from optim.certify.measure import HeldOut, held_out_name, measure_and_enforce
+
+    save_program(program, out, card)
+    items, results, dataset = held_out
+    card, certificate = measure_and_enforce(out, program, gates, lm=lm, seed=seed, concurrency=concurrency,
+                                            held_out=HeldOut(items, results, held_out_name(dataset, seed, len(items))))
+    if tracking is not None and tracking.enabled:
+        from optim.tracking import runs
+
+        if certificate is not None:
+            log_certificate(certificate, out)
+        runs.log_file(out, "evaluator")
+        if tracking.log_model:  # outside the LM context: no client or key travels with it
+            mlflow_model.log_models(program, out, registered_name=tracking.register, wheelhouse=tracking.wheelhouse)
+    return card
 
 
 def compile_and_save(data, config, lm, *, optimizer: str, out: str | Path, metric: str | None = None,
@@ -364,27 +329,12 @@ def compile_and_save(data, config, lm, *, optimizer: str, out: str | Path, metri
                      hooks: CompileHooks | None = None, gates=None) -> CompileRun:
     """Judge the test split, compile on train (selecting on dev), judge test again, save, and log to MLflow.
 
-    Rerunning the same call after a kill finishes the job: the test results resume from their
-    files, a compiled program kept before the kill is reused (else the LM cache answers the
-    optimizer's finished calls again), and the card, MLflow logging and registration are done if
-    they were not. The killed run's MLflow runs end as KILLED.
-
-    Args:
-        data: Which items (``DataSpec``: dataset, seed and limit of the train/dev/test split), or a
-            ``optim.tuning.labels.LabelledData``: a dataset (or none) with people's labels on top, which train (the card's
-            ``labels`` records the sources, the traces learned from, and how many labels came from whom).
-        config: The panel (``DebateConfig``), or a function of the dataset's format that returns it.
-        lm: Which LM (``LMSpec``).
-        optimizer: One of ``OPTIMIZERS``.
-        out: The folder for the saved evaluator (``program.json``, ``card.json``, ``card.md``, ``results/``).
-        metric: ``agreement`` or ``balanced`` (pairwise), ``score_error`` (pointwise, over the task's criteria);
-            default the first.
-        settings: The optimizer's settings.
-        tracking: A ``TrackingSpec``; None or disabled: nothing goes to MLflow.
-        concurrency: Test items judged at once.
-        hooks: Told about progress, compiling and each test's figures (the CLI prints them).
-        gates: ``optim.certify.gates.Gates``, measured on the saved evaluator over the test split into its card
-            (``optim.certify.measure``), checked before anything is logged or registered (``GateRefused``).
+    Rerunning the same call after a kill finishes the job: the test results resume from their files, a compiled
+    program kept before the kill is reused, and the card, MLflow logging and registration are done if they were not;
+    the killed run's MLflow runs end as KILLED. ``data`` is a ``DataSpec`` or a ``LabelledData`` (people's labels on
+    top, recorded under the card's ``labels``); ``config`` a panel or a function of the dataset's format; ``metric``
+    ``agreement`` or ``balanced`` (pairwise), ``score_error`` (pointwise), default the first; ``tracking`` a
+    ``TrackingSpec`` (None or disabled: nothing goes to MLflow); ``gates`` as for ``save_gated``.
 
     Example:
         >>> run = compile_and_save(DataSpec("faireval", limit=3), DebateConfig(roles=("critic",), turns=1),  # doctest: +SKIP
@@ -392,16 +342,13 @@ def compile_and_save(data, config, lm, *, optimizer: str, out: str | Path, metri
         >>> run.card["test_metrics"]["after"]["accuracy"]  # doctest: +SKIP
     """
     from chateval_dspy.lm.panel import referee_names
-    from chateval_dspy.program.chateval import build_evaluator
     from chateval_dspy.run.evaluate_dataset import lm_slots
     from optim.certify.measure import check_gate_data
 
     plan = plan_compile(data, config, lm, optimizer=optimizer, metric=metric, concurrency=concurrency)
     check_gate_data(gates, plan.config.format, [x.id for x in plan.parts["test"]])
-    job = CompileJob(data, plan, lm, optimizer, settings, Path(out), CompileFolder(Path(out)), hooks or CompileHooks(),
-                     concurrency, tracking, gates=gates)
-    job.track()
-    job.folder.claim(compile_key(data, plan, lm, optimizer, settings), compile_what(data, plan, lm, optimizer, settings))
+    job = CompileJob(data, plan, lm, optimizer, settings, Path(out), hooks or CompileHooks(), concurrency, tracking)
+    job.claim()
     student = build_evaluator(plan.config)
     figures, costs = {}, {}
     run, autolog = job.runs()
@@ -413,22 +360,11 @@ def compile_and_save(data, config, lm, *, optimizer: str, out: str | Path, metri
             figures["before"], costs["before"] = job.test("before", student, model, referees)
             compiled = job.compiled(student)
             figures["after"], costs["after"] = job.test("after", compiled, model, referees)
-        card = job.save(compiled, job.card(compiled, model, referees, figures, costs))
+        held_out = (plan.parts["test"], job.folder.work / "test_after.jsonl", data.dataset)
+        card = save_gated(compiled, job.out, job.card(compiled, model, referees, figures, costs), held_out=held_out,
+                          seed=data.seed, gates=gates, lm=lm, concurrency=concurrency, tracking=tracking)
         # Done once everything is logged: a kill before this line leaves a folder the rerun completes.
         run_id = active.info.run_id if job.mlflow is not None else None
         job.folder.update(done=True, mlflow_run_id=run_id)
     return CompileRun(compiled, card, job.out, model, run_id)
 
-
-def compile_what(data, plan: CompilePlan, lm, optimizer: str, settings: OptimizerSettings) -> dict:
-    """What binds an output folder to one compile (and names the difference when another one finds it)."""
-    return {"dataset": data.dataset, "seed": data.seed, "limit": data.limit, "config": plan.config.changes(),
-            "lm": lm.identity(), "optimizer": optimizer, "settings": settings.to_dict(), "metric": plan.metric_name}
-
-
-def compile_key(data, plan: CompilePlan, lm, optimizer: str, settings: OptimizerSettings) -> str:
-    """The digest of ``compile_what`` and the items' contents: the folder's compile, whatever the file names."""
-    from chateval_dspy.data.splits import dataset_hash
-    from chateval_dspy.run import identity
-
-    return identity.digest({**compile_what(data, plan, lm, optimizer, settings), "dataset_hash": dataset_hash(plan.items)})

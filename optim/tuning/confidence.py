@@ -1,15 +1,11 @@
-"""Fitting a verdict confidence to people's labels, and measuring how well calibrated it is.
-
-``fit_confidence_map`` turns raw confidences (``chateval_dspy.program.confidence.raw_confidence``) and whether
-people agreed with each verdict into a ``ConfidenceMap``, by isotonic regression (or Platt's logistic curve).
-Fit it on a calibration split that tuning never saw: a map fitted on the items it is judged on looks better
-calibrated than it is. ``calibration_error`` reports the expected calibration error with a 95% bootstrap CI, and
-``reliability_diagram`` draws it.
+"""Fitting a verdict confidence to people's labels (``fit_confidence_map``), and measuring how well calibrated it is
+(``calibration_error``, ``reliability_diagram``). Fit on a calibration split that tuning never saw: a map fitted on
+the items it is judged on looks better calibrated than it is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -35,14 +31,9 @@ def _columns(confidence: Sequence[float], agreed: Sequence[bool]) -> tuple[np.nd
 
 
 def fit_confidence_map(raw: Sequence[float], agreed: Sequence[bool], method: str = "isotonic") -> ConfidenceMap:
-    """The non-decreasing map from raw confidence to the share of verdicts people agreed with.
-
-    Args:
-        raw: Each labelled verdict's ``raw_confidence``.
-        agreed: Whether people agreed with that verdict.
-        method: ``isotonic`` (scikit-learn's ``IsotonicRegression``: no shape assumed, needs a few hundred
-            verdicts to be smooth) or ``platt`` (a logistic curve in the raw confidence: two parameters, steadier
-            on small splits; a curve that would fall is replaced by the overall agreement rate).
+    """The non-decreasing map from raw confidence to the share of verdicts people agreed with: ``isotonic``
+    (scikit-learn's ``IsotonicRegression``: no shape assumed, smooth from a few hundred verdicts) or ``platt`` (a
+    logistic curve: two parameters, steadier on small splits; one that would fall becomes the agreement rate).
 
     Example:
         >>> cmap = fit_confidence_map([0.1, 0.2, 0.8, 0.9], [True, False, True, True])
@@ -66,7 +57,6 @@ def fit_confidence_map(raw: Sequence[float], agreed: Sequence[bool], method: str
 
 def _platt(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Platt's curve tabulated on the grid; the agreement rate where it would fall or one class is missing."""
-    grid = np.linspace(0.0, 1.0, PLATT_GRID)
     if len(np.unique(y)) < 2:
         return np.full(PLATT_GRID, float(y.mean()))
     from sklearn.linear_model import LogisticRegression
@@ -75,7 +65,7 @@ def _platt(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     fit = LogisticRegression(C=1e4).fit(x.reshape(-1, 1), y.astype(int))
     if fit.coef_[0, 0] <= 0:
         return np.full(PLATT_GRID, float(y.mean()))
-    return np.clip(fit.predict_proba(grid.reshape(-1, 1))[:, 1], 0.0, 1.0)
+    return np.clip(fit.predict_proba(np.linspace(0.0, 1.0, PLATT_GRID).reshape(-1, 1))[:, 1], 0.0, 1.0)
 
 
 def expected_calibration_error(confidence, agreed, bins: int = 10) -> float:
@@ -87,12 +77,16 @@ def expected_calibration_error(confidence, agreed, bins: int = 10) -> float:
         0.45
     """
     conf, hit = np.asarray(confidence, dtype=float), np.asarray(agreed, dtype=float)
+    return float(sum(n / len(conf) * abs(rate - mean) for _, n, mean, rate in _bins(conf, hit, bins)))
+
+
+def _bins(conf: np.ndarray, hit: np.ndarray, bins: int) -> Iterator[tuple[int, int, float, float]]:
+    """Per non-empty equal-width confidence bin (a confidence of 1 in the top one): its index, verdicts, mean
+    confidence and agreement rate."""
     which = np.minimum((conf * bins).astype(int), bins - 1)
-    total = 0.0
     for b in np.unique(which):
         inside = which == b
-        total += inside.sum() / len(conf) * abs(hit[inside].mean() - conf[inside].mean())
-    return float(total)
+        yield b, int(inside.sum()), conf[inside].mean(), hit[inside].mean()
 
 
 def calibration_error(confidence: Sequence[float], agreed: Sequence[bool], bins: int = 10,
@@ -111,10 +105,9 @@ def calibration_error(confidence: Sequence[float], agreed: Sequence[bool], bins:
 
 
 def panel_verdict(line: dict) -> dict:
-    """The results line with the panel's verdict as its ``prediction``: a verdict a calibrated evaluator withheld
-    for a person (``abstained`` of ``needs_person``, the verdict kept as ``withheld``) is still the panel's verdict,
-    and a fit or a check of the confidence must count it, or refitting on a calibrated evaluator's results would
-    drop exactly the verdicts below the threshold. Any other line is returned as it is.
+    """The results line with the panel's verdict as its ``prediction``: a verdict withheld for a person is still
+    the panel's, and a fit or a check must count it, or refitting on a calibrated evaluator's results would drop
+    exactly the verdicts below the threshold.
 
     Example:
         >>> panel_verdict({"prediction": None, "withheld": "2", "abstained": "needs_person"})["prediction"]
@@ -177,11 +170,7 @@ def reliability_diagram(confidence: Sequence[float], agreed: Sequence[bool], pat
     import matplotlib.pyplot as plt
 
     conf, hit = _columns(confidence, agreed)
-    which = np.minimum((conf * bins).astype(int), bins - 1)
-    used = np.unique(which)
-    mean_conf = [conf[which == b].mean() for b in used]
-    rate = [hit[which == b].mean() for b in used]
-    counts = [int((which == b).sum()) for b in used]
+    used, counts, mean_conf, rate = map(np.array, zip(*_bins(conf, hit, bins)))
     ece = calibration_error(conf, hit, bins, seed=seed)
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(5, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     top.plot([0, 1], [0, 1], ls="--", color="grey", label="calibrated")

@@ -1,22 +1,11 @@
-"""People's labels for a compile: human feedback on traced debates in MLflow, and label files.
+"""People's labels for a compile (``--labels``): human feedback on traced debates in MLflow, and label files.
 
-``--labels`` names where labels come from, once per source:
-
-- ``mlflow:<experiment>[?filter=<trace filter>]``: human feedback that people attached to traced debates (the
-  MLflow UI's Review page, or ``mlflow.log_feedback(trace_id, name=<criterion or "label">, value=...,
-  source=HUMAN)``), read by ``chateval_dspy.deploy.mlflow.trace_labels``'s rule: each reviewer's latest answer counts
-  once, label scales take the majority and integer scales the mean, an even split is a counted disagreement.
-- a CSV/JSONL file with an ``id`` column, the labels (``label`` for pairwise, one column per criterion) and
-  optionally ``reviewer``; rows may carry the task's inputs too. Several rows for one id are several
-  reviewers' answers (the last row of a reviewer counts), resolved by the same rule.
-
-Which label stands when an item is labelled in several places: MLflow feedback over a label file, a label file
-over the dataset's own label, and among sources of the same kind the later ``--labels``. An item that a dataset
-holds keeps the dataset's texts (a trace may have cut long ones) and takes the reviewers' label.
-
-Where labelled items go (``LabelledData.parts``): they are training labels. With a dataset, each joins the train
-split, and a dataset item of the same id leaves dev or test (so no test item is ever learned from); the rest of
-the dataset splits as always. Without a dataset, the labelled items themselves split train/dev/test by the seed.
+A source is ``mlflow:<experiment>[?filter=<trace filter>]`` or a CSV/JSONL file (``id``, ``label`` or one column per
+criterion, optionally ``reviewer`` and the task's inputs; a reviewer's last row counts); answers are resolved by
+``chateval_dspy.deploy.mlflow.trace_labels``'s rule (docs/production.md). MLflow feedback wins over a label file, a
+file over the dataset's own label, and the later ``--labels`` among sources of one kind; a dataset item keeps its
+texts (a trace may have cut long ones). Labelled items train (``LabelledData.parts``): with a dataset, one of the
+same id leaves dev and test, so no test item is ever learned from; without one, they split by the seed.
 """
 
 from __future__ import annotations
@@ -59,9 +48,8 @@ def unprintable(text: str) -> str | None:
 
 
 def check_name(value, *, source: str, row: int | None, field: str) -> str:
-    """A reviewer's name or an item's id as text, at most ``limits.MAX_LABEL_NAME_CHARS`` characters that all show.
-
-    Judge cards print reviewers' names: a newline would forge a line of the card, an ESC drive a terminal.
+    """A reviewer's name or an item's id as text, at most ``limits.MAX_LABEL_NAME_CHARS`` characters that all show
+    (cards print reviewers' names: a newline would forge a line of the card, an ESC drive a terminal).
 
     Example:
         >>> check_name("ann@example.org", source="l.csv", row=2, field="reviewer")
@@ -116,11 +104,9 @@ def parse_source(source: str) -> tuple[str, str | None]:
 
 
 def _task(task) -> TaskSpec:
-    if isinstance(task, TaskSpec):
-        return task
-    if task and str(task).endswith((".yaml", ".yml", ".json")):
-        return load_task(task)
-    return as_task(task or "pairwise")
+    """A ``TaskSpec``, a task file or a format name (default pairwise) as a ``TaskSpec``."""
+    file = not isinstance(task, TaskSpec) and str(task or "").endswith((".yaml", ".yml", ".json"))
+    return load_task(task) if file else as_task(task or "pairwise")
 
 
 def traces_of(source: str, *, tracking_uri: str | None = None) -> list:
@@ -198,24 +184,11 @@ def add_file(out: LabelSet, path: str, task: TaskSpec, *, base: dict | None = No
                         "items": len(out.items) - given[0], "labels": out.labels - given[1]})
 
 
-def check_traces(traces, source: str) -> None:
-    """The names of the people whose feedback ``traces`` hold, checked as a label file's reviewers are."""
-    for row, trace in enumerate(traces, 1):
-        where = f"{source} trace {shown(trace.info.trace_id, 80)}"
-        for by in human_answers(trace).values():
-            for who in by:
-                check_name(who, source=where, row=row, field=REVIEWER_COLUMN)
-
-
 def read_labels(sources, task=None, *, base: list[dspy.Example] | None = None,
                 tracking_uri: str | None = None) -> LabelSet:
-    """Every source's labels, by the module's rule (files first, then MLflow; in order within each kind).
-
-    Args:
-        sources: ``mlflow:<experiment>[?filter=...]`` and label file paths.
-        task: The task the labels belong to (a ``TaskSpec``, a task file or a built-in name; default pairwise).
-        base: The dataset's items: labels of their ids relabel them (their full texts are kept).
-        tracking_uri: The MLflow tracking store (default: as ``optim.tracking.runs`` resolves it).
+    """Every source's labels (``mlflow:...`` and label files), by the module's rule (files first, then MLflow; in
+    order within each kind). ``task``: a ``TaskSpec``, a task file or a built-in name (default pairwise); ``base``:
+    the dataset's items, relabelled where their ids are labelled (their full texts kept).
 
     Example:
         >>> got = read_labels(["labels.csv"], "pairwise", base=items)  # doctest: +SKIP
@@ -232,7 +205,9 @@ def read_labels(sources, task=None, *, base: list[dspy.Example] | None = None,
         add_file(out, source, task, base=known)
     for source in [s for s in sources if s.startswith(PREFIX)]:
         traces = traces_of(source, tracking_uri=tracking_uri)
-        check_traces(traces, source)
+        for row, trace in enumerate(traces, 1):  # reviewers' names, checked as a label file's are
+            for who in [name for by in human_answers(trace).values() for name in by]:
+                check_name(who, source=f"{source} trace {shown(trace.info.trace_id, 80)}", row=row, field=REVIEWER_COLUMN)
         add_traces(out, traces, task, source=source, base=known)
     anonymous = out.card()["anonymous"]
     if anonymous:  # counted, but flagged: such answers cannot be told apart, so several people count as one
@@ -250,18 +225,10 @@ def labels_from_mlflow(source: str, task=None, *, tracking_uri: str | None = Non
 
 @dataclass(frozen=True)
 class LabelledData:
-    """A compile's data: a dataset (or none) with people's labels from ``--labels`` sources on top.
-
-    It answers what ``compile_and_save`` asks of a ``DataSpec`` (``load``, ``parts``, ``task_spec``, ...); see the
-    module's rules for which label stands and where labelled items go.
-
-    Args:
-        labels: The sources (``mlflow:<experiment>[?filter=...]``, label files).
-        base: The dataset, or None: the labelled items are the data.
-        task: The task without a dataset (default pairwise); with one, the dataset's.
-        seed: The split's seed without a dataset (with one, the dataset's).
-        limit: Items per split without a dataset (with one, the dataset's; labelled items are never cut).
-        tracking_uri: The MLflow store the ``mlflow:`` sources are read from.
+    """A compile's data: a dataset (``base``, or None: the labelled items are the data) with people's labels from
+    ``--labels`` sources on top. It answers what ``compile_and_save`` asks of a ``DataSpec``; see the module for
+    which label stands and where labelled items go. With a dataset, its task, seed and limit stand (labelled items
+    are never cut).
 
     Example:
         >>> data = LabelledData(("mlflow:review",), DataSpec("faireval", limit=8))
@@ -276,6 +243,7 @@ class LabelledData:
     limit: int | None = None
     tracking_uri: str | None = None
     _read: list = field(default_factory=list, init=False, repr=False, compare=False, hash=False)  # the LabelSet, once
+    split = "all"  # not a field: labelled data is always split by the compile itself
 
     def __post_init__(self) -> None:
         if not self.labels:
@@ -293,20 +261,12 @@ class LabelledData:
         return self.base.name if self.base else "labels"
 
     @property
-    def split(self) -> str:
-        return "all"
-
-    @property
     def resamples(self) -> int | None:
         """The bootstrap's resamples behind each CI: the dataset's (None: ``metrics.N_RESAMPLES``)."""
         return self.base.resamples if self.base is not None else None
 
     def task_spec(self) -> TaskSpec:
-        if self.base is not None:
-            found = self.base.task_spec()
-            if found is not None:
-                return found
-        return _task(self.task)
+        return (self.base is not None and self.base.task_spec()) or _task(self.task)
 
     def label_set(self) -> LabelSet:
         """The labels, read once (``load`` reads them)."""

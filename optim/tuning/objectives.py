@@ -1,9 +1,8 @@
 """Per-item metrics DSPy optimizers maximise, ``metric(example, pred, trace=None) -> float``.
 
-Corpus-level kappa cannot be computed per item, so ``balanced`` weights agreement by
-the inverse frequency of the human label in the training set: a judge that always
-says "1" gains little from it, as with kappa. Test kappa is always reported beside it.
-Pointwise tasks use ``score_error`` over the task's criteria, each on its own scale.
+Corpus-level kappa cannot be computed per item, so ``balanced`` weights agreement by the inverse frequency of the
+human label in the training set: a judge that always says "1" gains little from it, as with kappa (test kappa is
+reported beside it). Pointwise tasks use ``score_error`` over the task's criteria, each on its own scale.
 """
 
 from __future__ import annotations
@@ -13,6 +12,7 @@ from collections.abc import Callable, Sequence
 
 import dspy
 
+from chateval_dspy.errors import ConfigError
 from chateval_dspy.program.task import TaskSpec, as_task
 
 Metric = Callable[..., float]
@@ -67,16 +67,15 @@ def score_error(example: dspy.Example, pred: dspy.Prediction, trace=None) -> flo
     """1 - mean absolute error over Topical-Chat's aspects, each scaled to 0..1 by its range; abstention is 0."""
     return score_error_for("pointwise")(example, pred, trace)
 
-METRICS = {"pairwise": ("agreement", "balanced"), "pointwise": ("score_error",)}
+
+METRICS = {"pairwise": ("agreement", "balanced"), "pointwise": ("score_error",)}  # each format's first is its default
 
 
-def make_metric(name: str, task: TaskSpec | str, trainset: Sequence[dspy.Example]) -> Metric:
-    """The named metric for a task (or a format's built-in task): pairwise ``agreement``/``balanced``,
-    pointwise ``score_error`` over the task's criteria."""
-    from chateval_dspy.errors import ConfigError
-
+def make_metric(name: str | None, task: TaskSpec | str, trainset: Sequence[dspy.Example]) -> Metric:
+    """The named metric (None: the format's default) for a task, or a format's built-in task."""
     task = as_task(task)
     fmt = task.format
+    name = name or METRICS[fmt][0]
     if name not in METRICS[fmt]:
         raise ConfigError(f"metric {name!r} does not apply to {fmt} items; choose one of: {', '.join(METRICS[fmt])}")
     if name == "score_error":
@@ -96,12 +95,9 @@ def with_feedback(metric: Metric, task: TaskSpec | str | None = None) -> Callabl
             spec = as_task(task or "pointwise")
             human = gold.get("human") or {}
             given = [c.name for c in spec.criteria if human.get(c.name) is not None]
-            feedback = "Human scores: " + ", ".join(f"{a} {_shown(human[a])}" for a in given) + \
+            feedback = "Human scores: " + ", ".join(f"{a} {human[a]:.2f}" if isinstance(human[a], float)
+                                                     else f"{a} {human[a]}" for a in given) + \
                 "; panel: " + ", ".join(f"{a} {pred[a]}" for a in given)
         return dspy.Prediction(score=score, feedback=feedback)
 
     return gepa_metric
-
-
-def _shown(value) -> str:
-    return f"{value:.2f}" if isinstance(value, float) else str(value)

@@ -1,42 +1,26 @@
 """Selective verdicts: a confidence threshold chosen so that the verdicts given agree with people at a stated level.
 
-A user states the agreement they need (``level``, e.g. 0.85) and the risk they accept (``risk``, e.g. 0.1).
-On a calibration set of items with a verdict confidence and whether the verdict agreed with people,
-``choose_threshold`` picks the lowest confidence threshold for which this holds with a finite-sample
-guarantee: with probability at least ``1 - risk`` over the draw of the calibration set, verdicts on fresh
-items whose confidence is at or above the threshold agree with people at least ``level`` of the time.
-Items below it get no verdict (``ABSTAINED``): they go to a person.
-
-The procedure is the one published in Trust or Escalate (Jung, Brahman and Choi, ICLR 2025,
-arXiv 2407.18370), fixed-sequence testing with exact binomial p-values:
-
-- candidate thresholds are tested from the highest confidence down;
-- at a candidate ``t``, with ``n`` calibration items of confidence ``>= t`` and ``k`` of them disagreeing with
-  people, the null hypothesis "their disagreement rate exceeds ``alpha = 1 - level``" has the exact p-value
-  ``P(Binomial(n, alpha) <= k)`` (``scipy.stats.binom.cdf(k, n, alpha)``);
-- while ``p <= risk`` the threshold is lowered; the chosen threshold is the last candidate that passed, and
-  testing stops at the first failure (a later candidate that would pass is never taken: that is what keeps
-  the family-wise error at ``risk`` without any correction for testing many thresholds).
+``choose_threshold`` picks, on calibration items (a verdict confidence, and whether people agreed), the lowest
+threshold such that, with probability at least ``1 - risk`` over the calibration draw, verdicts on fresh items at or
+above it agree with people at least ``level`` of the time; items below it get no verdict (``ABSTAINED``). The
+procedure is Trust or Escalate's (Jung, Brahman and Choi, ICLR 2025, arXiv 2407.18370): fixed-sequence testing from
+the highest candidate down, with the exact p-value ``P(Binomial(n, 1 - level) <= k)`` for ``n`` items at or above a
+candidate and ``k`` of them disagreeing; the threshold is lowered while ``p <= risk`` and testing stops at the first
+failure (a later candidate that would pass is never taken: that keeps the family-wise error at ``risk``).
 
 Deviations from the paper, stated:
 
-- Candidates are the distinct confidences of the calibration items, not a fixed grid (the authors' code
-  tests a 5,000-point grid on [0, 1]). Between two observed confidences the statistic ``(n, k)`` does not
-  change, so this is what an arbitrarily fine grid tests, without depending on the confidence's scale.
-- Testing starts at the highest candidate with at least ``min_items`` calibration items at or above it
-  (default 30, as the authors' code keeps only grid points with at least 30 items above them) and with
-  ``(1 - alpha) ** n <= risk`` (below that even ``k = 0`` cannot pass). So, as there, where the sequence
-  starts depends on the calibration confidences (never on the labels); the textbook fixed-sequence argument
-  assumes an order fixed in advance, and ``python -m optim.bench selective`` measures how often the
-  guarantee holds.
-- When no candidate passes, the paper's code still returns its highest threshold; here the threshold is
-  ``None`` (every item abstains) and ``best_level`` is the largest level, on a 0.001 grid below the one
-  asked for, that the same procedure reaches at the same risk with the same data. The level asked for is
-  never lowered silently.
+- Candidates are the calibration items' distinct confidences, not the authors' 5,000-point grid: ``(n, k)`` only
+  changes at an observed confidence, so this is what an arbitrarily fine grid tests, whatever the scale.
+- Testing starts at the highest candidate with at least ``min_items`` items at or above it (30, as the authors' code)
+  and ``(1 - alpha) ** n <= risk`` (below that even ``k = 0`` fails). Where the sequence starts thus depends on the
+  confidences (never the labels), not on an order fixed in advance; ``python -m optim.bench selective`` measures how
+  often the guarantee holds.
+- When no candidate passes, the threshold is ``None`` (every item abstains; the paper's code returns its highest)
+  and ``best_level`` is the largest level on a 0.001 grid below the one asked for that the same procedure reaches:
+  the level asked for is never lowered silently.
 
-What the guarantee does not promise: it holds for items exchangeable with the calibration items (drawn
-from the same mix); calibrating on easy items and judging hard ones can break it (the benchmark's control
-shows by how much). It is a statement about the rate over many fresh items, not about any one verdict.
+The guarantee holds for items exchangeable with the calibration items, as a rate over many verdicts, not for any one.
 """
 
 from __future__ import annotations
@@ -47,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from chateval_dspy.run.metrics import Estimate
+from chateval_dspy.run.metrics import Estimate, plain
 
 ABSTAINED = "abstained: needs a person"
 LEVEL_STEP = 0.001  # the grid on which the best reachable level is reported
@@ -71,26 +55,17 @@ def exact_rate(k: int, n: int) -> Estimate:
     return Estimate(k / n, float(ci.low), float(ci.high), int(n))
 
 
-def _percent(e: Estimate) -> str:
-    if math.isnan(e.value):
-        return "n/a"
-    return f"{e.value:.1%} [{e.low:.1%}, {e.high:.1%}] of {e.n}"
+def rate_text(e: Estimate, empty: str = "n/a") -> str:
+    """A rate with its interval and n as the commands print it; ``empty`` when nothing was counted."""
+    return empty if not e.n else f"{e.value:.1%} [{e.low:.1%}, {e.high:.1%}] of {e.n}"
 
 
 @dataclass(frozen=True)
 class Selection:
-    """A chosen threshold and what it guarantees.
-
-    Attributes:
-        level: The agreement with people asked for.
-        risk: The chance, over the calibration draw, that the guarantee fails, accepted.
-        threshold: Verdicts with confidence ``>= threshold`` are given; None when no threshold reaches ``level``.
-        n_calibration: Labelled items the threshold was chosen on.
-        coverage: Share of calibration items at or above the threshold (0 when unreachable), exact 95% CI.
-        agreement: Agreement with people of the calibration items at or above the threshold, exact 95% CI
-            (an in-sample figure: the guarantee is the ``level``, not this).
-        best_level: When unreachable, the largest level the same procedure reaches at this ``risk`` on a
-            0.001 grid (None when none does); None when the level asked for is reached.
+    """A chosen threshold and what it guarantees: verdicts with confidence ``>= threshold`` (None: no threshold
+    reaches ``level``) agree with people at least ``level`` of the time but with chance ``risk``. ``coverage`` and
+    ``agreement`` are in-sample, on the ``n_calibration`` items at or above the threshold (exact 95% CIs);
+    ``best_level``: when unreachable, the largest level reachable at this risk (module docstring), else None.
     """
 
     level: float
@@ -111,20 +86,19 @@ class Selection:
         if self.reached:
             return (f"With probability at least {1 - self.risk:.0%}, verdicts with confidence >= {self.threshold:.4g} "
                     f"agree with people at least {self.level:.1%} of the time (exact binomial fixed-sequence test on "
-                    f"{n} calibration items; holds for items drawn like them); coverage {_percent(self.coverage)}, "
-                    f"calibration agreement above it {_percent(self.agreement)}.")
+                    f"{n} calibration items; holds for items drawn like them); coverage {rate_text(self.coverage)}, "
+                    f"calibration agreement above it {rate_text(self.agreement)}.")
         best = (f"the best level reachable at this risk is {self.best_level:.1%}" if self.best_level is not None
                 else "no level can be guaranteed at this risk")
         return (f"Agreement of at least {self.level:.1%} cannot be guaranteed at risk {self.risk:g} with these {n} "
                 f"calibration items: every item is {ABSTAINED}; {best}.")
 
     def to_dict(self) -> dict:
-        return {"level": self.level, "risk": self.risk, "threshold": self.threshold, "n_calibration": self.n_calibration,
-                "coverage": self.coverage.to_dict(), "agreement": self.agreement.to_dict(), "best_level": self.best_level}
+        return plain(vars(self))
 
 
 def _checked(confidence: Sequence[float], agreed: Sequence[bool], level: float, risk: float) -> tuple:
-    """Validated calibration data as arrays; a clear error naming the bad value and where it is."""
+    """Validated calibration data as arrays; a ValueError naming the bad value and where it is."""
     for name, value in (("level", level), ("risk", risk)):
         if not isinstance(value, (int, float)) or not 0.0 < value < 1.0:
             raise ValueError(f"{name} must lie strictly between 0 and 1, got {value!r}")
@@ -193,14 +167,7 @@ def best_level(n: np.ndarray, k: np.ndarray, *, below: float, risk: float, min_i
 def choose_threshold(confidence: Sequence[float], agreed: Sequence[bool], *, level: float, risk: float,
                      min_items: int = MIN_ITEMS) -> Selection:
     """The lowest threshold whose verdicts agree with people at least ``level`` of the time with probability
-    ``>= 1 - risk`` (Trust or Escalate's fixed-sequence test; see the module docstring).
-
-    Args:
-        confidence: Each calibration item's verdict confidence (any scale: only the order matters).
-        agreed: Whether each calibration item's verdict agreed with people.
-        level: The agreement asked for, in (0, 1).
-        risk: The accepted chance that the guarantee fails, in (0, 1).
-        min_items: Thresholds with fewer calibration items at or above them are not tested (nor chosen).
+    ``>= 1 - risk`` (see the module docstring). ``confidence`` may be on any scale: only the order matters.
 
     Example:
         >>> s = choose_threshold([0.9] * 40 + [0.6] * 10, [True] * 40 + [False] * 10, level=0.85, risk=0.1)
@@ -237,13 +204,8 @@ def select(confidence: Sequence[float | None], selection: Selection) -> list[boo
 
 @dataclass(frozen=True)
 class Cascade:
-    """Per-stage thresholds of a cascade (cheapest stage first) and the figures of all the verdicts it gives.
-
-    Attributes:
-        stages: Each stage's ``Selection``, chosen at ``risk / len(stages)`` on the calibration items that reach it.
-        level, risk: As asked for the whole cascade.
-        coverage: Share of calibration items that get a verdict at some stage, exact 95% CI.
-        agreement: Agreement with people of those verdicts on the calibration items, exact 95% CI.
+    """Per-stage thresholds of a cascade (cheapest stage first: each stage's ``Selection`` at ``risk / len(stages)``
+    on the calibration items that reach it), and the coverage and agreement of all its verdicts there (exact 95% CIs).
     """
 
     stages: tuple[Selection, ...]
@@ -251,6 +213,18 @@ class Cascade:
     risk: float
     coverage: Estimate
     agreement: Estimate
+
+    @property
+    def reached(self) -> bool:
+        """Some stage reached the level (it has a threshold): the cascade gives verdicts with the guarantee."""
+        return any(s.reached for s in self.stages)
+
+    @property
+    def best_level(self) -> float | None:
+        """When no stage reached the level, the best level a stage reaches at this risk (each was tested on every
+        calibration item, as none kept any); else None."""
+        return None if self.reached else max((s.best_level for s in self.stages if s.best_level is not None),
+                                             default=None)
 
 
 def route(stage_confidences: Sequence[Sequence[float | None]], cascade: Cascade) -> list[int | None]:
@@ -273,21 +247,14 @@ def route(stage_confidences: Sequence[Sequence[float | None]], cascade: Cascade)
 
 def choose_cascade_thresholds(stages: Sequence[tuple[Sequence[float], Sequence[bool]]], *, level: float,
                               risk: float) -> Cascade:
-    """Thresholds for a cascade: each stage's ``choose_threshold`` at ``risk / len(stages)`` (Bonferroni), on the
-    calibration items that no earlier stage kept.
+    """Thresholds for a cascade: each stage's ``choose_threshold`` at ``risk / len(stages)`` (Bonferroni; the
+    authors' code tests every stage at the full risk), on the calibration items no earlier stage kept. ``stages``:
+    per stage, ``(confidence, agreed)`` over the same items in the same order.
 
-    The guarantee, and its assumption: for each stage, given the earlier stages' thresholds, the verdicts that
-    stage gives agree with people at least ``level`` of the time with probability ``>= 1 - risk / S``; by
-    Bonferroni all ``S`` stages do so at once with probability ``>= 1 - risk``, and then so do all the verdicts
-    the cascade gives (a mixture of rates each ``>= level``). The Bonferroni split is ours (the authors' public
-    code tests every stage at the full risk). "Given the earlier thresholds" is the assumption of Trust or
-    Escalate's construction, not a theorem proved here: the earlier thresholds are chosen on the same calibration
-    items, so which items reach a stage depends on earlier-stage labels (those of the items at the candidate
-    whose failure stopped an earlier test). Calibrating each stage on its own disjoint items would make it exact.
-
-    Args:
-        stages: Per stage, ``(confidence, agreed)`` over the same calibration items in the same order.
-        level, risk: As for ``choose_threshold``, for the whole cascade.
+    Each stage's guarantee is taken as given the earlier stages' thresholds (Trust or Escalate's construction, not a
+    theorem proved here: those thresholds are chosen on the same items, so which items reach a stage depends on
+    earlier labels; disjoint calibration items per stage would make it exact). Then by Bonferroni every stage, and
+    so every verdict the cascade gives, reaches ``level`` with probability ``>= 1 - risk``.
 
     Example:
         >>> cheap = ([0.9] * 40 + [0.6] * 40, [True] * 40 + [False] * 40)

@@ -1,7 +1,5 @@
-"""What a compile is asked for: the optimizer's name, its budget and the knobs the optimizers share.
-
-Plain data, without DSPy or Optuna, so that ``chateval compile --help`` and ``chateval search --help`` state the
-choices and defaults that ``optim.tuning.compile`` uses.
+"""What a compile is asked for: the optimizer's name, its budget and the knobs the optimizers share. Plain data,
+without DSPy or Optuna, so that ``--help`` states the choices and defaults that ``optim.tuning.compile`` uses.
 """
 
 from __future__ import annotations
@@ -19,13 +17,8 @@ BUDGETS = ("light", "medium", "heavy")
 @dataclass(frozen=True)
 class OptimizerSettings:
     """Knobs shared by the optimizers (each uses those that apply to it); logged and put on the card.
-
-    Args:
-        max_demos: Demonstrations per predictor (at most ``limits.MAX_DEMOS_PER_PREDICTOR``).
-        candidates: Candidate programs (bootstrap_rs, simba; simba's steps too).
-        auto: MIPROv2/GEPA budget, one of ``BUDGETS``.
-        threads: Items an optimizer evaluates at once.
-        seed: The optimizer's seed.
+    ``candidates``: candidate programs (bootstrap_rs, simba; simba's steps too); ``auto``: the MIPROv2/GEPA budget;
+    ``threads``: items an optimizer evaluates at once.
 
     Example:
         >>> OptimizerSettings(max_demos=1).to_dict()["max_demos"]

@@ -1,6 +1,5 @@
-"""What the MLflow judge says about one verdict, as plain data (no MLflow): each Feedback's name, value, rationale
-and metadata (``feedback_parts``), the judge's instructions in words and its value type. ``mlflow_scorer`` turns the
-parts into MLflow ``Feedback`` objects; what each Feedback means is ``chateval_dspy.deploy.mlflow.judge``'s docstring.
+"""What the MLflow judge says about one verdict, as plain data (no MLflow): each Feedback's parts
+(``feedback_parts``; what each means: ``deploy.mlflow.judge``), the judge's instructions in words and its value type.
 """
 
 from __future__ import annotations
@@ -91,11 +90,8 @@ def _said(winner: str | None, task) -> str:
 
 
 def _order_lines(verdict, task, names: Mapping[str, str]) -> list[str]:
-    """Each answer order's heading, then each referee's vote, scores and evidence in that order.
-
-    Votes and scores are the records' (order 2's mapped back to the answers as given), so they read like the panel's;
-    a referee's own words name positions as it read them, which the heading of the swapped order says.
-    """
+    """Each answer order's heading, then each referee's vote, scores and evidence in that order (votes and scores
+    name the answers as given; a referee's own words name positions as it read them)."""
     rationales, referees = verdict.rationales or {}, getattr(verdict, "referees", None) or {}
     slugs = list(dict.fromkeys([*rationales, *referees]))
     orders = max((len(v) for v in (*rationales.values(), *referees.values())), default=0)
@@ -170,9 +166,8 @@ def _part(name: str, value, rationale: str, metadata: dict, error: str | None = 
 def feedback_parts(verdict, task, *, name: str = "chateval", per_criterion: bool | None = None,
                    names: Mapping[str, str] | None = None, model: str | None = None,
                    trace_id: str | None = None, expected: str | None = None) -> list[dict]:
-    """What each Feedback of one verdict holds: ``{name, value, rationale, metadata, error}`` (metadata as text).
-
-    ``expected``: the row's expected preference (``"1"``, ``"2"`` or ``"tie"``; pairwise), for ``<name>/agreement``.
+    """What each Feedback of one verdict holds: ``{name, value, rationale, metadata, error}`` (metadata as text);
+    ``expected``: the row's expected preference (pairwise), for ``<name>/agreement``.
 
     Example:
         >>> from types import SimpleNamespace
@@ -209,16 +204,10 @@ def feedback_parts(verdict, task, *, name: str = "chateval", per_criterion: bool
 
 
 def preference_parts(verdict, task, *, name: str, expected: str | None = None, metadata: dict | None = None) -> list[dict]:
-    """The yes/no Feedbacks that ``mlflow.genai.evaluate`` averages into a pairwise run's metrics.
-
-    A preference (``answer_2``, ``tie``) is a category, which MLflow leaves out of its aggregate metrics (it averages
-    numbers, booleans and yes/no only, and hands custom aggregations those numbers alone). So each possible
-    preference gets a boolean ``<name>/preferred/<response or tie>``, whose mean is the share of items where the
-    panel preferred it (``<name>/preferred/answer_1/mean``; an abstention is false in all three, so the shares and
-    the abstentions add up to one); with an ``expected`` preference, ``<name>/agreement`` says whether the panel
-    agreed (an abstention disagrees, as in the accuracy of ``chateval evaluate``; a verdict withheld as
-    ``needs_person`` has no agreement value, as ``chateval evaluate`` counts agreement over the verdicts given).
-    """
+    """The yes/no Feedbacks that ``mlflow.genai.evaluate`` averages into a pairwise run's metrics (it averages no
+    category): ``<name>/preferred/<response or tie>`` (an abstention is false in all three, so the shares and the
+    abstentions add up to one) and, with an ``expected`` preference, ``<name>/agreement`` (an abstention disagrees,
+    as in ``chateval evaluate``'s accuracy; a verdict withheld as ``needs_person`` has no agreement value)."""
     metadata = metadata or {}
     said = preference_name(verdict.winner, task)
     because = f"The panel {_said(verdict.winner, task)}" + (f" ({verdict.abstained})." if said is None else ".")
@@ -264,11 +253,9 @@ def value_type(task, per_criterion: bool | None = None):
         >>> value_type(as_task("pairwise"))
         typing.Literal['answer_1', 'answer_2', 'tie']
     """
-    pairwise = task.format == "pairwise"
-    if pairwise:
+    if task.format == "pairwise":
         return typing.Literal[(*task.responses, "tie")]
-    per_criterion = True if per_criterion is None else per_criterion
-    if not per_criterion:
+    if per_criterion is False:
         return dict
     scale = task.criteria[0].scale
     return typing.Literal[scale.labels] if scale.labels else float

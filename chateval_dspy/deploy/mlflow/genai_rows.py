@@ -48,25 +48,23 @@ def item_for(task, inputs=None, outputs=None, expectations=None, *, fields: Mapp
         if ours not in names and ours != "id":
             raise DataError(f"fields: {ours!r} is not an input of task {task.name!r} ({', '.join(names)})")
         item[ours] = _lookup(row, path)
-    missing = [n for n in task.judged if n not in item]
 
     def take(source) -> None:
         if isinstance(source, Mapping):
-            for name in names:
-                if name not in item and name in source:
-                    item[name] = source[name]
-                    if name in missing:
-                        missing.remove(name)
+            item.update({name: source[name] for name in names if name not in item and name in source})
+
+    def missing() -> list[str]:
+        return [n for n in task.judged if n not in item]
 
     take(inputs)
     if isinstance(inputs, Mapping) and "id" in inputs and "id" not in item:
         item["id"] = inputs["id"]
     take(outputs)
-    if outputs is not None and not isinstance(outputs, Mapping) and missing:
-        item[missing.pop(0)] = outputs if isinstance(outputs, str) else dumps(outputs)
+    if outputs is not None and not isinstance(outputs, Mapping) and missing():
+        item[missing()[0]] = outputs if isinstance(outputs, str) else dumps(outputs)
     take(expectations)
-    if isinstance(expectations, Mapping) and EXPECTED_RESPONSE in expectations and missing:
-        item[missing.pop(0)] = expectations[EXPECTED_RESPONSE]
+    if isinstance(expectations, Mapping) and EXPECTED_RESPONSE in expectations and missing():
+        item[missing()[0]] = expectations[EXPECTED_RESPONSE]
     if "id" not in item:
         item["id"] = item_id or digest({k: item[k] for k in names if k in item})
     item["id"] = str(item["id"])

@@ -1,13 +1,8 @@
 """The saved evaluator as an MLflow pyfunc model, logged as code (no pickle) by ``optim.tracking.models``.
 
-MLflow runs this file when it loads the model: the artifact ``evaluator`` is the saved evaluator
-directory (JSON state + card), or a saved cascade's (``deploy.saved.cascade``: each row then goes stage by stage, and its
-verdict names its ``stage``), and the LM comes from ``CHATEVAL_MODEL`` (default: the card's model; a cascade's: each
-stage's), so ``mlflow models serve`` and ``mlflow.pyfunc.spark_udf`` judge with the LM of the
-machine they run on. Input: a DataFrame with the task's input fields (and ``id``, optionally), which the model's
-signature declares in the task's order, so that Spark's positional columns are named; a frame without them is
-refused, not judged into abstentions. Output: one verdict row per item, ``verdict`` first
-(``chateval_dspy.deploy.saved.verdicts``). Only MLflow runs this file: nothing imports it.
+Only MLflow runs this file, when it loads the model: the artifact ``evaluator`` is a saved evaluator (or cascade)
+directory and the LM comes from ``CHATEVAL_MODEL`` (default: the card's model), so ``mlflow models serve`` and
+``mlflow.pyfunc.spark_udf`` judge with the LM of the machine they run on. Rows in and out: ``saved.verdicts``.
 """
 
 from __future__ import annotations

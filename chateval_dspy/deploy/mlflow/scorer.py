@@ -1,7 +1,5 @@
-"""The MLflow GenAI judge class: a ChatEval panel as an ``mlflow.genai.judges.base.Judge`` (so a ``Scorer``).
-
-Build one with ``chateval_dspy.mlflow_judge`` (whose docstring says what each row gives). This module imports MLflow
-when it is imported, so only ``mlflow_judge`` imports it, when a judge is first built.
+"""The MLflow GenAI judge class, built by ``chateval_dspy.mlflow_judge`` (which says what each row gives): MLflow is
+imported with this module, which only ``mlflow_judge`` imports.
 """
 
 from __future__ import annotations
@@ -26,11 +24,6 @@ from chateval_dspy.run.tracing import Tracer
 from chateval_dspy.scrub import scrub, secret_values
 
 SOURCE_RUN = "mlflow.sourceRun"  # mlflow.tracing.constant.TraceMetadataKey.SOURCE_RUN
-
-
-def scorer_tracing() -> bool:
-    """Whether the user asked MLflow to trace scorers (then its call-level trace of a debate is wanted)."""
-    return os.environ.get("MLFLOW_GENAI_EVAL_ENABLE_SCORER_TRACING", "").strip().lower() in ("true", "1")
 
 
 class ChatEvalJudge(MlflowJudge):
@@ -95,8 +88,9 @@ class ChatEvalJudge(MlflowJudge):
             if self._traced is not None:
                 return self._traced.judge_traced(item, source="mlflow.genai.evaluate row", quiet=True)
             # MLflow autologs DSPy during genai.evaluate: a call-level trace of every debate that it deletes again at
-            # the end (unless it traces scorers, when that detail is what the user asked for).
-            with contextlib.nullcontext() if scorer_tracing() else untraced():
+            # the end (unless the user asked it to trace scorers, when that detail is wanted).
+            asked = os.environ.get("MLFLOW_GENAI_EVAL_ENABLE_SCORER_TRACING", "").strip().lower() in ("true", "1")
+            with contextlib.nullcontext() if asked else untraced():
                 return judge(item, source="mlflow.genai.evaluate row"), None
         except DataError as exc:
             raise DataError(f"{exc}. Name the task's inputs ({', '.join(task.input_names)}) in the row's inputs, "
@@ -120,15 +114,11 @@ class ChatEvalJudge(MlflowJudge):
         return out
 
     def align(self, traces, optimizer=None):
-        """A new judge tuned to the human feedback people gave on ``traces``; this one is left unchanged.
+        """A new judge, on the same LM, tuned to the human feedback on ``traces`` (read by ``trace_labels``'s rule).
 
-        The labels are read by ``chateval_dspy.deploy.mlflow.trace_labels``'s rule (each reviewer's latest answer; majority or
-        mean; even splits counted and left out). With no ``optimizer``, every referee's judge predictor gets up to
-        ``DEFAULT_DEMOS`` labelled items as demonstrations (the ``labeled`` optimizer of ``chateval compile``: no LM
-        call). Any other ``optimizer`` is an MLflow ``AlignmentOptimizer`` (``optimizer.align(scorer, traces)``), such
-        as ``optim.tuning.align.CompileAligner("bootstrap")``, which runs one of ``chateval compile``'s DSPy
-        optimizers over every referee's prompts. The aligned judge runs on the same LM; its card's ``labels`` lists
-        the traces.
+        With no ``optimizer``, every referee's judge predictor gets up to ``DEFAULT_DEMOS`` labelled items as
+        demonstrations (``chateval compile``'s ``labeled`` optimizer: no LM call); else ``optimizer`` is an MLflow
+        ``AlignmentOptimizer`` (``optimizer.align(scorer, traces)``), such as ``optim.tuning.align.CompileAligner``.
         """
         traces = list(traces)
         if optimizer is not None:
@@ -142,12 +132,11 @@ class ChatEvalJudge(MlflowJudge):
         return self.retuned(program, got.card())
 
     def retuned(self, program, labels: dict):
+        """This scorer's settings over ``program`` (a tuned copy of its panel; the card's ``labels`` say what it
+        learned from), without a calibration: it was fitted to the old panel's confidences."""
         if getattr(self._judge, "stages", None) is not None:
             raise ConfigError("align: a cascade is aligned stage by stage; align each stage's evaluator, calibrate "
                               "it, and save the cascade again")
-        """This scorer's settings over ``program`` (a tuned copy of its panel); the card's ``labels`` say what
-        it learned from. A calibration is dropped: it was fitted to the old panel's confidences (calibrate the
-        new one again), so the new judge gives every verdict with a raw confidence."""
         program.calibration = None
         card = {k: v for k, v in self._judge.card.items() if k != "calibration"}
         judge = self._judge.with_program(program, {**card, "labels": labels})

@@ -76,28 +76,21 @@ def label_record(answers: dict[str, dict[str, object]], task) -> tuple[dict, int
         >>> label_record({"label": {"ann": "2", "bo": "answer_2", "cy": "1"}}, as_task("pairwise"))
         ({'label': '2'}, 3, 0)
     """
-    labels, counted, split = {}, 0, 0
     if task.format == "pairwise":
         # "answer_1" (the MLflow judge's spelling) and "1" (a reviewer's) are one vote
         named = {name: str(n) for n, name in enumerate(task.responses, start=1)}
-        votes = [named.get(str(v).strip(), v) for n in PAIRWISE_NAMES for v in answers.get(n, {}).values()]
+        questions = [("label", [named.get(str(v).strip(), v) for n in PAIRWISE_NAMES for v in answers.get(n, {}).values()],
+                      False)]
+    else:
+        questions = [(c.name, list((answers.get(c.name) or {}).values()), c.scale.ordinal) for c in task.criteria]
+    labels, counted, split = {}, 0, 0
+    for column, votes, ordinal in questions:
         if votes:
             counted += len(votes)
-            value = resolve(votes, ordinal=False)
+            value = resolve(votes, ordinal=ordinal)
             split += value is None
             if value is not None:
-                labels["label"] = value
-        return labels, counted, split
-    for criterion in task.criteria:
-        by = answers.get(criterion.name)
-        if not by:
-            continue
-        counted += len(by)
-        value = resolve(list(by.values()), ordinal=criterion.scale.ordinal)
-        if value is None:
-            split += 1
-        else:
-            labels[criterion.name] = value
+                labels[column] = value
     return labels, counted, split
 
 
@@ -170,14 +163,6 @@ def labelled(item_id: str, answers: dict[str, dict[str, object]], task, *, input
         return Labelled(None, counted, split, who, problem=str(exc))
 
 
-def labelled_from_trace(trace, task, *, base: dict[str, dspy.Example] | None = None, source: str = "trace",
-                        row: int | None = None) -> Labelled:
-    """The item of a traced debate with the labels its human feedback gives it (``base``: known items by id)."""
-    item_id = item_id_of(trace)
-    return labelled(item_id, human_answers(trace), task, inputs=trace_inputs(trace),
-                    base=(base or {}).get(item_id), source=source, row=row)
-
-
 @dataclass
 class LabelSet:
     """Items labelled by people, and what the card records about where the labels came from."""
@@ -218,7 +203,8 @@ class LabelSet:
 
 
 def add_traces(out: LabelSet, traces, task: TaskSpec, *, source: str, base: dict | None = None) -> None:
-    """Every trace's human feedback into ``out``; an item traced twice keeps its first trace's labels."""
+    """Every trace's human feedback into ``out`` (``base``: known items by id); an item traced twice keeps its first
+    trace's labels."""
     seen: set[str] = set()
     problems: list[str] = []
     given = len(out.items), out.labels
@@ -226,7 +212,8 @@ def add_traces(out: LabelSet, traces, task: TaskSpec, *, source: str, base: dict
         item_id = item_id_of(trace)
         if item_id in seen:  # the same item traced twice (two runs): its first trace's labels stand
             continue
-        got = labelled_from_trace(trace, task, base=base, source=source, row=row)
+        got = labelled(item_id, human_answers(trace), task, inputs=trace_inputs(trace), base=(base or {}).get(item_id),
+                       source=source, row=row)
         if got.problem:
             problems.append(f"trace {trace.info.trace_id}: {got.problem}")
         if got.item is not None:

@@ -16,11 +16,10 @@ import dspy
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.lm.batch.setup import BATCH_PREFIX
 from chateval_dspy.lm.resolve import EMBEDDED, EMBEDDED_MODEL_ID
-from chateval_dspy.program.chateval import ChatEval
 
 
 def default_model(card: dict) -> str:
-    """The LM spec of the card's model name: the whole panel's LM when the caller names none."""
+    """The LM spec of the card's model name (the panel's LM when the caller names none)."""
     return _spec_for_name(card.get("model") or "", "this evaluator",
                           "model= in load()'s LMSpec, or --model (a base URL or LiteLLM model string)")
 
@@ -56,17 +55,6 @@ def referee_specs(card: dict, roles, *, model: str | None, referee_models: dict[
                              "whole panel)")
         for slug, name in (card.get("referee_models") or {}).items() if slug not in given}
     return {**out, **given}
-
-
-def bind_referees(program: ChatEval, lms: dict[str, dspy.LM]) -> None:
-    """Bind each referee's ``argue`` and ``judge`` predictors to its LM (a loaded program, never saved again).
-
-    Binding the predictors themselves makes the panel mixed wherever the program runs, inside any caller's
-    DSPy context; the summarizer and the other referees keep the context's LM.
-    """
-    for slug, lm in lms.items():
-        referee = program.debate.referees[slug]
-        referee.argue.lm = referee.judge.lm = lm
 
 
 def warn_if_moved(card: dict, lm: dspy.LM, referee_lms: dict[str, dspy.LM], roles) -> None:

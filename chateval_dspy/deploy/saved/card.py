@@ -37,13 +37,9 @@ def versions() -> dict[str, str]:
 
 
 def make_card(program: ChatEval, *, model: str, referee_models: dict[str, str] | None = None, **fields) -> dict:
-    """A judge card for ``program``; ``fields`` add data, split, optimizer, metrics, cost (``CARD_DESCRIPTIVE``).
-
-    ``referee_models`` records a mixed panel: ``{role slug: model name}`` for the referees that ran on a model
-    other than ``model`` (``lm.panel.referee_names()``); names only, as for ``model``. A base URL's LM is named
-    ``openai-compatible/<served id>``, which ``load()`` cannot reach from the name alone: its caller gives the
-    endpoint again (``referee_models=`` or ``model=``). The card is as ``save_program`` will save it (``fit_card``).
-    """
+    """A judge card for ``program``, as ``save_program`` will save it; ``fields`` add data, split, optimizer, metrics,
+    cost (``CARD_DESCRIPTIVE``). ``referee_models`` records a mixed panel: ``{role slug: model name}`` of the referees
+    that ran on a model other than ``model`` (names only, as for ``model``: ``binding``'s rule)."""
     unknown = sorted(set(fields) - set(CARD_DESCRIPTIVE))
     if unknown:  # a loader refuses keys it does not know, so a card must not be written with them
         raise ConfigError(f"unknown judge card field(s) {', '.join(unknown)}; a card describes its evaluator with: "
@@ -67,7 +63,7 @@ def make_card(program: ChatEval, *, model: str, referee_models: dict[str, str] |
 
 def card_labels(labels: dict, top: int = CARD_REVIEWERS) -> dict:
     """The card's ``labels`` naming at most ``top`` reviewers (most answers first); ``reviewers_left_out`` counts
-    the others and their answers, so that any number of reviewers fits a card.
+    the others and their answers.
 
     Example:
         >>> got = card_labels({"labels": 6, "reviewers": {"ann": 3, "bo": 2, "cy": 1}}, top=2)
@@ -117,13 +113,9 @@ def _fewer_traces(labels: dict, over: int) -> dict:
 
 
 def fit_card(card: dict, where="card") -> dict:
-    """``card`` as ``save_program`` writes it, which ``load()`` reads back: JSON values, at most ``CARD_REVIEWERS``
-    reviewers named, traces cut (and counted) if card.json would pass ``limits.MAX_CARD_FILE_BYTES``.
-
-    Raises:
-        ConfigError: naming ``where``: the card breaks a rule of ``check_card``, or is still too large; the message
-            counts the largest parts.
-    """
+    """``card`` as ``save_program`` writes it and ``load()`` reads it back: JSON values, at most ``CARD_REVIEWERS``
+    reviewers named, traces cut (and counted) if card.json would pass ``limits.MAX_CARD_FILE_BYTES``; a
+    ``ConfigError`` naming ``where`` when it breaks a rule of ``check_card``, or is still too large."""
     card = json.loads(card_json(card))  # what the file holds, as a loader sees it
     if isinstance(card.get("labels"), dict):
         card["labels"] = card_labels(card["labels"])

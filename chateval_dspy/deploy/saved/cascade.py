@@ -6,17 +6,14 @@ Layout of a saved cascade directory (``save_cascade`` writes it, ``read_cascade`
     stages/1-<name>/       a complete saved evaluator with its calibration.json (its map; its threshold is ignored)
     stages/2-<name>/       ...
 
-An item goes to stage 1; it leaves at the first stage whose calibrated confidence (pointwise: its least confident
-criterion's, ``confidence.lowest``) reaches that stage's threshold, with that stage's verdict. A stage without a
-threshold (null) gives no verdict: what reaches it goes on. An item no stage keeps gets none (``abstained`` is
-``needs_person``, ``prediction`` None, the last stage's verdict kept as ``withheld``), as a calibrated single
-evaluator does. Its results line says which stage gave the verdict (``stage``; None when withheld) and which stages
-judged it (``stages_run``); calls, tokens, seconds and dollars are the sums over those stages.
+An item leaves at the first stage whose calibrated confidence (pointwise: its least confident criterion's) reaches
+that stage's threshold, with that stage's verdict; a stage without a threshold (null) gives none. An item no stage
+keeps is withheld (``needs_person``, the last stage's verdict as ``withheld``), as by a calibrated evaluator. Its
+results line names the ``stage`` that gave the verdict and the ``stages_run``, its figures summed over them.
 
-Nothing in the directory is trusted: cascade.json is read within ``limits.MAX_CASCADE_FILE_BYTES`` and checked
-field by field, each stage's directory is derived from its checked name (never read from the file) and must be a
-real directory inside the cascade's, no file of it a symbolic link, every stage of one task and holding its
-calibration; each stage is then loaded as any saved evaluator is (``store.load_program``).
+Nothing in the directory is trusted: cascade.json is read within its limit and checked field by field; each stage's
+directory is derived from its checked name and must be a real directory inside the cascade's, with no linked file,
+holding its calibration, every stage of one task; each stage then loads as any saved evaluator does.
 """
 
 from __future__ import annotations
@@ -24,16 +21,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import math
 import re
 import shutil
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import dspy
-
 import chateval_dspy.limits as limits
+from chateval_dspy.deploy.saved.certificate import finite_number
 from chateval_dspy.deploy.saved.store import (
     CALIBRATION_FILE,
     CARD_FILE,
@@ -44,13 +39,11 @@ from chateval_dspy.deploy.saved.store import (
     save_program,
 )
 from chateval_dspy.deploy.saved.untrusted import check_card
-from chateval_dspy.deploy.saved.verdicts import judge_batch
+from chateval_dspy.deploy.saved.verdicts import LoadedJudge
 from chateval_dspy.errors import ConfigError, shown
 from chateval_dspy.files import write_atomic
-from chateval_dspy.lm.adapter import DebateAdapter
 from chateval_dspy.lm.pricing import add_usd
 from chateval_dspy.program.confidence import NEEDS_PERSON, lowest
-from chateval_dspy.run.evaluate import result_record
 from chateval_dspy.run.identity import digest
 
 CASCADE_FILE, CASCADE_FORMAT, CASCADE_VERSION, STAGES_DIR = "cascade.json", "chateval-cascade", 1, "stages"
@@ -88,11 +81,6 @@ class CascadeSpec:
     stages: tuple[StageSpec, ...]
     report: dict = dataclasses.field(default_factory=dict)
 
-    def to_dict(self) -> dict:
-        """The content of ``cascade.json``."""
-        return {"format": CASCADE_FORMAT, "version": CASCADE_VERSION, "level": self.level, "risk": self.risk,
-                "stages": [{"name": s.name, "threshold": s.threshold} for s in self.stages], "report": self.report}
-
     def card_block(self) -> dict:
         """What a cascade's card says of it (``CascadeJudge.card["cascade"]``)."""
         return {"level": self.level, "risk": self.risk,
@@ -105,14 +93,9 @@ def stage_dir(directory: str | Path, index: int, name: str) -> Path:
 
 
 def is_cascade(path: str | Path) -> bool:
-    """Whether ``path`` is a directory holding a ``cascade.json`` (a saved cascade, to be checked by
-    ``read_cascade``)."""
+    """Whether ``path`` is a directory holding a ``cascade.json`` (not yet checked)."""
     path = Path(path)
     return path.is_dir() and ((path / CASCADE_FILE).exists() or (path / CASCADE_FILE).is_symlink())
-
-
-def _number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def check_spec(data, source: str) -> None:
@@ -127,7 +110,7 @@ def check_spec(data, source: str) -> None:
         refuse("format", f"this chateval-dspy reads {CASCADE_FORMAT!r} version {CASCADE_VERSION}, got "
                          f"{shown(data['format'], 40)} version {shown(data['version'], 20)}")
     for name in ("level", "risk"):
-        if not _number(data[name]) or not 0 < data[name] < 1:
+        if not finite_number(data[name]) or not 0 < data[name] < 1:
             refuse(name, f"must be a number strictly between 0 and 1, got {shown(data[name], 40)}")
     stages = data["stages"]
     if not isinstance(stages, list) or not 1 <= len(stages) <= limits.MAX_CASCADE_STAGES:
@@ -139,7 +122,7 @@ def check_spec(data, source: str) -> None:
         if not isinstance(stage["name"], str) or not NAME.fullmatch(stage["name"]):
             refuse(f"stages[{i}].name", f"must match {NAME.pattern}, got {shown(stage['name'], 50)}")
         t = stage["threshold"]
-        if t is not None and (not _number(t) or not 0 <= t <= 1):
+        if t is not None and (not finite_number(t) or not 0 <= t <= 1):
             refuse(f"stages[{i}].threshold", f"must be a number in [0, 1] or null, got {shown(t, 40)}")
     names = [s["name"] for s in stages]
     if len(set(names)) != len(names):
@@ -171,13 +154,8 @@ def _check_stage_dir(directory: Path, stage: StageSpec) -> tuple:
 
 
 def read_cascade(directory: str | Path) -> CascadeSpec:
-    """The checked cascade saved in ``directory`` (the module docstring's rules), its stages not yet loaded.
-
-    Raises:
-        ConfigError: naming the file and the field: cascade.json missing, a symbolic link, over
-            ``limits.MAX_CASCADE_FILE_BYTES``, not the schema; a stage directory missing, linked or outside; a stage
-            without calibration.json; stages of different tasks.
-    """
+    """The checked cascade saved in ``directory`` (the module docstring's rules), its stages not yet loaded; a
+    ``ConfigError`` naming the file and the field for any rule it breaks."""
     directory = Path(directory)
     path = directory / CASCADE_FILE
     _no_link(path, directory, "file")
@@ -199,19 +177,10 @@ def read_cascade(directory: str | Path) -> CascadeSpec:
 
 def save_cascade(directory: str | Path, stages: Sequence[tuple[str, str | Path]], thresholds: Sequence[float | None],
                  *, level: float, risk: float, report: dict | None = None) -> Path:
-    """Save a cascade: each stage's saved evaluator copied into ``stages/<i>-<name>/`` and ``cascade.json``.
-
-    Args:
-        directory: The cascade's directory (created; a saved cascade there is replaced, anything else refused).
-        stages: ``(name, saved evaluator directory)``, cheapest first; each must hold a calibration.json.
-        thresholds: Per stage, the calibrated confidence an item needs to leave there (None: that stage gives no
-            verdict), as ``optim.tuning.selective.choose_cascade_thresholds`` chose them.
-        level, risk: The agreement guaranteed for the verdicts given, and the accepted chance that it fails.
-        report: Figures to display with the cascade (JSON; bounded with the file).
-
-    Returns:
-        The path of the written ``cascade.json``.
-    """
+    """Save a cascade into ``directory`` (created; a saved cascade there is replaced, anything else refused): each
+    stage's calibrated evaluator (``(name, directory)``, cheapest first) copied into ``stages/<i>-<name>/``, and
+    ``cascade.json`` with each stage's threshold (None: no verdict), the ``level`` guaranteed at ``risk``, and a
+    ``report`` to display. Returns the path of ``cascade.json``."""
     directory = Path(directory)
     if len(stages) != len(thresholds):
         raise ConfigError(f"save_cascade: {len(stages)} stage(s) but {len(thresholds)} threshold(s)")
@@ -238,7 +207,7 @@ def save_cascade(directory: str | Path, stages: Sequence[tuple[str, str | Path]]
 
 def _clear(directory: Path) -> None:
     """Make ``directory`` ready for a cascade: created, or an earlier cascade's stages removed; anything else there
-    is refused (never overwritten)."""
+    is refused."""
     if directory.is_symlink():
         raise ConfigError(f"save_cascade: {directory} is a symbolic link; give the directory's own path")
     if directory.exists() and any(directory.iterdir()) and not is_cascade(directory):
@@ -320,7 +289,7 @@ def cascade_digest(spec: CascadeSpec, stage_digests: Sequence[str]) -> str:
     return digest({"cascade": spec.card_block(), "stages": list(stage_digests)})
 
 
-class CascadeJudge:
+class CascadeJudge(LoadedJudge):
     """A loaded cascade: the surface of ``deploy.saved.judge.Judge`` over stages that each run on their own LM.
 
     ``stages`` are the stages' loaded ``Judge``s, cheapest first (each stage's calibration map kept, its threshold
@@ -347,20 +316,14 @@ class CascadeJudge:
         return None
 
     def __call__(self, *item, row: int | None = None, source: str | None = None, **fields):
-        """Judge one item as ``Judge.__call__`` takes it (a dict, or the task's fields as keywords), stage after
-        stage until one keeps it."""
+        """Judge one item as ``Judge.__call__`` takes it, stage after stage until one keeps it."""
         example = self.stages[0].example(*item, row=row, source=source, **fields)
         records = []
         for judge, stage in zip(self.stages, self.spec.stages):
-            records.append(self.judge_stage(judge, example))
+            records.append(judge.record(example))
             if stage.keeps(records[-1]):
                 break
         return self.verdict(records)
-
-    def judge_stage(self, judge, example: dspy.Example) -> dict:
-        """One stage's results line of ``example``, on that stage's LM."""
-        with dspy.context(lm=judge.lm, adapter=DebateAdapter()):
-            return result_record(judge.program, example, judge.config)
 
     def verdict(self, records: Sequence[dict]):
         """The ``deploy.saved.judge.Verdict`` of an item from its stages' results lines (``cascade_record``)."""
@@ -376,7 +339,7 @@ class CascadeJudge:
             pending.append((n, example))
         for judge, stage in zip(self.stages, self.spec.stages):
             going_on = []
-            for (n, example), record in runner(lambda x, j=judge: self.judge_stage(j, x[1]), pending, workers):
+            for (n, example), record in runner(lambda x, j=judge: j.record(x[1]), pending, workers):
                 lines.setdefault(n, []).append(record)
                 if stage.keeps(record) or stage is self.spec.stages[-1]:
                     yield keys[n], self.verdict(lines.pop(n))
@@ -384,15 +347,3 @@ class CascadeJudge:
                     going_on.append((n, example))
             pending = going_on
 
-    def evaluate_batch(self, items, *, concurrency: int = 4, flat: bool = False):
-        """Judge many items as ``Judge.evaluate_batch`` does: a DataFrame in input order, errors in ``error``."""
-        return judge_batch(self, items, concurrency=concurrency, flat=flat)
-
-    def close(self) -> None:
-        self._stack.close()
-
-    def __enter__(self) -> CascadeJudge:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

@@ -1,18 +1,12 @@
 """A card's ``certificate``: the figures a team decides on before letting the panel stand in for its annotators,
 checked as untrusted input (``check_certificate``) and bound to the program it was measured on (``program_digest``).
 
-A certificate has parts, each filled by the command that measures it (a later run replaces its part):
-
-- ``people`` (``chateval certify --program DIR``): the data, n, the people's agreement among themselves, the panel's
-  beside each person, and the alternative annotator test;
-- ``audit`` (``chateval audit DIR``): each probe's figures (flip rate, robustness rate, ...) with 95% intervals;
-- ``calibration`` (``chateval calibrate DIR``): the expected calibration error on the check half;
-- ``cost``: dollars and LM calls per 1,000 verdicts, from the card's cost block;
-- ``program``: the digest of the program's instructions and demos the figures belong to. A card whose certificate
-  names another program is refused on load: its figures were measured on another evaluator.
-
-Every figure is ``{value, ci_low, ci_high, n}`` (None where it has no value); values lie in the figure's range
-(a kappa or a rate never above 1, a count never negative) and inside their interval, lists and texts are bounded.
+Its parts, each filled by the command that measures it: ``people`` (``chateval certify --program``: agreement among
+people and the panel's beside each person, the alternative annotator test), ``audit`` (``chateval audit``: each
+probe's figures), ``calibration`` (``chateval calibrate``: the calibration error on the check half), ``cost`` (per
+1,000 verdicts); ``program`` is the digest of the program the figures belong to (a card naming another is refused).
+Every figure is ``{value, ci_low, ci_high, n}``, its value in the figure's range and inside its interval; lists and
+texts are bounded.
 """
 
 from __future__ import annotations
@@ -71,7 +65,7 @@ def _fail(where, key: str, what: str, got) -> ConfigError:
     return ConfigError(f"{where}: key 'certificate.{key}' must be {what}, got {shown(got, 80)}")
 
 
-def _number(value) -> bool:
+def finite_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -95,7 +89,7 @@ def check_estimate(block, where, key: str, bounds: tuple[float, float]) -> None:
     low, high = bounds
     for part in ("value", "ci_low", "ci_high"):
         value = block[part]
-        if value is not None and not (_number(value) and low <= value <= high):
+        if value is not None and not (finite_number(value) and low <= value <= high):
             raise _fail(where, f"{key}.{part}", f"null or a number from {low:g} to {high:g}", value)
     _count(block["n"], where, f"{key}.n")
     value, ci_low, ci_high = block["value"], block["ci_low"], block["ci_high"]
@@ -120,7 +114,7 @@ def _check_alt_test(block, where) -> None:
     _keys(block, where, key, ALT_TEST_KEYS)
     if block["replaces"] not in (True, False, None):
         raise _fail(where, f"{key}.replaces", "true, false or null (not tested)", block["replaces"])
-    if block["omega"] is not None and not (_number(block["omega"]) and 0 <= block["omega"] <= 1):
+    if block["omega"] is not None and not (finite_number(block["omega"]) and 0 <= block["omega"] <= 1):
         raise _fail(where, f"{key}.omega", "null or a number from 0 to 1", block["omega"])
     if block["replaces"] is not None and block["omega"] is None:
         raise _fail(where, f"{key}.omega", "a number when the test has a verdict", None)
@@ -128,14 +122,14 @@ def _check_alt_test(block, where) -> None:
         raise _fail(where, f"{key}.replaces", "what omega says (omega >= 0.5)", block["replaces"])
     check_estimate(block["rho"], where, f"{key}.rho", RATE)
     for name, bounds in (("epsilon", (0.0, 1.0)), ("q", (0.0, 1.0))):
-        if not (_number(block[name]) and bounds[0] <= block[name] < bounds[1]):
+        if not (finite_number(block[name]) and bounds[0] <= block[name] < bounds[1]):
             raise _fail(where, f"{key}.{name}", f"a number in [{bounds[0]:g}, {bounds[1]:g})", block[name])
     p_values = block["p_values"]
     if not isinstance(p_values, dict) or len(p_values) > MAX_PEOPLE:
         raise _fail(where, f"{key}.p_values", f"a mapping of at most {MAX_PEOPLE} people to p-values", p_values)
     for person, p in p_values.items():
         _text(person, where, f"{key}.p_values")
-        if not (_number(p) and 0 <= p <= 1):
+        if not (finite_number(p) and 0 <= p <= 1):
             raise _fail(where, f"{key}.p_values.{str(person)[:40]}", "a p-value from 0 to 1", p)
     _text(block["line"], where, f"{key}.line", MAX_LINE)
     _text(block["missing"], where, f"{key}.missing", MAX_LINE, optional=True)
@@ -192,10 +186,10 @@ def _check_calibration(block, where) -> None:
 def _check_cost(block, where) -> None:
     _keys(block, where, "cost", PART_KEYS["cost"])
     usd = block["usd_per_1000"]
-    if not (usd is None or usd == "unpriced" or (_number(usd) and 0 <= usd <= 1e9)):
+    if not (usd is None or usd == "unpriced" or (finite_number(usd) and 0 <= usd <= 1e9)):
         raise _fail(where, "cost.usd_per_1000", "null, 'unpriced' or dollars from 0 to 1e9", usd)
     calls = block["calls_per_1000"]
-    if not (calls is None or (_number(calls) and 0 <= calls <= 1e9)):
+    if not (calls is None or (finite_number(calls) and 0 <= calls <= 1e9)):
         raise _fail(where, "cost.calls_per_1000", "null or a number of calls from 0 to 1e9", calls)
     _text(block["source"], where, "cost.source")
 
@@ -204,12 +198,8 @@ CHECKS = {"people": _check_people, "audit": _check_audit, "calibration": _check_
 
 
 def check_certificate(block, where) -> None:
-    """A card's ``certificate``: ``program`` (a digest) and any of ``PARTS``, each by its schema (module's rules).
-
-    Raises:
-        ConfigError: naming ``where`` and the key: an unknown key, a figure out of its range or interval, a list or
-            text over its bound.
-    """
+    """A ``ConfigError`` naming ``where`` and the key unless ``block`` is a certificate: ``program`` (a digest) and
+    any of ``PARTS``, each by its schema (the module's rules)."""
     if not isinstance(block, dict) or "program" not in block or set(block) - set(CERTIFICATE_KEYS):
         raise ConfigError(f"{where}: key 'certificate' must be a mapping of 'program' and any of {', '.join(PARTS)}"
                           f", got {shown(sorted(map(str, block)) if isinstance(block, dict) else block, 120)}")

@@ -21,6 +21,7 @@ from chateval_dspy.program.chateval import ChatEval
 log = logging.getLogger(__name__)
 
 MLFLOW_SCHEMES = ("runs:/", "models:/")
+MODEL_URIS = "use models:/<name>/<version>, models:/<name>/latest or models:/<name>@<alias>"
 
 
 def from_mlflow(uri: str, workdir: Path, trust_pickle: bool) -> Path | ChatEval:
@@ -62,10 +63,8 @@ def _fetch(uri: str, workdir: Path, trust_pickle: bool) -> Path | ChatEval:
 
 
 def _registered_model(uri: str) -> tuple[str | None, str]:
-    """``(run_id, models:/<name>/<version>)`` for ``models:/<name>/<version|latest>`` or ``models:/<name>@<alias>``.
-
-    A logged model's own URI (``models:/<model_id>``) has no registry entry: ``(None, uri)``.
-    """
+    """``(run_id, models:/<name>/<version>)`` for ``models:/<name>/<version|latest>`` or ``models:/<name>@<alias>``;
+    ``(None, uri)`` for a logged model's own URI (``models:/<model_id>``), which has no registry entry."""
     import mlflow
 
     rest = uri[len("models:/"):].strip("/")
@@ -73,7 +72,7 @@ def _registered_model(uri: str) -> tuple[str | None, str]:
     if "/" in rest:
         name, version = rest.split("/", 1)
         if not name or not version or "/" in version:
-            raise ConfigError(f"{uri}: use models:/<name>/<version>, models:/<name>/latest or models:/<name>@<alias>")
+            raise ConfigError(f"{uri}: {MODEL_URIS}")
         if version.lower() == "latest":
             if "'" in name:
                 raise ConfigError(f"{uri}: a model name with a quote cannot be looked up")
@@ -89,7 +88,7 @@ def _registered_model(uri: str) -> tuple[str | None, str]:
     elif rest:
         return None, uri
     else:
-        raise ConfigError(f"{uri}: use models:/<name>/<version>, models:/<name>/latest or models:/<name>@<alias>")
+        raise ConfigError(f"{uri}: {MODEL_URIS}")
     return mv.run_id, f"models:/{mv.name}/{mv.version}"
 
 

@@ -1,11 +1,8 @@
-"""Production use of a saved evaluator: ``load`` once, then judge items one by one (a dict, or the task's fields as
-keyword arguments) or in batches.
+"""Production use of a saved evaluator: ``load`` once, then judge items one by one or in batches.
 
-``load`` accepts a saved evaluator directory, an MLflow run URI or a registered model (fetched by ``fetch``).
-Plain JSON state is the default, checked against ``chateval_dspy.limits`` (see ``store``); a pickled
-program is refused unless the caller passes ``trust_pickle=True`` (``pickled``). The LM is chosen here, at load time
-(the card's model *name* by default), and never read from the files.
-A mixed panel runs each referee on its own LM, by the rule of ``binding``.
+``load`` reads a saved evaluator directory or an MLflow URI (``fetch``); JSON state is checked against
+``chateval_dspy.limits`` (``store``), a pickle is refused unless trusted (``pickled``). The LM is the caller's (the
+card's model *name* by default), never read from the files; a mixed panel binds each referee by ``binding``'s rule.
 """
 
 from __future__ import annotations
@@ -17,17 +14,16 @@ from dataclasses import asdict, dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 from statistics import fmean
-from typing import TYPE_CHECKING
 
 import dspy
 
 from chateval_dspy.data.loaders import item_from_record
-from chateval_dspy.deploy.saved.binding import bind_referees, default_model, referee_specs, warn_if_moved
+from chateval_dspy.deploy.saved.binding import default_model, referee_specs, warn_if_moved
 from chateval_dspy.deploy.saved.cascade import CascadeJudge, is_cascade, read_cascade
 from chateval_dspy.deploy.saved.fetch import MLFLOW_SCHEMES, from_mlflow
 from chateval_dspy.deploy.saved.pickled import is_pickled, trusted, unpickle_file
 from chateval_dspy.deploy.saved.store import CARD_FILE, load_program, read_card, save_program
-from chateval_dspy.deploy.saved.verdicts import judge_batch
+from chateval_dspy.deploy.saved.verdicts import LoadedJudge
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.lm.adapter import DebateAdapter
 from chateval_dspy.lm.spec import LMSpec
@@ -36,9 +32,6 @@ from chateval_dspy.program.confidence import Calibration
 from chateval_dspy.program.task import TaskSpec, as_task
 from chateval_dspy.run.evaluate import result_record
 
-if TYPE_CHECKING:
-    import pandas as pd
-
 _NOT_GIVEN = object()  # a call without an item dict (None is an item, a malformed one, as in a batch)
 
 
@@ -46,20 +39,16 @@ _NOT_GIVEN = object()  # a call without an item dict (None is an item, a malform
 class Verdict:
     """The panel's judgement of one item.
 
-    ``winner`` is ``"1"``, ``"2"``, ``"tie"`` or None (pairwise; None when every referee abstained);
-    ``scores`` holds each response's combined score, keyed by the response (``answer_1``/``answer_2``:
-    its mean over the task's ``preference.combine`` criteria, what ``aggregate=mean`` compares), or
-    (pointwise) one score or label per criterion; ``criteria`` holds every criterion's panel value, keyed
-    by criterion (pairwise: then by response); ``rationales`` maps each referee to its verdict's evidence,
-    one per answer order; ``empty`` lists the judged responses that were empty. ``cost_usd`` is what the item
-    cost in US dollars (None: some model used is unpriced); ``usage_by_model`` holds calls, tokens, seconds
-    and dollars per model.
+    ``winner`` is ``"1"``, ``"2"``, ``"tie"`` or None (pairwise; None when every referee abstained); ``scores``
+    holds each response's mean over the task's ``preference.combine`` criteria (pairwise) or one score or label per
+    criterion (pointwise); ``criteria`` every criterion's panel value (pairwise: per response); ``rationales`` each
+    referee's evidence, one per answer order; ``empty`` the judged responses that were empty. ``cost_usd`` is None
+    when some model used is unpriced; ``usage_by_model`` holds calls, tokens, seconds and dollars per model.
 
-    ``confidence`` says how far to trust the verdict: one figure (pairwise) or one per criterion (pointwise), the
-    probability that people agree with it when ``confidence_calibrated`` (the evaluator has a calibration.json),
-    else ``raw_confidence`` again, which ranks verdicts but is no probability. A verdict below the calibration's
-    threshold is not given: ``winner`` (pointwise: ``scores``) is None, ``abstained`` is ``needs_person`` and
-    ``withheld`` holds the panel's verdict, for the person who judges the item instead.
+    ``confidence`` (one figure, or one per criterion) is the probability that people agree when
+    ``confidence_calibrated``, else ``raw_confidence`` again (it ranks verdicts, but is no probability). A verdict
+    below the calibration's threshold is withheld: ``winner`` (pointwise: ``scores``) None, ``abstained``
+    ``needs_person``, and ``withheld`` the panel's verdict, for the person who judges the item instead.
 
     A cascade's verdict (``deploy.saved.cascade``) names the ``stage`` that gave it (None when withheld) and the
     ``stages_run`` that judged the item, its figures summed over them; one evaluator's has None and [].
@@ -135,7 +124,7 @@ def _check_version(card: dict, source: str) -> None:
                           f"Install chateval-dspy=={wrote[:40]} to use it")
 
 
-class Judge:
+class Judge(LoadedJudge):
     """A loaded evaluator bound to an LM. Use as a context manager, or call ``close()``.
 
     Example:
@@ -151,7 +140,11 @@ class Judge:
         self.config = program.config
         self.referee_lms = dict(referee_lms or {})  # a mixed panel: role slug -> the LM its predictors are bound to
         self._stack = stack
-        bind_referees(program, self.referee_lms)
+        # Bound on the predictors (of a loaded program, never saved again), the panel stays mixed inside any
+        # caller's DSPy context; the summarizer and the other referees keep the context's LM.
+        for slug, referee_lm in self.referee_lms.items():
+            referee = program.debate.referees[slug]
+            referee.argue.lm = referee.judge.lm = referee_lm
 
     @property
     def format(self) -> str:
@@ -169,23 +162,20 @@ class Judge:
 
     def __call__(self, item: Mapping | object = _NOT_GIVEN, /, *, row: int | None = None, source: str | None = None,
                  **fields: str) -> Verdict:
-        """Judge one item: a dict with the task's input fields (``id`` optional), or those fields as keyword
-        arguments, as a DSPy module takes them.
-
-        Args:
-            item: The item as a dict (other keys, such as labels, are ignored).
-            row: The item's row number, for error messages.
-            source: Where the item came from, for error messages (default ``item``).
-            **fields: The task's input fields (``question=..., answer_1=..., answer_2=...``), and ``id`` optionally;
-                instead of ``item``.
+        """Judge one item: a dict with the task's input fields (``id`` optional; other keys ignored), or those
+        fields as keyword arguments, as a DSPy module takes them. ``row`` and ``source`` (default ``item``) name
+        the item in error messages.
 
         Raises:
             TypeError: both ``item`` and fields, neither, a field the task does not have, or a required one missing.
             DataError: a field is not text, or is empty where the task needs text.
         """
-        example = self.example(item, row=row, source=source, **fields)
+        return self.verdict(self.record(self.example(item, row=row, source=source, **fields)))
+
+    def record(self, example: dspy.Example) -> dict:
+        """The results line of a checked item (``example``), judged on this judge's LMs."""
         with dspy.context(lm=self.lm, adapter=DebateAdapter()):
-            return self.verdict(result_record(self.program, example, self.config))
+            return result_record(self.program, example, self.config)
 
     def verdict(self, record: dict) -> Verdict:
         """The verdict a results line of this judge's task records (``Verdict.from_record``)."""
@@ -220,21 +210,9 @@ class Judge:
                             f"its fields: {listed}")
         return fields
 
-    def evaluate_batch(self, items, *, concurrency: int = 4, flat: bool = False) -> pd.DataFrame:
-        """Judge many items (a DataFrame or records) with at most ``concurrency`` in flight.
-
-        Returns a DataFrame in input order with one row per item; an invalid row gets its
-        error in the ``error`` column and the batch goes on. ``flat=True`` turns the nested
-        columns (scores, rationales, referees, truncated) into JSON text, for Arrow-based
-        engines (Ray, Spark, MLflow serving).
-        """
-        return judge_batch(self, items, concurrency=concurrency, flat=flat)
-
     def with_program(self, program: ChatEval, card: dict | None = None) -> Judge:
-        """A judge of ``program`` (a tuned copy of this one's) on this judge's LM, which stays this judge's to close.
-
-        ``card`` replaces this judge's card (its config must still describe ``program``).
-        """
+        """A judge of ``program`` (a tuned copy of this one's; ``card`` replaces the card) on this judge's LM, which
+        stays this judge's to close."""
         if program.config != self.config:
             raise ConfigError("with_program: the program's panel differs from this judge's; load its own evaluator")
         return Judge(program, dict(card or self.card), self.lm, contextlib.ExitStack(), referee_lms=self.referee_lms)
@@ -242,15 +220,6 @@ class Judge:
     def save(self, directory: str | Path) -> Path:
         """Save this judge's program and card as an evaluator directory (``load`` reads it back)."""
         return save_program(self.program, directory, self.card)
-
-    def close(self) -> None:
-        self._stack.close()
-
-    def __enter__(self) -> Judge:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def load(path_or_uri: str | Path, *, lm: LMSpec | None = None, slots: int = 4, trust_pickle: bool = False,
@@ -260,18 +229,15 @@ def load(path_or_uri: str | Path, *, lm: LMSpec | None = None, slots: int = 4, t
     (``saved.cascade``: a ``CascadeJudge``, each stage loaded as here and bound to its own LM).
 
     Args:
-        path_or_uri: A saved evaluator directory, ``runs:/<run_id>[/path]`` (``/pyfunc`` too), or
-            ``models:/<name>/<version>``, ``models:/<name>/latest``, ``models:/<name>@<alias>``; or a saved
-            cascade (its directory, or such a URI whose evaluator artifact is one).
-        lm: The LM and its call settings (timeouts, retries, deadlines, the breaker, cache, price, batch mode), as
-            every command takes them. Its ``model`` None (the default): the card's model, which is only ever a
-            model name (a card naming a URL or settings is refused), and each referee the card assigns to another
-            model on that one; a ``model`` given runs the whole panel, unless ``lm.referee_models`` says otherwise
-            (see ``binding`` for the rule).
+        path_or_uri: A saved evaluator or cascade: its directory, ``runs:/<run_id>[/path]`` (``/pyfunc`` too),
+            ``models:/<name>/<version>``, ``models:/<name>/latest`` or ``models:/<name>@<alias>``.
+        lm: The LM and its call settings, as every command takes them. ``model`` None: the card's model name (and
+            each referee the card assigns to another model on that one); a ``model`` given runs the whole panel
+            unless ``lm.referee_models`` says otherwise (``binding``'s rule).
         slots: Requests kept in flight at once (the embedded model is laid out for them).
-        trust_pickle: Allow loading a pickled program (runs code from the file). Off by default.
-        journal: Batch mode (``lm.batch``): the folder that keeps the batches and their answers (beside the
-            results file); judge items with ``score_file(..., waves=True)``. A mixed panel is not batched.
+        trust_pickle: Allow loading a pickled program (runs code from the file).
+        journal: Batch mode (``lm.batch``): the folder that keeps the batches and their answers; judge items with
+            ``score_file(..., waves=True)``. A mixed panel is not batched.
         on_wave: Batch mode: sees each wave's progress.
         stage_models: A cascade's ``{stage name: model}``: those stages run on that model with ``lm``'s settings;
             the others on ``lm.model`` if given, else on their card's model.
@@ -310,8 +276,7 @@ def load(path_or_uri: str | Path, *, lm: LMSpec | None = None, slots: int = 4, t
 
 def _bound(program: ChatEval, card: dict, stack: contextlib.ExitStack, lm: LMSpec, *, slots: int,
            journal: str | Path | None, on_wave: Callable[[dict], None] | None) -> Judge:
-    """``program`` bound to the LMs of ``lm`` (its model and referees defaulted from ``card``), which ``stack``
-    closes."""
+    """``program`` bound to the LMs of ``lm`` (defaulted from ``card``), which ``stack`` closes."""
     roles = tuple(program.config.roles)
     model = lm.model or default_model(card)  # the panel's model is named first, then each referee's
     referees = referee_specs(card, roles, model=lm.model, referee_models=lm.referee_map)
@@ -323,9 +288,8 @@ def _bound(program: ChatEval, card: dict, stack: contextlib.ExitStack, lm: LMSpe
 
 def _load_cascade(directory: Path, stack: contextlib.ExitStack, lm: LMSpec, *,
                   stage_models: dict[str, str] | None, journal: str | Path | None, **options) -> CascadeJudge:
-    """The cascade saved in ``directory`` (``read_cascade``), each stage ``load``-ed on ``stage_models[name]``, else
-    ``lm.model``, else its card's model; ``stack`` (which holds an MLflow download) closes with the judge. In batch
-    mode each stage keeps its batches in a journal of its own (``<journal>/<i>-<name>``)."""
+    """The cascade saved in ``directory``, each stage ``load``-ed as ``load``'s ``stage_models`` says; in batch mode
+    each stage keeps its batches in a journal of its own (``<journal>/<i>-<name>``)."""
     spec = read_cascade(directory)
     unknown = sorted(set(stage_models or {}) - {s.name for s in spec.stages})
     if unknown:
@@ -340,8 +304,8 @@ def _load_cascade(directory: Path, stack: contextlib.ExitStack, lm: LMSpec, *,
 
 
 def _fetched(source: str, trust_pickle: bool, stack: contextlib.ExitStack) -> Path | ChatEval:
-    """The saved evaluator (or cascade) directory at ``source``, or an unpickled program (if trusted): a directory, a
-    pickle, or an MLflow URI (fetched into a temporary directory that ``stack`` removes)."""
+    """The saved evaluator (or cascade) directory at ``source`` (an MLflow URI fetched into a temporary directory that
+    ``stack`` removes), or an unpickled program (if trusted)."""
     if source.startswith(MLFLOW_SCHEMES):
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="chateval-load-")))
         return from_mlflow(source, workdir, trust_pickle)

@@ -63,11 +63,8 @@ def unpickle_model(uri: str, trust_pickle: bool) -> ChatEval:
 
 
 def trusted(program: ChatEval) -> ChatEval:
-    """A trusted, unpickled program held to the same limits and bound to no LM of its own.
-
-    Unpickling skips ``DebateConfig``'s checks, and a pickle can carry predictor LMs and call settings;
-    the caller trusted the code, not an LM or a budget chosen by whoever wrote it.
-    """
+    """A trusted, unpickled program held to ``DebateConfig``'s checks (which unpickling skips) and stripped of any
+    LM or call settings: the caller trusted the code, not an LM or a budget chosen by whoever wrote it."""
     DebateConfig.from_dict(program.config.to_dict())
     for name, predictor in program.named_predictors():
         if predictor.lm is not None or predictor.config:

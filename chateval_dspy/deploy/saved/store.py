@@ -7,9 +7,8 @@ Layout of a saved evaluator directory::
     card.md        the same card for people (``card_md``)
     calibration.json  optional: the calibrated confidence and its threshold (``Calibration``), summarised in the card
 
-Loading trusts none of it: each file is read up to its size limit before it is parsed, then checked
-(``untrusted``) before anything is built from it. Nothing in the directory is executed, and the LM is
-always the caller's.
+Loading trusts none of it: each file is read within its size limit, then checked (``untrusted``) before anything is
+built from it. Nothing in the directory is executed, and the LM is always the caller's.
 """
 
 from __future__ import annotations
@@ -36,15 +35,11 @@ PROGRAM_FILE, CARD_FILE, CARD_MD, CALIBRATION_FILE = "program.json", "card.json"
 
 
 def save_program(program: ChatEval, directory: str | Path, card: dict) -> Path:
-    """Write ``program.json``, ``card.json`` and ``card.md`` into ``directory``.
+    """Write ``program.json`` (through the loader's checks, so nothing is saved that ``load_program`` would refuse;
+    no LM), ``card.json`` and ``card.md`` (the card as ``fit_card`` makes it) into ``directory``.
 
-    ``program.json`` is written from the same checks a loader applies, so nothing is saved that
-    ``load_program`` would refuse (too many demos, an instruction over its limit); an LM set on a
-    predictor is left out, as the loader's caller chooses the LM. The card is saved as ``fit_card`` makes it.
-
-    The program's ``calibration`` (when it has one) is saved as ``calibration.json`` and summarised in the card;
-    without one, a calibration.json left in ``directory`` by an earlier program is removed, as it was fitted to
-    that program's confidences, and the card says none.
+    The program's ``calibration`` is saved as ``calibration.json`` and summarised in the card; without one, a
+    calibration.json an earlier program left there (fitted to its confidences) is removed.
     """
     directory = Path(directory)
     calibration = getattr(program, "calibration", None)
@@ -68,8 +63,7 @@ def save_program(program: ChatEval, directory: str | Path, card: dict) -> Path:
         _write_calibration(directory, calibration)
     else:
         (directory / CALIBRATION_FILE).unlink(missing_ok=True)
-    (directory / CARD_FILE).write_text(card_json(card), encoding="utf-8")
-    (directory / CARD_MD).write_text(card_markdown(card), encoding="utf-8")
+    _write_card(directory, card)
     return directory
 
 
@@ -92,6 +86,11 @@ def _with_certificate(card: dict, directory: Path, digest: str, calibration: dic
     return {**card, "certificate": certificate}
 
 
+def _write_card(directory: Path, card: dict) -> None:
+    write_atomic(directory / CARD_FILE, card_json(card).encode("utf-8"))
+    write_atomic(directory / CARD_MD, card_markdown(card).encode("utf-8"))
+
+
 def _write_calibration(directory: Path, calibration: Calibration) -> None:
     write_atomic(directory / CALIBRATION_FILE,
                  (json.dumps(calibration.to_dict(), indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
@@ -111,19 +110,14 @@ def save_calibration(directory: str | Path, calibration: Calibration) -> Path:
         card["certificate"] = {k: v for k, v in card["certificate"].items() if k != "calibration"}
     card = fit_card({**card, "calibration": calibration_block(calibration)}, directory / CARD_FILE)
     _write_calibration(directory, calibration)
-    write_atomic(directory / CARD_FILE, card_json(card).encode("utf-8"))
-    write_atomic(directory / CARD_MD, card_markdown(card).encode("utf-8"))
+    _write_card(directory, card)
     return directory / CALIBRATION_FILE
 
 
 def read_calibration(directory: Path, card: dict) -> Calibration | None:
     """The saved evaluator's ``calibration.json`` (None when there is none), checked as untrusted and against the
-    card's summary of it, so that a card cannot claim a guarantee its calibration does not make.
-
-    Raises:
-        ConfigError: naming the file and the field: over ``limits.MAX_CALIBRATION_FILE_BYTES``, not JSON, a map
-            that falls or leaves [0, 1], a threshold outside [0, 1], or a card whose ``calibration`` differs.
-    """
+    card's summary of it (a card must not claim a guarantee its calibration does not make); a ``ConfigError`` naming
+    the file and the field otherwise."""
     path = directory / CALIBRATION_FILE
     if not (path.exists() or path.is_symlink()):
         if card.get("calibration") is not None:
@@ -139,12 +133,8 @@ def read_calibration(directory: Path, card: dict) -> Calibration | None:
 
 
 def check_certified(card: dict, state: dict, directory: Path) -> None:
-    """A card's certificate must name the program beside it (``program_digest`` of its checked state): figures
-    measured on another evaluator must not travel with this one.
-
-    Raises:
-        ConfigError: naming the card: the certificate names another program.
-    """
+    """A ``ConfigError`` unless the card's certificate names the program beside it (``program_digest`` of its
+    checked state): figures measured on another evaluator must not travel with this one."""
     certificate = card.get("certificate")
     if certificate is not None and certificate["program"] != program_digest(state):
         raise ConfigError(f"{directory / CARD_FILE}: its certificate was measured on another program than "
@@ -155,12 +145,8 @@ def check_certified(card: dict, state: dict, directory: Path) -> None:
 
 def save_certificate(directory: str | Path, part: str, block: dict) -> dict:
     """Put ``block`` as the certificate's ``part`` (one of ``PARTS``) into the card of the evaluator saved in
-    ``directory``, replacing that part; parts measured on another program are dropped. Rewrites card.json and
-    card.md and returns the certificate written.
-
-    Raises:
-        ConfigError: ``directory`` is not a saved evaluator, a file breaks a rule, or ``block`` its part's schema.
-    """
+    ``directory`` (parts measured on another program are dropped) and return the certificate written; a
+    ``ConfigError`` when a file breaks a rule, or ``block`` its part's schema."""
     if part not in PARTS:
         raise ConfigError(f"unknown certificate part {part!r}; choose one of: {', '.join(PARTS)}")
     directory = Path(directory)
@@ -168,18 +154,12 @@ def save_certificate(directory: str | Path, part: str, block: dict) -> dict:
     digest = program_digest(state)
     old = card.get("certificate") or {}
     certificate = {**(old if old.get("program") == digest else {}), "program": digest, part: block}
-    card = fit_card({**card, "certificate": certificate}, directory / CARD_FILE)
-    write_atomic(directory / CARD_FILE, card_json(card).encode("utf-8"))
-    write_atomic(directory / CARD_MD, card_markdown(card).encode("utf-8"))
+    _write_card(directory, fit_card({**card, "certificate": certificate}, directory / CARD_FILE))
     return certificate
 
 
 def read_json_file(path: Path, limit: int, limit_name: str):
-    """The parsed JSON of ``path``, reading at most ``limit`` bytes whatever the file claims to be.
-
-    Raises:
-        ConfigError: naming the file: unreadable, not a regular file, over ``limit``, or not JSON.
-    """
+    """The parsed JSON of ``path``, read within ``limit`` bytes (a ``ConfigError`` naming the file otherwise)."""
     return limits.parse_json(limits.read_bounded(path, limit, limit_name), str(path))
 
 
@@ -214,13 +194,8 @@ def _read_checked(directory: Path) -> tuple[dict, ChatEval, dict]:
 
 
 def load_program(directory: str | Path) -> tuple[ChatEval, dict]:
-    """Rebuild a saved evaluator and its card. The LM is chosen by the caller, never read from the files.
-    The program's ``calibration`` is its ``calibration.json`` (``read_calibration``), None when there is none.
-
-    Raises:
-        ConfigError: the directory is not a saved evaluator, or a file breaks a rule or a limit
-            (see ``limits`` and the module's docstring); the message names the file and the key.
-    """
+    """Rebuild a saved evaluator (its ``calibration`` from ``calibration.json``, or None) and its card, bound to no
+    LM; a ``ConfigError`` naming the file and the key when a file breaks a rule or a limit."""
     directory = Path(directory)
     card, program, state = _read_checked(directory)
     path = directory / PROGRAM_FILE

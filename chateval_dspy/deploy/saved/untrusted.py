@@ -1,15 +1,11 @@
 """A saved evaluator's files checked as untrusted input: the card (``check_card``) and the DSPy state
 (``check_program_state``), before anything is built from them.
 
-A directory may come from a registry, a colleague or a download, so loading trusts none of it. The card's config
-and personas and each predictor's instructions and demos are checked against the program's signatures and
-``limits``; the state handed to DSPy is built from those parts only. A file that names an LM, sampling or decoding
-settings, traces, or any key this module does not know is refused with a ``ConfigError`` naming the file, the key
-and the limit.
-
-The checks are written by hand, not as pydantic models: each refusal names the file, the predictor or card key, the
-value's size or type and the ``limits`` constant it breaks, and demo fields differ per signature (a model per
-predictor, built at load time); rebuilding those messages from pydantic's errors would take as many lines as the checks.
+A directory may come from a registry, a colleague or a download. The card's config and personas and each predictor's
+instructions and demos are checked against the program's signatures and ``limits``, and the state handed to DSPy is
+built from those parts only; an LM, sampling or decoding settings, traces or any unknown key is refused with a
+``ConfigError`` naming the file, the key and the limit. The checks are by hand, not pydantic models: demo fields
+differ per signature, and pydantic's errors would need rewriting into these messages.
 """
 
 from __future__ import annotations
@@ -139,12 +135,9 @@ def check_card(card: dict, where) -> tuple[DebateConfig, list[Role]]:
         raise ConfigError(f"{where}: key 'config': {exc}") from exc
     if "referee_models" in card:
         check_referee_models(card["referee_models"], config, where)
-    if "cost" in card:
-        check_cost(card["cost"], where)
-    if "calibration" in card:
-        check_calibration_block(card["calibration"], where)
-    if "certificate" in card:
-        check_certificate(card["certificate"], where)
+    for key, check in (("cost", check_cost), ("calibration", check_calibration_block), ("certificate", check_certificate)):
+        if key in card:
+            check(card[key], where)
     entries = card["roles"]
     if not isinstance(entries, list):
         raise ConfigError(f"{where}: malformed card, missing or wrong field 'roles' (expected a list)")
@@ -244,15 +237,10 @@ def _check_demos(raw, signature, at: str) -> list[dict]:
 
 
 def check_program_state(raw, program: ChatEval, where) -> dict:
-    """The DSPy state for ``program`` built from the allowed parts of ``raw`` (a parsed ``program.json``).
-
-    Every predictor of ``program`` must be present with exactly its signature's fields, its instructions
-    and demos within ``limits``, demo outputs on the signature's scales, and no LM, config, traces or
-    other keys. The result holds instructions, field texts and demos only.
-
-    Raises:
-        ConfigError: naming ``where``, the predictor, the key and the limit.
-    """
+    """The DSPy state for ``program`` built from the allowed parts of ``raw`` (a parsed ``program.json``): every
+    predictor present with exactly its signature's fields, instructions and demos within ``limits``, demo outputs on
+    the signature's scales, and no LM, config, traces or other keys (a ``ConfigError`` naming ``where``, the
+    predictor, the key and the limit otherwise)."""
     def fail(detail: str) -> ConfigError:
         return ConfigError(f"{where}: not a valid program state for this card: {detail}")
 

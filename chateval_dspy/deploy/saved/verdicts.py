@@ -1,17 +1,13 @@
-"""The rows a batch prediction takes and returns (the registered pyfunc's, ``chateval_dspy.deploy.mlflow.pyfunc``).
-
-In: ``model_records`` reads the task's input columns by name (the model's signature names positional Spark columns
-in the task's order) and refuses columns it cannot map. Out: the ``verdict`` column first, then ``VERDICT_COLUMNS``
-in order (``confidence``: its JSON text, a number or one per criterion). ``RESULT_TYPE`` is the Spark DDL of their
-struct, for ``mlflow.pyfunc.spark_udf(..., result_type=RESULT_TYPE)``. Between them, ``judge_batch`` judges the
-records into a frame of verdicts (``Judge.evaluate_batch``, a cascade's too), its ``NESTED_COLUMNS`` as JSON text
-when ``flat``.
+"""The rows a batch prediction takes (``model_records``) and returns (``verdict_frame``; ``RESULT_TYPE`` is their
+Spark struct, for ``mlflow.pyfunc.spark_udf``), and ``judge_batch`` between them (``LoadedJudge.evaluate_batch``,
+a ``Judge``'s or a ``CascadeJudge``'s).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from chateval_dspy.concurrency import bounded_unordered
 from chateval_dspy.errors import DataError
@@ -36,13 +32,9 @@ def model_records(frame, task) -> list[dict]:
     """The rows of a prediction's input frame as item records for ``Judge.evaluate_batch`` (missing values None).
 
     Raises:
-        DataError: a required input of ``task`` is no column of the frame. Every row would abstain with "field is
-            missing", so the whole batch is refused instead; the message names the columns that came, and says how
-            to name them when they came unnamed (``0``, ``1``, ...: Spark columns passed by position to a model whose
-            signature declares no inputs).
+        DataError: a required input of ``task`` is no column of the frame (every row would abstain, so the batch is
+            refused), saying how to name Spark's positional columns (``0``, ``1``, ...) when they came unnamed.
     """
-    from chateval_dspy.errors import DataError
-
     columns = [str(c) for c in frame.columns]
     missing = [i.name for i in task.inputs if i.default is None and i.name not in columns]
     if missing:
@@ -58,9 +50,8 @@ def model_records(frame, task) -> list[dict]:
 
 
 def verdict_frame(frame):
-    """``Judge.evaluate_batch(..., flat=True)``'s frame with the ``verdict`` column first, then ``VERDICT_COLUMNS``
-    in order (missing ones null) and the rest as they were. Numbers get fixed dtypes, so that Spark's struct
-    conversion never meets a float NaN in a ``long`` field."""
+    """``Judge.evaluate_batch(..., flat=True)``'s frame with ``VERDICT_COLUMNS`` first, in order (missing ones null).
+    Numbers get fixed dtypes, so that Spark's struct conversion never meets a float NaN in a ``long`` field."""
     import pandas as pd
 
     out = frame.copy()
@@ -78,9 +69,33 @@ def verdict_frame(frame):
     return out[names + [c for c in out.columns if c not in names]]
 
 
+_Loaded = TypeVar("_Loaded", bound="LoadedJudge")
+
+
+class LoadedJudge:
+    """What a loaded ``Judge`` and ``CascadeJudge`` share: batches (``judge_batch``), and closing its LMs (its
+    ``_stack``) as a context manager, or by ``close()``."""
+
+    _stack: contextlib.ExitStack
+
+    def evaluate_batch(self, items, *, concurrency: int = 4, flat: bool = False) -> pd.DataFrame:
+        """Judge many items (a DataFrame or records) into a DataFrame in input order (``judge_batch``)."""
+        return judge_batch(self, items, concurrency=concurrency, flat=flat)
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def __enter__(self: _Loaded) -> _Loaded:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def judge_batch(judge, items, *, concurrency: int = 4, flat: bool = False) -> pd.DataFrame:
-    """``Judge.evaluate_batch`` of any judge (a ``Judge``, a ``CascadeJudge``): ``judge(record, row=, source=)`` per
-    item, at most ``concurrency`` in flight."""
+    """Judge many items (a DataFrame or records), at most ``concurrency`` in flight, into a DataFrame in input order:
+    an invalid row gets its error in ``error`` and the batch goes on; ``flat``: ``NESTED_COLUMNS`` as JSON text, for
+    Arrow-based engines (Ray, Spark, MLflow serving)."""
     import pandas as pd
 
     records = items.to_dict("records") if isinstance(items, pd.DataFrame) else list(items)

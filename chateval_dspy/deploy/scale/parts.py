@@ -1,39 +1,25 @@
 """A results location for distributed scoring: a directory of JSON Lines part files, resumable by item id.
 
-Every worker (a Ray actor, a Spark task) appends to a part file of its own (``part-<host>-<pid>-<random>.jsonl``,
-created new, never through a link), one whole line per finished item, flushed and fsynced
-(``records.append_record``), so a kill leaves at most one torn last line per part.
+Every worker (a Ray actor, a Spark task) appends to a part file of its own, created new (never through a link), one
+whole fsynced line per finished item (``records.append_record``), so a kill leaves at most one torn last line.
 
-Run identity: every line carries the evaluator's digest (``evaluator``: its panel config and tuned state) and the
-run key (``run_key``: that digest with the identity of the LM each worker bound, its model and sampling settings);
-a cascade's are ``CascadeJudge.digest`` and ``run_key`` (its thresholds, every stage's evaluator and LMs), so a
-cascade's directory is never resumed by one of its stages, nor by another cascade.
-One directory holds one run's lines. Before a run the driver reads the directory (``begin``, under ``run_lock``):
-a line of another evaluator, of another run key, or with no identity is a ``ConfigError`` naming its file and line
-(never counted, nor silently skipped); each worker checks its own evaluator and run key against the directory's
-before its first LM call (when every id is done already, the driver does: ``check_finished``).
-The ids with a verdict (and in the input) are done; workers skip them before any LM call. Error lines never count
-as done: a rerun judges those rows again and writes one line for each.
+Every line carries the evaluator's digest (``evaluator``) and the run key (``run_key``: that digest with the identity
+of the LMs the worker bound; a cascade's cover its thresholds and every stage). One directory holds one run's lines:
+before a run the driver reads it (``begin``, under ``run_lock``), and a line of another evaluator or run key, or with
+no identity, is a ``ConfigError`` naming its file and line; each worker checks its own identity before its first LM
+call (``stamp``; the driver does when every id is done: ``check_finished``). The ids with a verdict are done and
+skipped before any LM call; error lines never count as done.
 
-Damage: a torn last line of a part (a killed worker) is cut before the run; any other line that is not a results
-line (a torn write in the middle, a bad figure) is skipped, counted (``ScaleReport.torn``) and warned about, and
-its item is judged again: every other line of that part still counts. An id with verdicts in two parts (a task
-that Ray or Spark retried after a worker died) is resolved deterministically: the verdict in the part whose name
-sorts first counts, with a warning. The identity is a digest, not a signature: whoever can write the directory can
-copy it, so the directory must be writable only by the job's own user.
-
-Ids must be present and unique in the input: rows have no global order across partitions, so "the first of two
-rows with one id" (``score_file``'s rule) is not defined; ``check_ids`` refuses such input before any LM call.
-
-The location is a local path: on a cluster it must be a filesystem that every worker and the driver mount at the
-same path (NFS, a mounted bucket). Object-store URLs (``s3://``, ``gs://``) are not supported: appending a line to an
-object is not possible. One run writes a location at a time (``locks.exclusive`` on ``<dir>/run.lock``, taken
-before anything else: ``flock``, which some network filesystems do not honour across hosts).
+Damage: a torn last line is cut before the run; any other line that is not a results line is skipped, counted
+(``ScaleReport.torn``) and warned about, and its item judged again. An id with verdicts in two parts (a retried task)
+counts from the part whose name sorts first. The identity is a digest, not a signature: keep the directory writable
+only by the job's own user. Ids must be present and unique (``check_ids``): rows have no global order across
+partitions. The location is a local or mounted path (no ``s3://``: an object cannot be appended to), locked by
+``locks.exclusive`` on ``<dir>/run.lock`` (``flock``, which some network filesystems do not honour across hosts).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -110,8 +96,8 @@ def evaluator_digest(program) -> str:
 
 
 def saved_digest(evaluator: str) -> str:
-    """``evaluator_digest`` of the saved evaluator at ``evaluator`` (a directory, or an MLflow URI), read on the
-    driver without binding any LM; a saved cascade's ``cascade.cascade_digest``."""
+    """``evaluator_digest`` (a cascade's ``cascade_digest``) of the saved evaluator at ``evaluator``, read on the
+    driver without binding any LM."""
     import tempfile
 
     from chateval_dspy.deploy.saved.cascade import cascade_digest, is_cascade, read_cascade, without_threshold
@@ -150,9 +136,7 @@ def judge_run_key(judge) -> str:
                 "referees": {slug: lm_identity(r) for slug, r in sorted(getattr(j, "referee_lms", {}).items())}}
 
     stages = getattr(judge, "stages", None)
-    if stages is None:
-        return digest({"evaluator": judge_digest(judge), **lms(judge)})
-    return digest({"evaluator": judge_digest(judge), "stages": [lms(j) for j in stages]})
+    return digest({"evaluator": judge_digest(judge), **(lms(judge) if stages is None else {"stages": list(map(lms, stages))})})
 
 
 def stamp(judge, identity: RunIdentity, out) -> dict:
@@ -264,8 +248,7 @@ def _part_lines(part: Path, cut: bool) -> tuple[list[tuple[int, dict]], int]:
             continue
         try:
             record = json.loads(line)
-            if not isinstance(record, dict) or not isinstance(record.get("id"), (str, int)) or record["id"] is True \
-                    or record["id"] is False:
+            if not isinstance(record, dict) or not isinstance(record.get("id"), (str, int)) or isinstance(record["id"], bool):
                 raise ValueError("not an object with an 'id'")
             check_figures(record, part, row)
         except (ValueError, RecursionError, DataError):
@@ -282,16 +265,17 @@ def begin(where: Path, evaluator: str, ids: list[str]) -> tuple[RunIdentity, fro
     """Read ``where`` for a run of ``evaluator`` over ``ids`` (under ``run_lock``): the identity workers must match,
     the ids done, and the report so far. A line of another run is a ``ConfigError`` (``read_parts``)."""
     got = read_parts(where, saved_digest(evaluator), cut=True)
-    done = set(got.verdicts)
-    report = ScaleReport(out=str(where), total=len(ids), skipped=strangers_warning(done, ids, where), torn=got.torn)
-    return RunIdentity(got.evaluator, got.run_key), frozenset(done & set(ids)), report
+    done, have = set(got.verdicts), set(ids)
+    if done - have:  # kept (an earlier input's, perhaps), never counted
+        log.warning("%d verdict(s) in %s name ids that the input does not have (first: %s): not counted",
+                    len(done - have), where, shown(sorted(done - have)[0]))
+    report = ScaleReport(out=str(where), total=len(ids), skipped=len(done & have), torn=got.torn)
+    return RunIdentity(got.evaluator, got.run_key), frozenset(done & have), report
 
 
-@contextlib.contextmanager
 def run_lock(out: Path):
     """Hold ``out`` for one run (``locks.exclusive`` on ``<out>/run.lock``)."""
-    with exclusive(out / "run"):
-        yield
+    return exclusive(out / "run")
 
 
 def check_ids(ids: Iterable, source: str) -> list[str]:
@@ -312,16 +296,6 @@ def check_ids(ids: Iterable, source: str) -> list[str]:
         raise DataError(f"{len(repeated)} repeated id(s) (first: {shown(repeated[0])}): ids must be unique so that "
                         "verdicts can be matched to rows and a rerun can skip what is done", source=source, field="id")
     return out
-
-
-def strangers_warning(done: set[str], ids: list[str], out: Path) -> int:
-    """How many ``done`` ids the input has (skipped); done ids it lacks are only warned about (kept, not counted)."""
-    have = set(ids)
-    strangers = done - have
-    if strangers:
-        log.warning("%d verdict(s) in %s name ids that the input does not have (first: %s): not counted",
-                    len(strangers), out, shown(sorted(strangers)[0]))
-    return len(done & have)
 
 
 class PartWriter:
@@ -348,12 +322,9 @@ class PartWriter:
 
 def judge_rows(judge, records: list[dict], done: set[str], writer, *, concurrency: int, source: str,
                max_in_flight: int | None = None) -> dict:
-    """Judge the ``records`` whose id is not in ``done``, writing each line as it finishes; counts of what happened.
-
-    ``concurrency`` items at once, and at most ``max_in_flight`` LM calls at once (``concurrency.call_slots``; None:
-    up to ``concurrency`` x an item's parallel calls). A row the evaluator refuses (``DataError``) becomes an error
-    line; any other failure (the LM is down) stops the batch, with every line finished so far already written.
-    """
+    """Judge the ``records`` whose id is not in ``done`` (``concurrency`` at once, at most ``max_in_flight`` LM calls
+    at once), writing each line as it finishes; counts of what happened. A row the evaluator refuses is an error
+    line; any other failure (the LM is down) stops the batch, every line finished so far written."""
     todo = [r for r in records if str(r.get("id")) not in done]
 
     def one(record):
@@ -372,14 +343,8 @@ def judge_rows(judge, records: list[dict], done: set[str], writer, *, concurrenc
 
 def clean_records(frame) -> list[dict]:
     """A pandas batch as item dicts: missing cells (NaN/None, as Arrow pads absent fields) left out."""
-    rows = []
-    for record in frame.to_dict("records"):
-        rows.append({k: v for k, v in record.items() if not _missing(v)})
-    return rows
-
-
-def _missing(value) -> bool:
-    return value is None or (isinstance(value, float) and value != value)
+    return [{k: v for k, v in record.items() if v is not None and not (isinstance(v, float) and v != v)}
+            for record in frame.to_dict("records")]
 
 
 def read_results(out: str | Path):

@@ -1,19 +1,8 @@
-"""Past one machine: judge a dataset with Ray Data, every worker loading the saved evaluator itself.
-
-Each Ray actor calls ``chateval_dspy.load`` once (JSON state, no pickle) and binds the LM named by
-``model``: point it at a shared OpenAI-compatible server (vLLM, llama.cpp) so that the cluster's
-workers share one model endpoint. Ray is an optional dependency (``pip install "ray[data]"``).
-
-``score_dataset`` writes each verdict by item id into a results directory (``chateval_dspy.deploy.scale.parts``) as it
-finishes, and a rerun judges only the items without one; ``judge_dataset`` is the lazy form that keeps nothing.
-Both check the cluster's resources first (``check_resources``): an actor pool the cluster cannot place, or one that
-leaves no CPU for Ray Data's other tasks, waits forever instead of failing.
-
-Example (run on a local Ray cluster in ``tests/test_resumable_scoring.py``)::
-
-    import ray, pandas as pd
-    ds = ray.data.from_pandas(pd.read_json("items.jsonl", lines=True))
-    report = score_dataset(ds, "programs/faireval-bootstrap", out="/shared/verdicts", model="http://vllm:8000/v1")
+"""Past one machine: judge a dataset with Ray Data (optional), each actor loading the saved evaluator once and
+binding the LM named by ``model`` (a shared OpenAI-compatible server, say). ``score_dataset`` writes each verdict by
+id into a results directory (``parts``), and a rerun judges only the items without one; ``judge_dataset`` is the lazy
+form that keeps nothing. Both check the cluster's resources first (``check_resources``). docs/many-machines.md has
+an example.
 """
 
 from __future__ import annotations
@@ -25,11 +14,8 @@ NAMED_REMOTE_ARGS = ("num_cpus", "num_gpus", "memory", "label_selector", "fallba
 
 
 class JudgeBatches:
-    """A Ray Data ``map_batches`` callable: load once per actor, then judge pandas batches.
-
-    With ``out`` each finished item is appended to this actor's part file and the batch returns its counts
-    (one row: scored, errors, skipped); without, the batch returns its verdicts (nested fields as JSON text).
-    """
+    """A Ray Data ``map_batches`` callable: load once per actor, then judge pandas batches into this actor's part
+    file in ``out`` (returning one row of counts), or without ``out`` into verdicts."""
 
     def __init__(self, evaluator: str, model: str | None = None, concurrency: int = 2, out: str | None = None,
                  done: frozenset = frozenset(), cache_dir: str | None = None, cache: bool = True,
@@ -62,10 +48,9 @@ class JudgeBatches:
 
 
 def check_resources(actors: int, ray_remote_args: dict | None, dataset=None) -> None:
-    """A ``ConfigError`` saying what to change when the cluster (as it is now: ``ray.cluster_resources()``; the local
-    one is started if none is) cannot hold ``actors`` actors of ``ray_remote_args``, plus one CPU for the tasks that
-    feed them (reading, repartitioning) unless ``dataset`` is materialized (``from_pandas``): Ray would otherwise
-    wait for resources that never come, with no error."""
+    """A ``ConfigError`` saying what to change when the cluster (started locally if none is) cannot hold ``actors``
+    actors of ``ray_remote_args``, plus one CPU for the tasks that feed them unless ``dataset`` is materialized: Ray
+    would wait for those resources forever, with no error."""
     import ray
     from ray.data.dataset import MaterializedDataset
 
@@ -109,25 +94,7 @@ def _map(dataset, constructor_args: tuple, *, actors: int, batch_size: int, ray_
 def judge_dataset(dataset, evaluator: str, *, model: str | None = None, actors: int = 1, batch_size: int = 8,
                   concurrency: int = 2, ray_remote_args: dict | None = None, runtime_env: dict | None = None,
                   cache_dir: str | None = None, max_in_flight: int | None = None):
-    """The lazy dataset of verdicts (nothing kept: see ``score_dataset`` for a resumable run).
-
-    Args:
-        dataset: Ray Dataset of items (the task's input fields and ``id``).
-        evaluator: A saved evaluator path every worker can read, or an MLflow URI.
-        model: The LM spec each worker binds (a base URL, a LiteLLM string); default: the card's model.
-        actors: Actors in the pool, each holding one loaded evaluator.
-        batch_size: Rows per batch handed to an actor.
-        concurrency: Items one actor judges at once. Each item makes its calls in parallel (both answer orders of a
-            calibrated pairwise panel, every referee of a round), so an actor has up to ``concurrency x orders x
-            referees`` LM calls in flight unless ``max_in_flight`` bounds them.
-        ray_remote_args: Per-actor resources (``{"num_cpus": 1}``); Ray's named ``map_batches`` parameters
-            (``NAMED_REMOTE_ARGS``) are passed by name, anything else as Ray's deprecated ``**ray_remote_args``.
-        runtime_env: Ray's runtime environment for the actors (``{"env_vars": {...}}``).
-        cache_dir: Each worker's LM cache directory (set as its ``CHATEVAL_CACHE_DIR`` before loading); None: the
-            worker's own ``CHATEVAL_CACHE_DIR`` (inherited, or from ``runtime_env``), else its user's cache.
-        max_in_flight: LM calls one actor keeps in flight at most (``concurrency.call_slots``); None: no bound but
-            the one above.
-    """
+    """The lazy dataset of verdicts (nothing kept), judged as ``score_dataset`` judges."""
     from chateval_dspy.concurrency import check_slots
     from chateval_dspy.deploy.scale.parts import absolute
 
@@ -142,17 +109,23 @@ def score_dataset(dataset, evaluator: str, *, out: str, model: str | None = None
                   batch_size: int = 8, concurrency: int = 2, ray_remote_args: dict | None = None,
                   runtime_env: dict | None = None, cache_dir: str | None = None, cache: bool = True,
                   max_in_flight: int | None = None):
-    """Judge ``dataset`` into the results directory ``out``, resuming: items with a verdict there are skipped
-    before any LM call. Returns a ``parts.ScaleReport`` (counts of this run); ``parts.read_results(out)`` gives the
-    verdicts, one row per id.
+    """Judge ``dataset`` (the task's input fields and a unique ``id``) into the results directory ``out``, resuming:
+    items with a verdict there are skipped before any LM call. Returns a ``parts.ScaleReport`` of this run;
+    ``parts.read_results(out)`` gives the verdicts. ``out`` is locked first, then the cluster's resources, the ids
+    and the directory are checked (``parts``' rules).
 
-    ``out`` is locked first (a second run on it is refused at once), then the cluster's resources are checked
-    (``check_resources``), the ``id`` column is collected on the driver and checked, and the directory is read: a
-    line of another evaluator or run there is refused (``parts``). A dataset of one block feeds one actor: give it
-    at least ``actors`` blocks (``from_pandas`` of several frames, ``override_num_blocks`` when reading, or
-    ``repartition``). ``out`` is a directory every worker and the driver reach at the same path (a shared
-    filesystem on a cluster; no ``s3://``). ``cache=False`` turns the workers' LM cache off; the other arguments are
-    ``judge_dataset``'s.
+    Args:
+        evaluator: A saved evaluator path every worker can read, or an MLflow URI.
+        out: A directory every worker and the driver reach at the same path (no ``s3://``).
+        model: The LM spec each worker binds (a base URL, a LiteLLM string); default: the card's model.
+        actors: Actors in the pool, each holding one loaded evaluator; a dataset of one block feeds one actor.
+        concurrency: Items one actor judges at once, each making its calls in parallel (both answer orders,
+            every referee of a round), so up to ``concurrency x orders x referees`` LM calls in flight unless
+            ``max_in_flight`` bounds them (``concurrency.call_slots``).
+        ray_remote_args: Per-actor resources (``{"num_cpus": 1}``); those not in ``NAMED_REMOTE_ARGS`` go as Ray's
+            deprecated ``**ray_remote_args``.
+        cache_dir: Each worker's LM cache directory (its ``CHATEVAL_CACHE_DIR``); None: the worker's own.
+        cache: False turns the workers' LM cache off.
     """
     from chateval_dspy.concurrency import check_slots
     from chateval_dspy.deploy.scale import parts

@@ -1,16 +1,10 @@
 """Score a user's file with a saved evaluator: resumable, and bad rows are reported, not fatal.
 
-Every input row ends as exactly one line of the output: a verdict, or ``{"id", "row", "error"}``
-(a row that cannot be read, lacks a field, or repeats an earlier id). Rerunning reads the output
-first (a half-written last line, left by a kill, is dropped) and skips the ids that already have a
-verdict, so no finished item is judged (or paid for) twice. Error lines never count as done: a rerun
-drops them and writes one again for each row that still fails, so a row fixed in the input is judged
-then, and a row that keeps failing keeps exactly one error line.
-
-A cascade (``deploy.saved.cascade.CascadeJudge``) stamps its run key (``parts.judge_run_key``) into every line, so a
-rerun with another cascade, or with one evaluator, is refused (``ConfigError``) instead of mixing two runs' verdicts;
-one evaluator refuses a file holding a cascade's lines likewise. In batch mode a cascade runs stage by stage
-(``CascadeJudge.in_stages``).
+Every input row ends as exactly one line of the output: a verdict, or ``{"id", "row", "error"}`` (a row that cannot
+be read, lacks a field, or repeats an earlier id). A rerun reads the output first (dropping a half-written last line)
+and skips the ids that have a verdict, so no item is paid for twice; error lines never count as done, so a rerun
+writes one again for each row that still fails. Every line carries the run key (``parts.judge_run_key``), so a rerun
+by another evaluator, cascade or model is refused instead of mixing two runs' verdicts.
 """
 
 from __future__ import annotations
@@ -74,15 +68,12 @@ def score_file(evaluator, src: str | Path, out: str | Path, *, columns: dict[str
 
     Args:
         evaluator: A loaded ``Judge`` (anything with ``format`` or ``task``, and ``__call__(item, row=, source=)``).
-        src: The user's rows.
-        out: The verdicts, one line per input row (see the module docstring for reruns); one run writes it at a
-            time (``locks.exclusive``: another is a ``ConfigError`` naming its pid), and a symbolic link (or one
-            as its batch journal, ``<out>.batches``) is refused.
+        out: One run writes it at a time (``locks.exclusive``); a symbolic link (or one as its batch journal) is
+            refused.
         columns: Our field name -> the user's column name, for any field (``id`` and the inputs alike).
-        concurrency: Rows judged at once.
         on_item: Called with each line written (verdicts and errors).
-        waves: Batch mode (the evaluator loaded with ``batch``): ``concurrency`` rows judged at once make their LM
-            calls in waves (``concurrency.run_gated``).
+        waves: Batch mode (the evaluator loaded with ``batch``): the rows judged at once make their LM calls in
+            waves (``concurrency.run_gated``); a cascade's, stage by stage (``CascadeJudge.in_stages``).
     """
     src, out = Path(src), Path(out)
     if waves:

@@ -1,13 +1,6 @@
 """Judge a Spark DataFrame with a saved evaluator, resumably: ``mapInPandas`` over the partitions, each Python
-worker loading the evaluator once (kept for the next partition while Spark reuses the worker), each finished item
-appended by id to the results directory (``chateval_dspy.deploy.scale.parts``), so a rerun judges only what is missing.
-
-PySpark is optional (``pip install pyspark`` and a Java runtime); it is imported only here, inside the function.
-
-Example (run on ``local[2]`` in ``tests/test_resumable_scoring.py``)::
-
-    df = spark.read.json("items.jsonl")
-    report = score_spark(df, "programs/faireval-bootstrap", out="/shared/verdicts", model="http://vllm:8000/v1")
+worker loading the evaluator once (kept while Spark reuses the worker), each finished item appended by id to the
+results directory (``parts``). PySpark is optional (and needs a Java runtime); docs/many-machines.md has an example.
 """
 
 from __future__ import annotations
@@ -56,27 +49,10 @@ def _partition_scorer(evaluator: str, model: str | None, out: str, done: frozens
 
 def score_spark(df, evaluator: str, *, out: str, model: str | None = None, concurrency: int = 2,
                 cache_dir: str | None = None, cache: bool = True, max_in_flight: int | None = None):
-    """Judge ``df`` into the results directory ``out``, resuming: ids with a verdict there are skipped before any
-    LM call. Returns a ``parts.ScaleReport``; ``parts.read_results(out)`` gives the verdicts, one row per id.
-
-    Args:
-        df: A Spark DataFrame of items (the task's input fields and a unique ``id`` column, collected on the driver
-            once and checked before anything is judged).
-        evaluator: A saved evaluator path every executor can read, or an MLflow URI.
-        out: The results directory: local, or on a cluster a filesystem every executor and the driver mount at the
-            same path (``chateval_dspy.deploy.scale.parts``; no ``s3://``).
-        model: The LM spec each worker binds (a base URL, a LiteLLM string); default: the card's model.
-        concurrency: Items one Python worker judges at once (Spark's task slots multiply it). Each item makes its
-            calls in parallel (both answer orders of a calibrated pairwise panel, every referee of a round).
-        cache_dir: Each worker's LM cache directory (set as its ``CHATEVAL_CACHE_DIR`` before loading); None: the
-            worker's environment (``spark.executorEnv.CHATEVAL_CACHE_DIR`` on a cluster), else its user's cache.
-        cache: False turns the workers' LM cache off.
-        max_in_flight: LM calls one task keeps in flight at most (``concurrency.call_slots``); None: up to
-            ``concurrency`` x an item's parallel calls.
-
-    ``out`` is locked first, then the ids are collected and checked, and the directory is read: a line of another
-    evaluator or run there is refused (``chateval_dspy.deploy.scale.parts``).
-    """
+    """Judge ``df`` (the task's input fields and a unique ``id``) into the results directory ``out``, resuming as
+    ``ray.score_dataset`` does, whose arguments these are; ``concurrency`` is per Python worker (Spark's task slots
+    multiply it), and ``cache_dir`` None leaves each worker's environment
+    (``spark.executorEnv.CHATEVAL_CACHE_DIR`` on a cluster). Returns a ``parts.ScaleReport``."""
     from chateval_dspy.concurrency import check_slots
     from chateval_dspy.deploy.scale import parts
 

@@ -1,27 +1,13 @@
-"""A loaded evaluator as the metric of another DSPy program: ``as_metric(judge, inputs=..., reference=...)``.
+"""A loaded evaluator as the metric of another DSPy program (docs/production.md): ``as_metric(judge, inputs=...,
+reference=...)`` is ``metric(example, prediction, trace=None)`` for ``dspy.Evaluate`` and DSPy's optimizers.
 
-``dspy.Evaluate`` and DSPy's optimizers score a program with ``metric(example, prediction, trace=None)``.
-``as_metric`` builds that function from a ``Judge`` (``chateval_dspy.load``), so a panel tuned against human
-labels here becomes the yardstick of a program elsewhere. What the number means:
-
-- **pointwise** (the built-in Topical-Chat task, or any ``pointwise`` task of your own): each criterion
-  the panel scored is put on 0..1 by its scale and the criteria are averaged. A numeric scale ``lo..hi``
-  gives ``(score - lo) / (hi - lo)`` (a weighted score such as 2.4 on 1..3 counts as 0.7); a label scale
-  gives 1 when the label is one of the criterion's ``good`` labels and 0 otherwise. Scales come from the
-  judge's task spec (``config.task_spec``) or else its signatures' ``Literal`` outputs; ``scales=``
-  adds or overrides them.
-- **pairwise**: the program's answer is the task's first response (``answer_1`` in the built-in task) and the
-  example's reference the second (``answer_2``): a win is 1, a tie 0.5, a loss 0. A judge that calibrates
-  position already judges both orders in one call; for one that does not, the metric judges both orders
-  itself and averages the two outcomes (an order without a verdict is left out).
-- **abstention** (every referee abstained, or a judged response or program output is blank): 0.0, logged
-  and counted in ``metric.abstentions``. A field that cannot be found is a ``ConfigError``, never a silent 0.
-- **bootstrapping** (``trace`` is not None, as BootstrapFewShot calls it): ``value >= threshold`` as a bool,
-  so only demos the panel passes are kept. GEPA's feedback call (``pred_name`` given) gets a
-  ``dspy.Prediction(score=..., feedback=...)`` whose feedback is the referees' evidence.
-
-Verdicts are cached per judged item inside the metric object (LRU, ``cache_size`` items), so when
-``dspy.Evaluate`` and an optimizer ask about the same (inputs, answer) pair, the panel is paid once.
+Pointwise, each criterion the panel scored is put on 0..1 by its scale (``lo..hi`` linearly; a label 1 when it is
+one of the criterion's ``good`` labels) and the criteria are averaged. Pairwise, the program's answer is the task's
+first response and the reference the second: a win is 1, a tie 0.5, a loss 0; a judge that does not calibrate
+position is asked in both orders and the outcomes averaged. No verdict, or a blank judged text, scores 0.0 (logged,
+counted in ``metric.abstentions``); a field that cannot be found is a ``ConfigError``. With ``trace`` the metric
+returns ``value >= threshold``; GEPA's feedback call (``pred_name``) gets the referees' evidence as feedback.
+Verdicts are cached per judged item (LRU), so the panel is paid once for a pair asked about twice.
 """
 
 from __future__ import annotations
@@ -30,7 +16,6 @@ import hashlib
 import json
 import logging
 import threading
-import typing
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -43,10 +28,6 @@ from chateval_dspy.errors import ConfigError, DataError, shown
 log = logging.getLogger(__name__)
 
 ROOTS = ("example", "prediction")
-# The two response fields of the built-in pairwise task (a task spec names its own in ``responses``).
-RESPONSES = ("answer_1", "answer_2")
-# The judged response of the built-in pointwise task (a task spec marks its own inputs ``judged``).
-JUDGED = ("response",)
 # What a pairwise winner is worth to the program, by the slot its answer sat in ("1" first, "2" second).
 OUTCOME = {"1": {"1": 1.0, "tie": 0.5, "2": 0.0}, "2": {"2": 1.0, "tie": 0.5, "1": 0.0}}
 MAX_FEEDBACK_CHARS = 4000
@@ -108,8 +89,7 @@ class MetricScale:
 
 
 def scales_of(program: dspy.Module) -> dict[str, MetricScale]:
-    """An evaluator's criteria and their scales: its task spec's criteria (``program.config.task_spec``), or
-    else every ``Literal`` output field of its predictors (the first declaration wins).
+    """An evaluator's criteria and their scales (its task spec's).
 
     Example:
         >>> from chateval_dspy.config import DebateConfig
@@ -119,15 +99,7 @@ def scales_of(program: dspy.Module) -> dict[str, MetricScale]:
         >>> found["naturalness"], found["groundedness"].high
         (MetricScale(low=1.0, high=3.0, labels=(), good=frozenset()), 1.0)
     """
-    criteria = getattr(getattr(getattr(program, "config", None), "task_spec", None), "criteria", None)
-    if criteria:
-        return {c.name: MetricScale.of(c.name, c.scale) for c in criteria}
-    found: dict[str, MetricScale] = {}
-    for _, predictor in program.named_predictors():
-        for name, info in predictor.signature.output_fields.items():
-            if name not in found and typing.get_origin(info.annotation) is typing.Literal:
-                found[name] = MetricScale.of(name, typing.get_args(info.annotation))
-    return found
+    return {c.name: MetricScale.of(c.name, c.scale) for c in program.config.task_spec.criteria}
 
 
 def pointwise_value(scores: Mapping[str, object] | None, scales: Mapping[str, MetricScale],
@@ -166,12 +138,9 @@ class MetricResult:
 
 
 class JudgeMetric:
-    """A DSPy metric backed by a loaded ChatEval judge (build it with ``as_metric``).
-
-    Calling it returns a float in 0..1 (a bool when ``trace`` is given); ``result()`` returns the value
+    """A DSPy metric backed by a loaded ChatEval judge (build it with ``as_metric``); ``result()`` returns the value
     with its verdicts. ``judged`` counts judge calls made, ``cache_hits`` those answered from the cache,
-    ``abstentions`` the 0.0 scores given for want of a verdict, by reason.
-    """
+    ``abstentions`` the 0.0 scores given for want of a verdict, by reason."""
 
     __name__ = "chateval_metric"  # what dspy.Evaluate and optimizers print for a metric
 
@@ -179,12 +148,11 @@ class JudgeMetric:
                  scales: dict[str, MetricScale], criteria: tuple[str, ...] | None, threshold: float, cache_size: int):
         self.judge, self._fields, self._reference = judge, fields, reference
         self.pairwise = reference is not None
-        self.responses = _responses(judge)
+        self.responses = tuple(judge.config.task_spec.responses) if self.pairwise else ()
         self.scales, self.criteria, self.threshold = scales, criteria, threshold
         self._must_have_text = must_have_text
         # A judge that calibrates position pools both answer orders itself; otherwise the metric does.
-        calibrated = getattr(judge.config, "calibrate", True)
-        self.slots = ("1",) if not self.pairwise or calibrated else ("1", "2")
+        self.slots = ("1",) if not self.pairwise or judge.config.calibrate else ("1", "2")
         self._cache: OrderedDict[tuple, Verdict] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
@@ -289,24 +257,18 @@ def as_metric(judge: Judge, *, inputs: Inputs, reference: str | Callable | None 
     """A DSPy metric ``(example, prediction, trace=None) -> float`` that asks ``judge``.
 
     Args:
-        judge: A loaded evaluator (``chateval_dspy.load(path, lm=LMSpec(...))``); it runs on its own LM, whatever
-            LM the scored program uses.
+        judge: A loaded evaluator; it runs on its own LM, whatever LM the scored program uses.
         inputs: The judged item's fields: a mapping of the judge's field name to ``"example.<field>"`` or
             ``"prediction.<field>"`` (dotted paths go deeper), or a callable ``(example, prediction) -> dict``.
-            Pairwise: the shared fields and the first response (``answer_1``), which is the program's answer.
-        reference: Pairwise only, and required there: where the reference answer is (a path or a callable);
-            it is judged as the second response (``answer_2``).
+            Pairwise: the shared fields and the first response, which is the program's answer.
+        reference: Pairwise only, and required there: where the reference answer is (a path or a callable).
         criteria: Pointwise: the criteria to average (default: every criterion the panel scores).
         scales: Pointwise: ``{criterion: (low, high)}`` or ``{criterion: [labels]}``, adding to or overriding
-            the scales the judge declares.
-        good: Pointwise: ``{criterion: label or labels}`` that count as 1 on a label scale (required for each
-            label criterion averaged); every other label counts as 0.
-        threshold: With ``trace`` given (BootstrapFewShot), the metric returns ``value >= threshold``. The
-            default 0.5 passes a tie with the reference (pairwise) or half marks on average (pointwise).
-        cache_size: Verdicts kept, one per judged item, so a repeated question costs nothing; 0: no cache.
-
-    Returns:
-        A ``JudgeMetric``: call it as a metric; ``result(example, prediction)`` also returns the verdicts.
+            the judge's.
+        good: Pointwise: ``{criterion: label or labels}`` that count as 1 (required for each label criterion
+            averaged).
+        threshold: With ``trace`` given, the metric returns ``value >= threshold`` (0.5 passes a tie).
+        cache_size: Verdicts kept, one per judged item; 0: no cache.
 
     Example:
         >>> import dspy
@@ -338,15 +300,15 @@ def as_metric(judge: Judge, *, inputs: Inputs, reference: str | Callable | None 
     if reference is not None:
         raise ConfigError("reference= is for pairwise judges; a pointwise judge scores the program's output alone")
     found, chosen = _pointwise_scales(judge, criteria, scales, good)
-    judged = tuple(getattr(getattr(judge.config, "task_spec", None), "judged", ()) or ()) or JUDGED
-    return JudgeMetric(judge, fields, None, must_have_text=frozenset(from_program | set(judged)), scales=found,
+    judged = set(judge.config.task_spec.judged) or {"response"}  # a task marking none: the built-in task's field
+    return JudgeMetric(judge, fields, None, must_have_text=frozenset(from_program | judged), scales=found,
                        criteria=chosen, threshold=float(threshold), cache_size=cache_size)
 
 
 def _pairwise_metric(judge, inputs, fields, reference, criteria, scales, good, from_program, threshold,
                      cache_size) -> JudgeMetric:
     """``as_metric`` for a pairwise judge: the program's answer against the reference."""
-    ours, theirs = _responses(judge)
+    ours, theirs = judge.config.task_spec.responses
     if reference is None:
         raise ConfigError("a pairwise judge compares the program's answer with a reference: pass reference= "
                           "(e.g. reference=\"example.answer\")")
@@ -383,12 +345,6 @@ def _pointwise_scales(judge, criteria, scales, good) -> tuple[dict, tuple | None
     if missing:
         raise ConfigError(f"label criteria {missing} need their good label(s): pass good={{criterion: label}}")
     return found, chosen
-
-
-def _responses(judge: Judge) -> tuple[str, str]:
-    """The pairwise task's two response fields: the program's answer goes in the first, the reference in the second."""
-    named = tuple(getattr(getattr(judge.config, "task_spec", None), "responses", ()) or ())
-    return named if len(named) == 2 else RESPONSES
 
 
 def _fields(inputs: Inputs) -> Callable:

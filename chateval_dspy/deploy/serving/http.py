@@ -4,14 +4,9 @@
 - ``GET /health``: liveness, no auth
 - ``GET /card``: the judge card
 
-Requests are validated (bad or too deeply nested JSON 400, wrong shape or fields 422, too large
-413), at most ``queue`` requests are in flight and the next gets 503 instead of piling up, an
-optional bearer token guards everything but ``/health``, and one LM (server) is shared by all requests.
-
-The body is streamed and counted, so a client that sends more than ``max_body_bytes`` (declared
-or chunked) gets 413 as soon as it passes the limit, and the connection is closed rather than
-drained. With a token, ``/openapi.json`` needs it too and the browser docs (``/docs``, ``/redoc``)
-are off: a browser page cannot send the bearer header, so they could only be open or broken.
+Requests are validated (bad or too deeply nested JSON 400, wrong shape or fields 422, too large 413, counted as the
+body streams in, the connection then closed rather than drained), at most ``queue`` are in flight (the next gets 503),
+and an optional bearer token guards everything but ``/health``. One LM (server) is shared by all requests.
 """
 
 from __future__ import annotations
@@ -37,14 +32,14 @@ def create_app(evaluator, *, token: str | None = None, max_body_bytes: int = 1_0
                queue: int = 4, concurrency: int = 2) -> FastAPI:
     """The API for ``evaluator`` (a loaded ``Judge``, or a ``CascadeJudge``: each verdict then names its ``stage``).
 
-    Args:
-        token: When set, requests must send ``Authorization: Bearer <token>``.
-        max_body_bytes: Larger request bodies get 413.
-        max_items: Longer lists get 413.
-        queue: Requests handled at once; the next one gets 503 (retry later).
-        concurrency: Items of one list judged at once.
+    ``token``: requests must send ``Authorization: Bearer <token>``. ``max_body_bytes``, ``max_items``: larger bodies
+    and longer lists get 413. ``queue``: requests handled at once. ``concurrency``: items of one list judged at once.
     """
-    app = _app(evaluator.card.get("versions", {}).get("chateval-dspy", "?"), token)
+    version = evaluator.card.get("versions", {}).get("chateval-dspy", "?")
+    # With a token, FastAPI's own schema and docs routes (which know nothing of it) are off and the schema is served
+    # from a guarded route; the HTML docs stay off, as their page fetches the schema without the header.
+    app = FastAPI(title="chateval-dspy", version=version, **(
+        {"openapi_url": None, "docs_url": None, "redoc_url": None} if token else {}))
     slots = threading.BoundedSemaphore(queue)
 
     stages = getattr(evaluator, "stages", None)  # a cascade: each stage on its own model
@@ -73,9 +68,7 @@ def create_app(evaluator, *, token: str | None = None, max_body_bytes: int = 1_0
         if not _authorised(request, token):
             return _unauthorised(unread_body=True)
         body = await _read_body(request, max_body_bytes)
-        if isinstance(body, JSONResponse):
-            return body
-        parsed = _items(body, max_items)
+        parsed = body if isinstance(body, JSONResponse) else _items(body, max_items)
         if isinstance(parsed, JSONResponse):
             return parsed
         items, many = parsed
@@ -91,14 +84,6 @@ def create_app(evaluator, *, token: str | None = None, max_body_bytes: int = 1_0
         return verdicts if many else verdicts[0]
 
     return app
-
-
-def _app(version: str, token: str | None) -> FastAPI:
-    if token:
-        # FastAPI's own schema and docs routes know nothing of the token: switch them off and serve the schema
-        # from a guarded route. The HTML docs stay off: their page fetches the schema without the header.
-        return FastAPI(title="chateval-dspy", version=version, openapi_url=None, docs_url=None, redoc_url=None)
-    return FastAPI(title="chateval-dspy", version=version)
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:

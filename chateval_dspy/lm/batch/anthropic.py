@@ -12,7 +12,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from urllib.parse import urlsplit
 
 import httpx
@@ -20,7 +20,7 @@ import httpx
 from chateval_dspy.errors import ConfigError, FatalLMError
 from chateval_dspy.limits import MAX_BATCH_RESULT_BYTES, batch_result_bytes
 from chateval_dspy.lm.batch.provider import BatchRequest, BatchState, Outcome, asked_outcomes, capped_lines
-from chateval_dspy.lm.layout import REFEREE_FIELDS, TURN_FIELDS
+from chateval_dspy.lm.layout import REFEREE_FIELDS, TURN_FIELDS, text_block
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 API_VERSION = "2023-06-01"
@@ -46,10 +46,6 @@ def _text(content) -> str:
     return "".join(b.get("text") or "" for b in content or () if isinstance(b, dict))
 
 
-def _block(text: str, marked: bool = False) -> dict:
-    return {"type": "text", "text": text, **({"cache_control": {"type": "ephemeral"}} if marked else {})}
-
-
 def with_marks(body: dict, mark_item: bool) -> dict:
     r"""``body`` with Anthropic's cache breakpoints where a live call's adapter puts them (``DebateAdapter``): at the
     end of the static part (the message before the question: the system text, or the last demonstration) and, when
@@ -64,13 +60,13 @@ def with_marks(body: dict, mark_item: bool) -> dict:
     """
     messages = [dict(m) for m in body.get("messages") or ()]
     if len(messages) >= 2:
-        messages[-2]["content"] = [_block(_text(messages[-2]["content"]), marked=True)]
+        messages[-2]["content"] = [text_block(_text(messages[-2]["content"]), marked=True)]
     if mark_item and messages:
         text = _text(messages[-1]["content"])
         heads = [text.find(f"\n\n[[ ## {name} ## ]]\n") for name in REFEREE_FIELDS + TURN_FIELDS]
         cut = min((h for h in heads if h > 0), default=-1)
         if cut > 0:
-            messages[-1]["content"] = [_block(text[:cut + 2], marked=True), _block(text[cut + 2:])]
+            messages[-1]["content"] = [text_block(text[:cut + 2], marked=True), text_block(text[cut + 2:])]
     return {**body, "messages": messages}
 
 
@@ -112,11 +108,11 @@ def messages_params(body: dict) -> dict:
               "max_tokens": body.get("max_tokens") or body.get("max_completion_tokens") or DEFAULT_MAX_TOKENS,
               "messages": messages}
     if any(isinstance(c, list) for c in system + [m["content"] for m in messages]):
-        params["system"] = [b for c in system for b in (c if isinstance(c, list) else [_block(c)]) if b.get("text")]
+        params["system"] = [b for c in system for b in (c if isinstance(c, list) else [text_block(c)]) if b.get("text")]
     else:  # no breakpoints given (``with_marks``): the end of the system text is the static prefix's
         text = "\n\n".join(_text(t) for t in system if t)
         if text:  # Anthropic refuses an empty text block
-            params["system"] = [_block(text, marked=True)]
+            params["system"] = [text_block(text, marked=True)]
     if body.get("temperature") is not None:
         params["temperature"] = body["temperature"]
     stop = body.get("stop")
@@ -186,22 +182,17 @@ def chat_completion(message: dict) -> dict:
             "usage": _usage(message.get("usage"))}
 
 
-def _errored(custom_id: str, error) -> Outcome:
-    # Anthropic nests the error: {"type": "error", "error": {"type": ..., "message": ...}}.
-    inner = error.get("error") if isinstance(error, dict) else None
-    inner = inner if isinstance(inner, dict) else {}
-    code = inner.get("type") if isinstance(inner.get("type"), str) else "api_error"
-    return Outcome(custom_id, error={"status": ERROR_STATUS.get(code), "code": _short(code, 64),
-                                     "message": _short(inner.get("message") or "")})
-
-
 def _outcome(custom_id: str, result) -> Outcome | None:
     # None: the request did not finish (expired, canceled) and is to be submitted again.
     kind = result.get("type") if isinstance(result, dict) else None
     if kind in ("expired", "canceled"):
         return None
-    if kind == "errored":
-        return _errored(custom_id, result.get("error"))
+    if kind == "errored":  # Anthropic nests the error: {"type": "error", "error": {"type": ..., "message": ...}}
+        inner = result.get("error").get("error") if isinstance(result.get("error"), dict) else None
+        inner = inner if isinstance(inner, dict) else {}
+        code = inner.get("type") if isinstance(inner.get("type"), str) else "api_error"
+        return Outcome(custom_id, error={"status": ERROR_STATUS.get(code), "code": _short(code, 64),
+                                         "message": _short(inner.get("message") or "")})
     if kind != "succeeded":
         return Outcome(custom_id, error={"status": None, "code": "bad_result",
                                          "message": f"unknown result type {_short(kind, 40)!r}"})
@@ -211,28 +202,12 @@ def _outcome(custom_id: str, result) -> Outcome | None:
         return Outcome(custom_id, error={"status": None, "code": "bad_result", "message": str(exc)})
 
 
-def _batch_state(batch: dict) -> BatchState:
-    status_word = batch.get("processing_status")
-    counts = batch.get("request_counts") if isinstance(batch.get("request_counts"), dict) else {}
-    n = {k: counts.get(k) if isinstance(counts.get(k), int) else 0
-         for k in ("processing", "succeeded", "errored", "canceled", "expired")}
-    if status_word == "ended":
-        status = "expired" if n["expired"] else "cancelled" if n["canceled"] else "completed"
-    elif status_word in ("in_progress", "canceling"):
-        status = "in_progress"
-    else:
-        raise FatalLMError(f"Anthropic batch {batch.get('id')}: unknown processing_status {_short(status_word, 40)!r}")
-    return BatchState(batch["id"], status, {"total": sum(n.values()), "completed": n["succeeded"],
-                                            "failed": n["errored"]}, status_word)
-
-
 class AnthropicBatches:
     """Anthropic's Message Batches API (``name = "anthropic"``).
 
     Args:
         api_key: The key (default: ``ANTHROPIC_API_KEY``); it is sent as ``x-api-key`` and shown nowhere else.
         base_url: The API's base (default: ``ANTHROPIC_BASE_URL``, else ``https://api.anthropic.com``).
-        timeout: Seconds for each HTTP operation.
         retries: Extra tries for a read (state, results) that met a transient fault (429, 5xx, 529, no
             connection); a submission is never retried, as that could submit the batch twice.
         max_results_bytes: The cap on one batch's results download, whatever its requests (default
@@ -298,12 +273,22 @@ class AnthropicBatches:
 
     def state(self, batch_id: str) -> BatchState:
         """The batch's state; ``detail`` is Anthropic's ``processing_status`` (``canceling`` is still in progress)."""
-        return _batch_state(self._batch(batch_id))
+        batch = self._batch(batch_id)
+        status_word = batch.get("processing_status")
+        counts = batch.get("request_counts") if isinstance(batch.get("request_counts"), dict) else {}
+        n = {k: counts.get(k) if isinstance(counts.get(k), int) else 0
+             for k in ("processing", "succeeded", "errored", "canceled", "expired")}
+        if status_word == "ended":
+            status = "expired" if n["expired"] else "cancelled" if n["canceled"] else "completed"
+        elif status_word in ("in_progress", "canceling"):
+            status = "in_progress"
+        else:
+            raise FatalLMError(f"Anthropic batch {batch.get('id')}: unknown processing_status {_short(status_word, 40)!r}")
+        return BatchState(batch["id"], status, {"total": sum(n.values()), "completed": n["succeeded"],
+                                                "failed": n["errored"]}, status_word)
 
     def outcomes(self, batch_id: str, asked: Collection[str]) -> list[Outcome]:
-        """One outcome per request of ``asked`` that succeeded or errored; expired and canceled requests have none
-        (``provider.asked_outcomes``: lines for other requests are left out, a request answered twice differently
-        goes out again)."""
+        """The ``BatchProvider`` outcomes: expired and canceled requests have none."""
         batch = self._batch(batch_id)
         url = batch.get("results_url")
         if batch.get("processing_status") != "ended" or not isinstance(url, str):
@@ -334,18 +319,26 @@ class AnthropicBatches:
 
     def _send(self, method: str, url: str, batch_id: str, retry: bool = True, **kwargs) -> httpx.Response:
         """The response to one call (2xx); FatalLMError naming the status and batch otherwise."""
-        for attempt in range(self.retries + 1 if retry else 1):
+        def once() -> tuple[httpx.Response, httpx.Response]:
+            response = self._client.request(method, url, **kwargs)
+            return response, response
+
+        return self._tried(once, self.retries + 1 if retry else 1, f"Anthropic batch {batch_id}: {method}", True)
+
+    def _tried(self, once: Callable[[], tuple[httpx.Response, object]], tries: int, what: str, say_error: bool):
+        """What ``once()`` gave with a 2xx response, trying again after a transient fault (``_RETRY_STATUS``, no
+        connection); a FatalLMError saying ``what`` failed otherwise (and the HTTP error, when ``say_error``)."""
+        for attempt in range(tries):
             if attempt:
                 time.sleep(0.5 * 2**attempt)
             try:
-                response = self._client.request(method, url, **kwargs)
+                response, value = once()
             except httpx.HTTPError as exc:
-                fault = FatalLMError(f"Anthropic batch {batch_id}: {method} failed: {type(exc).__name__}: {_short(exc)}")
+                fault = FatalLMError(f"{what} failed: {type(exc).__name__}" + (f": {_short(exc)}" if say_error else ""))
                 continue
             if response.is_success:
-                return response
-            fault = FatalLMError(f"Anthropic batch {batch_id}: {method} answered HTTP {response.status_code}: "
-                            f"{_short(_error_message(response))}")
+                return value
+            fault = FatalLMError(f"{what} answered HTTP {response.status_code}: {_short(_error_message(response))}")
             if response.status_code not in _RETRY_STATUS:
                 break
         raise fault
@@ -363,28 +356,20 @@ class AnthropicBatches:
         """The outcomes in the results file, read as it streams in, refusing more than the cap in all."""
         cap = min(self.max_results_bytes, batch_result_bytes(len(asked)))
         where = f"Anthropic batch {batch_id} results"
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(0.5 * 2**attempt)
-            try:
-                with self._client.stream("GET", url) as response:
-                    if response.is_success:
-                        declared = response.headers.get("content-length", "")
-                        if declared.isdigit() and int(declared) > cap:
-                            raise FatalLMError(f"{where} are {declared} bytes, over the {cap}-byte cap for the "
-                                               "batch's requests")
-                        lines = ((number, *self._parse_line(line, batch_id, number))
-                                 for number, line in capped_lines(response.iter_bytes(), cap, where))
-                        return asked_outcomes(lines, asked, where, _outcome)
+
+        def once() -> tuple[httpx.Response, list[Outcome] | None]:
+            with self._client.stream("GET", url) as response:
+                if not response.is_success:
                     response.read()  # an error body, read only to report it
-            except httpx.HTTPError as exc:
-                fault = FatalLMError(f"Anthropic batch {batch_id}: results download failed: {type(exc).__name__}")
-                continue
-            fault = FatalLMError(f"Anthropic batch {batch_id}: results download answered HTTP {response.status_code}: "
-                            f"{_short(_error_message(response))}")
-            if response.status_code not in _RETRY_STATUS:
-                break
-        raise fault
+                    return response, None
+                declared = response.headers.get("content-length", "")
+                if declared.isdigit() and int(declared) > cap:
+                    raise FatalLMError(f"{where} are {declared} bytes, over the {cap}-byte cap for the batch's requests")
+                lines = ((number, *self._parse_line(line, batch_id, number))
+                         for number, line in capped_lines(response.iter_bytes(), cap, where))
+                return response, asked_outcomes(lines, asked, where, _outcome)
+
+        return self._tried(once, self.retries + 1, f"Anthropic batch {batch_id}: results download", False)
 
 
 def _error_message(response: httpx.Response) -> str:

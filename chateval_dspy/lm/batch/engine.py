@@ -1,9 +1,7 @@
 """``BatchEngine``: a DSPy engine whose calls are answered by the wave driver instead of a live request.
 
-The program above it is unchanged: each call builds the same chat-completions body a live call to an
-OpenAI-compatible server sends (``OpenAICompatEngine.request_body``), waits for its wave, and turns the answer
-back into DSPy's response, or a failed request into the error a live call would have raised (so the debate
-records the same abstention).
+Each call builds the body a live call sends (``OpenAICompatEngine.request_body``), waits for its wave, and turns the
+answer into DSPy's response, or a failed request into the error a live call would raise (the same abstention).
 """
 
 from __future__ import annotations
@@ -21,15 +19,7 @@ from chateval_dspy.lm.engine import OpenAICompatEngine
 
 
 class BatchEngine(OpenAICompatEngine):
-    """``dspy.LM(name, engine=BatchEngine(waves, model), num_retries=0)``.
-
-    Args:
-        waves: The run's wave driver.
-        model: The model id the requests name (``gpt-4o-mini``, a served model's id).
-
-    It has no time bounds: a batch takes minutes to hours, and a call waits for its wave however long that is
-    (the driver's retries bound it instead).
-    """
+    """``dspy.LM(name, engine=BatchEngine(waves, model), num_retries=0)``, ``model`` the id the requests name."""
 
     def __init__(self, waves: Waves, model: str, **kwargs):
         super().__init__("batch", model, **kwargs)
@@ -37,7 +27,7 @@ class BatchEngine(OpenAICompatEngine):
 
     @property
     def bounds(self) -> None:
-        """None: no call or item deadline, as the debate must not cut a wait for a wave short."""
+        """None: no call or item deadline, as a call waits for its wave (minutes to hours) however long that is."""
         return None
 
     def _client(self, base_url: str, api_key: str):

@@ -1,16 +1,12 @@
 """Batches as files in a folder, for a self-hosted engine: a wave's requests go to ``<label>.input.jsonl`` and its
 answers are read from ``<label>.output.jsonl``, which vLLM's offline runner writes (``FolderBatches.command``).
 
-Both files are OpenAI's batch JSONL, as vLLM's ``run_batch`` reads and writes it: an input line is
-``{"custom_id", "method": "POST", "url": "/v1/chat/completions", "body"}``; an output line is
-``{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}``, where a failed request has a
-``status_code`` other than 200, no body, and ``error`` set (a string, or vLLM's ``ErrorResponse``, flat before
-vLLM 0.10 and nested under ``"error"`` since). Nothing is sent anywhere: the wave is done when the output holds an
-answer for every request of the input.
-
-The folder is shared with whoever runs the engine, so its files are untrusted: each is opened as itself (a symbolic
-link, a named pipe or a device is refused, never followed or waited on), and an output is read within
-``limits.batch_result_bytes`` of its wave's requests.
+Both files are OpenAI's batch JSONL, as vLLM's ``run_batch`` reads and writes it (a failed request's ``error`` is a
+string or vLLM's ``ErrorResponse``, flat before vLLM 0.10 and nested under ``"error"`` since). Nothing is sent
+anywhere: the wave is done when the output holds an answer for every request of the input. The folder is shared with
+whoever runs the engine, so its files are untrusted: each is opened as itself (a symbolic link, a named pipe or a
+device is refused, never followed or waited on), and an output is read within ``limits.batch_result_bytes`` of its
+wave's requests.
 
 Example:
     >>> from chateval_dspy.lm.batch.provider import BatchRequest
@@ -51,13 +47,11 @@ class FolderBatches:
     """A ``BatchProvider`` whose batches are files in ``directory``, run by hand (or by a job) with vLLM.
 
     Args:
-        directory: Where the input and output files live (created on the first submit).
         model: The model name the engine serves; it replaces each body's ``model`` (vLLM answers 404 to a
             request naming any other) and goes into ``command``. None keeps the bodies' own.
-        max_file_bytes: The most a wave's input or output file may hold (default ``MAX_FILE_BYTES``, 512 MiB); an
-            output is held to ``limits.batch_result_bytes`` of its wave's requests below that.
-        max_line_bytes: The most one request or answer line may hold (default ``MAX_LINE_BYTES``, 16 MiB; an
-            answer line at most ``limits.MAX_BATCH_RESULT_LINE_BYTES``).
+        max_file_bytes, max_line_bytes: The most a wave's input or output file, and one of its lines, may hold (an
+            output also within ``limits.batch_result_bytes`` of its wave's requests, an answer line within
+            ``limits.MAX_BATCH_RESULT_LINE_BYTES``).
     """
 
     name = "folder"
@@ -82,7 +76,9 @@ class FolderBatches:
         """
         path, data = self.input_path(label), self._input_bytes(requests)
         if os.path.lexists(path):
-            if _head(path, len(data), "batch input") != data:
+            with os.fdopen(open_regular(path, os.O_RDONLY, "batch input"), "rb") as f:
+                same = f.read(len(data) + 1) == data  # at most one byte more than ours: more means it differs
+            if not same:
                 raise ConfigError(f"{path} already holds a different wave: remove it, or use another batch folder")
             return label
         if os.path.lexists(self.output_path(label)):
@@ -122,17 +118,13 @@ class FolderBatches:
         return BatchState(batch_id, "in_progress", counts, f"{len(seen)} of {len(ids)} answers in {out} so far")
 
     def outcomes(self, batch_id: str, asked: Collection[str]) -> list[Outcome]:
-        """One outcome per output line that answers a request of ``asked`` (``provider.asked_outcomes``: other
-        lines are left out, a request answered twice differently goes out again)."""
+        """The ``BatchProvider`` outcomes: one per output line that answers a request of ``asked``."""
         out = self.output_path(batch_id)
         if not os.path.lexists(out):
             return []
         lines = ((number, _custom_id(out, number, record), record)
                  for number, record in self._read_output(out, len(asked)))
         return asked_outcomes(lines, asked, str(out), lambda custom_id, record: outcome_of(custom_id, record, NO_STATUS))
-
-    def _read(self, path: Path) -> Iterator[tuple[int, dict]]:
-        return _records(path, self.max_file_bytes, self.max_line_bytes)
 
     def _read_output(self, path: Path, requests: int) -> Iterator[tuple[int, dict]]:
         cap = min(self.max_file_bytes, batch_result_bytes(requests))
@@ -158,23 +150,23 @@ class FolderBatches:
 
     def _input_ids(self, batch_id: str) -> list[str]:
         if batch_id not in self._ids:
-            path = self._existing_input(batch_id)
-            self._ids[batch_id] = [_custom_id(path, number, record) for number, record in self._read(path)]
+            path, records = self._input_records(batch_id)
+            self._ids[batch_id] = [_custom_id(path, number, record) for number, record in records]
         return self._ids[batch_id]
 
     def _input_model(self, batch_id: str) -> str:
-        path = self._existing_input(batch_id)
-        models = {(record.get("body") or {}).get("model") for _, record in self._read(path)}
+        path, records = self._input_records(batch_id)
+        models = {(record.get("body") or {}).get("model") for _, record in records}
         model = models.pop() if len(models) == 1 else None
         if not isinstance(model, str) or not model:
             raise ConfigError(f"the requests in {path} do not name one model: give FolderBatches the model the engine serves")
         return model
 
-    def _existing_input(self, batch_id: str) -> Path:
+    def _input_records(self, batch_id: str) -> tuple[Path, Iterator[tuple[int, dict]]]:
         path = self.input_path(batch_id)
         if not os.path.lexists(path):
             raise ConfigError(f"no batch {batch_id!r} in {self.directory}: {path} is missing")
-        return path
+        return path, _records(path, self.max_file_bytes, self.max_line_bytes)
 
 
 def _checked(label: str) -> str:
@@ -183,12 +175,6 @@ def _checked(label: str) -> str:
         raise ConfigError(f"batch label {label!r} is no safe file name: use up to 200 of A-Z a-z 0-9 _ . - "
                           "and do not start it with '.'")
     return label
-
-
-def _head(path: Path, limit: int, what: str) -> bytes:
-    """At most ``limit`` + 1 bytes of the regular file ``path`` (``open_regular``): more means it differs."""
-    with os.fdopen(open_regular(path, os.O_RDONLY, what), "rb") as f:
-        return f.read(limit + 1)
 
 
 def _records(path: Path, max_file_bytes: int, max_line_bytes: int, whose: str = "") -> Iterator[tuple[int, dict]]:

@@ -8,11 +8,10 @@ A folder (``<results file>.batches/`` by default) holds:
 - ``<label>.input.jsonl``: each batch's requests, in OpenAI's batch input format;
 - ``answers.jsonl``: every answer received, by request id.
 
-Lines are appended whole, flushed and fsynced; a torn last line (a kill mid-write) is ignored. Everything read
-back is checked: a line that is not what this module writes is an error naming the file and line, never a
-silently wrong answer; so is an answer to a request no journaled batch asked, or two different answers to one.
-The folder and its files are this run's own: a symbolic link, a file with other hard links, a named pipe or a
-device in their place is refused (``files.open_regular``), never written or truncated through.
+Lines are appended whole, flushed and fsynced; a torn last line (a kill mid-write) is ignored. A line read back that
+is not what this module writes (or an answer no journaled batch asked for, or a second, different one) is an error
+naming the file and line. A symbolic link, a file with other hard links, a named pipe or a device in the place of the
+folder's files is refused (``files.open_regular``), never written or truncated through.
 """
 
 from __future__ import annotations
@@ -108,15 +107,15 @@ class Journal:
                                     "body": r.body}, ensure_ascii=False) + "\n" for r in requests)
         self.folder.mkdir(parents=True, exist_ok=True)
         write_atomic(self.folder / f"{label}.input.jsonl", lines.encode("utf-8"))
-        self._event({"event": "intent", "label": label, "wave": wave, "custom_ids": ids})
+        self._append(self.folder / JOURNAL, {"event": "intent", "label": label, "wave": wave, "custom_ids": ids})
         self.batches[label] = Submitted(label, wave, ids)
 
     def submitted(self, label: str, batch_id: str) -> None:
-        self._event({"event": "submitted", "label": label, "id": batch_id})
+        self._append(self.folder / JOURNAL, {"event": "submitted", "label": label, "id": batch_id})
         self.batches[label].id = batch_id
 
     def ended(self, label: str) -> None:
-        self._event({"event": "ended", "label": label})
+        self._append(self.folder / JOURNAL, {"event": "ended", "label": label})
         self.batches[label].ended = True
 
     def answer(self, custom_id: str, body: dict) -> None:
@@ -130,9 +129,6 @@ class Journal:
     def open_batch_of(self, custom_id: str) -> Submitted | None:
         """The journaled batch not yet ended that holds ``custom_id`` (a rerun attaches to it), or None."""
         return next((b for b in self.batches.values() if not b.ended and custom_id in b.custom_ids), None)
-
-    def _event(self, event: dict) -> None:
-        self._append(self.folder / JOURNAL, event)
 
     def _append(self, path: Path, line: dict) -> None:
         with self._lock:

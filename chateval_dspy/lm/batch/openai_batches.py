@@ -81,8 +81,7 @@ class OpenAIBatches:
                                                    "failed": counts.failed} if counts else {}, errors or batch.status)
 
     def outcomes(self, batch_id: str, asked: Collection[str]) -> list[Outcome]:
-        """The outcomes its output and error files hold for ``asked`` (``provider.asked_outcomes``), each file
-        streamed in within ``limits.batch_result_bytes`` of the requests asked."""
+        """The ``BatchProvider`` outcomes its output and error files hold, each file streamed in within the cap."""
         batch = self._retrieve(batch_id)
         files = [f for f in (batch.output_file_id, batch.error_file_id) if f]
         lines = self._lines(batch_id, files, batch_result_bytes(len(asked)))

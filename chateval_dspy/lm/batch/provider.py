@@ -32,14 +32,9 @@ class BatchRequest:
 
 @dataclass(frozen=True)
 class BatchState:
-    """Where a submitted batch stands.
-
-    Args:
-        id: The provider's batch id.
-        status: ``validating``, ``in_progress``, ``finalizing`` or one of ``TERMINAL`` (OpenAI's words; a provider
-            with other words maps them onto these).
-        counts: ``{"total", "completed", "failed"}`` requests, as far as the provider says.
-        detail: The provider's own status word, or why the batch failed (shown in progress lines).
+    """Where a submitted batch stands: its ``status`` in OpenAI's words (``validating``, ``in_progress``,
+    ``finalizing`` or one of ``TERMINAL``), its ``{"total", "completed", "failed"}`` request counts as far as the
+    provider says, and ``detail``: the provider's own status word, or why the batch failed (for progress lines).
     """
 
     id: str
@@ -67,25 +62,21 @@ class BatchProvider(Protocol):
 
     ``label`` is a token the driver journals *before* it submits: a provider that can tag a batch with it
     (OpenAI's batch ``metadata``) can find that batch again after a kill between its submission and the journal's
-    record of it (``find``), so that a rerun attaches instead of submitting twice.
+    record of it (``find``; None when it cannot tell), so that a rerun attaches instead of submitting twice.
+    ``outcomes`` reads a terminal batch's results (within ``limits.batch_result_bytes(len(asked))``) through
+    ``asked_outcomes``: one per request of ``asked`` that finished, answered or failed on its own; a request without
+    one (an expired or failed batch's unfinished requests) is to be submitted again.
     """
 
     name: str
 
-    def submit(self, requests: list[BatchRequest], label: str) -> str:
-        """Submit ``requests`` as one batch; its id."""
+    def submit(self, requests: list[BatchRequest], label: str) -> str: ...
 
-    def find(self, label: str) -> str | None:
-        """The id of a batch submitted with ``label``, if the provider can tell; else None."""
+    def find(self, label: str) -> str | None: ...
 
-    def state(self, batch_id: str) -> BatchState:
-        """The batch's state now."""
+    def state(self, batch_id: str) -> BatchState: ...
 
-    def outcomes(self, batch_id: str, asked: Collection[str]) -> list[Outcome]:
-        """The outcomes of a terminal batch that asked the requests ``asked`` (their custom_ids, as journaled): one
-        per request that finished (answered or failed on its own), read through ``asked_outcomes``; requests
-        without one (an expired or failed batch's unfinished requests) are to be submitted again. Its results
-        are read within ``limits.batch_result_bytes(len(asked))``."""
+    def outcomes(self, batch_id: str, asked: Collection[str]) -> list[Outcome]: ...
 
 
 # A failed request's message, as kept and shown: enough to say what went wrong, not a whole echoed prompt.

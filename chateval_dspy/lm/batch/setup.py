@@ -96,11 +96,9 @@ def batch_lm(route: BatchRoute, model: str, journal_folder: str | Path, *, batch
              temperature: float = 0.0, max_tokens: int | None = None, retries: int = 2,
              poll_seconds: float = DEFAULT_POLL_SECONDS,
              on_progress: Callable[[dict], None] | None = None) -> Iterator[dspy.LM]:
-    """A ``dspy.LM`` whose calls go out in waves through ``route``'s Batch API; its driver is ``lm.engine.waves``.
-
-    Its name is ``batch/`` and the name a live run's LM has (``batch/openai/gpt-4o-mini``; a base URL's or a
-    folder's engine ``batch/openai-compatible/<model>``), so its figures read as batched; priced at ``route.price``.
-    """
+    """A ``dspy.LM`` whose calls go out in waves through ``route``'s Batch API (``lm.batch.waves``), priced at
+    ``route.price``, named ``batch/`` and a live run's LM's name (``batch/openai/gpt-4o-mini``; a base URL's or a
+    folder's ``batch/openai-compatible/<model>``), so that its figures read as batched."""
     from chateval_dspy.lm.batch.engine import BatchEngine
     from chateval_dspy.lm.batch.journal import Journal
     from chateval_dspy.lm.batch.waves import Waves

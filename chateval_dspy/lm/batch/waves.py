@@ -1,17 +1,14 @@
 """The wave driver: the LM calls of every debate in a run gathered into batches, one batch per wave.
 
-A debate is a chain of dependent calls, so a run's debates go out together, a wave at a time: the calls that
-can be made now (across all items being judged) form one batch; when it returns, the debates go on and make
-the calls of the next wave. A run therefore takes as many waves as its longest chain of calls
-(``program.critical_path``), whatever the number of items.
-
-How the driver knows a wave is complete: the run's threads are counted by a ``concurrency.Gate``. A thread that
-calls the LM is *parked* until its answer is back; when no thread of the run can still call (every one is parked
-or ended), the calls gathered so far are all there will be, and the driver submits them.
+A debate is a chain of dependent calls, so a run's debates go out together, a wave at a time: the calls that can be
+made now (across all items) form one batch, and when it returns the debates go on to the next wave. A run therefore
+takes as many waves as its longest chain of calls (``program.critical_path``), whatever the number of items. The
+run's threads are counted by a ``concurrency.Gate``: a thread that calls the LM is *parked* until its answer is back,
+and when every thread is parked or ended the calls gathered so far are all there will be, so the driver submits them.
 
 Requests are named by a hash of their body (``request_id``), so identical calls are submitted once and a rerun
-recognises the calls of its earlier run: an answer already received (``Journal.answers``) is given at once, and a
-call in a batch still open in the journal waits for that batch instead of going out again.
+recognises its earlier run's calls: an answer already received (``Journal.answers``) is given at once, and a call in
+a batch still open in the journal waits for that batch instead of going out again.
 """
 
 from __future__ import annotations
@@ -33,8 +30,6 @@ from chateval_dspy.lm.batch.provider import BatchProvider, BatchRequest, BatchSt
 from chateval_dspy.lm.pricing import Price, token_counts
 
 log = logging.getLogger(__name__)
-# Statuses a live call would retry (the engine's rule): the request goes into the next wave again.
-TRANSIENT = frozenset({408, 409, 429})
 
 
 def request_id(body: dict) -> str:
@@ -59,26 +54,17 @@ class _Call:
     error: dict | None = None
 
 
-def transient(error: dict) -> bool:
-    """Whether a request's failure is one a live call would retry (timeout, 429, 5xx, a batch that ran out)."""
-    status = error.get("status")
-    return status is None or status in TRANSIENT or (isinstance(status, int) and status >= 500)
-
-
 class Waves:
     """The calls of a run, batched in waves through ``provider``, journaled in ``journal``.
 
     Args:
-        provider: The Batch API (``lm.batch.provider.BatchProvider``).
-        journal: Where submitted batches and received answers are kept (beside the results file).
         retries: Further waves a failed request may go out in (a transient failure inside a batch, or a batch
             that expired or failed before answering it), as many as a live call's retries.
-        poll_seconds: Seconds between looks at a submitted batch.
         price: What the provider bills per token in batches (None: unpriced), for the cost so far.
-        on_progress: Called with a dict after each look: ``provider``, ``wave`` and ``expected`` (the waves the run
-            should take, when its caller set ``expected``), ``requests`` (in the wave), ``answered``,
-            ``batches`` (each ``id``, ``status``, ``completed``, ``failed``, ``total``), ``submitted`` (requests
-            this process submitted), ``usd`` (the cost so far of the answers received, None when unpriced).
+        on_progress: Called with a dict after each look at the batches: ``provider``, ``wave``, ``expected`` (the
+            waves the run should take, when its caller set it), ``requests`` (in the wave), ``answered``, ``batches``
+            (each ``id``, ``status``, ``detail``, ``completed``, ``failed``, ``total``), ``submitted`` (requests this
+            process submitted), ``usd`` (the cost so far of the answers received, None when unpriced).
     """
 
     def __init__(self, provider: BatchProvider, journal: Journal, *, retries: int = 2, poll_seconds: float = 30.0,
@@ -105,7 +91,10 @@ class Waves:
         with self._lock:
             call = self._pending.setdefault(request.custom_id, _Call(request))
             call.waiters.append(event)
-            self._ensure_driver(gate)
+            if id(gate) not in self._drivers:
+                driver = threading.Thread(target=self._drive, args=(gate,), daemon=True, name="chateval-waves")
+                self._drivers[id(gate)] = driver
+                driver.start()
         gate.park()
         event.wait()
         return self._result(call)
@@ -123,12 +112,6 @@ class Waves:
             while call.body is None and call.error is None:
                 self._run_wave({request.custom_id: call})
         return self._result(call)
-
-    def _ensure_driver(self, gate: Gate) -> None:
-        if id(gate) not in self._drivers:
-            thread = threading.Thread(target=self._drive, args=(gate,), daemon=True, name="chateval-waves")
-            self._drivers[id(gate)] = thread
-            thread.start()
 
     def _drive(self, gate: Gate) -> None:
         """Submit a wave each time every thread of ``gate`` is parked; end when they have all ended."""
@@ -258,7 +241,9 @@ class Waves:
         else:
             ended = ",".join(sorted({s.status for s in states.values()})) or "unknown"
             error = {"status": None, "code": f"batch_{ended}", "message": f"the batch ended {ended} before answering"}
-        if transient(error) and call.attempts < self.retries:
+        status = error.get("status")  # none said, or one a live call would retry: it goes into the next wave again
+        if (status is None or status in (408, 409, 429) or (isinstance(status, int) and status >= 500)) \
+                and call.attempts < self.retries:
             call.attempts += 1
             log.warning("request %s: %s; it goes out again in the next wave (%d of %d)", call.request.custom_id,
                         error.get("code"), call.attempts, self.retries)

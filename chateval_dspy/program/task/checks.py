@@ -44,45 +44,30 @@ def check_spec(spec) -> None:
 
 def _check_inputs(spec) -> set[str]:
     """The inputs' names, descriptions and defaults; their names."""
-    if not isinstance(spec.inputs, tuple) or not spec.inputs:
-        raise ConfigError("key 'inputs': a task needs at least one input field")
-    if len(spec.inputs) > limits.MAX_TASK_INPUTS:
-        raise ConfigError(f"key 'inputs': {len(spec.inputs)} inputs; the limit is {limits.MAX_TASK_INPUTS} "
-                          "(limits.MAX_TASK_INPUTS)")
-    names = set()
+    _check_count(spec.inputs, "inputs", "input field", "inputs", "MAX_TASK_INPUTS")
+    names: set[str] = set()
     for i, inp in enumerate(spec.inputs):
         at = f"inputs[{i}]"
-        _check_name(inp.name, at)
-        if inp.name in names:
-            raise ConfigError(f"key '{at}': duplicate input name {inp.name!r}")
-        names.add(inp.name)
-        _check_text(inp.description, f"{at}.description", limits.MAX_TASK_DESCRIPTION_CHARS, "MAX_TASK_DESCRIPTION_CHARS",
-                    empty_ok=True)
+        _check_name(inp.name, at, names, "input")
+        _check_text(inp.description, f"{at}.description", empty_ok=True)
         check_template(inp.description, (), f"{at}.description")
         if not isinstance(inp.judged, bool):
             raise ConfigError(f"key '{at}.judged': must be true or false, got {shown(inp.judged, 40)}")
         if inp.default is not None:
-            _check_text(inp.default, f"{at}.default", limits.MAX_TASK_DESCRIPTION_CHARS, "MAX_TASK_DESCRIPTION_CHARS")
+            _check_text(inp.default, f"{at}.default")
     return names
 
 
 def _check_criteria(spec, names: set[str]) -> None:
     """The criteria's names (no clash with an input or the program's own fields), descriptions and scales."""
-    if not isinstance(spec.criteria, tuple) or not spec.criteria:
-        raise ConfigError("key 'criteria': a task needs at least one criterion")
-    if len(spec.criteria) > limits.MAX_CRITERIA:
-        raise ConfigError(f"key 'criteria': {len(spec.criteria)} criteria; the limit is {limits.MAX_CRITERIA} "
-                          "(limits.MAX_CRITERIA)")
+    _check_count(spec.criteria, "criteria", "criterion", "criteria", "MAX_CRITERIA")
     pairwise = spec.format == "pairwise"
-    seen = set()
+    seen: set[str] = set()
     for i, c in enumerate(spec.criteria):
         at = f"criteria[{i}]"
         if not isinstance(c, Criterion):
             raise ConfigError(f"key '{at}': expected a Criterion, got {type(c).__name__}")
-        _check_name(c.name, at)
-        if c.name in seen:
-            raise ConfigError(f"key '{at}': duplicate criterion name {c.name!r}")
-        seen.add(c.name)
+        _check_name(c.name, at, seen, "criterion")
         fields = (f"{c.name}_1", f"{c.name}_2") if pairwise else (c.name,)
         clash = [f for f in fields if f in names or f in RESERVED]
         if clash:
@@ -91,7 +76,7 @@ def _check_criteria(spec, names: set[str]) -> None:
         if not isinstance(c.description, str) or not c.description.strip():
             raise ConfigError(f"key '{at}.description': criterion {c.name!r} has no description; say what a referee "
                               "should judge, e.g. 'does every claim follow from the context?'")
-        _check_text(c.description, f"{at}.description", limits.MAX_TASK_DESCRIPTION_CHARS, "MAX_TASK_DESCRIPTION_CHARS")
+        _check_text(c.description, f"{at}.description")
         check_template(c.description, ("n", "response") if pairwise else (), f"{at}.description")
         if not isinstance(c.scale, Scale):
             raise ConfigError(f"key '{at}.scale': expected a Scale, got {type(c.scale).__name__}")
@@ -101,11 +86,11 @@ def _check_texts(spec) -> None:
     """Where the criteria go, the evidence text, the instructions and the material template."""
     if spec.criteria_in not in ("fields", "instructions"):
         raise ConfigError(f"key 'criteria_in': choose fields or instructions, got {shown(spec.criteria_in, 40)}")
-    _check_text(spec.evidence, "evidence", limits.MAX_TASK_DESCRIPTION_CHARS, "MAX_TASK_DESCRIPTION_CHARS")
+    _check_text(spec.evidence, "evidence")
     check_template(spec.evidence, (), "evidence")
     for key in ("argue", "verdict", "material"):
         _check_text(getattr(spec, key), "material" if key == "material" else f"instructions.{key}",
-                    limits.MAX_INSTRUCTION_CHARS, "MAX_INSTRUCTION_CHARS", empty_ok=True)
+                    "MAX_INSTRUCTION_CHARS", empty_ok=True)
     check_template(spec.argue, ("criteria",), "instructions.argue")
     check_template(spec.verdict, ("criteria",), "instructions.verdict")
     check_template(spec.material, spec.input_names, "material")
@@ -128,8 +113,7 @@ def _check_pairwise(spec, names: set[str]) -> None:
                 raise ConfigError(f"key 'preference.combine': {shown(name, 40)} is not an integer-scale criterion of this "
                                   f"task ({', '.join(x.name for x in spec.criteria if x.scale.ordinal) or 'none'})")
         if pref.stated is not None:
-            _check_text(pref.stated, "preference.stated", limits.MAX_TASK_DESCRIPTION_CHARS,
-                        "MAX_TASK_DESCRIPTION_CHARS")
+            _check_text(pref.stated, "preference.stated")
             check_template(pref.stated, (), "preference.stated")
     if not any(c.scale.ordinal for c in spec.criteria) and (pref is None or pref.stated is None):
         raise ConfigError("key 'preference': a pairwise panel needs an integer-scale criterion to compare the "
@@ -151,15 +135,28 @@ def check_resolved(spec) -> None:
                                   f"{limits.MAX_FIELD_TEXT_CHARS} characters once filled in (limits.MAX_FIELD_TEXT_CHARS)")
 
 
-def _check_name(name, at: str) -> None:
+def _check_count(items, key: str, one: str, many: str, limit_name: str) -> None:
+    if not isinstance(items, tuple) or not items:
+        raise ConfigError(f"key '{key}': a task needs at least one {one}")
+    limit = getattr(limits, limit_name)
+    if len(items) > limit:
+        raise ConfigError(f"key '{key}': {len(items)} {many}; the limit is {limit} (limits.{limit_name})")
+
+
+def _check_name(name, at: str, seen: set[str], what: str) -> None:
+    """A valid, unreserved name not in ``seen`` (the names of the same kind so far), which it joins."""
     if not isinstance(name, str) or not NAME.match(name):
         raise ConfigError(f"key '{at}.name': a name must match {NAME.pattern} (a field name of the prompts), "
                           f"got {shown(name, 60)}")
     if name in RESERVED:
         raise ConfigError(f"key '{at}.name': {name!r} is a name the program uses itself; choose another")
+    if name in seen:
+        raise ConfigError(f"key '{at}': duplicate {what} name {name!r}")
+    seen.add(name)
 
 
-def _check_text(value, at: str, limit: int, limit_name: str, *, empty_ok: bool = False) -> None:
+def _check_text(value, at: str, limit_name: str = "MAX_TASK_DESCRIPTION_CHARS", *, empty_ok: bool = False) -> None:
+    limit = getattr(limits, limit_name)
     if not isinstance(value, str) or (not empty_ok and not value.strip()):
         raise ConfigError(f"key '{at}': expected {'a' if empty_ok else 'a non-empty'} text, got {shown(value, 60)}")
     if len(value) > limit:

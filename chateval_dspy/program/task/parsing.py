@@ -110,19 +110,17 @@ def label_pairs(raw) -> tuple[tuple[str, str], ...]:
         raise ConfigError("key 'label_map': a mapping of your label values to ours, e.g. {\"0\": tie, \"A\": \"1\"}")
     if len(raw) > limits.MAX_SCALE_LABELS * 10:
         raise ConfigError(f"key 'label_map': {len(raw)} entries; the limit is {limits.MAX_SCALE_LABELS * 10}")
-    out = []
+    given: dict[str, str] = {}
     for key, value in raw.items():
         for part in (key, value):
             if (isinstance(part, bool) or not isinstance(part, (str, int, float)) or not str(part).strip()
                     or len(str(part)) > limits.MAX_LABEL_CHARS):
                 raise ConfigError(f"key 'label_map': {shown(part, 40)} is no label value (a text or a number)")
-        out.append((str(key).strip(), str(value).strip()))
-    given: dict[str, str] = {}
-    for key, value in out:
+        key, value = str(key).strip(), str(value).strip()
         if given.setdefault(key, value) != value:
             raise ConfigError(f"key 'label_map': {shown(key, 40)} is given twice, as {shown(given[key], 40)} and "
                               f"{shown(value, 40)}; say which label it is once")
-    return tuple(dict(out).items())
+    return tuple(given.items())
 
 
 def _opt_text(value, key: str) -> str:

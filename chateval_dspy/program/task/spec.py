@@ -22,8 +22,7 @@ from chateval_dspy.program.task.templates import default_argue, default_material
 class TaskSpec:
     """What a panel judges and how a verdict looks; ``signatures.signatures_for(spec)`` builds the prompts.
 
-    Empty instructions, ``material``, ``responses`` and ``preference`` are filled with defaults when the spec
-    is made, so a spec's dict (in a card, a run key, MLflow) always states the exact prompts.
+    Empty instructions, ``material``, ``responses`` and ``preference`` are filled with defaults when it is made.
 
     Args:
         name: An identifier (cards, MLflow params and error messages name the task by it).
@@ -77,18 +76,15 @@ class TaskSpec:
         check_spec(self)
         if self.format == "pairwise":
             self._fill_pairwise()
-        if not self.argue:
-            object.__setattr__(self, "argue", default_argue(self))
-        if not self.verdict:
-            object.__setattr__(self, "verdict", default_verdict(self))
-        if not self.material:
-            object.__setattr__(self, "material", default_material(self))
+        for key, default in (("argue", default_argue), ("verdict", default_verdict), ("material", default_material)):
+            if not getattr(self, key):
+                object.__setattr__(self, key, default(self))
         check_resolved(self)
 
     def _fill_pairwise(self) -> None:
         """The compared responses (the two judged inputs) and the criteria a preference combines, when not given."""
         if not self.responses:
-            judged = tuple(i.name for i in self.inputs if i.judged)
+            judged = self.judged
             if len(judged) != 2:
                 raise ConfigError(f"a pairwise task compares two responses: mark exactly two inputs judged, or "
                                   f"name them in 'responses' (judged inputs: {list(judged)})")

@@ -45,11 +45,6 @@ def check_template(text: str, allowed, where: str) -> None:
         raise ConfigError(f"key '{where}': unknown field {{{unknown[0]}}} in the template; known fields: {known}")
 
 
-def _title(name: str) -> str:
-    """A field name as the default material labels it: ``answer_1`` -> ``Answer 1``."""
-    return name.replace("_", " ").capitalize()
-
-
 def default_argue(spec) -> str:
     """The talk-turn instructions of a spec that states none (``spec``: a ``TaskSpec``)."""
     names = ", ".join(c.name for c in spec.criteria)
@@ -75,5 +70,5 @@ def default_verdict(spec) -> str:
 
 
 def default_material(spec) -> str:
-    """The summarizer's default view of an item: every input, labelled by its title."""
-    return "\n\n".join(f"{_title(i.name)}: {{{i.name}}}" for i in spec.inputs)
+    """The summarizer's default view of an item: every input, labelled by its title (``answer_1``: ``Answer 1``)."""
+    return "\n\n".join(f"{i.name.replace('_', ' ').capitalize()}: {{{i.name}}}" for i in spec.inputs)

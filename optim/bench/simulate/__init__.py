@@ -23,7 +23,7 @@ import io
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, replace
 
 from chateval_dspy.testing.sim_lm import SimKnobs
 
@@ -33,25 +33,9 @@ OPTIMIZERS = ("labeled", "bootstrap", "bootstrap_rs", "mipro", "gepa")
 
 @dataclass(frozen=True)
 class Budget:
-    """How much each section judges.
-
-    Args:
-        seeds: Worlds per figure (aggregation, calibration, compile).
-        items: Test items per world (aggregation, calibration).
-        panel_sizes: Independent panel sizes (aggregation).
-        herd_sizes: Panel sizes with herding on (aggregation).
-        calibration_sizes: Panel sizes (calibration).
-        train_sizes: Training labels given to each optimizer (compile, labels).
-        dev: Dev items an optimizer selects on (compile).
-        test: Held-out test items (compile).
-        optimizers: Optimizers compared (compile).
-        max_demos: Demonstrations per predictor (compile).
-        candidates: bootstrap_rs candidate programs (compile).
-        trials: Search budgets K (search).
-        dev_sizes: Dev items a search selects on (search).
-        search_seeds: Worlds per search figure.
-        search_test: Held-out test items on which each search's winner is judged.
-    """
+    """How much each section judges: seeds and items per world (aggregation, calibration, compile), panel sizes
+    (aggregation, calibration), training labels, dev and test items per optimizer (compile, labels), and search
+    budgets K, dev sizes, worlds and test items (search)."""
 
     seeds: int = 8
     items: int = 150
@@ -69,9 +53,6 @@ class Budget:
     search_seeds: int = 20
     search_test: int = 100
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
 
 SMOKE = Budget(seeds=2, items=24, panel_sizes=(1, 3), herd_sizes=(3,), calibration_sizes=(1,), train_sizes=(2, 4),
                dev=6, test=24, trials=(5, 10), dev_sizes=(6,), search_seeds=2, search_test=24)
@@ -80,9 +61,7 @@ SMOKE = Budget(seeds=2, items=24, panel_sizes=(1, 3), herd_sizes=(3,), calibrati
 def budget_from(smoke: bool, seeds: int | None = None) -> Budget:
     """The smoke or full budget, with ``seeds`` (if given) for every section."""
     base = SMOKE if smoke else Budget()
-    if seeds is None:
-        return base
-    return Budget(**{**{f.name: getattr(base, f.name) for f in fields(base)}, "seeds": seeds, "search_seeds": seeds})
+    return base if seeds is None else replace(base, seeds=seeds, search_seeds=seeds)
 
 
 def _knobs(value):
@@ -97,11 +76,8 @@ def run_sections(budget: Budget, sections=SECTIONS, *, no_signal: bool = False,
                  progress: Callable[[str], None] | None = None) -> dict:
     """Run the chosen sections; each result carries its knobs, sizes and wall seconds.
 
-    Args:
-        budget: How much to judge.
-        sections: Any of ``SECTIONS``; ``labels`` reads ``compile`` (run for it if not chosen).
-        no_signal: Every section's knobs at ``SimKnobs.no_signal()`` (the study must then find nothing).
-        progress: Called with a line after each section.
+    ``labels`` reads ``compile`` (run for it if not chosen); ``no_signal`` sets every section's knobs to
+    ``SimKnobs.no_signal()`` (the study must then find nothing); ``progress`` gets a line after each section.
     """
     from optim.bench.simulate import aggregation, calibration, compiling, search
 

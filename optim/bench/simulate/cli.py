@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from optim.bench import common as bench
@@ -31,7 +32,7 @@ def run_simulate(args) -> int:
     header = bench.header(args, suite="simulate", model="simulated referees (chateval_dspy.testing.sim_lm)"
                           + (", every knob at no signal" if args.no_signal else ""),
                           data="synthetic pairwise items, balanced labels (1/2, no ties)", split="per section",
-                          n=budget.items, seeds=budget.seeds, wall_seconds=wall, budget=budget.to_dict())
+                          n=budget.items, seeds=budget.seeds, wall_seconds=wall, budget=asdict(budget))
     report = {"header": header, "sections": results}
     path = bench.write_json(out, report)
     drawn = plots(report, Path(args.plots) if args.plots else path.parent,

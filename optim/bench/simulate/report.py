@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from optim.bench.markdown import table
+from optim.bench.png import pyplot, save
 from optim.bench.stats import fmt_est
 
 
@@ -80,15 +81,6 @@ def markdown(report: dict, markdown: bool = True) -> str:
     return "\n\n".join(parts)
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _err(d: dict) -> tuple[float, list]:
     v = d["value"]
     lo = v - d["ci_low"] if d.get("ci_low") is not None else 0
@@ -96,19 +88,13 @@ def _err(d: dict) -> tuple[float, list]:
     return v, [[lo], [hi]]
 
 
-def _save(fig, path: Path, plt) -> Path:
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    return path
-
-
 def plots(report: dict, directory: Path, prefix: str = "simulate") -> list[Path]:
     """PNG plots of the sections present: aggregation, compile, search."""
-    plt, s, out = _pyplot(), report["sections"], []
+    plt, s, out = pyplot(), report["sections"], []
     directory.mkdir(parents=True, exist_ok=True)
     for name, draw in (("aggregation", _aggregation_plot), ("compile", _compile_plot), ("search", _search_plot)):
         if name in s:
-            out.append(_save(draw(s[name], plt), directory / f"{prefix}-{name}.png", plt))
+            out.append(save(draw(s[name], plt), directory / f"{prefix}-{name}.png", plt))
     return out
 
 

@@ -1,15 +1,10 @@
 """Search: does a K-trial panel search find the strong persona and the oracle's best panel, and what does it overstate?
 
-The space is the product's (``optim.search.space``: distinct built-in personas, 1-5 of them, three
-strategies, mean or majority, one turn, one answer order), and trials are drawn by the search's own
-sampler (``optim.search.study.make_sampler``, TPE) or by Optuna's random sampler over the same space.
-A trial judges the dev split; a panel drawn again is answered from its first judgement, as
-``chateval search`` answers it from the trial records. The first K trials of a 40-trial study are a
-K-trial study (both samplers are sequential), so one study per seed and sampler gives every K.
-
-Every panel's expected accuracy is known exactly (``theory.panel``), so the oracle's best panel, the
-winner's true accuracy (its regret against the oracle) and the winner's curse (its dev score minus
-its true accuracy) need no test-set noise; the winner's measured test accuracy is reported beside them.
+Trials are drawn over the product's space (``optim.search.space``) by the search's own sampler (TPE) or Optuna's
+random sampler; a panel drawn again is answered from its first dev judgement, as ``chateval search`` does. Both
+samplers are sequential, so the first K trials of one 40-trial study per seed are a K-trial study. Every panel's
+expected accuracy is exact (``theory.panel``): the oracle, the winner's regret and the winner's curse (dev score minus
+expected accuracy) need no test-set noise. Figures: benchmarks/simulation.md.
 """
 
 from __future__ import annotations

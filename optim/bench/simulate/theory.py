@@ -49,12 +49,8 @@ def _turn(p: float, label: str, view: View, k: SimKnobs) -> list[tuple[str, int,
 def tallies(ps: Sequence[float], label: str, k: SimKnobs, *, strategy: str, turns: int) -> dict[tuple, float]:
     """Distribution of the final round's tally ``(votes for 1, votes for 2, sum of signed score margins)``.
 
-    Args:
-        ps: Each referee's accuracy, in speaking order.
-        label: The better answer's position in this order.
-        k: The model (herding, position bias, margins are read from it; accuracies come from ``ps``).
-        strategy: ``one_by_one``, ``simultaneous_talk`` or ``simultaneous_talk_with_summarizer``.
-        turns: Rounds; the last is the verdict round, earlier ones are talk that states leanings.
+    ``ps``: each referee's accuracy, in speaking order (``k`` gives the rest of the model); ``label``: the better
+    answer's position in this order; the last of ``turns`` rounds is the verdict, earlier ones are talk.
 
     Example:
         >>> round(sum(v for (a, b, _), v in tallies([0.7] * 3, "1", SimKnobs(), strategy="one_by_one",

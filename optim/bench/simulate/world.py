@@ -41,14 +41,8 @@ def independent_roles(n: int) -> list[Role]:
 
 
 def make_world(knobs: SimKnobs, seed: int, sizes: dict[str, int], *, roles: list[Role] | None = None) -> World:
-    """Items for each split (texts unique to the seed and split) and an LM seeded by ``seed``.
-
-    Args:
-        knobs: The referees' model; its ``seed`` is replaced by ``seed``.
-        seed: The world's seed.
-        sizes: Items per split name.
-        roles: Custom referees the LM must know by persona (they get ``default_accuracy``).
-    """
+    """Items per split name (texts unique to the seed and split) and an LM seeded by ``seed`` (replacing ``knobs``'s);
+    custom ``roles`` are known to the LM by persona and get ``default_accuracy``."""
     knobs = knobs.replace(seed=seed)
     splits = {name: synthetic_items(n, seed=seed, prefix=name) for name, n in sizes.items()}
     personas = builtin_personas()
