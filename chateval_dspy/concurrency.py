@@ -1,9 +1,8 @@
-"""Threads that keep DSPy's settings (the LM, adapter and usage tracker live in contextvars), the gate that
-tells a batching LM when every thread of a run is waiting on it, and the slots that bound a run's LM calls in flight.
+"""Threads that keep DSPy's settings (the LM, adapter and usage tracker live in contextvars), the gate that tells a
+batching LM when every thread of a run is waiting on it, and the slots that bound a run's LM calls in flight.
 
-Items judged at once are not LM calls at once: each item debates its answer orders at once and, in a round, every
-referee speaks at once (``parallel_map``), so ``n`` items make up to ``n x orders x referees`` calls together.
-``call_slots(k)`` bounds that product: within it at most ``k`` threads work at once (``CallSlots``).
+``n`` items at once make up to ``n x orders x referees`` calls together (``parallel_map`` within each item);
+``call_slots(k)`` bounds that product to ``k`` working threads (``CallSlots``).
 """
 
 from __future__ import annotations
@@ -41,11 +40,8 @@ def parallel_map(fn: Callable[[T], R], items: list[T], workers: int) -> list[R]:
 
 
 def bounded_unordered(fn: Callable[[T], R], items: Iterable[T], workers: int) -> Iterator[tuple[T, R]]:
-    """Yield ``(item, fn(item))`` as each finishes, never more than ``workers`` in flight.
-
-    Items are drawn from ``items`` lazily, so a long input is never all queued at once. Under ``call_slots`` each
-    item's thread works only while it holds a slot.
-    """
+    """Yield ``(item, fn(item))`` as each finishes, never more than ``workers`` in flight; ``items`` are drawn
+    lazily, so a long input is never all queued at once."""
     fn = _slotted(fn)
     if workers <= 1:
         for x in items:
@@ -66,13 +62,9 @@ _END = object()
 
 
 class CallSlots:
-    """At most ``n`` threads working at once, and so at most ``n`` LM calls in flight (a call is made by a working
-    thread, which waits for it).
-
-    A thread works while it holds a slot (``hold``); one that waits for threads it started gives its slot back
-    meanwhile (``lend``), so nested ``parallel_map`` calls cannot deadlock: a thread that waits for a slot holds
-    none. A slot waited for is time on the item's deadline (``lm.engine``), so a tight bound slows items, and can
-    make a slow LM's items abstain sooner.
+    """At most ``n`` threads working (``hold``), so at most ``n`` LM calls in flight. A thread waiting for threads
+    it started lends its slot meanwhile (``lend``), so nested ``parallel_map`` calls cannot deadlock. A slot waited
+    for is time on the item's deadline, so a tight bound can make a slow LM's items abstain sooner.
     """
 
     def __init__(self, n: int):
@@ -113,8 +105,7 @@ class CallSlots:
 
 
 def check_slots(n: int | None) -> int | None:
-    """``n`` if it can bound LM calls in flight (a whole number of 1 or more, or None: no bound), else a
-    ``ConfigError``."""
+    """``n`` if it can bound LM calls in flight (a whole number >= 1, or None: no bound), else a ``ConfigError``."""
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
         from chateval_dspy.errors import ConfigError
 
@@ -170,13 +161,11 @@ def _slotted(fn: Callable[[T], R]) -> Callable[[T], R]:
 
 
 class Gate:
-    """Counts the threads of a run that may still make an LM call, so that a batching LM knows when every one
-    of them is waiting on it (``chateval_dspy.lm.batch``): then the calls gathered so far are all the calls
-    that can be made now, and go out as one wave.
+    """Counts the threads of a run that may still make an LM call, so a batching LM (``lm.batch``) knows when every
+    one waits on it: the calls gathered so far then go out as one wave.
 
-    A thread counts from the moment it is started (``add`` before it runs) until it ends (``done``) or waits
-    for an answer (``park``; ``unpark`` counts it again before it is woken). ``parallel_map`` keeps the count
-    while a thread waits for the threads it started: its own count passes to them and back.
+    A thread counts from ``add`` (before it runs) until ``done`` or ``park`` (waiting for an answer; ``unpark``
+    counts it again before it is woken). A thread waiting in ``parallel_map`` passes its count to its children.
     """
 
     def __init__(self) -> None:
@@ -245,10 +234,8 @@ def _gated_map(gate: Gate, fn: Callable[[T], R], items: list[T]) -> list[R]:
 
 
 def run_gated(fn: Callable[[T], R], items: Iterable[T], workers: int) -> Iterator[tuple[T, R]]:
-    """``bounded_unordered`` for a wave run: ``(item, fn(item))`` as each finishes, under a new ``Gate``.
-
-    ``workers`` threads each judge item after item, so a finished item's thread takes the next one before the
-    gate could see it idle (its next item's first call joins the wave being gathered, not one of its own).
+    """``bounded_unordered`` for a wave run, under a new ``Gate``: ``workers`` threads each judge item after item,
+    so a finished item's thread takes the next before the gate could see it idle (its first call joins this wave).
     """
     gate, it, lock = Gate(), iter(items), threading.Lock()
     results: queue.Queue = queue.Queue()

@@ -1,7 +1,5 @@
-"""The one configuration object a run is built from.
-
-The CLI, an Optuna trial, MLflow params and a saved judge card all carry the
-same ``DebateConfig``, so any run can be rebuilt from what it logged.
+"""The one configuration object a run is built from: the CLI, an Optuna trial, MLflow params and a saved judge card
+all carry the same ``DebateConfig``, so any run can be rebuilt from what it logged.
 """
 
 from __future__ import annotations
@@ -24,22 +22,18 @@ class DebateConfig:
     """How a panel of referees debates one item.
 
     Args:
-        format: ``pairwise`` (which of two answers is better) or ``pointwise`` (per-criterion scores of one
-            response). Default: the task's format, else ``pairwise``.
-        roles: Role slugs from the role library, one per referee, in speaking order.
-        strategy: A key of ``strategies.STRATEGIES``.
+        format: ``pairwise`` or ``pointwise``; default: the task's format, else ``pairwise``.
+        roles: Role slugs, one per referee, in speaking order.
         turns: Rounds of talk; the last round is the verdict round.
         calibrate: Pairwise only: judge both answer orders and combine them.
         aggregate: ``mean`` of scores (the paper's default) or ``majority`` vote of preferences.
         parse_retries: Extra attempts when a verdict will not parse, before it becomes an abstention.
         max_text_chars: Longer judged texts are cut to this many characters, with a warning.
         consensus_stop: Every round ends in scores and the debate stops once all referees agree
-            (fewer calls; ``calls_per_item`` is then the most an item can cost).
-        weighted_scores: Ask the LM for log-probabilities and use each score's expected value
-            (G-Eval style) in the mean; the integer score is kept when the LM returns none.
-        role_file: Extra personas (YAML/JSON), resolved when the program is built.
-        task: What the panel judges (``task.TaskSpec``, or its dict); None: the built-in task of ``format``
-            (FairEval's for pairwise, Topical-Chat's for pointwise). A task equal to that built-in is stored as None.
+            (``calls_per_item`` is then the most an item can cost).
+        weighted_scores: Use each score's expected value under the LM's log-probabilities (G-Eval style) in
+            the mean; the integer score is kept when the LM returns none.
+        task: ``task.TaskSpec`` or its dict; None (and a task equal to it): the built-in task of ``format``.
 
     Example:
         >>> cfg = DebateConfig(format="pairwise", roles=("general_public", "critic"))
@@ -154,10 +148,8 @@ class DebateConfig:
         return out
 
     def changes(self) -> dict:
-        """The fields that differ from the defaults for this format (``format`` itself always included).
-
-        Run keys and study settings are built from these, so that a field added later with a default
-        that keeps the old behaviour does not orphan existing results files or studies.
+        """The fields that differ from the defaults for this format (``format`` always): run keys and study settings
+        are built from these, so a field added later with a behaviour-keeping default orphans no results or studies.
 
         Example:
             >>> DebateConfig(format="pointwise", turns=3).changes()

@@ -1,10 +1,6 @@
-"""Errors sorted by who can fix them and when.
-
-``ConfigError`` is fixed by changing flags, a roles file or a config; ``DataError``
-by changing an input file (it names the file, row and field); ``FatalLMError`` by
-pointing at a working model. Other LM faults inside a debate (DSPy's own
-``dspy.utils.exceptions.LMError`` family: a refused, timed-out or rate-limited call)
-are not raised to the caller: they become recorded abstentions (see ``debate.py``).
+"""Errors sorted by who can fix them and when: ``ConfigError`` (flags, a roles file or a config), ``DataError`` (an
+input file; it names file, row and field), ``FatalLMError`` (point at a working model). Other LM faults inside a
+debate (DSPy's ``LMError`` family) are not raised: they become recorded abstentions (``debate.py``).
 """
 
 from __future__ import annotations
@@ -21,8 +17,8 @@ class ConfigError(ChatEvalError, ValueError):
 
 
 class DataError(ChatEvalError, ValueError):
-    """An input item is malformed: ``message`` says what is wrong and how to fix it, and the message names the
-    ``source`` (a file), 1-based ``row`` and ``field`` where known.
+    """An input item is malformed: ``message`` says what and how to fix it; the 1-based ``row``, ``source`` file and
+    ``field`` are named where known.
 
     Example:
         >>> str(DataError("field is empty", source="a.jsonl", row=3, field="answer_2"))
@@ -39,10 +35,8 @@ class DataError(ChatEvalError, ValueError):
 class FatalLMError(ChatEvalError, RuntimeError):
     """The language model could not be started or reached, and the run stops.
 
-    Not a ``dspy.utils.exceptions.LMError``: DSPy raises those for one failed call, which a debate records as the
-    referee's abstention; this one ends the run (a model that never started, a breaker that opened, a batch API
-    that answered nonsense). ``except ChatEvalError`` catches it; ``except dspy.utils.exceptions.LMError`` does not.
-    Inside DSPy's wrapping (an engine raising it during a call) find it with ``cause_of(exc, FatalLMError)``.
+    Not a DSPy ``LMError`` (one failed call, recorded as an abstention): this ends the run (a model that never
+    started, an open breaker, a batch API answering nonsense). Inside DSPy's wrapping find it with ``cause_of``.
 
     Example:
         >>> issubclass(FatalLMError, ChatEvalError), issubclass(FatalLMError, RuntimeError)

@@ -47,11 +47,9 @@ def fsync_dir(folder: Path) -> None:
 
 
 def open_regular(path: str | Path, flags: int, what: str, *, sole: bool = False) -> int:
-    """A file descriptor on the regular file ``path``, opened with ``flags`` (``os.O_RDONLY``, ``os.O_WRONLY |
-    os.O_APPEND | os.O_CREAT`` ...) without following a symbolic link at ``path`` and without blocking on a named
-    pipe or a device. ``sole``: refused too when the file has other hard links, for a file this program writes or
-    truncates (it must be its own, not another file under a second name). ``FileNotFoundError`` when it is missing
-    (and not created); a ``ConfigError`` naming ``what`` and the path otherwise.
+    """A file descriptor on the regular file ``path`` opened with ``flags``, never following a symbolic link nor
+    blocking on a pipe or device. ``sole`` also refuses a file with other hard links (one this program writes must
+    be its own). ``FileNotFoundError`` when missing (and not created); else a ``ConfigError`` naming ``what``.
 
     Example:
         >>> _ = (tmp / "real").write_text("x"); (tmp / "link").symlink_to(tmp / "real")

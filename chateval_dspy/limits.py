@@ -1,12 +1,8 @@
 """Upper bounds on everything a configuration, a role file or a saved evaluator can ask for, in one place.
 
-A panel's shape comes from flags, Optuna trials, judge cards and role files, and a saved evaluator
-may come from a registry, a colleague or a download: whatever reaches ``DebateConfig``, the role
-loader or ``store.load_program`` is checked against these numbers, so that no file or flag can ask
-for unbounded LM calls, prompt text or memory. Anything that searches or builds configurations
-(the Optuna search space, the CLI) should draw its ranges from here.
-
-With every panel limit at its maximum an item costs at most
+Whatever reaches ``DebateConfig``, the role loader or ``store.load_program`` (from flags, trials, cards, downloads)
+is checked against these, so no file or flag can ask for unbounded LM calls, prompt text or memory; searches and the
+CLI draw their ranges from here. At every panel maximum an item costs at most
 2 orders x (10 referees x 10 turns + 9 summaries) x (1 + 5 retries) = 1,308 LM calls.
 """
 
@@ -89,10 +85,9 @@ def read_bounded(path: str | Path, limit: int, limit_name: str, what: str = "fil
 
 
 class BoundedLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses what only a bomb needs: an alias of a list or mapping (merge keys
-    included), more than ``MAX_DOC_NODES`` nodes, nesting deeper than ``MAX_DOC_DEPTH``, or more than
-    ``MAX_DOC_CHARS`` characters of scalars once aliases are counted at each use: a ``ConfigError`` naming the
-    stream's ``name`` (``parse_yaml`` sets it to the file) and the line.
+    """``yaml.SafeLoader`` that refuses what only a bomb needs (an alias of a list or mapping, merge keys included;
+    past ``MAX_DOC_NODES``, ``MAX_DOC_DEPTH`` or ``MAX_DOC_CHARS`` with aliases counted at each use) with a
+    ``ConfigError`` naming the stream's ``name`` and the line.
 
     Example:
         >>> yaml.load("a: &x [1, 2]\\nb: *x", BoundedLoader)
@@ -200,8 +195,7 @@ def parse_json(text: str | bytes, source: str):
 
 
 def parse_yaml(text: str, source: str):
-    """The parsed YAML ``text`` of ``source`` through ``BoundedLoader``; a ``ConfigError`` naming ``source`` and
-    the line otherwise.
+    """The parsed YAML ``text`` of ``source`` through ``BoundedLoader``; else a ``ConfigError`` naming it and the line.
 
     Example:
         >>> parse_yaml("a: [1", "t.yaml")
@@ -228,8 +222,7 @@ def parse_yaml(text: str, source: str):
 
 
 def read_config_file(path: str | Path, limit: int, limit_name: str, what: str):
-    """The parsed content of a YAML or JSON file (JSON by its ``.json`` suffix), read within ``limit`` bytes; a
-    ``ConfigError`` naming ``what`` and the path otherwise.
+    """A YAML or JSON file (by its ``.json`` suffix) parsed, read within ``limit`` bytes; else a ``ConfigError``.
 
     Example:
         >>> _ = (tmp / "t.yaml").write_text("a: &x [1]\\nb: *x")
@@ -273,8 +266,7 @@ MAX_BATCH_LIST_PAGES = 50
 
 
 def batch_result_bytes(requests: int) -> int:
-    """The most a batch's results file (an output or error file, a results download) may hold for ``requests``
-    requests: ``BATCH_RESULT_BYTES_PER_REQUEST`` each and some slack, at most ``MAX_BATCH_RESULT_BYTES``.
+    """The most a batch's results file may hold for ``requests`` requests (per request, slack, a cap).
 
     Example:
         >>> batch_result_bytes(8) // MIB, batch_result_bytes(10**6) // MIB

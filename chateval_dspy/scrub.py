@@ -19,19 +19,6 @@ _MIN_SECRET_CHARS = 8
 _registered: set[str] = set()
 
 
-def secrets_in_environment() -> list[str]:
-    """Values of environment variables that look like credentials (long enough to be one).
-
-    Example:
-        >>> import os
-        >>> os.environ["DOCTEST_API_KEY"] = "sk-doctest-123456"
-        >>> "sk-doctest-123456" in secrets_in_environment()
-        True
-        >>> del os.environ["DOCTEST_API_KEY"]
-    """
-    return [v for k, v in os.environ.items() if _SECRET_NAME.search(k) and len(v) >= _MIN_SECRET_CHARS]
-
-
 def register_secret(value: str | None) -> None:
     """Treat ``value`` as a secret from now on (a token read from a variable of any name)."""
     if value and len(value) >= _MIN_SECRET_CHARS:
@@ -44,10 +31,16 @@ def forget_secret(value: str) -> None:
 
 
 def secret_values() -> list[str]:
-    """Every value no trace, param, tag or artifact may hold: credential variables, the key in the file that
-    ``CHATEVAL_API_KEY_FILE`` names, and registered values; longest first, so a key inside another is not
-    left half-masked."""
-    found = set(secrets_in_environment()) | _registered
+    """Every value no trace, param, tag or artifact may hold (see the module docstring); longest first, so a key
+    inside another is not left half-masked.
+
+    Example:
+        >>> os.environ["DOCTEST_API_KEY"] = "sk-doctest-123456"
+        >>> "sk-doctest-123456" in secret_values()
+        True
+        >>> del os.environ["DOCTEST_API_KEY"]
+    """
+    found = {v for k, v in os.environ.items() if _SECRET_NAME.search(k) and len(v) >= _MIN_SECRET_CHARS} | _registered
     key_file = os.environ.get("CHATEVAL_API_KEY_FILE")
     if key_file:
         try:
@@ -60,10 +53,8 @@ def secret_values() -> list[str]:
 
 
 def scrub(value, secrets: Iterable[str] | None = None):
-    """``value`` (texts, and dicts and lists of them) with every secret replaced by ``[REDACTED]``.
-
-    ``secrets``: the values to replace (default: ``secret_values()``, read now); a caller scrubbing many values
-    reads them once and passes them.
+    """``value`` (texts, and dicts and lists of them) with every secret replaced by ``[REDACTED]``; ``secrets``
+    defaults to ``secret_values()`` read now (a caller scrubbing many values reads them once and passes them).
 
     Example:
         >>> scrub({"said": "my key is sk-12345678", "n": [1, "sk-12345678"]}, secrets=["sk-12345678"])

@@ -118,10 +118,7 @@ def parse_columns(spec: str | None) -> dict[str, str]:
 
 
 def parse_label_map(spec: str | None) -> dict[str, str]:
-    """``"0=tie,A=1"`` -> ``{"0": "tie", "A": "1"}``: the data's label values -> ours (``--label-map``).
-
-    A value given twice with two labels (``0=tie,0=1``) is an error naming both entries: no flag can say which one
-    is meant. (Two values read as one label are checked against the data: ``load_custom``.)
+    """``"0=tie,A=1"`` -> ``{"0": "tie", "A": "1"}`` (``--label-map``); a value given two labels is an error.
 
     Example:
         >>> parse_label_map("0=tie, A=1,B=2")
@@ -180,14 +177,12 @@ def _winner(raw, task: TaskSpec, source: str, row, column: str) -> str | None:
 def item_from_record(record: dict, task: TaskSpec | str, *, columns: dict[str, str] | None = None,
                      source: str = "input", row: int | None = None,
                      label_map: dict[str, str] | None = None) -> dspy.Example:
-    """One user record as an item of ``task`` (or a format's built-in task), validated; errors name ``source``,
-    ``row`` and the user's column.
+    """One user record as an item of ``task``, validated; errors name ``source``, ``row`` and the user's column.
 
-    A missing or blank input takes its ``default``, or is an error (an empty judged response is kept). Labels:
-    pairwise, ``label`` (1/2/tie, a/b, or a response's name); pointwise, one column per criterion on its scale, any
-    of them may be missing (``human`` holds None for it, and is None when all are). ``id`` defaults to the row
-    number. A column may be a dotted path into nested JSON (``human.coherence``). ``label_map`` (default: the
-    task's) turns the file's label values into ours before they are checked.
+    A missing or blank input takes its ``default``, or is an error (an empty judged response is kept). Pairwise
+    ``label`` is 1/2/tie, a/b or a response's name; pointwise ``human`` holds None per missing criterion (None when
+    all are). ``id`` defaults to the row number; a column may be a dotted path (``human.coherence``); ``label_map``
+    (default: the task's) applies before labels are checked.
 
     Example:
         >>> item_from_record({"question": "2+2?", "answer_1": "4", "answer_2": " ", "winner": "a"}, "pairwise",
@@ -220,20 +215,12 @@ SKIP_HINT = "; to skip malformed rows (counted and listed at the end), pass --sk
 def load_custom(path: str | Path, task: TaskSpec | str, columns: dict[str, str] | None = None, *,
                 skip_bad_rows: bool = False, label_map: dict[str, str] | None = None, group_by: str | None = None,
                 system: str | None = None, unlabelled=(), label_map_merge: bool = False) -> Items:
-    """A user's JSONL/CSV file of ``task`` (or a format's built-in task); ``columns`` maps our field names to
-    theirs (see ``item_from_record``).
+    """A user's JSONL/CSV file of ``task``; ``columns`` maps our field names to theirs (``item_from_record``).
 
-    Args:
-        skip_bad_rows: A malformed row (bad JSON, a missing question, a label off its scale, a repeated id) is
-            listed in ``Items.skipped`` instead of stopping the load; without it, the first raises its
-            ``DataError``, whose message names the option. A column that no row has is an error either way.
-        label_map: Your label values -> ours (``{"0": "tie"}``), over the task's own ``label_map``. Where it makes
-            two of the file's values one label, the load stops (``check_label_merges``) unless ``label_map_merge``
-            (or the task's) says the merge is meant.
-        group_by: Pointwise: the column of each row's document id (``group_id``), for summary-level correlations;
-            ``system`` likewise gives ``system_id``, for system-level ones. A number and a text that read alike
-            (``7`` and ``"7"``) in one column are an error naming both rows (``check_id_kinds``).
-        unlabelled: Pointwise: criteria the file does not rate (their label columns may be absent).
+    ``skip_bad_rows`` lists malformed rows in ``Items.skipped`` instead of raising the first (a column no row has is
+    an error either way). ``label_map`` applies over the task's; a merge of two values into one label stops the load
+    (``check_label_merges``) unless ``label_map_merge``. Pointwise: ``group_by``/``system`` name the columns of
+    ``group_id``/``system_id`` (``check_id_kinds``); ``unlabelled`` criteria may lack label columns.
     """
     task = _task(task)
     col = column_map(task, columns)
@@ -361,12 +348,9 @@ def file_columns(records: list[dict], limit: int = 40) -> str:
 
 def check_columns(records: list[dict], task: TaskSpec, col: dict[str, str], *, explicit: set[str] = frozenset(),
                   source: str = "input", extra=(), unlabelled=()) -> None:
-    """Every column the load needs is in some row, or a ``DataError`` names it and the file's columns.
-
-    Needed: each input without a default, an ``id`` named in ``explicit`` (``--columns``), each ``extra``
-    ``(flag, column)`` given, and the label columns (``_check_labels``). A label column some rows lack is no error:
-    the metrics count the items without it (``<criterion>_missing``).
-    """
+    """Every column the load needs is in some row, or a ``DataError`` names it and the file's columns: inputs
+    without a default, an ``id`` in ``explicit`` (``--columns``), each ``extra`` ``(flag, column)``, and the label
+    columns (``_check_labels``; one some rows lack is no error: metrics count ``<criterion>_missing``)."""
     if not records:
         return
     needed = [(f"input {i.name!r}", col[i.name]) for i in task.inputs if i.default is None]
@@ -415,11 +399,10 @@ def load_dataset(name_or_path: str, *, fmt: str | None = None, columns: dict[str
                  task: TaskSpec | None = None, skip_bad_rows: bool = False, label_map: dict[str, str] | None = None,
                  group_by: str | None = None, system: str | None = None, unlabelled=(),
                  label_map_merge: bool = False) -> tuple[Items, str]:
-    """Items and their format (``pairwise``/``pointwise``), from a built-in name (``faireval``, ``topical_chat``)
-    or a JSONL/CSV file.
+    """Items and their format, from a built-in name (``faireval``, ``topical_chat``) or a JSONL/CSV file.
 
-    ``fmt`` picks a file's built-in task when no ``task`` is given; a built-in dataset takes only a task with its
-    own input fields. The other options are ``load_custom``'s, for files only.
+    ``fmt`` picks a file's built-in task when no ``task`` is given; a built-in takes only a task with its own input
+    fields. The other options are ``load_custom``'s, for files only.
     """
     if task is not None:
         if fmt and fmt != task.format:

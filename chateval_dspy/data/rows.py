@@ -20,16 +20,10 @@ from chateval_dspy.limits import MAX_DATA_FILE_BYTES, MAX_DATA_ROWS, MAX_TEXT_CH
 def read_rows(path: str | Path, *, bad_rows: str = "raise") -> list[tuple[int, dict | DataError]]:
     """``(row number, record)`` pairs from a JSONL, JSON-array or CSV file.
 
-    Row numbers are 1-based: a JSONL file's lines; a CSV file's records (the header is row 1, a record whose quoted
-    cells span lines is one row); a JSON array's elements (a ``.json`` file whose first character is ``[``, as
-    PandaLM ships its data). A file past ``limits.MAX_DATA_FILE_BYTES`` is refused unread, one past
-    ``MAX_DATA_ROWS`` rows at the row past the limit.
-
-    Args:
-        bad_rows: ``"raise"``: the first malformed row (invalid JSON, not an object, not UTF-8) raises its
-            ``DataError``, as a dataset must be whole. ``"keep"``: such a row comes back as
-            ``(row, DataError)`` in its place and the other rows still come back, for a batch of user rows
-            where one bad row must not stop the rest. A file that cannot be read at all raises either way.
+    Rows are 1-based: JSONL lines; CSV records (the header is row 1; quoted cells may span lines); a JSON array's
+    elements (a ``.json`` file starting with ``[``, as PandaLM ships its data). Past ``limits.MAX_DATA_FILE_BYTES``
+    a file is refused unread, past ``MAX_DATA_ROWS`` at the row past the limit. ``bad_rows="keep"`` returns a
+    malformed row as ``(row, DataError)`` in its place instead of raising (an unreadable file raises either way).
     """
     if bad_rows not in ("raise", "keep"):
         raise ValueError(f"bad_rows must be 'raise' or 'keep', got {bad_rows!r}")
@@ -54,8 +48,7 @@ def read_rows(path: str | Path, *, bad_rows: str = "raise") -> list[tuple[int, d
 
 
 def _read_data_file(path: Path, source: str) -> bytes:
-    """The bytes of the regular file ``path``, checked against ``MAX_DATA_FILE_BYTES`` before they are read (a
-    sparse giant is never read; a named pipe, opened without blocking, is refused as not a regular file)."""
+    """The bytes of the regular file ``path``, its size checked before reading (a pipe is refused, unblocked)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
@@ -106,11 +99,8 @@ _JSON_SPACE = re.compile(r"[ \t\n\r]*")
 
 
 def _array_rows(raw: bytes, source: str, keep: bool) -> list[tuple[int, dict | DataError]]:
-    """A JSON array's elements as rows (row ``k``: the ``k``-th element), parsed one element at a time.
-
-    An element that is not an object is its own ``DataError`` (kept with ``keep``); text that is not JSON stops the
-    read with ``keep`` too: after it, where the next element starts is unknown, so no row could be trusted.
-    """
+    """A JSON array's elements as rows, parsed one at a time. A non-object element is its own ``DataError``; text
+    that is not JSON stops the read even with ``keep``: where the next element starts is then unknown."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -235,9 +225,8 @@ class _Lines:
 
 def csv_records(text: str, *, source: str = "CSV text") -> list[list[str] | csv.Error]:
     """Every record of CSV ``text`` (the header first) as its cells, or as the ``csv.Error`` of a record with a cell
-    longer than ``MAX_TEXT_CHARS``: that record is skipped whole and the reading goes on after it, so no cell is
-    ever held past the limit. More than ``MAX_DATA_ROWS`` records (blank lines included) is a ``DataError`` naming
-    ``source``.
+    over ``MAX_TEXT_CHARS`` (skipped whole, so no cell is ever held past the limit); past ``MAX_DATA_ROWS`` records
+    (blank lines included), a ``DataError``.
 
     Example:
         >>> csv_records('a,b\\n1,"' + "x" * 100_001 + '\\n2,3"\\n4,5\\n')

@@ -21,16 +21,12 @@ class DataSpec:
 
     Args:
         dataset: ``faireval``, ``topical_chat``, or a JSONL/CSV file of your own.
-        format: The format of a custom file (``pairwise`` or ``pointwise``).
-        split: ``all``, ``train``, ``dev`` or ``test`` of the seeded 40/20/40 split.
-        seed: The split's (and the bootstrap's) seed.
-        resamples: The bootstrap's resamples behind each confidence interval; None:
-            ``chateval_dspy.run.metrics.N_RESAMPLES`` (2,000). It changes no item and no verdict, so it is in no
-            run key (``to_dict`` leaves it out).
+        split: ``all``, ``train``, ``dev`` or ``test`` of the seeded 40/20/40 split (``seed``: also the bootstrap's).
+        resamples: The bootstrap's resamples per confidence interval (None: ``run.metrics.N_RESAMPLES``); it
+            changes no verdict, so ``to_dict`` (and every run key) leaves it out.
         limit: Only the first N items (of the split; of each split for ``parts``).
-        task: The task of a custom file: a built-in task's name, a task file (YAML/JSON) or a ``TaskSpec``.
-        columns, skip_bad_rows, label_map, group_by, system, unlabelled, label_map_merge: How a custom file is
-            read (``loaders.load_custom``; ``items().skipped`` lists the rows skipped).
+        task: A custom file's task: a built-in task's name, a task file (YAML/JSON) or a ``TaskSpec``.
+        format, columns, skip_bad_rows, label_map, ...: How a custom file is read (``loaders.load_custom``).
 
     Example:
         >>> items, fmt = DataSpec("faireval", split="test", limit=3).items()
@@ -125,8 +121,8 @@ class DataSpec:
         return out
 
     def reading(self) -> dict[str, str]:
-        """How a file's items and labels were read, as the flags that say it (MLflow params: two runs that read
-        labels differently differ here, not only in ``dataset_hash``); every key always, ``-`` where not given.
+        """How a file was read, as the flags that say it, every key always (``-``: not given): MLflow params, so two
+        runs that read labels differently differ here, not only in ``dataset_hash``.
 
         Example:
             >>> DataSpec("my.csv", format="pairwise", columns={"label": "winner"}, label_map={"0": "tie"}).reading()

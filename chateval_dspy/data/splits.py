@@ -46,8 +46,8 @@ def _group(item: dspy.Example) -> str:
 
 
 def grouping(task: TaskSpec | str):
-    """How ``split`` keeps items together: pointwise items by their first input that is not judged (the
-    context several responses answer, as Topical-Chat's dialogue history), pairwise items one by one.
+    """How ``split`` keeps items together: pointwise by their first unjudged input (the context several responses
+    answer), pairwise one by one.
 
     Example:
         >>> import dspy
@@ -65,11 +65,8 @@ def grouping(task: TaskSpec | str):
 
 def split(items: list[dspy.Example], *, seed: int = 0, fractions=SPLIT_FRACTIONS,
           group=None) -> dict[str, list[dspy.Example]]:
-    """Seeded, stratified train/dev/test split.
-
-    Pairwise items are stratified by label; pointwise items are split by context (``group``, default the
-    dialogue history: all responses to one context land in the same split). The same seed and items
-    always give the same split.
+    """Seeded train/dev/test split, stratified by label; items of one ``group`` (default: the dialogue history)
+    land in the same part. The same seed and items always give the same split.
 
     Example:
         >>> from chateval_dspy.data.loaders import load_faireval

@@ -1,12 +1,9 @@
-"""The adapter every judge call goes through: DSPy's JSONAdapter with the cache-friendly layout and lean format.
+"""The adapter every judge call goes through: DSPy's JSONAdapter with ``lm.layout``'s layout, the lean format when
+the LM enforces the JSON schema, and Anthropic ``cache_control`` marks (carried by LiteLLM).
 
-``lm.layout`` says what goes where and why. Per call: the lean format when the LM enforces the JSON schema DSPy
-sends, the complete one otherwise; for Anthropic models (which cache only at marked breakpoints) ``cache_control``
-marks at the end of the static part and of the item's texts, which LiteLLM carries to the Messages API.
-
-DSPy's JSONAdapter rebuilds the response format's pydantic model and the system message on every call, about half
-of the framework's own time per LM call (BENCHMARKS.md, "overhead"), although both depend only on the signature:
-they are memoised per signature class (held weakly, as optimizers create many) and instructions.
+DSPy rebuilds the response format's pydantic model and the system message on every call, about half of its own
+time per call (BENCHMARKS.md, "overhead"), though both depend only on the signature: they are memoised per
+signature class (held weakly, as optimizers create many) and instructions.
 """
 
 from __future__ import annotations
@@ -61,10 +58,9 @@ def _setting(var: contextvars.ContextVar, value):
 def placement(*, persona_static: bool, mark_item: bool):
     """Calls made inside the block put the persona in the static part, or not, and mark the item's texts, or not.
 
-    The debate knows what the adapter cannot: whether another referee's predictor has the same static text (then
-    the referees share the bytes through the item's texts, and the persona must come after them) and whether any
-    other call of the item will read the prefix through the item's texts (else an Anthropic cache write there is
-    paid for and never read).
+    The debate knows what the adapter cannot: whether another referee's predictor shares the static text (then the
+    persona must come after the item's texts, which they share) and whether another call of the item reads the
+    prefix through the item's texts (else an Anthropic cache write there is paid for and never read).
     """
     return _setting(_PLACEMENT, {"persona_static": persona_static, "mark_item": mark_item})
 

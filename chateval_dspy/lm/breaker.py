@@ -1,22 +1,9 @@
 """A circuit breaker per endpoint: after ``threshold`` failed attempts in a row the run stops with one ``FatalLMError``.
 
-Without it an endpoint that takes connections and never answers costs every item its full deadlines. An attempt
-fails the endpoint's way when its connection was refused or lost, or it timed out and the endpoint also fails its
-liveness check (``alive``: ``/health``, else ``/v1/models``; ``lm.engine``). A timeout from a live endpoint is
-slowness: it does not count, and the engine stretches its bounds instead (``on_slow``; ``lm.call_limits.Pace``). No
-HTTP answer counts (a 5xx may be one request's, a 4xx is the request's fault), nor an attempt a deadline cut short,
-unless it was its call's first. Any answer closes the breaker again. Once it is open every call fails at once with
-the same error and calls in flight stop waiting, so the run ends with its finished results kept and the same command
-resumes it.
-
-A 429 is no item's fault: the caller waits (its Retry-After, at most ``RATE_LIMIT_PAUSE_CAP_S`` at a time) and asks
-again; once the endpoint has answered only 429s for ``rate_limit_wait`` seconds (or asks for longer, or a call's
-deadline runs out meanwhile) the breaker opens with ``RateLimited``, leaving the items in flight unrecorded.
-
-This package's engines count each of their attempts. An LM whose engine is DSPy's (a LiteLLM model string) is out of
-sight while it runs: its ``BreakerWatch`` callback counts the attempts of each failed call (``1 + num_retries``), and
-the debate's wait for a call (``Watch``) counts one for every ``timeout`` seconds without an answer, except while the
-endpoint rate-limits (then the silence is a Retry-After being slept out). Such an LM has no liveness check.
+What counts as a failure, 429s (``RateLimited``) and the figures: docs/reliability.md. This package's engines count
+each of their attempts; a DSPy-engine LM (a LiteLLM model string) is out of sight while it runs, so its
+``BreakerWatch`` counts each failed call's ``1 + num_retries`` attempts and ``Watch`` one per ``timeout`` of silence
+(not while the endpoint rate-limits). Such an LM has no liveness check.
 """
 
 from __future__ import annotations
@@ -59,7 +46,8 @@ def _seconds(value: float) -> str:
 
 
 def failure_kind(exc: BaseException | None) -> str | None:
-    """How the endpoint failed in ``exc`` (DSPy's wrapping looked through), or None when it is not the endpoint's fault.
+    """How the endpoint failed in ``exc`` (DSPy's wrapping looked through), or None when it is not the endpoint's fault
+    (no HTTP answer is: a 5xx may be one request's, a 4xx is the request's fault).
 
     Example:
         >>> failure_kind(lm15.TimeoutError("slow")), failure_kind(lm15.ServerError("down", status=503))
@@ -143,8 +131,8 @@ class Breaker:
             return self._probe[1]
 
     def failed(self, kind: str, attempts: int = 1) -> FatalLMError | None:
-        """Count ``attempts`` failed attempts of ``kind``; the ``FatalLMError`` to raise once the breaker is open, else None.
-        A timeout does not count while the endpoint passes its liveness check (``alive``): ``on_slow`` hears of it."""
+        """Count ``attempts`` failed attempts of ``kind``; the ``FatalLMError`` to raise once open, else None. A timeout
+        does not count while ``alive`` passes: ``on_slow`` hears of it."""
         if kind == TIMED_OUT and self.alive is not None and self._message is None and self.answers():
             with self._lock:
                 self.slow += attempts
@@ -168,9 +156,8 @@ class Breaker:
                 waiter.set()
 
     def trip(self, error: FatalLMError) -> FatalLMError:
-        """Open the breaker at once with ``error`` (an answer that retrying cannot change, e.g. a gateway's spent
-        budget): calls in flight stop waiting and later ones fail with it. Returns the error to raise (the first
-        one's, when the breaker was already open).
+        """Open at once with ``error`` (what retrying cannot change, e.g. a spent budget); returns the error to raise
+        (the first one's, when already open).
 
         Example:
             >>> b = Breaker("http://127.0.0.1:9/v1")
@@ -191,9 +178,8 @@ class Breaker:
         return self._limited_since is not None
 
     def rate_limited(self, pause: float, asked: float | None = None) -> float:
-        """A 429: the seconds to wait before asking again (``pause``, at most ``RATE_LIMIT_PAUSE_CAP_S`` and what is left
-        of ``rate_limit_wait``). Raises ``RateLimited`` (the breaker opens) once the endpoint has answered 429s for
-        ``rate_limit_wait`` seconds in a row, or when its Retry-After (``asked``) is longer than what is left.
+        """A 429: seconds to wait (``pause`` capped by ``RATE_LIMIT_PAUSE_CAP_S`` and what is left of
+        ``rate_limit_wait``); ``RateLimited`` once that is spent or the Retry-After ``asked`` is longer than what is left.
 
         Example:
             >>> b = Breaker("http://127.0.0.1:9/v1", rate_limit_wait=240)
@@ -266,9 +252,8 @@ _ACTIVE: contextvars.ContextVar[Watch | None] = contextvars.ContextVar("chateval
 
 
 class Watch:
-    """One LM call's wait (``lm.engine.within_deadline``): it ends when the call does or when one of ``breakers``
-    opens (with its ``FatalLMError``). Every ``tick`` seconds without an answer (the LMs' ``timeout``: DSPy's own
-    attempt ends there; None: never) count as one failed attempt of the DSPy-engine LMs the call reached."""
+    """One LM call's wait (``within_deadline``), ending with the call or when a breaker opens. Each ``tick`` seconds
+    of silence (the ``timeout``, where DSPy's attempt ends) is one failed attempt of the DSPy-engine LMs reached."""
 
     def __init__(self, breakers: Iterable[Breaker], tick: float | None = None):
         self.breakers, self.tick = list(breakers), tick
@@ -336,11 +321,8 @@ class Watch:
 
 
 class BreakerWatch(BaseCallback):
-    """Counts the attempts of an LM whose engine is DSPy's for its breaker (``with_breaker`` attaches it).
-
-    A call that failed the endpoint's way failed ``1 + num_retries`` attempts (DSPy retries such failures),
-    less those its ``Watch`` already counted for silence.
-    """
+    """Counts a DSPy-engine LM's failed attempts for its breaker: ``1 + num_retries`` per failed call, less those
+    its ``Watch`` counted for silence (``with_breaker`` attaches it)."""
 
     def __init__(self, breaker: Breaker):
         self.breaker = breaker

@@ -1,7 +1,7 @@
-"""What LM work may take before a run gives up on it: the time bounds of one attempt, one call and one judged item
-(``CallBounds``), how they follow an endpoint's measured speed (``Pace``), and the breaker's and ``rate_limit_wait``'s
-limits. Plain data and arithmetic, without DSPy or an HTTP client, so that ``LMSpec`` and the ``chateval`` parser
-state these defaults without importing either (``lm.engine`` enforces the bounds, ``lm.breaker`` counts failures).
+"""What LM work may take before a run gives up: the time bounds of an attempt, a call and a judged item
+(``CallBounds``), how they follow an endpoint's measured speed (``Pace``), and the breaker's and
+``rate_limit_wait``'s limits. Plain arithmetic, without DSPy or an HTTP client, so ``LMSpec`` and the parser state
+these defaults without importing either (``lm.engine`` enforces them, ``lm.breaker`` counts failures).
 """
 
 from __future__ import annotations
@@ -36,9 +36,8 @@ RATE_LIMIT_PAUSE_CAP_S = 60.0
 
 @dataclass(frozen=True)
 class CallBounds:
-    """How long LM work may take: ``timeout`` seconds an attempt, ``retries`` further attempts after a transient
-    failure (timeout, lost connection, 429, 408/409, 5xx), ``call_deadline`` seconds a call (all its attempts and
-    backoff) and ``item_deadline`` seconds all calls of one judged item. Build it with ``CallBounds.derive``.
+    """How long LM work may take: ``timeout`` seconds an attempt, ``retries`` after a transient failure,
+    ``call_deadline`` a call (all attempts and backoff), ``item_deadline`` one judged item. Build it with ``derive``.
 
     Example:
         >>> CallBounds.derive(120)
@@ -81,10 +80,9 @@ def _seconds(name: str, value, most: float = math.inf, words: str = "positive fi
 class Pace:
     """An endpoint's measured speed and the bounds that follow it: the stated bounds, stretched when it is slow.
 
-    The pace is seconds per token of answered attempts (queueing at the server included; a slower pace is taken at
-    once, a faster one gradually). An attempt may take ``margin`` times what the largest request so far (its prompt
-    plus ``max_tokens``) would take at that pace, when that is longer than the stated timeout; the deadlines stretch
-    in proportion, up to ``max_slowdown`` times. A timeout against a live endpoint (``lm.breaker``) doubles the stretch.
+    The pace is seconds per token of answered attempts (queueing included; slower taken at once, faster gradually).
+    An attempt may take ``margin`` times what the largest request so far needs at that pace (deadlines in
+    proportion), up to ``max_slowdown`` times the stated bounds; a live endpoint's timeout doubles the stretch.
 
     Example:
         >>> pace = Pace(CallBounds.derive(10))

@@ -1,24 +1,9 @@
-"""A DSPy engine for any OpenAI-compatible chat server (the embedded one, vLLM, Ollama, llama.cpp),
-and the time bounds every LM call of a judged item lives under.
+"""A DSPy engine for any OpenAI-compatible chat server (the embedded one, vLLM, Ollama, llama.cpp), and the time
+bounds every LM call of a judged item lives under (``lm.call_limits.CallBounds``).
 
-Retries happen in exactly one layer: this module's engines for base URLs (the ``openai`` client's own retries are
-off), else the debate's wait for each call (``within_deadline``), since DSPy's retry loop (``num_retries`` is 0
-everywhere) sleeps out any Retry-After unseen. Three bounds hold (``lm.call_limits.CallBounds``): ``timeout`` per
-attempt, ``call_deadline`` per call (all attempts and backoff; ``2 * timeout + 10``) and ``item_deadline`` per judged
-item (``4 * call_deadline``). A call that runs out of either deadline fails with ``DeadlineExceeded`` (a
-``TimeoutError``), the referee's abstention ``lm_error:deadline``. These engines stop themselves at the deadline;
-``within_deadline`` also stops waiting at the deadline plus ``WATCHDOG_GRACE_S``, which bounds LMs that cannot stop
-themselves (DSPy's engines for model strings, a server that drips bytes slower than the HTTP timeout). Other failures
-become DSPy's lm15 errors, which the debate records as abstentions too.
-
-Every endpoint has a circuit breaker (``lm.breaker``) that these engines report each attempt to and
-``within_deadline`` feeds for the LMs that cannot; a live but slow endpoint is waited for, its bounds stretched to its
-measured speed (``lm.call_limits.Pace``). A 429 is no item's fault: it is waited out (Retry-After, bounded) without
-spending a retry, and rate limiting for ``rate_limit_wait`` seconds stops the run (``lm.breaker.RateLimited``), never
-an abstention. Redirects are never followed (a 3xx is a ``FatalLMError``: nothing a server answers may choose where
-prompts go). Behind a gateway (the LiteLLM proxy) a 429's wait is its ``Retry-After`` or the proxy's
-``llm_provider-retry-after``; a spent budget is ``BudgetExceeded``, which opens the breaker at once; each request
-carries the run's tags in the ``x-litellm-tags`` header (``lm.tags``).
+Retries happen in exactly one layer: these engines for base URLs (the ``openai`` client's own are off), else
+``within_deadline`` (DSPy's ``num_retries`` is 0 everywhere: its loop sleeps out any Retry-After unseen). Deadlines,
+the breaker, 429s, gateway budgets and redirects: docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -126,13 +111,10 @@ def call_end(bounds: CallBounds | None) -> float:
 def within_deadline(fn: Callable[[], R], bounds: CallBounds | None) -> R:
     """``fn()``, but never waiting past the call's or the item's deadline: then ``DeadlineExceeded``.
 
-    ``fn`` runs on a daemon thread so that the caller regains control at the deadline even when the LM underneath
-    cannot be interrupted. Once the breaker of an LM in the context is open (``lm.breaker``), the call fails with its
-    ``FatalLMError``, before it starts or while it is in flight.
-
-    A model-string LM from ``resolve_lm`` makes one attempt a call, so its retries are made here, within the one call
-    deadline: a transient failure is tried again up to its ``retries`` (``_retry_pause``), and a 429 is waited out as
-    this module's engines do (``_wait_out``).
+    ``fn`` runs on a daemon thread so the caller regains control at the deadline even when the LM cannot be
+    interrupted; an open breaker of an LM in the context fails the call with its ``FatalLMError``, before or during
+    it. A model-string LM makes one attempt a call, so its retries (``_retry_pause``) and 429 waits (``_wait_out``)
+    are made here, within the one call deadline.
     """
     breakers = context_breakers()
     for breaker in breakers:  # an endpoint already given up on: fail before sending anything
@@ -252,8 +234,8 @@ def redirect_refused(endpoint: str, status: int, location) -> FatalLMError:
 
 
 def endpoint_alive(base_url: str, api_key: str = "none", timeout: float = PROBE_TIMEOUT_S) -> bool:
-    """Whether an OpenAI-compatible server is up: its ``/health`` (llama.cpp's, vLLM's) answers 200, or, where there is
-    none or it wants another key (404, 405, 401, 403), its ``/v1/models`` does. A redirect is no answer.
+    """Whether ``/health`` answers 200, or, where there is none or it wants another key (401/403/404/405),
+    ``/v1/models`` does. A redirect is no answer.
 
     Example:
         >>> endpoint_alive("http://127.0.0.1:9/v1", timeout=1)  # nothing listens on port 9
@@ -313,16 +295,9 @@ def _transient(error: Exception) -> bool:
 class OpenAICompatEngine:
     """``dspy.LM(model, engine=OpenAICompatEngine(...), num_retries=0)`` for a chat-completions server.
 
-    Args:
-        api_key: Sent as a bearer token; never logged or saved (this engine has no ``dump_state``).
-        max_retries: Further attempts after a transient failure, with exponential backoff (the only layer that
-            retries). ``timeout``, ``call_deadline`` and ``item_deadline`` are ``CallBounds``'.
-        compact_json: llama.cpp only: forbid free whitespace in constrained JSON and cap string lengths (at
-            ``max_string_chars``), so that a tiny model cannot pad its output until ``max_tokens``.
-        breaker: Failed attempts in a row after which every call fails with one ``FatalLMError``; the engine's
-            ``breaker`` attribute is that ``Breaker``. ``rate_limit_wait`` is the ``Breaker``'s.
-
-    ``bounds`` are the stated ones stretched to the endpoint's measured speed (``pace``, ``lm.call_limits.Pace``).
+    ``api_key`` is never logged or saved (no ``dump_state``). ``compact_json`` (llama.cpp only) forbids free whitespace
+    in constrained JSON and caps strings at ``max_string_chars``, so a tiny model cannot pad until ``max_tokens``.
+    ``breaker``/``rate_limit_wait`` configure the ``Breaker``; ``bounds`` are stretched by ``pace`` (``Pace``).
     """
 
     supports_response_schema = True
@@ -451,9 +426,8 @@ class OpenAICompatEngine:
                                    provider="openai-compatible") from exc
 
     def warm_up(self, tokens_asked: int) -> None:
-        """One short request, timed, so that the pace starts from the endpoint's speed now (the embedded model on a
-        machine already busy when the run starts), its largest request ``tokens_asked`` tokens (prompt plus
-        ``max_tokens``). Nothing is raised: a warm-up that fails leaves the stated bounds (a timeout stretches them)."""
+        """One short timed request, so the pace starts from the endpoint's speed now (``tokens_asked``: the largest
+        request's prompt plus ``max_tokens``). Never raises: a failed warm-up keeps the stated bounds."""
         body = {"model": self.model, "messages": [{"role": "user", "content": "Answer with one word: ready?"}],
                 "max_tokens": 16, "temperature": 0}
         started = time.monotonic()
@@ -502,9 +476,8 @@ class OpenAICompatEngine:
 
 
 class RestartingEngine(OpenAICompatEngine):
-    """An engine for a server this process owns: when it stops answering, ``restart()`` it once (it returns the new
-    base URL). A second loss is a ``FatalLMError``, which stops the run instead of costing every item an abstention.
-    """
+    """An engine for a server this process owns: when it stops answering, ``restart()`` it once (returning the new
+    base URL); a second loss is a ``FatalLMError``, which stops the run instead of costing every item an abstention."""
 
     def _counts(self, error: Exception) -> bool:
         # A lost server is restarted, and lost again it stops the run: only its silences are the breaker's.

@@ -1,21 +1,12 @@
 """How a judge call's prompt is laid out so that providers' prompt caches reuse it, and its lean format text.
 
-Prompt caches (OpenAI, Gemini and DeepSeek automatically; Anthropic at marked breakpoints; llama.cpp per slot)
-reuse the longest prefix a request shares with an earlier one, so what repeats comes first:
+Caches reuse the longest shared prefix, so what repeats comes first (docs/architecture.md, "Prompts"):
 
     system   instructions + the output format (+ persona)  same for every call of a predictor, on every item
     demos    user/assistant pairs                          same for every call of a predictor, on every item
     user     the item's texts (question, answers)          same for every call of the item in one answer order
              (| the persona)                               same for every call of that referee
              | what changed within the item (discussion)   new on every call
-
-The debate places the persona (``adapter.placement``): a referee whose predictor has static text of its own (tuned
-instructions or demonstrations) carries it at the end of the static part, where every item's calls reuse it; while
-several referees' predictors share the same static text (an untuned panel), it comes right after the item's texts,
-so that those referees share the bytes through the item's texts.
-
-The lean format says once what the fields are and which output to give; the JSON schema sent with the request
-enforces the rest. An LM that enforces no schema gets DSPy's complete format instead, and the reminder at the end.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Switch off the phone-home lookups of LiteLLM, MLflow, Ray and the HF hub, for a process we own.
 
-The ``chateval`` command, the benchmark runner and the test suite call ``ensure_offline()`` when they start, before
-anything imports dspy/litellm/mlflow (``LITELLM_LOCAL_MODEL_COST_MAP`` only works before LiteLLM's first import, which
-otherwise waits seconds for a cost map from the internet). Importing ``chateval_dspy`` never calls it, since these
-variables change other libraries' behaviour in the user's process (``HF_HUB_OFFLINE`` stops Hugging Face downloads).
+The CLI, benchmarks and tests call ``ensure_offline()`` first, before LiteLLM's first import (else it waits seconds
+for a cost map from the internet). Importing ``chateval_dspy`` never calls it: these variables change other
+libraries' behaviour in the user's process (``HF_HUB_OFFLINE`` stops Hugging Face downloads).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Mixed-model panels: a referee may run on an LM of its own, bound by its role slug at run time.
-
-As in "Replacing Judges with Juries" (Verga et al., 2024), a panel of different models can judge better and
-cheaper than one large model. The debate code does not change: each referee's turn looks up the LM bound to
-its slug in DSPy's context (``referee_lm``) and runs under it; every other call (the summarizer, a referee
-without an LM of its own, an optimizer's own prompts) uses the context's main LM.
+"""Mixed-model panels (as in Verga et al., 2024, "Replacing Judges with Juries"): a referee may run on an LM of its
+own, bound by its role slug at run time. Each referee's turn runs under the LM bound to its slug (``referee_lm``);
+every other call (the summarizer, other referees, an optimizer's prompts) uses the context's main LM.
 """
 
 from __future__ import annotations

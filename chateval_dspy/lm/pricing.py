@@ -1,15 +1,7 @@
-"""What a run costs in US dollars: LiteLLM's own cost map, read offline, or a price the user states.
-
-The cost map is the JSON file LiteLLM ships (``model_prices_and_context_window_backup.json``), read as a file so that
-pricing never imports LiteLLM (5-7 s). The rules, in order: a price stated for an LM (``attach_price``;
-``LMSpec.price_per_mtok``) wins; a model behind a base URL (``openai-compatible/<served id>``) or the embedded model
-is *unpriced* (its cost is ``None``, never 0), whatever its served id resembles, because a private endpoint's bill is
-not OpenAI's; any other model string is looked up in the cost map by its name.
-
-Of a call's prompt tokens, those read from the provider's prompt cache and those written to it have rates of their
-own (the cost map's ``cache_read_input_token_cost`` and ``cache_creation_input_token_cost``, or the third and fourth
-values of ``--price-per-mtok``); a price without one prices those tokens at the input rate, and says so
-(``Price.cache_rates``, ``cache_rate_note``).
+"""What a run costs in US dollars: LiteLLM's own cost map (its shipped JSON, read as a file so pricing never imports
+LiteLLM, 5-7 s), or a price the user states. A stated price (``attach_price``) wins; a model behind a base URL or the
+embedded one is *unpriced* (``None``, never 0: a private endpoint's bill is not OpenAI's); any other model string is
+looked up by name. Cache-read/write rates and how they show: docs/cost.md.
 """
 
 from __future__ import annotations
@@ -34,8 +26,7 @@ _PRICE_ATTR = "_chateval_price"
 
 @dataclass(frozen=True, repr=False)
 class Price:
-    """US dollars per million tokens: prompt (input), completion (output) and, when known, prompt tokens read
-    from the provider's prompt cache and written to it (None: priced at the input rate); and where they came from.
+    """US dollars per million tokens: input, output, and prompt-cache reads and writes (None: at the input rate).
 
     Example:
         >>> mini = Price(0.15, 0.6, "litellm", cached_prompt_per_mtok=0.075)  # 10,000 prompt tokens, 6,000 cached:
@@ -71,9 +62,8 @@ class Price:
 
     @property
     def per_mtok(self) -> tuple[float, ...]:
-        """The rates as ``--price-per-mtok`` states them, so that ``stated_price(p.per_mtok)`` gives ``p`` back:
-        ``(in, out)``, ``(in, out, cached_read)`` or ``(in, out, cached_read, cache_write)`` (a write rate without
-        a read rate states the input rate as the read rate).
+        """The rates as ``--price-per-mtok`` states them (``stated_price(p.per_mtok)`` gives ``p`` back; a write rate
+        without a read rate states the input rate as the read rate).
 
         Example:
             >>> stated_price("1,5").per_mtok, stated_price("1,5,0.1").per_mtok, stated_price("1,5,0.1,1.25").per_mtok
@@ -96,9 +86,8 @@ CACHE_RATES = {(True, True): "read+write", (True, False): "read", (False, True):
 
 
 def cache_rate_note(model: str, figures: dict) -> str | None:
-    """What a table says under a model whose cached tokens were priced as input for want of a cache rate, else None.
-    ``figures`` are the model's over a run or an item: ``cache_rates`` (None: unpriced, or written before cache rates
-    were recorded), ``cached_prompt_tokens`` and ``cache_write_tokens``.
+    """What a table says under a model whose cached tokens were priced as input for want of a cache rate, else None
+    (``figures``: a run's or item's ``cache_rates``, ``cached_prompt_tokens``, ``cache_write_tokens``).
 
     Example:
         >>> cache_rate_note("m", {"cache_rates": "none", "cached_prompt_tokens": 6000})
@@ -178,8 +167,8 @@ def _per_mtok(per_token) -> float | None:
 
 
 def stated_price(text) -> Price:
-    """``"in,out"`` or ``"in,out,cached_read,cache_write"`` (US dollars per million input, output, cache-read and
-    cache-write tokens; a sequence of numbers will do too) as a Price; a ConfigError otherwise.
+    """``"in,out[,cached_read[,cache_write]]"`` (dollars per million tokens; a sequence of numbers will do too) as a
+    Price; a ConfigError otherwise.
 
     Example:
         >>> stated_price("0.15,0.6")
@@ -271,12 +260,9 @@ class TokenCounts(NamedTuple):
 def token_counts(usage: dict | None) -> TokenCounts:
     """One usage dict (a call's, or DSPy's usage tracker's sum per model) as ``TokenCounts``.
 
-    DSPy's native routes and engines such as ours say the cache reads and writes in ``prompt_tokens_details``
-    (``cached_tokens``, ``cache_creation_tokens``); LiteLLM also says them there (or as ``cache_write_tokens``) and,
-    for Anthropic, again at the top level (``cache_read_input_tokens``, ``cache_creation_input_tokens``): the same
-    tokens, read once, never summed. ``prompt_tokens`` already counts them, unless it is smaller than they are
-    (Anthropic's own, disjoint counts, passed on verbatim by a custom engine): then they are added to it. A count
-    that is missing or None is 0.
+    Cache reads/writes are in ``prompt_tokens_details`` and, from LiteLLM for Anthropic, again at the top level: the
+    same tokens, read once, never summed. ``prompt_tokens`` already counts them unless it is smaller (Anthropic's
+    disjoint counts via a custom engine): then they are added. A missing count is 0.
 
     Example:
         >>> token_counts({"prompt_tokens": 8100, "completion_tokens": 50, "cache_read_input_tokens": 6000,

@@ -82,17 +82,10 @@ def _post_json(url: str, body: dict, timeout: float = 30) -> dict:
 
 class EmbeddedServer:
     """The embedded model behind llama.cpp's OpenAI-compatible server, in this process (the GGUF comes from a Python
-    package, not the Hugging Face hub, so it needs none of the offline switches).
+    package, not the Hugging Face hub, so it needs none of the offline switches); entering gives its base URL.
 
-    Args:
-        slots: Requests the server decodes at once (``n_parallel``).
-        cache_mib: Host memory for llama.cpp's prompt cache (earlier prompts' KV state, reused as the same items
-            return in every optimizer trial); llama.cpp's own default, 8 GiB per server, a long compile fills.
-
-    Example:
-        >>> with EmbeddedServer(slots=2) as base_url:  # doctest: +SKIP
-        ...     print(base_url)
-        http://127.0.0.1:41103/v1
+    ``cache_mib`` bounds llama.cpp's prompt cache (reused as items return in every optimizer trial): its own default,
+    8 GiB per server, a long compile fills.
     """
 
     def __init__(self, slots: int = 2, threads: int | None = None, cache_mib: int = EMBEDDED_PROMPT_CACHE_MIB):
@@ -218,23 +211,10 @@ def resolve_lm(spec: str = EMBEDDED, *, slots: int = 2, temperature: float = 0.0
                rate_limit_wait: float = DEFAULT_RATE_LIMIT_WAIT) -> Iterator[dspy.LM]:
     """Build (and for ``embedded``, start and later stop) the LM named by ``spec``.
 
-    Args:
-        spec: ``embedded``, an OpenAI-compatible base URL, or a LiteLLM model string.
-        slots: Requests the caller keeps in flight at once (the embedded server's slots).
-        max_tokens: Cap per call; defaults to 320 for the embedded model and 1024 otherwise.
-        served_model: The model id at a base URL (default: the first the server lists).
-        retries: Further attempts after a transient failure, in one layer: the engine (``embedded``, base URLs), or
-            the debate's wait for a call (``lm.engine.within_deadline``, LiteLLM strings); DSPy's ``num_retries`` is 0.
-        threads: CPU threads of the embedded server (default: all cores).
-        breaker: Failed attempts in a row after which the run stops (``lm.breaker``); the embedded server is
-            restarted on a lost connection instead, so only its timeouts count.
-
-    ``timeout``, ``call_deadline`` and ``item_deadline`` are ``CallBounds``' (``lm.engine``); the embedded model's and
-    base URLs' bounds stretch to their measured speed (``lm.call_limits.Pace``).
-
-    Example:
-        >>> with resolve_lm("embedded") as lm, dspy.context(lm=lm):  # doctest: +SKIP
-        ...     ...
+    ``slots``: requests kept in flight at once (the embedded server's slots). ``max_tokens`` defaults to 320 for the
+    embedded model, else 1024. ``served_model``: a base URL's model id (default: the first it lists). ``retries``
+    happen in one layer (``lm.engine``). ``breaker``: the embedded server is restarted on a lost connection instead,
+    so only its timeouts count. The time bounds are ``CallBounds``'; the engines stretch them (``Pace``).
     """
     check_model_spec(spec)
     bounds = CallBounds.derive(timeout, retries, call_deadline, item_deadline)

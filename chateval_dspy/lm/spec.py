@@ -34,26 +34,17 @@ class LMSpec:
     """The LM and its call settings.
 
     Args:
-        model: ``embedded``, an OpenAI-compatible base URL, or a LiteLLM model string; None: the default, which is
-            a loaded evaluator's own model (its card's) for ``load()``, and the embedded model everywhere else.
-        served_model: The model id at a base URL (default: the first the server lists).
-        max_tokens: Cap per call (default: 320 for the embedded model, 1024 otherwise).
-        timeout, retries, call_deadline, item_deadline: The time bounds (``lm.call_limits.CallBounds``; the
-            deadlines default to ``2 * timeout + 10`` and ``4 * call_deadline``); retries happen in one layer.
-        breaker: Failed attempts in a row against one endpoint after which the run stops with one ``FatalLMError``,
-            its finished results kept (``lm.breaker``; not in batch mode).
-        rate_limit_wait: Seconds an endpoint may answer 429 in a row (each Retry-After honoured up to 60 s at a time)
-            before the run stops with ``RateLimited``, the rate-limited items unrecorded for a rerun to judge.
+        model: ``embedded``, an OpenAI-compatible base URL, or a LiteLLM model string; None: a loaded evaluator's
+            own model (its card's) for ``load()``, the embedded model everywhere else.
+        timeout, retries, call_deadline, item_deadline: ``lm.call_limits.CallBounds``; retries happen in one layer.
+        breaker, rate_limit_wait: when the run stops on a dead or rate-limiting endpoint (``lm.breaker``; the
+            rate-limited items unrecorded for a rerun to judge). Not in batch mode.
         cache_dir: DSPy's cache directory (default ``$CHATEVAL_CACHE_DIR`` or ``~/.cache/chateval-dspy``).
-        referee_models: A mixed panel: ``{role slug: model}``; those referees run on their own LM (with this spec's
-            other settings), everything else on ``model``. Stored as sorted pairs (``referee_map`` gives the dict).
-        price_per_mtok: US dollars per million input and output tokens of ``model`` (``"0.15,0.6"`` or a pair),
-            optionally followed by the cached-read and cache-write rates, for an endpoint LiteLLM's cost map does not
-            price; None: the cost map's price, if any. In batch mode it is the price of batched requests.
+        referee_models: A mixed panel: ``{role slug: model}`` (other settings shared), stored as sorted pairs.
+        price_per_mtok: ``stated_price``'s rates for ``model`` (None: the cost map's); in batch mode, batched ones.
         batch: Judge through the provider's Batch API, in waves (``lm.batch``): half price, answers within hours.
-        batch_dir: Batch mode for a self-hosted engine: each wave's requests are written to this folder in the
-            OpenAI batch format ``vllm run-batch`` reads, and its output file is read back (implies ``batch``).
-        batch_poll: Seconds between looks at a submitted batch.
+        batch_dir: Batch mode for a self-hosted engine: waves as files in this folder for ``vllm run-batch``
+            (implies ``batch``).
 
     Example:
         >>> LMSpec(model="http://127.0.0.1:8000/v1", temperature=0.0).identity()["model"]
@@ -173,11 +164,9 @@ class LMSpec:
     @contextlib.contextmanager
     def judging(self, slots: int = 1, *, threads: int | None = None, journal: str | Path | None = None,
                 on_wave: Callable[[dict], None] | None = None) -> Iterator[dspy.LM]:
-        """``opened``'s LMs, entered with the JSON adapter and a mixed panel's referee LMs bound to their referees
-        (``lm.panel``); yields the main LM. ``slots`` is how many requests the caller keeps in flight. In batch mode
-        ``journal`` is the folder that keeps the batches and answers (beside the results file), ``on_wave`` sees
-        their progress (``lm.batch.waves.Waves``).
-        """
+        """``opened``'s LMs, entered with the JSON adapter and a mixed panel's referee LMs bound (``lm.panel``);
+        yields the main LM. Batch mode: ``journal`` keeps the batches beside the results file; ``on_wave`` sees
+        their progress (``Waves``)."""
         import dspy
 
         from chateval_dspy.lm import tags
@@ -191,10 +180,9 @@ class LMSpec:
     @contextlib.contextmanager
     def opened(self, slots: int = 1, *, threads: int | None = None, journal: str | Path | None = None,
                on_wave: Callable[[dict], None] | None = None) -> Iterator[tuple[dspy.LM, dict[str, dspy.LM]]]:
-        """The cache set, the LMs started (embedded) or reached, with this spec's bounds, retries and breaker and a
-        stated price, and stopped on exit: ``(main LM, {referee slug: LM})``; in batch mode the batching LM and no
-        referee LMs. No DSPy context is entered (``judging`` enters one), so a loaded ``Judge`` holds them and uses
-        them from any thread."""
+        """``(main LM, {referee slug: LM})`` with this spec's settings, started or reached, stopped on exit (batch
+        mode: the batching LM, no referee LMs). No DSPy context is entered (``judging`` does), so a loaded ``Judge``
+        holds them and uses them from any thread."""
         from chateval_dspy.lm import panel, resolve
         from chateval_dspy.lm.batch.setup import batch_lm
         from chateval_dspy.lm.pricing import attach_price

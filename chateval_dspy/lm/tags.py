@@ -1,9 +1,8 @@
 """Request tags for a shared LLM gateway's spend tracking: ``chateval``, ``task:<name>``, ``run:<id>``.
 
-Every request of this package's engines (``lm.engine``) to an OpenAI-compatible URL carries them in one header,
-``x-litellm-tags: chateval,task:faireval,run:<id>``, which the LiteLLM proxy reads into its spend logs
-(``metadata.tags``) and any other server ignores; a header, since strict servers refuse unknown body fields. A tag
-holds no secret. Many workers of one sweep share a run id through ``$CHATEVAL_RUN_ID``.
+Our engines' requests carry them in one header (``x-litellm-tags``; strict servers refuse unknown body fields),
+which the LiteLLM proxy logs and other servers ignore. A tag holds no secret; the workers of one sweep share a run
+id through ``$CHATEVAL_RUN_ID``.
 """
 
 from __future__ import annotations
@@ -28,8 +27,7 @@ _GENERATED: list[str] = []  # one generated run id a process
 
 
 def clean(tag: str) -> str:
-    """``tag`` with anything that could split the header's list (commas, spaces, newlines) made ``_``, at most 120
-    characters.
+    """``tag`` with anything that could split the header's list made ``_``, at most 120 characters.
 
     Example:
         >>> clean("task:my task, v2")
@@ -61,10 +59,7 @@ def header() -> dict[str, str]:
 
 @contextlib.contextmanager
 def tagging(task: str | None = None) -> Iterator[tuple[str, ...]]:
-    """Tag the requests sent inside: ``chateval``, ``run:<id>`` and, given, ``task:<task>``; nested, it adds the task.
-
-    Worker threads that copy the context (``concurrency.parallel_map``, the deadline watchdog) keep the tags.
-    """
+    """Tag the requests sent inside (threads that copy the context keep them); nested, it adds the task."""
     outer = _TAGS.get()
     tags = outer or ("chateval", f"run:{clean(run_id())}")
     if task and not any(t.startswith("task:") for t in tags):

@@ -22,15 +22,9 @@ class ChatEval(dspy.Module):
     """A multi-referee debate evaluator of ``config``'s shape; ``roles`` (default: resolved from ``config.roles`` and
     ``config.role_file``) lets a saved evaluator pass the personas from its card.
 
-    The prediction carries, for pairwise tasks, ``preference`` (``"1"``, ``"2"``, ``"tie"`` or None when every
-    referee abstained) and each criterion's panel scores per response (``score_1``/``score_2`` for FairEval), or for
-    pointwise tasks one field per criterion (the mean rating, or the most common label); plus ``referees`` (each
-    role's verdicts), ``transcripts`` (one per answer order), ``consistent`` (both orders agreed), ``abstained`` (a
-    reason or None), ``abstentions`` (per referee turn) and ``calls``.
-
-    Each call is one item: its LM calls together end within the LM's ``item_deadline``; turns left when it passes
-    abstain as ``lm_error:deadline``. With calibration the two answer orders are independent debates and run at
-    once, unless ``parallel_orders`` is False (not part of the config: it changes time, never a verdict).
+    The prediction's fields are a results line's (``run.evaluate.result_record``; ``preference`` None when every
+    referee abstained). Each call is one item, within the LM's ``item_deadline``. With calibration the two answer
+    orders run at once, unless ``parallel_orders`` is False (not part of the config: it changes time, never a verdict).
 
     Example:
         >>> program = ChatEval(DebateConfig(roles=("critic",), turns=1))

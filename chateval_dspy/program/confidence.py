@@ -1,12 +1,8 @@
 """How far to trust one verdict: the evidence a run already has, a fixed raw summary of it, and a calibrated map.
 
-``evidence`` reads a verdict's ``Evidence`` from its referees' verdicts (in every answer order), the order
-consistency and, under ``--weighted-scores``, the LM's token probabilities, alike from a live prediction or a saved
-results line. ``raw_confidence`` folds it into one number in [0, 1] by a fixed, monotone rule that ranks verdicts but
-is no probability; a ``ConfidenceMap`` fitted on people's labels (``optim.tuning.confidence.fit_confidence_map``)
-turns it into the probability that people agree with the verdict: pairwise, the same preference; pointwise, per
-criterion, the same label or a score within ``tolerance`` (``agrees``; 0.5 by default: a person's mean such as 2.67
-agrees with 2.5 and 3).
+``evidence`` reads a verdict's ``Evidence`` alike from a live prediction or a results line; ``raw_confidence`` folds
+it into one number that ranks verdicts but is no probability; a ``ConfidenceMap`` fitted on people's labels
+(``optim.tuning.confidence``) turns it into the probability that people agree (``agrees``). docs/selective.md.
 """
 
 from __future__ import annotations
@@ -217,8 +213,7 @@ class ConfidenceMap:
     Args:
         raw: Breakpoints on the raw confidence, strictly increasing, in [0, 1].
         calibrated: The probability at each breakpoint, non-decreasing, in [0, 1].
-        method: ``isotonic`` or ``platt`` (a logistic curve, tabulated).
-        n: Labelled verdicts it was fitted on.
+        method: ``isotonic`` or ``platt`` (a logistic curve, tabulated); ``n``: labelled verdicts it was fitted on.
 
     Example:
         >>> cmap = ConfidenceMap(raw=(0.2, 0.8), calibrated=(0.5, 0.9), method="isotonic", n=40)

@@ -16,15 +16,8 @@ from chateval_dspy.program.strategies import STRATEGIES
 def critical_path(config: DebateConfig, *, parallel_orders: bool = True) -> dict:
     """LM calls per verdict and the longest chain of dependent calls, for a panel's shape.
 
-    Every call is counted once: parse retries (``parse_retries``) would add a call to the chain each
-    time they happen, and are not counted. With ``consensus_stop`` a debate may end early, so both
-    figures are upper bounds (``upper_bound`` says so).
-
-    ``parallel_orders``: the two answer orders run at once (``ChatEval``'s default); when False the chain runs
-    through both orders, one after the other.
-
-    Returns:
-        ``{"calls", "chain", "orders", "per_order": {"calls", "chain"}, "parallel_orders", "upper_bound"}``.
+    Parse retries are not counted. With ``consensus_stop`` a debate may end early, so both figures are upper bounds
+    (``upper_bound``). ``parallel_orders`` False: the chain runs through both orders, one after the other.
 
     Example:
         >>> cfg = DebateConfig(roles=("general_public", "critic"), turns=2)  # one_by_one, both orders

@@ -1,15 +1,8 @@
 """The debate: N referees over T rounds, under one strategy. The only debate loop.
 
-Rounds before the last are talk (``argue``); in the last round each referee gives
-its verdict (``judge``) with its evidence, which later speakers may also see.
-An LM call costs N x T per answer order, plus T-1 summaries under the summarizer
-strategy. With ``consensus_stop`` every round is a verdict round and the debate ends
-after the first round in which all referees agree (so N x T is then an upper bound).
-A verdict that still fails to parse after the retries, or an LM call that fails, is
-recorded as that referee's abstention with its reason, never as a score. Every call runs
-under the LM's call deadline and the item's deadline (``lm.engine``): one that runs out of
-time is the abstention ``lm_error:deadline``, and once the item's time is spent its remaining
-turns abstain at once, without calling the LM.
+Rounds before the last are talk (``argue``); in the last each referee gives its verdict (``judge``). A verdict
+that fails to parse after the retries, or a failed or timed-out LM call, is that referee's abstention with its
+reason, never a score. Cost and consensus stop: docs/architecture.md; deadlines: docs/reliability.md.
 """
 
 from __future__ import annotations

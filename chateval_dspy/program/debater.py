@@ -16,9 +16,7 @@ class Debater(dspy.Module):
     """One referee of the panel, with its own ``argue`` and ``judge`` predictors, so an optimizer tunes every role's
     instructions and demonstrations separately.
 
-    In a mixed panel the referee runs on the LM bound to its slug (``lm.panel``, set up by ``LMSpec.judging``
-    or ``load(..., lm=LMSpec(referee_models=...))``); otherwise on the context's LM, as every DSPy module does.
-    ``task`` (a ``TaskSpec`` or a format's built-in task) picks the signatures and the persona text.
+    In a mixed panel the referee runs on the LM bound to its slug (``lm.panel``); otherwise on the context's LM.
 
     Example:
         >>> from chateval_dspy.program.roles import resolve_roles

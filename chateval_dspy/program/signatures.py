@@ -1,15 +1,10 @@
 """The prompts, as DSPy signatures built from a task spec (``task.TaskSpec``).
 
-Each signature's instructions are the text an optimizer rewrites. Personas and the visible
-discussion are input fields, so every role shares these signatures while holding its own
-predictors. Fields are ordered from most to least shared (judged texts, then the discussion, then
-the persona) so that the server's prompt cache reuses the longest prefix across referees and
-turns; the item's texts are declared as data, not instructions. Scored outputs are ``Literal``
-types of the criterion's scale, enforced by DSPy and by the JSON schema sent to the LM.
-
-The built-in tasks' signatures (``PairwiseArgument``, ``PairwiseVerdict``, ``ScoringArgument``,
-``ScoringVerdict``) are built from ``tasks/faireval.yaml`` and ``tasks/topical_chat.yaml``, and their
-prompts are byte for byte those the benchmarks were measured with.
+Each signature's instructions are the text an optimizer rewrites. Personas and the visible discussion are input
+fields, so every role shares these signatures while holding its own predictors; fields run from most to least shared
+for the providers' prompt caches (docs/architecture.md, "Prompts"). Scored outputs are ``Literal`` types of the
+criterion's scale. The built-in tasks' signatures (``PairwiseVerdict``, ...) are built from ``tasks/*.yaml``, their
+prompts byte for byte those the benchmarks were measured with.
 """
 
 from __future__ import annotations

@@ -15,13 +15,8 @@ import re
 def expected_scores(content: list[dict], ranges: dict[str, tuple[int, int]]) -> dict[str, float]:
     """Expected value of each score field from DSPy's ``prediction.logprobs["content"]``.
 
-    Args:
-        content: Tokens as DSPy reports them: ``{"token", "logprob", "top_logprobs": [{"token", "logprob"}]}``.
-        ranges: Field name -> (lowest, highest) valid rating.
-
-    Returns:
-        The fields whose value is a single token with alternatives; others are left out (the caller keeps
-        the plain integer for them, e.g. "10", which most tokenizers split into two tokens).
+    ``ranges``: field name -> (lowest, highest) valid rating. Only fields whose value is a single token with
+    alternatives are returned; the caller keeps the plain integer for the others (e.g. "10", two tokens mostly).
 
     Example:
         >>> toks = [{"token": '{"score_1": ', "logprob": 0.0, "top_logprobs": []},

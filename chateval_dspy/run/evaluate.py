@@ -1,7 +1,6 @@
 """Run a program over items, stream one JSON line per item, and report agreement and cost.
 
-This is the Python API behind ``chateval evaluate``: the CLI only adds the progress
-bar and the printed table.
+The Python API behind ``chateval evaluate`` (the CLI adds the progress bar and the table).
 """
 
 from __future__ import annotations
@@ -33,9 +32,8 @@ TRUNCATION_MARK = " [... truncated {n} characters]"
 def truncate(text: str, limit: int) -> tuple[str, int]:
     """Keep the first ``limit`` characters and say how many were cut.
 
-    The rule: a judged text longer than ``max_text_chars`` keeps its head (where
-    answers state their point) and ends with a visible marker, so no prompt
-    overflows the model's context silently.
+    A judged text keeps its head (where answers state their point) and a visible marker, so no prompt overflows
+    the model's context silently.
 
     Example:
         >>> truncate("abcdef", 3)
@@ -81,18 +79,10 @@ def prediction_of(config: DebateConfig, pred: dspy.Prediction):
 
 
 def result_record(program: dspy.Module, item: dspy.Example, config: DebateConfig) -> dict:
-    """One item's result record (what a line of the results file holds).
+    """One item's result record (what a line of the results file holds; its fields: docs/tasks.md, docs/cost.md).
 
-    Pairwise: ``prediction`` (the preference) and each criterion's panel scores per response (``score_1``,
-    ``score_2``, ...); pointwise: ``prediction`` = ``{criterion: value}``. ``human`` holds the label(s);
-    ``empty`` (only when some) lists the judged responses that were empty; ``group_id`` and ``system_id`` (only when
-    the data name them: ``DataSpec.group_by``, ``system``) are the item's document and system, for summary- and
-    system-level correlations. ``usage_by_model`` holds each
-    model's calls, cached calls, tokens, seconds and ``cost_usd`` (``run.usage``); ``cost_usd`` is their sum in
-    US dollars, None when any model used is unpriced. ``prompt_tokens`` counts every prompt token, among them
-    ``cached_prompt_tokens`` (read from the provider's prompt cache) and ``cache_write_tokens`` (written to it).
-    ``raw_confidence``, ``confidence`` and ``confidence_calibrated`` say how far to trust the verdict, and a verdict
-    below the program's calibrated threshold is ``withheld`` (``selective_fields``).
+    ``empty``, ``group_id``, ``system_id`` and ``failed_calls`` are there only when they apply, so every other line is
+    what it always was; ``cost_usd`` is None when any model used is unpriced; confidence: ``selective_fields``.
     """
     task = config.task_spec
     inputs, cut = prepare(item, config)
@@ -141,13 +131,10 @@ def result_record(program: dspy.Module, item: dspy.Example, config: DebateConfig
 def selective_fields(record: dict, task, calibration: Calibration | None) -> dict:
     """A results line's confidence fields, and what changes when its verdict is withheld.
 
-    ``raw_confidence`` is ``chateval_dspy.program.confidence.line_confidence`` of the line: one figure (pairwise) or
-    ``{criterion: figure}`` for the criteria with a value (pointwise); None without a verdict. ``confidence`` is it
-    through the program's ``calibration`` (``confidence_calibrated`` true), or the raw figure again (false). When the
-    calibration has a threshold and the verdict's confidence (pointwise: its least confident criterion's, so a
-    verdict is given whole or not at all) is below it, ``prediction`` becomes None, the panel's verdict is kept as
-    ``withheld`` and ``abstained`` is ``needs_person``: the item goes to a person, and agreement is computed over
-    the verdicts given (``RunResult``).
+    ``raw_confidence`` is ``line_confidence`` of the line; ``confidence`` is it through the program's
+    ``calibration`` (``confidence_calibrated`` true), or the raw figure again (false). A verdict whose confidence
+    (pointwise: its least confident criterion's, so a verdict is given whole or not at all) is below the threshold
+    becomes ``withheld``, with ``prediction`` None and ``abstained`` ``needs_person`` (docs/selective.md).
 
     Example:
         >>> from chateval_dspy.program.confidence import ConfidenceMap
@@ -229,9 +216,6 @@ def evaluate(program: dspy.Module, items: Iterable[dspy.Example], config: Debate
     """Judge ``items`` with ``program`` under the LM of the current DSPy context.
 
     Args:
-        program: Usually ``build_evaluator(config)`` or a loaded, compiled evaluator.
-        items: Examples from ``data.load_dataset``.
-        config: The program's config (format, truncation limit).
         out: A JSONL file; one complete line per item is appended as soon as it is judged. If it already
             holds records of the same run (same ``run_key``), those items are not judged again: their
             records count in the result and the run goes on with the rest (resume after a crash or kill).
@@ -240,18 +224,11 @@ def evaluate(program: dspy.Module, items: Iterable[dspy.Example], config: Debate
         on_item: Called with each record (the CLI advances its progress bar here). If it has a ``resumed`` method
             (a ``Tracer``'s has), that is called first with the records resumed from ``out``.
         run_key: What identifies the run; stored in each record and checked on resume, so a file written by
-            another run is refused (``ConfigError``). None: derived from ``config``, the model and sampling
-            settings of the LM in the DSPy context (and of a mixed panel's referee LMs), the items and
-            ``program.dump_state()`` (so a compiled program never resumes the uncompiled one's file); then
-            lines of other items in ``out`` are dropped (``ResultsStream``). Only needed with ``out``; lines of
-            items not in ``items`` never count.
+            another run is refused (``ConfigError``). None: ``identity.run_key`` of the config, the LMs in the DSPy
+            context, the items, the program's state and calibration; then lines of other items in ``out`` are
+            dropped (``ResultsStream``). Only needed with ``out``; lines of items not in ``items`` never count.
         waves: Batch mode: the ``concurrency`` items judged at once make their calls in waves, each wave every
             call that can be made (``concurrency.run_gated``; the LM must be a batching one, ``lm.batch``).
-
-    Example:
-        >>> with dspy.context(lm=lm, adapter=DebateAdapter()):  # doctest: +SKIP
-        ...     result = evaluate(build_evaluator(cfg), items, cfg, out="results.jsonl")
-        >>> result.metrics()["accuracy"]  # doctest: +SKIP
     """
     ids = None
     if out is not None:

@@ -1,7 +1,7 @@
 """``evaluate_dataset``: a dataset, a panel and an LM in, a resumable results file and its figures out.
 
-This is ``chateval evaluate`` as a Python function: the CLI adds only the progress bar and the
-printed table. The results file is found again by its run key, so the same call resumes it.
+``chateval evaluate`` as a Python function (the CLI adds the progress bar and the table). The results file is
+found again by its run key, so the same call resumes it.
 """
 
 from __future__ import annotations
@@ -201,14 +201,8 @@ def evaluate_dataset(data: DataSpec, config: DebateConfig | Callable[[str], Deba
     """Judge ``data``'s items with a panel built from ``config`` on ``lm``, resuming ``out`` if it holds part of this
     run: ``judge_plan(plan_run(data, config, lm, out), **how)``.
 
-    Args:
-        data: Which items (dataset, split, seed, limit).
-        config: The panel, or a function of the dataset's format that returns it (the CLI's flags); it must
-            judge the data's task (``DataSpec.task``).
-        lm: Which LM, and how it is called; a mixed panel's ``referee_models`` must name referees of the panel.
-        out: The results file (default ``results/<dataset>-<run key>.jsonl``); a second run on it while this one
-            writes it is refused (``ConfigError`` naming this one's pid), and so is a symbolic link.
-        how: ``judge_plan``'s ``overwrite``, ``concurrency``, ``on_item``, ``on_wave`` and ``on_start``.
+    ``config`` may be a function of the dataset's format (the CLI's flags). A second run on ``out`` while this one
+    writes it is refused (``ConfigError`` naming this one's pid), and so is a symbolic link.
 
     Example:
         >>> run = evaluate_dataset(DataSpec("faireval", limit=2), DebateConfig(roles=("critic",), turns=1),
@@ -226,9 +220,6 @@ def judge_plan(plan: RunPlan, *, overwrite: bool = False, concurrency: int = 1,
     its last line.
 
     Args:
-        overwrite: Start the results file afresh instead of resuming it.
-        concurrency: Items judged at once.
-        on_item: Called with each record (a progress bar).
         on_wave: Batch mode (``lm.batch``): called with the waves' progress (``lm.batch.waves.Waves``).
         on_start: Called once the LM is up, before the first item, with the results file, the model's name and a
             mixed panel's referee models (a tracker logs them while the run goes on).

@@ -12,16 +12,11 @@ from collections.abc import Iterable
 
 def run_key(config, lm: dict, items: Iterable, program_state: dict | None = None,
             calibration: dict | None = None) -> str:
-    """What makes two runs the same run: the panel's config, the LM's identity, the exact items,
-    (when given) the program's tuned state and its calibration. A results file resumes only under the same key.
+    """What makes two runs the same run: the panel's config, the LM's identity, the exact items (ids, inputs and
+    labels) and, when given, the program's tuned state and its calibration (``Calibration.to_dict()``).
 
-    Args:
-        config: The ``DebateConfig`` (only fields off their defaults count, so new fields keep old keys).
-        lm: The LM's identity (``LMSpec.identity()``, or model and sampling of the LM in context).
-        items: The items judged (ids, inputs and labels are hashed).
-        program_state: A compiled program's ``dump_state()``; None for a program as built.
-        calibration: The program's ``Calibration.to_dict()`` (its confidences and which verdicts it withholds);
-            None without one, which keeps the key of an uncalibrated run what it always was.
+    Only config fields off their defaults count, and None leaves the state and calibration out, so new fields and
+    uncalibrated runs keep the keys they always had.
 
     Example:
         >>> from chateval_dspy.config import DebateConfig

@@ -1,10 +1,7 @@
 """Locks on files: one writer per results file (``exclusive``), and a waiting lock for a one-time setup
 (``waiting``), both ``flock`` on a lock file opened by ``open_lock_file``, which refuses a link, a pipe or another
-file's second name instead of writing through it.
-
-``exclusive`` holds ``flock`` on ``<file>.lock`` (which names the holder's pid) for as long as a run writes it, so a
-second run on the same file is refused instead of judging every item again, naming the pid that the kernel says
-holds the lock. ``flock`` is POSIX; where ``fcntl`` is missing (Windows) results files are not locked.
+file's second name instead of writing through it. A second run on a results file is refused, naming the holder's
+pid, instead of judging every item again. ``flock`` is POSIX; without ``fcntl`` (Windows) nothing is locked.
 """
 
 from __future__ import annotations

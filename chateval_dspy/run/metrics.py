@@ -1,15 +1,8 @@
 """Agreement with people, with 95% bootstrap confidence intervals.
 
-Pairwise: accuracy and Cohen's kappa over three classes (1, 2, tie), as in the paper.
-Pointwise, per criterion of the task, as its scale allows: turn-level Spearman and
-Kendall-Tau for integer scales (``<criterion>_spearman``, ``_kendall``, and their means
-``average_spearman``, ``average_kendall``), accuracy and Cohen's kappa for label scales
-(``<criterion>_accuracy``, ``_kappa``, and ``average_accuracy``, ``average_kappa``).
-Abstentions are kept, never dropped: in pairwise metrics an abstention is its own
-class, so it always counts as disagreement; in pointwise metrics abstained items are
-left out of the figures and counted (``n_abstained``). A criterion some items carry no
-human label for is computed over the others, and the missing ones are counted
-(``<criterion>_missing``, present only when some are missing).
+Pairwise: accuracy and Cohen's kappa over 1, 2 and tie, as in the paper; an abstention is its own class, so always a
+disagreement. Pointwise: per criterion as its scale allows (``pointwise_report``); abstained items are left out and
+counted (``n_abstained``). Which figures each task reports: docs/tasks.md.
 """
 
 from __future__ import annotations
@@ -213,12 +206,10 @@ def pointwise_report(human: Sequence[dict], predicted: Sequence[dict | None], *,
                      systems: Sequence | None = None, unlabelled: int = 0, n_resamples: int | None = None) -> dict:
     """Per-criterion agreement over items with a verdict, and its mean over the criteria of each kind.
 
-    Integer scales: Spearman and Kendall-Tau; label scales: accuracy and Cohen's kappa. A criterion
-    without a human label on some items is measured on the others (``<criterion>_missing`` counts them, with the
-    ``unlabelled`` items that carry no label at all). An average is over the criteria where the figure is defined
-    (``average_<figure>_criteria`` counts them). ``groups`` (a document id per item) adds summary-level
-    correlations (``<criterion>_spearman_summary``: per group, then averaged over the groups where defined);
-    ``systems`` (a system id per item) adds system-level ones (``_system``: over the per-system mean scores).
+    Integer scales: Spearman and Kendall-Tau; label scales: accuracy and Cohen's kappa (the figures' names:
+    docs/tasks.md). A criterion unlabelled on some items is measured on the others (``<criterion>_missing`` counts
+    them, with the ``unlabelled`` items). ``groups`` (a document id per item) and ``systems`` (a system id per item)
+    add ``level_report``'s summary- and system-level correlations.
 
     Example:
         >>> r = pointwise_report([{"ok": "pass"}, {"ok": "fail"}, {"ok": None}], [{"ok": "pass"}] * 3, n_resamples=200,
@@ -310,11 +301,9 @@ def _system_means(h: list, p: list, groups: list[list[int]]) -> tuple[list[float
 def level_report(ordinal: dict[str, tuple[list, list]], keys: Sequence, level: str, *, seed: int = 0,
                  n_resamples: int | None = None) -> dict:
     """Summary-level (``level="summary"``: correlation within each group of ``keys``, averaged over the groups
-    where it is defined; the CI resamples those groups) or system-level (``"system"``: correlation of the
-    per-system mean scores; the CI resamples systems) Spearman and Kendall per criterion, as
-    ``<criterion>_<stat>_<level>``, their averages over the criteria where defined, and ``n_groups``/``n_systems``.
-    Each figure's ``n`` is the groups (systems) it rests on: a summary-level one's, the documents where it is
-    defined (an average's: where any criterion's is), which may be fewer than ``n_groups``.
+    where defined) or system-level (``"system"``: correlation of the per-system mean scores) Spearman and Kendall per
+    criterion, as ``<criterion>_<stat>_<level>``, with averages and ``n_groups``/``n_systems`` (docs/tasks.md). The
+    CI resamples groups (systems); a figure's ``n`` is those it is defined on, maybe fewer than ``n_groups``.
 
     Example:
         >>> r = level_report({"q": ([1, 2, 3, 3, 2, 1], [1, 2, 3, 1, 2, 3])}, ["a", "a", "a", "b", "b", "b"],
@@ -421,10 +410,8 @@ def mean_bootstraps(figures: dict, *, seed: int = 0, n_resamples: int | None = N
     """Per figure, the mean over the rows of its values (criteria) of each row's mean over its defined columns
     (groups; NaN: undefined there), with the 95% percentile CI of resampling the columns.
 
-    The resampling is ``bootstrap``'s (scipy's ``paired`` percentile bootstrap: the same index draws from the same
-    seed). Each block of resamples becomes a matrix of how often each group was drawn, and one matrix product
-    gives every figure over as many groups its sums, so 50,000 groups at 2,000 resamples take seconds, where a
-    statistic called per resample took minutes.
+    The index draws are ``bootstrap``'s (same seed, same draws); one matrix product of draw counts per block of
+    resamples gives every figure, so 50,000 groups at 2,000 resamples take seconds, not minutes.
 
     Example:
         >>> {k: str(v) for k, v in mean_bootstraps({"q": [0.5, 1.0, 0.0, 0.5]}, n_resamples=200).items()}

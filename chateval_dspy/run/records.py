@@ -1,11 +1,8 @@
-"""Results files: JSON Lines written one whole line at a time, read back to resume a run, each line carrying the
-run key (``run.identity``) that says which run it belongs to.
+"""Results files: JSON Lines, each line carrying the run key (``run.identity``) of its run, read back to resume it.
 
-A line is written with one ``write`` then flushed and fsynced, so a crash leaves at most one
-incomplete last line; ``read_records`` cuts such a line off before a run appends again.
-``ResultsStream`` is the one resumable results file that ``evaluate()`` and ``score_file`` share.
-
-One writer per results file: ``run.locks``.
+A line is written with one ``write``, flushed and fsynced, so a crash leaves at most one torn last line, which
+``read_records`` cuts off. ``ResultsStream`` is the file ``evaluate()`` and ``score_file`` share; one writer per
+file: ``run.locks``.
 """
 
 from __future__ import annotations
@@ -179,32 +176,19 @@ def is_error(record: dict) -> bool:
 class ResultsStream:
     """One resumable JSONL results file: what an earlier run finished, and a thread-safe ``append``.
 
-    Creating it reads the file (a torn last line left by a kill is cut off; a figure that cannot be added up is a
-    ``DataError`` naming line and field), refuses it if ``key`` is given and any line belongs to another run (or
-    ``check`` refuses a line), and drops with an atomic rewrite: earlier error lines (``{"id", "error",
-    ...}``: an error costs no LM call, so each run writes one again for every row that still fails, and a row
-    fixed meanwhile leaves no stale error behind), every line of an item after its first, and (given ``ids``)
-    lines of items that are not the run's, the last two with a warning. So a finished run leaves exactly one
-    line per item, however often it is rerun, and counts each once. ``path=None`` streams nowhere (nothing to
-    resume, ``append`` only passes the record through).
-
-    It is the file's one writer (``exclusive``) while it reads and rewrites, and from ``open`` to ``close``; a
-    symbolic link as ``path`` is refused (``refuse_link``).
+    Creating it reads the file (a torn last line cut off; a figure that cannot be added up is a ``DataError`` naming
+    line and field), refuses a line of another run (or one ``check`` refuses), and drops with an atomic rewrite:
+    earlier error lines (an error costs no LM call, so each run writes one again for every row that still fails, and
+    a fixed row leaves no stale error), every line of an item after its first, and (given ``ids``) lines of other
+    items, the last two with a warning. So a finished run holds one line per item, however often it is rerun.
+    ``path=None`` streams nowhere (``append`` only passes the record through). It is the file's one writer
+    (``exclusive``) while it reads and rewrites, and from ``open`` to ``close``; a symbolic link is refused.
 
     Args:
-        path: The results file (created, with its folder, on first ``open``), or None.
         key: The run key stamped into each appended record (``run_key``) and required of every line read;
             None: lines are not checked and records are written as given.
-        id_field: The field that names an item.
-        ids: The run's item ids, when the file holds no others; None: any.
         check: Called with each line but error lines, its file and line number, before anything is dropped
             (``check_result``: a line of an evaluate run).
-
-    Example:
-        >>> with ResultsStream("results.jsonl", key="abc123") as stream:  # doctest: +SKIP
-        ...     for item in items:
-        ...         if str(item.id) not in stream.done:
-        ...             stream.append(judge(item))
     """
 
     def __init__(self, path: str | Path | None, key: str | None = None, *, id_field: str = "id",

@@ -1,21 +1,10 @@
 """``RunResult``: what a run measured (agreement inputs, cost, abstentions), accumulated record by record.
 
-Abstentions are counted at two levels, by cause: whole items without a verdict (``record["abstained"]``)
-and single referee turns that gave none (the values of ``record["abstentions"]``). An item can keep its
-verdict while some of its referees abstained, so the second count is the one that shows a flaky LM.
-
-Cost in US dollars is summed per model (``record["usage_by_model"]``). A run's dollar figures are numbers
-only when every model it used is priced; otherwise they are the word ``unpriced``, never 0. Lines written
-before costs were recorded (no ``usage_by_model``) make the run's dollars ``unpriced`` too.
-
-Of the prompt tokens, ``cached_prompt_tokens`` were read from the provider's prompt cache and
-``cache_write_tokens`` written to it (both parts of ``prompt_tokens``, priced at their own rates); lines written
-before they were recorded count 0 of each. ``cache_rates`` per model says which cache rates its price had.
-
-Selective verdicts: an item whose verdict a calibrated program withheld (``abstained: needs_person``) is counted as
-an abstention of that cause and left out of the agreement figures, which are over the verdicts given; ``cost()``
-then states the coverage (share of items given a verdict) with its exact 95% interval, and, for lines that carry
-one, the mean confidence of the verdicts given (``selective``).
+Abstentions are counted by cause for whole items (``record["abstained"]``) and for single referee turns (the values
+of ``record["abstentions"]``: an item can keep its verdict while some referees abstained, which shows a flaky LM).
+Dollars are summed per model and are the word ``unpriced``, never 0, when some model is unpriced or a line predates
+costs; prompt-cache tokens and withheld verdicts (``needs_person``, left out of agreement): docs/cost.md and
+docs/selective.md.
 """
 
 from __future__ import annotations
@@ -108,10 +97,9 @@ class RunResult:
         self.calibrated = self.calibrated and record.get("confidence_calibrated") is True
 
     def selective(self) -> dict[str, float]:
-        """The run's selective-verdict figures, as plain numbers (``cost()`` holds them): ``mean_confidence`` (or
-        ``mean_raw_confidence`` when some verdict had no calibration) of the verdicts given, when lines carry one;
-        and, when some verdict was withheld as ``needs_person``, ``coverage`` (items given a verdict / items) with
-        its exact (Clopper-Pearson) 95% interval and ``needs_person_items``.
+        """The run's selective-verdict figures (``cost()`` holds them): ``mean_confidence`` of the verdicts given
+        (``mean_raw_confidence`` when some had no calibration) and, when some verdict was withheld, ``coverage`` with
+        its exact (Clopper-Pearson) 95% interval.
 
         Example:
             >>> r = RunResult(DebateConfig())

@@ -26,12 +26,8 @@ def summary_table(metrics: dict, cost: dict, header: dict, abstentions: dict | N
                   models: dict | None = None) -> str:
     """A plain-text table: what was run (model, data, split, config), agreement, cost, and abstentions.
 
-    Every agreement figure carries its 95% bootstrap CI in brackets. ``abstentions`` is
-    ``RunResult.abstention_counts()``: whole items and single referee turns without a verdict, by cause.
-    Without it the totals still show (``cost``'s ``abstained_items`` and ``abstained_referee_turns``).
-    Dollar figures print as ``$0.000123`` or ``unpriced``. ``models`` is ``RunResult.model_usage()``: calls,
-    tokens (those read from and written to the provider's prompt cache among them), seconds and dollars per
-    model (``model_table``).
+    ``abstentions`` is ``RunResult.abstention_counts()`` (without it the totals still show) and ``models``
+    ``RunResult.model_usage()`` (``model_table``). Dollar figures print as ``$0.000123`` or ``unpriced``.
     """
     lines = ["  ".join(f"{k}={v}" for k, v in header.items())]
     referee_turns = cost.get("abstained_referee_turns")
@@ -174,9 +170,8 @@ def abstention_table(abstentions: dict) -> str:
 def model_table(models: dict) -> str:
     """Calls, tokens, LM seconds and US dollars per model over the run (``RunResult.model_usage()``).
 
-    ``cached prompt`` and ``cache write`` are the prompt tokens read from and written to the provider's prompt
-    cache (parts of ``prompt tokens``); ``cached calls`` were answered by DSPy's own cache and reached no LM.
-    Under the table, a line for each model whose cached tokens were priced as input for want of a cache rate.
+    ``cached calls`` were answered by DSPy's own cache and reached no LM. Under the table, a line for each model
+    whose cached prompt tokens were priced as input for want of a cache rate.
 
     Example:
         >>> print(model_table({"openai/gpt-4o-mini": {"calls": 8, "cached_calls": 0, "prompt_tokens": 4000,

@@ -1,13 +1,8 @@
 """What one judged item cost, per model: LM calls, tokens, seconds and US dollars.
 
-DSPy's usage tracker gives tokens per model name (only for calls that reached the LM; a cached answer
-bills nothing). A DSPy callback (``ModelMeter``) sees every LM call with the LM that made it, so it counts
-calls and seconds per model and knows each model's price (``lm.pricing.price_of``: a stated price, else
-LiteLLM's cost map). A model without a price is *unpriced*: its ``cost_usd`` is None, and so is the item's.
-
-Providers report prompt caching in their own shapes; ``token_counts`` reads them all into one
-(``prompt_tokens`` including ``cached_prompt_tokens``, the reads, and ``cache_write_tokens``, the writes), and
-``Price.usd`` prices each kind at its own rate.
+DSPy's usage tracker gives tokens per model name, only for calls that reached the LM; a DSPy callback
+(``ModelMeter``) sees every call with its LM, so it counts calls and seconds and knows each model's price. An
+unpriced model's ``cost_usd`` is None, and so is the item's (docs/cost.md).
 """
 
 from __future__ import annotations
@@ -60,15 +55,12 @@ class ModelMeter(BaseCallback):
 
 
 def usage_by_model(tokens: dict[str, dict], entries: dict[str, list], meter: ModelMeter) -> dict[str, dict]:
-    """Each model's figures over one item: ``calls``, ``cached_calls`` (answered by DSPy's cache), ``prompt_tokens``
-    (all of them), ``cached_prompt_tokens`` and ``cache_write_tokens`` (those read from and written to the
-    provider's prompt cache), ``completion_tokens``, ``seconds``, ``cost_usd`` and ``cache_rates`` (the price's
-    cache rates, ``Price.cache_rates``; None when unpriced).
+    """Each model's figures over one item (``cached_calls``: answered by DSPy's cache; ``cached_prompt_tokens`` and
+    ``cache_write_tokens``: parts of ``prompt_tokens`` read from and written to the provider's prompt cache).
 
     Args:
         tokens: ``UsageTracker.get_total_tokens()`` (summed usage per model).
         entries: ``UsageTracker.usage_data`` (one entry per call that reached the LM).
-        meter: The item's ``ModelMeter``.
 
     Example:
         >>> m = ModelMeter()

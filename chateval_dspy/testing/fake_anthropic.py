@@ -72,7 +72,6 @@ class FakeAnthropicServer:
     a batch's requests are answered (and billed) when it is submitted, its results shown once it has ended.
 
     Args:
-        responder: Makes each answer from the request (as the fake LM's responders do).
         billing: The caching rule and its state (default: a fresh ``AnthropicCaching``, minimum by model).
         batch_delay: Seconds a batch stays ``in_progress`` after its submission.
         expire_batches: The next this-many batches end with only the first half of their requests (rounded down)

@@ -1,9 +1,7 @@
 """A scripted, deterministic LM for tests and overhead benchmarks.
 
-It is a DSPy engine (the 3.4 forward-compatible way), so a program runs against
-it exactly as against a real server: same adapter, same JSON schema, same
-parsing. Each call is recorded with what it was shown, so tests can assert
-visibility, call counts and prompt contents.
+A DSPy engine, so a program runs against it as against a real server (same adapter, JSON schema and parsing);
+each call is recorded with what it was shown, for tests of visibility, call counts and prompts.
 """
 
 from __future__ import annotations

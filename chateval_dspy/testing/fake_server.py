@@ -21,10 +21,8 @@ class FakeOpenAIServer:
     """``with FakeOpenAIServer() as base_url: ...`` (``base_url`` ends in ``/v1``).
 
     Args:
-        responder: Makes each answer from the request (as the fake LM's responders do).
         faults: Consumed one per chat request before normal answers: an HTTP status, ``"garbage"``, ``"empty"``
             or ``"hang"``.
-        model: The id ``/v1/models`` lists.
         hang: A dead endpoint that still accepts connections: every chat request is read and never answered
             until the server closes (``/v1/models`` still answers, as a wedged server's often does).
         billing: An ``OpenAICaching`` (``testing.billing``) that bills each chat request, its state the server's

@@ -1,11 +1,9 @@
 """Two panels judged on the same items, compared item by item.
 
-Pairwise agreement is per item right or wrong, so the exact McNemar test applies: under "neither panel is
-better" each item that one panel gets right and the other wrong is a fair coin (scipy's exact binomial test).
-A scored task's agreement is a rank correlation over all items (or a label accuracy), which no single item
-carries; its difference gets a paired percentile bootstrap CI instead (items resampled once for both panels).
-An abstention is a wrong pairwise verdict, as in the metrics; a scored item that either panel abstained on is
-left out of both.
+Pairwise: the exact McNemar test (an item one panel gets right and the other wrong is a fair coin under "neither is
+better"). A scored task's agreement is a rank correlation no single item carries, so its difference gets a paired
+percentile bootstrap CI (items resampled once for both panels). An abstention is a wrong pairwise verdict, as in
+the metrics; a scored item that either panel abstained on is left out of both.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Which referee earns its cost: the panel judged whole, with each referee left out, and with each referee alone.
 
-Every variant is the full panel's ``DebateConfig`` with other ``roles``, judged on the same items under the same LM,
-so its agreement is compared with the full panel's item by item (``optim.ablation.paired``) and set against its
-tokens and US dollars per item.
-
-Each variant's results go to ``out/<variant>.jsonl``, streamed and resumed exactly as ``chateval evaluate`` does
-(same run key, so a file of another run is refused). ``ablation.json`` and ``ablation.png`` hold the figures and
-the plot; with tracking, MLflow gets one parent run and one child run per variant (``AblationRuns``).
+Every variant is the full panel's ``DebateConfig`` with other ``roles``, compared item by item
+(``optim.ablation.paired``) and set against its tokens and US dollars per item. Each variant's results go to
+``out/<variant>.jsonl``, resumed as ``chateval evaluate`` does; with tracking, one parent MLflow run and one child
+per variant (``AblationRuns``).
 """
 
 from __future__ import annotations
@@ -200,14 +197,11 @@ def ablate(data: DataSpec, config: DebateConfig | Callable[[str], DebateConfig],
            hooks: AblationHooks | None = None) -> AblationResult:
     """Judge ``data`` with the full panel of ``config``, with each referee left out and with each alone.
 
-    Args:
-        config: The full panel (at least 2 referees), or a function of the dataset's format that returns it.
-        lm: The LM every variant runs on (started once).
-        out: The folder for each variant's results file, ``ablation.json`` and ``ablation.png`` (default
-            ``results/ablate-<dataset>-<the full panel's run key>``); the same call resumes it.
-        tracking: An ``optim.tracking.runs.TrackingSpec``; None or disabled: nothing goes to MLflow.
-        concurrency: Items judged at once (batch mode, ``lm.batch``: a variant's items in one set of waves).
-        overwrite: Start every variant's file afresh instead of resuming it.
+    ``config``: at least 2 referees, or a function of the dataset's format. ``out`` (default
+    ``results/ablate-<dataset>-<the full panel's run key>``) is resumed by the same call unless ``overwrite``;
+    ``tracking``: a ``TrackingSpec`` (None or disabled: nothing goes to MLflow); in batch mode a variant's items go
+    in one set of waves.
+
     Example:
         >>> done = ablate(DataSpec("faireval", limit=2), DebateConfig(roles=("critic", "scientist"), turns=1,
         ...               calibrate=False), LMSpec(model=fake_url, cache=False), out=tmp / "ablation")

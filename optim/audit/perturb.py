@@ -1,17 +1,10 @@
 """Deterministic perturbations of one item for the bias audit, each in one way a fair judge should ignore (CALM,
-Ye et al. 2024; position as in Shi et al. 2024):
+Ye et al. 2024; position as in Shi et al. 2024). What each probe does: docs/selective.md.
 
-- ``swap``: the two answers change places.
-- ``verbosity``: content-free text is added to the answer the panel did *not* prefer on the unperturbed item
-  (so a verdict that moves towards it moved for length alone); on a tie or no verdict the seed picks.
-- ``authority``: a fake citation is added to the worse answer; ``bandwagon``: "Most people prefer answer N."
-  is added to the question for the worse answer N; ``distraction``: an irrelevant sentence is added to the
-  worse answer. Worse is by the human label, else by the panel's unperturbed verdict, else the seed picks
-  (``changed["basis"]`` says which).
-
-Pointwise items take ``verbosity``, ``authority`` and ``distraction``, added to the judged response.
-The template variant and any seeded pick come from a hash of the seed, the probe and the item's id (never
-Python's ``hash`` or the items' order), so a rerun with the same seed makes the same items.
+``verbosity`` pads the answer the panel did not prefer (on a tie or no verdict the seed picks); the other text
+probes target the worse answer: by the human label, else by the panel's verdict, else the seed picks
+(``changed["basis"]`` says which). The template variant and any seeded pick come from a hash of the seed, the probe
+and the item's id (never Python's ``hash`` or the items' order), so a rerun with the same seed makes the same items.
 """
 
 from __future__ import annotations

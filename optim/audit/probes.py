@@ -2,14 +2,12 @@
 how often each bias moves its verdicts (``measures``), with 95% intervals.
 
 Layout of ``out`` (every results file is ``deploy.scale.score_file``'s, so a rerun judges nothing twice):
-``inputs/<name>.jsonl`` the items each run judges; ``<name>.jsonl`` its verdicts, where ``name`` is ``original``,
-a probe, or for the position probe under the other calibration setting ``original-calibration-off`` /
-``swap-calibration-off`` (or ``-on``); ``perturbations.jsonl`` every perturbed item; ``audit.json`` the model and
-panel audited. A rerun makes the perturbations again (they depend on the seed and the unperturbed verdicts only)
-and refuses a folder holding other perturbations or another model's or panel's verdicts, so figures in one folder
-always belong to one set of perturbed items and one panel; other probes or more items are added.
-
-A verdict withheld for a person (below a confidence threshold) counts as the verdict the panel gave.
+``inputs/<name>.jsonl`` the items each run judges; ``<name>.jsonl`` its verdicts (``original``, a probe, or
+``original-calibration-off`` / ``swap-calibration-off`` (or ``-on``) for the position probe under the other
+calibration setting); ``perturbations.jsonl``; ``audit.json`` the model and panel audited. A rerun makes the
+perturbations again and refuses a folder holding other perturbations or another model's or panel's verdicts, so
+figures in one folder belong to one set of perturbed items and one panel. A verdict withheld for a person counts as
+the verdict the panel gave.
 """
 
 from __future__ import annotations
@@ -291,13 +289,10 @@ def audit(judge, items, *, out: str | Path, probes=CLI_PROBES, seed: int = 0, co
           data: str = "items", **columns) -> AuditReport:
     """Run the bias audit of a loaded ``judge`` on ``items`` (its task's ``dspy.Example`` items) into ``out``.
 
-    Args:
-        probes: Any of ``CLI_PROBES``.
-        seed: Seeds the perturbations (template variants, seeded targets) and the bootstrap.
-        data: How the report names the items (dataset, split, limit).
-        columns: ``families`` (item id -> (model family of answer 1, of answer 2): adds self-preference),
-            ``judge_family`` (default: from the model's name, ``family_of``), ``bias_types`` (item id -> bias
-            type, on pairs with a known-correct label: adds accuracy per type).
+    ``seed`` seeds the perturbations and the bootstrap; ``data`` names the items in the report. ``columns``:
+    ``families`` (item id -> (model family of answer 1, of answer 2): adds self-preference), ``judge_family``
+    (default: ``family_of`` the model's name), ``bias_types`` (item id -> bias type, on pairs with a known-correct
+    label: adds accuracy per type).
     """
     probes = check_probes(probes)
     out = Path(out)

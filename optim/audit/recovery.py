@@ -1,11 +1,8 @@
 """Does the audit recover biases planted in simulated referees? The benchmark behind BENCHMARKS.md "Certificate".
 
-Each row plants one bias of a known size in simulated referees otherwise always right on content
-(``chateval_dspy.testing.sim_lm``: ``position_bias``, ``verbosity_bias``) and runs the audit on synthetic pairs
-through the real program, adapter and results files. For one referee the audit's figure equals the planted rate
-in expectation; a panel (``mean`` of scores) moves only when enough of its referees are biased to outweigh the
-others' margins, at the rate ``expected`` derives. Verbosity rows use pairs whose answers are exactly as long, so
-only the padded answer is ever longer.
+Each row plants one bias of a known size (``sim_lm``'s ``position_bias``, ``verbosity_bias``) in referees otherwise
+always right, and audits synthetic pairs through the real program; a panel (``mean``) moves at the rate ``expected``
+derives. Verbosity rows use pairs whose answers are exactly as long. Method and figures: benchmarks/certificate.md.
 
     python -m optim.audit.recovery --items 200
 """
@@ -28,8 +25,7 @@ NAMES = ("question", "answer_1", "answer_2")
 
 @dataclass(frozen=True)
 class Recovery:
-    """One row: the planted bias and what the audit measured (``second``: the flip rate; ``calibrated``: position
-    bias under calibration)."""
+    """One row: the planted bias, what the audit measured (``second``: flip rate; ``calibrated``: position bias, calibrated)."""
 
     probe: str
     planted: float

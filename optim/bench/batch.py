@@ -1,10 +1,8 @@
 """Batch mode's price and shape: USD per 1,000 verdicts live and batched, waves against the critical path, and
 requests submitted against requests needed (also after a stop between waves).
 
-Each row judges the same FairEval items with the default panel (zero-shot, and compiled with demonstrations) on a
-fake provider that bills by the provider's caching rule and implements its Batch API; batched calls are priced at
-the cost map's ``*_batches`` rates. The stop is in-process: the wave driver's provider raises after a chosen wave;
-the rerun resumes the results file and the batch journal. Method and figures: benchmarks/batch.md.
+A fake provider bills by the provider's caching rule and implements its Batch API; the stop is in-process (the wave
+driver's provider raises after a chosen wave). Method and figures: benchmarks/batch.md.
 """
 
 from __future__ import annotations

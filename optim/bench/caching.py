@@ -1,12 +1,9 @@
 """Cost per verdict under the providers' prompt caches: the layout before and after, panel beside single judge.
 
-Each row judges the same FairEval items through the real LM path (``resolve_lm``) against a fake provider on
-127.0.0.1 that bills input tokens by the provider's documented caching rule (``chateval_dspy.testing.billing``);
-dollars come from the results lines, priced with LiteLLM's offline cost map. "Before" renders with DSPy's own
-``JSONAdapter`` (the bytes every call sent until the cache layout), "after" with ``DebateAdapter``. Every row starts
-from an empty provider cache and judges its items one at a time, in order, so the cache carries across items as in
-one production run. The embedded model's rows count the prompt tokens llama.cpp computed (not reused from its prefix
-cache). Method and figures: benchmarks/caching.md.
+A fake provider on 127.0.0.1 bills input tokens by the provider's documented caching rule
+(``chateval_dspy.testing.billing``); "before" renders with DSPy's ``JSONAdapter``, "after" with ``DebateAdapter``.
+Every row starts from an empty provider cache and judges its items one at a time, in order, as one production run
+would. Method and figures: benchmarks/caching.md.
 """
 
 from __future__ import annotations

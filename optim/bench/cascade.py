@@ -1,20 +1,7 @@
 """Does a two-stage cascade (a cheap single judge, then a strong panel) keep its guarantee, and what does it save?
 
-Items and votes are drawn as in ``optim.bench.selective`` (the simulated referees' model with item difficulty; both
-stages see the same ``d`` and vote independently given it). Stage 1, the cheap judge: one referee of accuracy
-``--cheap-accuracy`` in both answer orders. Stage 2, the panel: the five built-in roles, both orders.
-
-``--evidence``: ``votes`` (each call a vote) or ``tokens``: each call also gives its token probabilities, modelled as
-a Thurstonian judge: a latent score ``s ~ N(mu, 1)`` with ``mu = Phi^-1(0.5 + (p - 0.5)(1 - d))`` names the right
-answer when ``s > 0`` and puts probability ``Phi(|s|)`` on the answer it names; a stage sums its calls'
-log-likelihood ratios assuming ``d = 0`` (``2 Phi^-1(p) s`` each). This is an assumption, stated as such.
-
-Per draw, ``--calibration`` items fit each stage's isotonic map and choose both thresholds together
-(``optim.tuning.selective.choose_cascade_thresholds``); an item leaves at the first stage whose mapped confidence
-clears its threshold, else goes to a person. The level defaults to the panel's agreement on every item of the use mix
-(exact, rounded down to 0.001). Cost, in cheap-judge units: 1 per item for the cheap judge, ``--panel-cost`` per item
-the panel judges (default 4: 8 LM calls against 2), pooled over all draws per verdict given. Method and figures:
-benchmarks/selective.md.
+Items and votes are drawn as in ``optim.bench.selective``; ``--evidence tokens`` models token probabilities as a
+Thurstonian judge (an assumption, stated as such). Method, cost units and figures: benchmarks/selective.md.
 
     python -m optim.bench cascade --draws 200
 """

@@ -1,13 +1,8 @@
 """A two-stage cascade (single judge, then the default panel) through the real LM path, billed by the providers' rules.
 
-Each model judges FairEval's seeded test split (first ``--limit`` items, split into calibration and check halves by
-``optim.tuning.calibrate.calibration_items``) with two saved evaluators, through the product's LM path to a fake
-provider that bills by the provider's caching rule (as ``optim.bench.caching``) and answers as the simulated referees
-(``chateval_dspy.testing.sim_lm``, difficulty spread 1.0), so confidence carries information: agreement figures are
-the simulator's, not a model's. Stages, maps and thresholds are ``optim.tuning.cascade``'s. Two tables per model on
-the check half: the thresholds the procedure chose, and a stated fixed threshold on the single judge
-(``--fixed-threshold``: illustrative, not guaranteed). ``--embedded-limit`` items also run the saved cascade through
-``load()`` on the embedded model, counting parsed verdicts. Method and figures: benchmarks/selective.md.
+The fake provider bills as in ``optim.bench.caching`` and answers as the simulated referees (difficulty spread 1.0),
+so confidence carries information: agreement figures are the simulator's, not a model's. ``--fixed-threshold`` is
+illustrative, not guaranteed. Method and figures: benchmarks/selective.md.
 
     python -m optim.bench cascade-billing --limit 20 --embedded-limit 2
 """
@@ -44,8 +39,7 @@ def add_parser(sub) -> None:
 
 
 def save_stages(root: Path, model: str) -> list[tuple[str, Path]]:
-    """Both stages, cheapest first (the single judge, the default panel), as saved evaluators whose card names
-    ``model``."""
+    """Both stages (the single judge, the default panel) as saved evaluators whose card names ``model``."""
     from chateval_dspy.deploy.saved.card import make_card
     from chateval_dspy.deploy.saved.store import save_program
     from chateval_dspy.program.chateval import build_evaluator

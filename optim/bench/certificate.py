@@ -1,10 +1,8 @@
 """Does the alternative annotator test tell a better judge from a worse one, at its stated false discovery rate?
 
-Simulated studies (``chateval_dspy.testing.sim_annotators``), no LM: per row, ``--draws`` studies go through
-``optim.certify.alt_test``. Which nulls are true is measured: one study of ``--population-items`` items gives each
-person's population ``rho_h - rho_f`` (``H0_j: rho_h - rho_f >= epsilon`` is true when it is). A draw's false
-discovery proportion is the share of its rejections that reject a true null (0 without any); the FDR is its mean
-over draws, with an exact 95% interval where every null is true. Method and figures: benchmarks/certificate.md.
+Simulated studies (``chateval_dspy.testing.sim_annotators``), no LM. Which nulls are true is measured on one study of
+``--population-items`` items; a draw's false discovery proportion is the share of its rejections that reject a true
+null (0 without any). Method and figures: benchmarks/certificate.md.
 
     python -m optim.bench certificate --draws 200
 """

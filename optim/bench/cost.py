@@ -1,11 +1,9 @@
 """The cost suite: LM calls, tokens and seconds per configuration; throughput against concurrency;
-the framework's own overhead per LM call; and peak memory against the number of items.
+the framework's own overhead per LM call; and peak memory against the number of items (benchmarks/cost.md).
 
-Overhead is ``(wall time - time inside the LM engine) / LM calls``: the engine's ``complete`` is
-wrapped (``bench.attach_meter``), so what remains is DSPy's adapter and parsing, the debate loop,
-the results file and our bookkeeping. With the zero-latency fake LM that is all the time there is.
-Peak RSS is measured in a fresh process per size (``ru_maxrss``), the fake LM judging and the
-results streaming to disk, so the figure is the run's own, not the parent's.
+Overhead is ``(wall time - time inside the LM engine) / LM calls`` (the engine's ``complete`` is wrapped by
+``bench.attach_meter``). Peak RSS is measured in a fresh process per size (``ru_maxrss``), so the figure is the
+run's own, not the parent's.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Prompt-injection variants of FairEval, and the suite that measures how often they flip a verdict.
 
-Every FairEval item with a human winner gets, on the answer people rated *worse*, each kind of injected text that
-argues for it, appended and prepended: fixed templates filled with that answer's position ("Assistant 2"), nothing
-chosen by hand. Under position calibration the judge also reads the swapped order, where that name points at the
-other answer. The kind ``second_order`` (only when named in ``--kinds``) injects through the debate instead: the first
-referee is scripted to argue for the worse answer with field markers, judged with the discussion's guard off (before
-the fix) and on (after); it needs a configuration with talk rounds. Method and figures: benchmarks/injection.md.
+Every item with a human winner gets, on the answer people rated *worse*, each kind of injected text that argues for
+it, appended and prepended (fixed templates, nothing chosen by hand). ``second_order`` (only when named in
+``--kinds``) injects through the debate instead, judged with the discussion's guard off and on; it needs a
+configuration with talk rounds. Method and figures: benchmarks/injection.md.
 
     >>> from chateval_dspy.data.loaders import load_faireval
     >>> v = build_variants(load_faireval()[:3], kinds=["instruction"], placements=["append"])

@@ -1,11 +1,8 @@
 """``python -m optim.bench latency``: verdict latency of ``chateval serve`` at a stated request rate.
 
-The real app (``deploy.serving.http.create_app`` over a ``Judge``) runs under uvicorn on 127.0.0.1 in a thread, its
-LM the scripted fake LM with a fixed time per call: the figures measure the panel's shape and the framework, not a
-model. Requests are sent open loop on a seeded schedule, and a latency runs from the request's scheduled time to its
-response, so a server that falls behind cannot hide its queue. Beside each row stands the critical path
-(``program.critical_path``): chain x per-call latency is the floor no parallelism beats. Figures:
-benchmarks/latency.md.
+The real app runs under uvicorn on 127.0.0.1, its LM the scripted fake LM with a fixed time per call. Requests are
+sent open loop on a seeded schedule, and a latency runs from the request's scheduled time, so a server that falls
+behind cannot hide its queue. Figures: benchmarks/latency.md.
 """
 
 from __future__ import annotations

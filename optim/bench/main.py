@@ -1,29 +1,8 @@
 """``python -m optim.bench``: the benchmark suites (agreement, cost, injection) and their plots.
 
-Every suite judges with the same runtime the CLI uses (``build_evaluator`` + ``evaluate``), on one
-model and one split, with DSPy's LM cache off so that tokens and seconds are real. Per-item results
-stream to JSONL files under a work directory (default ``benchmarks/raw/``); rerunning the same
-command resumes them, and a larger ``--limit`` only judges the new items. Each suite writes a JSON
-file of figures, and prints (``--markdown``) a table that states model, data, split, n and date.
-
-    python -m optim.bench agreement --dataset faireval --split test --limit 12 --configs quick --markdown
-    python -m optim.bench cost --limit 4
-    python -m optim.bench injection --limit 16 --config single_calibrated
-    python -m optim.bench simulate --smoke
-    python -m optim.bench selective --draws 200 --level 0.8 --risk 0.1
-    python -m optim.bench cascade --draws 200
-    python -m optim.bench cascade-billing --limit 20 --embedded-limit 2
-    python -m optim.bench certificate --draws 200
-    python -m optim.bench review --roles 1 --pool-limit 24 --test-limit 8 --counts 2,4 --threads 1
-    python -m optim.bench review --planted --seeds 20 --tie-draws 20
-    python -m optim.bench latency --requests 30 --rate 2
-    python -m optim.bench caching --limit 20 --embedded-limit 8 --threads 1
-    python -m optim.bench batch --limit 20
-    python -m optim.bench scale --limit 24 --concurrency 8
-    python -m optim.bench startup --runs 5
-    python -m optim.bench plots
-
-This module holds the command line; what the suites share is in ``common``.
+Every suite judges with the runtime the CLI uses, on one model and one split, DSPy's LM cache off; per-item
+results stream to JSONL under ``benchmarks/raw/`` (a rerun resumes). Each suite's command, method and figures:
+benchmarks/method.md. This module holds the command line; what the suites share is in ``common``.
 """
 
 from __future__ import annotations

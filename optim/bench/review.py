@@ -1,18 +1,10 @@
 """The review suite: does the uncertainty flag find the panel's errors, and are flagged items the better labels?
 
-Two measurements of ``optim.review.uncertainty`` (the score ``chateval review`` ranks its queue by):
-
-- **Flag precision.** The uncompiled panel judges the pool (train split) and the test slice, ranked by ``U``: per
-  fraction ``k`` of the items, wrong verdicts among the top ``k`` against the rest (exact CIs, Fisher's test), and
-  the AUC of ``U`` for a wrong verdict. The queue breaks ties in ``U`` by a hash of the item id, so the table also
-  gives the top share averaged over the items tied at the cut.
-- **Label efficiency.** Labels for the first ``m`` pool items in queue order, against ``m`` drawn at random
-  (``--seeds`` draws; ``--tie-draws``: queue orders with ties broken at random), become every referee's demos
-  (``compile_evaluator``); each compiled panel judges the test slice.
-
-``--planted`` replaces the model with a fake LM whose signal is known (``planted_responder``): the embedded model has
-no judging signal. Per-item results are resumable JSONL files, one per label set. Method and figures:
-benchmarks/review.md.
+Two measurements of ``optim.review.uncertainty``: flag precision (wrong verdicts among the top ``k`` by ``U``
+against the rest, and the AUC; ties in ``U`` are broken by a hash of the item id, so the table also gives the top
+share averaged over the items tied at the cut) and label efficiency (labels in queue order against random ones,
+compiled into every referee's demos). ``--planted`` uses a fake LM whose signal is known (the embedded model has no
+judging signal). Method and figures: benchmarks/review.md.
 """
 
 from __future__ import annotations

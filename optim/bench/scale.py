@@ -1,11 +1,8 @@
 """Scale-out throughput: verdicts per second of ``chateval score --concurrency N`` beside Ray Data and Spark scoring
 with the same N items in flight, and what a SIGKILLed Ray job pays again when it is rerun.
 
-Every row judges the same FairEval items with the same saved evaluator against ``FakeOpenAIServer`` answering after
-a fixed delay, LM cache off: the figures measure orchestration, not a model. ``chateval score`` runs as the CLI; Ray
-and Spark are timed from the scoring call with the cluster up, their start-up stated apart. The kill: a Ray job in
-its own process is SIGKILLed once a third of the items are written, then rerun on the same results directory;
-"repeated" is the LM calls beyond what the final verdicts needed. Figures: benchmarks/scale.md.
+The LM is ``FakeOpenAIServer`` answering after a fixed delay, so the figures measure orchestration, not a model;
+"repeated" is the LM calls beyond what the final verdicts needed. Method and figures: benchmarks/scale.md.
 """
 
 from __future__ import annotations

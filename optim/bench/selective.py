@@ -1,15 +1,9 @@
 """Does the selective-verdict guarantee hold? Threshold choice (``optim.tuning.selective``) over many calibration draws.
 
-Items and votes follow the simulated referees' model (``chateval_dspy.testing.sim_lm``) with item difficulty, drawn
-directly with numpy (what is measured is the threshold procedure, not the DSPy program, and hundreds of draws take
-seconds): the five built-in roles at their untuned accuracies, both answer orders, 10 votes per item. An item has
-difficulty ``d = spread * u``; a vote of accuracy ``p`` is right with ``0.5 + (p - 0.5)(1 - d)``. The verdict is the
-weighted vote (a tie disagrees with people); its confidence, the vote's naive-Bayes posterior assuming ``d = 0``.
-
-"Held" is counted on the use mix exactly (summing over every vote outcome, integrating over ``d``) and on ``--fresh``
-drawn items; a draw reaching no threshold gives no verdict and holds vacuously. Rows: ``exchangeable`` (calibrate and
-use on spread ``--hard``) and ``control`` (calibrate on ``--easy``: exchangeability broken on purpose). Method and
-figures: benchmarks/selective.md.
+Items and votes follow the simulated referees' model with item difficulty, drawn directly with numpy (what is
+measured is the threshold procedure, not the DSPy program, and hundreds of draws take seconds). "Held" is counted on
+the use mix exactly and on ``--fresh`` drawn items; a draw reaching no threshold holds vacuously. Method and figures:
+benchmarks/selective.md.
 
     python -m optim.bench selective --draws 200 --level 0.8 --risk 0.1
 """

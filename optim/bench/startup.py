@@ -1,10 +1,9 @@
 """Start-up time: ``import dspy``, ``import chateval_dspy`` and ``chateval --help``, each in fresh interpreters.
 
-Every run is one new process timed from start to exit, after one unrecorded warm-up run each (bytecode cached); the
-commands take turns, so a busy moment falls on all of them. Each run is appended to a raw JSONL file as it ends: a
-rerun measures only the runs missing. ``--quick-start`` also runs the README's quick start on the embedded model
-twice, on the machine as it is and under ``--load`` busy-loop processes: a busy machine must make it slower, not stop
-it (issue 32). Figures: benchmarks/startup.md.
+Each run is one new process, after one unrecorded warm-up each; the commands take turns, so a busy moment falls on
+all of them. Runs are appended to a raw JSONL file as they end: a rerun measures only the runs missing.
+``--quick-start`` also runs the README's quick start under ``--load`` busy loops (issue 32). Figures:
+benchmarks/startup.md.
 """
 
 from __future__ import annotations

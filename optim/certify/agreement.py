@@ -1,19 +1,12 @@
 """Agreement among people, and the panel's agreement with each person measured the same way, with 95% bootstrap CIs
-over items (``chateval_dspy.run.metrics.bootstrap``: percentile, paired, items resampled).
+over items (``chateval_dspy.run.metrics.bootstrap``: percentile, paired, items resampled). How to read: docs/selective.md.
 
-The level of measurement decides every figure: ``nominal`` for categories (pairwise preferences ``1``/``2``/``tie``,
-pass/fail), ``ordinal`` or ``interval`` for rating scales.
-
-- Cohen's kappa for each pair of people, on the items both labelled: unweighted (nominal), linear weights (ordinal),
-  quadratic weights (interval) over the scale's ordered values.
-- Fleiss' kappa (Fleiss 1971) over the items labelled by the most common number of people, as it needs the same
-  number of raters on every item; nominal by definition, reported for rating scales too, as categories.
-- Krippendorff's alpha (2011) at the level asked, over every item with two labels or more.
-- Panel beside person: for each person, Cohen's kappa of the panel with that person beside the mean of the other
-  people's kappas with that person, each bootstrapped over that person's items. A panel's abstention is a class of its
-  own in nominal figures (so it always disagrees); with a rating scale the abstained items are left out.
-
-A figure with no defined value (one class only, fewer than two items) is NaN and reads ``n/a``.
+The level of measurement decides the weights: ``nominal`` (unweighted), ``ordinal`` (linear), ``interval``
+(quadratic). Cohen's kappa is per pair of people on the items both labelled; Krippendorff's alpha uses every item
+with two labels or more. Fleiss' kappa is nominal by definition and needs the same number of raters per item, so it
+uses the items labelled by the most common number of people. A panel's abstention is a class of its own in nominal
+figures (so it always disagrees); with a rating scale the abstained items are left out. A figure with no defined
+value (one class only, fewer than two items) is NaN and reads ``n/a``.
 """
 
 from __future__ import annotations

@@ -1,22 +1,15 @@
 """The alternative annotator test: can the panel stand in for one of the people on this data?
 
-As published (Calderon, Reichart and Dror, ACL 2025, arXiv 2501.10970; reference code github.com/nitaytech/AltTest):
-leave one person ``j`` out at a time. On each item ``j`` labelled, score how well the judge's label and ``j``'s
-align with the remaining people's labels: ``accuracy`` (the share of the others giving the same label) for
-categories, ``neg_rmse`` (minus the root mean squared difference) for rating scales. ``W_f`` is 1 when the judge's
-alignment is >= ``j``'s, ``W_h`` when ``j``'s is >= the judge's (a tie counts for both). Per person, the one-sided
-paired t-test of ``H0: mean(W_h - W_f) >= epsilon``; the Benjamini-Yekutieli procedure at ``q`` over the people's
-p-values controls the false discovery rate. The winning rate ``omega`` is the share of people whose null is
-rejected; the advantage probability ``rho`` is the mean over people of ``mean(W_f)``. The judge "can replace an
-annotator" when ``omega >= 0.5``.
+As published (Calderon, Reichart and Dror, ACL 2025, arXiv 2501.10970; reference code github.com/nitaytech/AltTest);
+what it measures and how to read it: docs/selective.md. ``W_f`` is 1 when the judge's alignment with the other people
+is >= the left-out person's, ``W_h`` the reverse (a tie counts for both). Per person, the one-sided paired t-test of
+``H0: mean(W_h - W_f) >= epsilon``, Benjamini-Yekutieli at ``q`` over the people; ``omega`` is the share rejected,
+``rho`` the mean over people of ``mean(W_f)``; the judge "can replace an annotator" when ``omega >= 0.5``.
+Deviations from the reference code, stated:
 
-Defaults and deviations:
-
-- ``epsilon``: the paper's rules of thumb are 0.2 for experts, 0.15 for skilled annotators, 0.1 for crowd-workers
-  (``EPSILON``; the reference code's default is 0.2). The default here is ``crowd``, the strictest, since a
-  certificate gates a deployment.
-- ``q = 0.05``; an item counts when at least two people labelled it; a person with fewer than 30 such items is
-  left out of the test (the t-test's normality needs 30), as in the reference code.
+- ``epsilon`` defaults to ``crowd`` (0.1, the strictest of ``EPSILON``; the reference code's default is 0.2), since a
+  certificate gates a deployment. ``q = 0.05``; an item counts when at least two people labelled it; a person with
+  fewer than 30 such items is left out (the t-test's normality needs 30), as in the reference code.
 - No verdict (``replaces`` is None, ``missing`` says why) with fewer than 3 people tested: the paper recommends at
   least 3, the reference code runs with 2.
 - A panel's abstention: with categories it is a label no person gives (it always loses alignment); with a rating
@@ -191,11 +184,8 @@ def alt_test(judged: dict[str, str | None], labels: dict[str, dict[str, str]], *
              n_resamples: int | None = None) -> AltTest:
     """The alternative annotator test of ``judged`` against the people's ``labels`` (see the module for the rules).
 
-    Args:
-        judged: The judge's label per item id (None: it abstained).
-        labels: The people's labels, ``{item id: {person: label}}``.
-        scoring: ``accuracy`` (categories) or ``neg_rmse`` (rating scales; labels are numbers).
-        epsilon: The cost-benefit margin; None: ``EPSILON[kind]`` (``kind``: the paper's rules of thumb).
+    ``judged``: item id -> label (None: abstained); ``labels``: ``{item id: {person: label}}``; ``scoring``:
+    ``accuracy`` (categories) or ``neg_rmse`` (rating scales); ``epsilon`` None: ``EPSILON[kind]``.
 
     Example:
         >>> people = {str(i): {"a": "1", "b": "1", "c": "2" if i % 2 else "1"} for i in range(40)}

@@ -52,8 +52,7 @@ def _kept(among: list) -> list:
 
 
 def people_part(cert) -> dict:
-    """The ``people`` part from ``optim.certify.report.certify``'s result (``alt_test`` None without the panel's
-    results)."""
+    """The ``people`` part from ``certify``'s result (``alt_test`` None without the panel's results)."""
     test, alt = cert.test, None
     if test is not None:
         omega = None if math.isnan(test.omega) else test.omega
@@ -81,8 +80,7 @@ def audit_part(report, *, calibrated: bool) -> dict:
 
 
 def calibration_part(report) -> dict:
-    """The ``calibration`` part from an ``optim.tuning.calibrate.CalibrationReport``: the calibrated confidence's
-    expected calibration error on the check half."""
+    """The ``calibration`` part from a ``CalibrationReport``: the calibrated confidence's ECE on the check half."""
     header = report.header
     return {"data": _short(header["data"]), "split": _short(f"{header['split']}, check half"),
             "model": _short(header["model"]), "ece": figure(report.ece_calibrated), "n": report.n["check"]}

@@ -1,16 +1,9 @@
 """Gates on a judge certificate: what ``chateval compile`` and ``chateval search`` check before they register a
-saved evaluator (``--register``), having measured the figures on it (``optim.certify.measure``).
+saved evaluator (``--register``); the gates themselves: docs/selective.md.
 
 ``check_gates`` is a pure function of the card's certificate and the ``Gates`` asked for; it returns every failure,
-each naming the figure, its value with its 95% interval and n, the gate, and, where the certificate lacks the
-figure, the command that measures it. A gate compares the figure's point value (its interval is shown beside it,
-so a reader sees how sure the pass or the failure is).
-
-- ``replaces-annotator`` (``--require``): the alternative annotator test says the panel can replace an annotator
-  on the people's data (``chateval certify --program``);
-- ``max_position_flips``: the flip rate under swapped answers, with the position calibration the evaluator runs
-  with (``chateval audit``);
-- ``min_robustness``: every text probe's robustness rate (verbosity, authority, bandwagon, distraction).
+each naming the figure, its value with its 95% interval and n, the gate, and, where the certificate lacks the figure,
+the command that measures it. A gate compares the point value (the interval is shown so a reader sees how sure it is).
 """
 
 from __future__ import annotations

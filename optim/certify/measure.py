@@ -1,10 +1,7 @@
 """What a gated ``chateval compile`` or ``chateval search`` measures on the evaluator it has just saved, before it is
-registered: each figure a gate reads (``gates``), on the test split (the items neither the optimizer nor the search
-saw): the bias audit's probes, and the alternative annotator test of the panel's test verdicts against the people's
-labels of those items (labels of other items are left out, and the certificate says how many remain).
-
-The audit writes into ``<out>/results/gates-audit-<digest of program.json>``: a rerun of the same command resumes it,
-another program gets a folder of its own.
+registered: each figure a gate reads (``gates``), on the test split (which neither the optimizer nor the search saw);
+people's labels of other items are left out, and the certificate says how many remain. The audit writes into
+``<out>/results/gates-audit-<digest of program.json>``: a rerun resumes it, another program gets a folder of its own.
 """
 
 from __future__ import annotations

@@ -1,24 +1,13 @@
 """Several people's labels per item, from a file or from the review page, as ``People``.
 
-Four ways in:
+Ways in (docs/selective.md): per-annotator columns, a long file (one row per item and person; one person answering
+one item twice is refused as ambiguous), the review page's reviewers (read by ``optim.tuning.labels``' rule), and the
+USR release (``tc_usr_data.json``, not shipped: its release names no licence; item ids count the responses in file
+order from 0, the ids of the shipped ``topical_chat_usr.jsonl``).
 
-- per-annotator columns (``annotators=("a1", "a2", "a3")``): one row per item, an ``id`` column and one column per
-  person; an empty cell (or a missing field) is an item that person did not label;
-- a long file: one row per item and person (``id``, ``annotator``, ``label`` columns by default); one person
-  answering one item twice is refused, as it is ambiguous which answer counts;
-- the review page's reviewers: human feedback on traced debates in MLflow, read by the same rule as
-  ``optim.tuning.labels`` (each reviewer's latest answer to ``question`` counts once);
-- the USR release (Mehri and Eskenazi 2020, ``tc_usr_data.json``: a JSON array of dialogue contexts, each with its
-  ``annotators`` and ``responses`` holding one list of ratings per aspect, in the annotators' order): item ids count
-  the responses in file order from 0, which are the ids of the shipped ``topical_chat_usr.jsonl``. The file is not
-  shipped: its release names no licence.
-
-Everything read is untrusted: files are read through ``chateval_dspy.data.rows.read_rows`` (bounded size and
-rows), ids and names are one line of printable text (``optim.tuning.labels.check_name``), a label is a number or a
-short one-line text (``check_label``), at most ``MAX_ANNOTATORS`` people; errors name the file and row.
-
-Labels are kept as canonical text: a number as ``format(float(x), "g")`` (so ``1``, ``1.0`` and ``"1"`` are the same
-label), any other text stripped.
+Everything read is untrusted: bounded by ``read_rows``, names and labels checked (``check_name``, ``check_label``),
+at most ``MAX_ANNOTATORS`` people; errors name the file and row. Labels are kept as canonical text: a number as
+``format(float(x), "g")`` (so ``1``, ``1.0`` and ``"1"`` are the same label), any other text stripped.
 """
 
 from __future__ import annotations
@@ -143,8 +132,7 @@ def from_columns(path: str, annotators, *, id_column: str = "id") -> People:
 
 
 def from_long(path: str, *, columns: tuple[str, str, str] = LONG_COLUMNS) -> People:
-    """People's labels from a long JSONL/CSV file: one row per item and person (``columns``: item id, annotator,
-    label)."""
+    """People's labels from a long JSONL/CSV file (``columns``: item id, annotator, label)."""
     id_column, who_column, label_column = columns
     source, labels = str(path), {}
     for row, record in read_rows(path):
@@ -170,7 +158,8 @@ def from_traces(traces, *, question: str = "label", source: str = "traces") -> P
 
 def from_usr(path: str, aspect: str) -> People:
     """People's ratings of one ``aspect`` (``Natural``, ``Maintains Context``, ``Engaging``, ``Uses Knowledge``,
-    ``Understandable``, ``Overall``) from the USR release (see the module).
+    ``Understandable``, ``Overall``) from the USR release: a JSON array of dialogue contexts, each with its
+    ``annotators`` and ``responses`` holding one list of ratings per aspect, in the annotators' order.
 
     Example:
         >>> from_usr("tc_usr_data.json", "Overall").counts()  # doctest: +SKIP

@@ -43,12 +43,7 @@ def _verdict(record: dict, criterion: str | None, source: str, row: int) -> str 
 
 
 def read_verdicts(path: str, *, criterion: str | None = None) -> dict[str, str | None]:
-    """The panel's label per item id from a results file (None: it abstained or the line is an error line).
-
-    Example:
-        >>> read_verdicts("results.jsonl")  # doctest: +SKIP
-        {'q1': '1', 'q2': 'tie', 'q3': None}
-    """
+    """The panel's label per item id from a results file (None: it abstained or the line is an error line)."""
     out: dict[str, str | None] = {}
     for row, record in read_rows(path):
         if record.get("id") in (None, ""):

@@ -1,11 +1,10 @@
-"""How far a queue's reviewers agree, for the queue's owner: Krippendorff's alpha per question, with its counts.
+"""How far a queue's reviewers agree, for the queue's owner: Krippendorff's alpha per question, with its counts (why
+alpha and not a kappa: docs/review.md).
 
-Why alpha and not a kappa: a queue has any number of reviewers (MLflow allows 10) and not every reviewer answers
-every item; alpha takes both as they come (Cohen's kappa needs exactly two raters on the same items, Fleiss' kappa
-the same number of raters on every item). A label question is measured as nominal (any two different labels
-disagree fully), an integer scale as interval (a disagreement counts as the squared distance). Answers of "can't
-judge" are no value: they are counted apart. Only items with at least two answers are pairable; with fewer than
-two such items, or when every answer is the same value (no expected disagreement), alpha is undefined (None).
+A label question is measured as nominal (any two different labels disagree fully), an integer scale as interval (a
+disagreement counts as the squared distance). Answers of "can't judge" are no value: they are counted apart. Only
+items with at least two answers are pairable; with fewer than two such items, or when every answer is the same value
+(no expected disagreement), alpha is undefined (None).
 
 Formula (Krippendorff 2011, "Computing Krippendorff's alpha-reliability"): with ``n`` pairable values in all and
 ``m_u`` values in item ``u``, the observed disagreement ``D_o = 1/n * sum_u sum_{i != j in u} d(v_i, v_j) / (m_u -

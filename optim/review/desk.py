@@ -1,20 +1,10 @@
 """The review queue as a reviewer works through it: what MLflow holds, read for the review page, and answers written
-back the way MLflow's own Review page writes them.
+back the way MLflow's own Review page writes them (the reviewer's side: docs/review.md, "The review page").
 
-- The queue (``mlflow.genai.review_queues``): its assigned reviewers and its items (traces), in the order they were
-  queued: by each ``chateval review`` call, most uncertain first within a call (MLflow gives all items of one call
-  one creation time, so each trace carries its place in the call's ranking as the tag ``RANK_TAG``).
-- Its questions: the queue's label schemas (``mlflow.genai.label_schemas``), read as ``questions.Question``, so the
-  page asks exactly what MLflow's Review page asks, in the task's current words where the task asks the same.
-- Each item: the judged item's fields as the debate's trace recorded them (its request), which of them are the
-  judged texts (by the task: ``--task``, else the trace's ``chateval.task`` tag, else its format's built-in task),
-  the panel's verdict (read back from the trace, shown only once the reviewer has answered) and people's answers.
-- An answer: one MLflow Feedback per question, named after the question, with a ``HUMAN`` source whose id is the
-  reviewer's own name and the reviewer's comment as its rationale. "Can't judge" is a Feedback with no value and
-  the error code ``CANT_JUDGE`` (so labels never read it as an answer). A new answer replaces the reviewer's
-  earlier ones on the item (deleted, so that labels read what the reviewer says now), and withdrawing deletes them.
-  When every assigned reviewer has answered an item, its queue status becomes ``complete`` (``pending`` again when
-  an answer is withdrawn).
+Items come in the order they were queued, most uncertain first within a ``chateval review`` call: MLflow gives all
+items of one call one creation time, so each trace carries its place in the call's ranking as the tag ``RANK_TAG``.
+An answer is one ``HUMAN`` Feedback per question whose source id is the reviewer's name; a new answer deletes the
+reviewer's earlier ones on the item, so that labels read what the reviewer says now.
 """
 
 from __future__ import annotations

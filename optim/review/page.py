@@ -1,17 +1,10 @@
-"""The review page's HTML: server-rendered (Jinja2, autoescaped), judged texts as Markdown, keyboard-first.
+"""The review page's HTML: server-rendered (Jinja2, autoescaped), judged texts as Markdown, keyboard-first (what it
+shows, and its keys: docs/review.md, "The review page").
 
 Texts come from the judged items, so they are untrusted: Markdown is rendered with raw HTML escaped and with
 images and links left as the text they are (an image would make the reviewer's browser fetch a URL the text
 chose), and the page's one inline script runs under a per-response nonce in a Content-Security-Policy that allows
-nothing else to load. Until the reviewer has answered, nothing of the panel's verdict is on the page.
-
-Texts are drawn as the LM read them: bidi controls and invisible format characters (``VISIBLE``) are shown as
-markers such as ``⟦U+202E⟧`` instead of being applied (an override would draw "fdp.exe" as "exe.pdf"), and an
-unbroken string (a long URL) wraps anywhere rather than widening the page.
-
-Keys: each answer's key is shown beside it (pairwise ``1``, ``2``, ``t``; a label scale ``1``..``9`` in order; an
-integer scale within 0-9 its own digits); the last question answered submits; ``x``: can't judge; ``n`` opens the
-next item.
+nothing else to load. Bidi controls and invisible format characters (``VISIBLE``) are shown as markers, not applied.
 """
 
 from __future__ import annotations

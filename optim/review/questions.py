@@ -1,9 +1,7 @@
-"""The questions a reviewer answers, made from the task's criteria (MLflow label schemas).
+"""The questions a reviewer answers, made from the task's criteria (MLflow label schemas; docs/review.md).
 
 A question's name is the name its answers carry as Feedback on the trace, so it is exactly what
-``optim.tuning.labels`` reads as a label: pairwise tasks ask one question, ``preference`` (1, 2 or tie); pointwise tasks
-ask one question per criterion, named after it, on its scale (a number between the ends of an integer scale, or
-one of a label scale's labels), with the criterion's description as the reviewer's instruction.
+``optim.tuning.labels`` reads as a label: ``preference`` (1, 2 or tie) for a pairwise task, else one per criterion.
 """
 
 from __future__ import annotations

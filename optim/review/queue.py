@@ -1,15 +1,9 @@
-"""The most uncertain judged items into an MLflow review queue (``chateval review``).
+"""The most uncertain judged items into an MLflow review queue (``chateval review``; which items: docs/review.md).
 
 ``build_queue`` ranks a results file's items (or an experiment's traced debates) by ``uncertainty.U``, makes the
 task's questions as label schemas in the traces' experiment, creates the named queue (or finds it) with its
-reviewers, and attaches the chosen items' traces. Reviewers answer in the MLflow UI's Review page; each answer
-is a Feedback on the trace, named as ``optim.tuning.labels`` reads it, so ``chateval compile --labels
-mlflow:<experiment>`` learns from it.
-
-Which items: ``top=N`` takes the N most uncertain items that have a trace; ``budget=N`` keeps the queue at N
-items in all, topping it up with the most uncertain items not in it yet. Either way an item already in the
-queue (any trace of it) or already answered (a person's feedback on one of the questions, on any of its traces)
-is not added again, so a rerun adds nothing new unless new items rank among the chosen ones.
+reviewers, and attaches the chosen items' traces. Each answer is a Feedback on the trace, named as
+``optim.tuning.labels`` reads it, so ``chateval compile --labels mlflow:<experiment>`` learns from it.
 """
 
 from __future__ import annotations

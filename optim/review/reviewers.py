@@ -1,13 +1,10 @@
-"""Who is answering on the review page: each reviewer's own link, and the rule for who may answer.
+"""Who is answering on the review page: each reviewer's own link, and the rule for who may answer (docs/review.md,
+"Names that count").
 
-A server without login cannot tell people apart, so each reviewer gets a personal link whose key is an HMAC of the
-reviewer's name and the queue under the server's secret (``CHATEVAL_REVIEW_TOKEN``, or a random one for the life of
-the process): the key, not a name typed into a form, says who answers, and every answer is stored under that name.
-
-The rule: only the queue's assigned reviewers (``chateval review ... --reviewer NAME``, MLflow's queue ``users``)
-may open it. A valid link of a reviewer who is no longer assigned is refused, and so is any wrong key. The queue's
-owner (whoever started the server) has a link of their own, keyed apart from every reviewer's, for agreement and
-the exports.
+A server without login cannot tell people apart, so a link's key (an HMAC of the reviewer's name and the queue under
+the server's secret), not a typed name, says who answers. Only the queue's assigned reviewers (MLflow's queue
+``users``) may open it: a valid link of a reviewer no longer assigned is refused. The queue's owner has a link of
+their own, keyed apart from every reviewer's, for agreement and the exports.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
-"""``chateval review serve``: the review page, a small FastAPI app over an MLflow review queue.
+"""``chateval review serve``: the review page, a small FastAPI app over an MLflow review queue (what it offers, and
+why not MLflow's own Review page: docs/review.md, "The review page").
 
-Why a page of our own: MLflow's Review page (3.17) shows a trace's request as one JSON text cut at 1,000
-characters (a pairwise item's second answer never shows), puts the panel's verdict under the texts, and stores every
-answer of a server without login under the one source ``default``. This page reads the same queue and questions
-and writes the same Feedback (``optim.review.desk``), so MLflow's queue, its Review page and ``chateval compile
---labels mlflow:<experiment>`` all see the answers, under each reviewer's own name (``optim.review.reviewers``).
-
-Routes: ``/start?reviewer=&key=`` (a reviewer's link: sets a cookie, then opens the queue), ``/`` (the reviewer's
-first unanswered item: resume where you left), ``/items`` (every item, to jump to), ``/item/<trace id>`` (GET the
-item, POST its answer or "can't judge"), ``/item/<trace id>/withdraw`` (POST), ``/owner/start?key=`` (the queue
-owner's link), ``/owner`` (agreement among the reviewers), ``/owner/answers.jsonl`` and ``/owner/answers.csv``
-(export), ``/health``.
-
-Every request's key is checked before anything is read from MLflow, so requests without a valid key cost no
-tracking-server call; a form with a field no question asks is refused (400) rather than guessed at.
+It reads the same queue and questions and writes the same Feedback (``optim.review.desk``), under each reviewer's
+own name (``optim.review.reviewers``). Every request's key is checked before anything is read from MLflow, so
+requests without a valid key cost no tracking-server call; a form with a field no question asks is refused (400).
 """
 
 from __future__ import annotations
@@ -211,7 +201,7 @@ def read_guidelines(path: str) -> str:
 
 
 def create_review_app(state: Reviewing):
-    """The review page's app over ``state`` (see the module docstring)."""
+    """The review page's app over ``state``."""
     app = FastAPI(title="chateval review", openapi_url=None, docs_url=None, redoc_url=None)
     lock = threading.Lock()
     app.add_exception_handler(Refused, lambda request, exc: _refused(str(exc), exc.status))

@@ -26,13 +26,10 @@ The weights put disagreement among the referees first and position bias second, 
 panel's own evidence conflicts; margin, abstentions and token probabilities say only that it is weak.
 Components that do not apply (no second order, no weighted scores) are 0, so U is comparable within a run.
 
-Where a results line carries a calibrated verdict confidence (``confidence`` with ``confidence_calibrated``
-true: the probability that people agree with the verdict, from the map ``chateval calibrate`` fitted), that ranks
-the queue instead of ``U``: the lowest confidence first. A raw confidence (an uncalibrated evaluator's) is shown
-but does not rank: it is no probability, and ``U`` weighs the same evidence. Items withheld for a person
-(``withheld``, or ``abstained`` of ``needs_person``: their confidence fell below the calibrated threshold) come
-before every other item, as they have no verdict at all. Lines ranked by ``U`` come after those ranked by
-confidence (the two are not on one scale).
+A calibrated verdict confidence (``confidence`` with ``confidence_calibrated`` true: the probability that people
+agree, from ``chateval calibrate``'s map) ranks its line instead of ``U``, lowest first; a raw one is shown but does
+not rank (it is no probability, and ``U`` weighs the same evidence). Items withheld for a person (``withheld_of``)
+come first, as they have no verdict at all, then lines by confidence, then lines by ``U`` (not one scale).
 """
 
 from __future__ import annotations
@@ -268,8 +265,6 @@ def tie_break(item_id) -> str:
 
 
 def _order(u: Uncertainty) -> tuple:
-    """Withheld items first, then lines with a calibrated confidence (lowest first), then the others (highest ``U``
-    first)."""
     if u.confidence is not None and u.calibrated:
         return (not u.withheld, 0, u.confidence, tie_break(u.item_id))
     return (not u.withheld, 1, -u.score, tie_break(u.item_id))

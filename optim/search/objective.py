@@ -36,8 +36,7 @@ from optim.tuning.objectives import make_metric
 
 
 def running_agreement(result: RunResult) -> float:
-    """The figure a study optimises, the task's primary metric, without bootstrap (for pruning after each chunk of
-    dev items)."""
+    """The task's primary metric without bootstrap (for pruning after each chunk of dev items)."""
     if not result.human:
         return math.nan
     if result.config.format == "pairwise":
@@ -89,14 +88,9 @@ class Objective:
     (the bias audit's text probes). An undefined agreement (pointwise: a constant column has no Spearman) or robustness counts
     as 0.0 and marks the trial ``agreement_undefined`` / ``robustness_undefined``: failing the trial instead would
     hide it from the sampler and never count toward ``--trials``.
-
-    Args:
-        base: Everything a trial does not choose (format, calibration, limits).
-        parts: The train and dev splits (already limited); train is used only by trials that compile.
-        n_trials: The study's budget; a trial started past it (a race between workers) stops.
-        report_every: Dev items per chunk; pruning may stop a trial after any chunk but the last.
-        results_dir: Where each trial's dev results JSONL goes (``trial-0007-dev.jsonl``).
-        track: Log each trial as a nested MLflow run under the active (study) run.
+    A trial started past ``n_trials`` (a race between workers) stops; pruning may stop one after any chunk of
+    ``report_every`` dev items but the last; ``results_dir`` holds each trial's ``trial-0007-dev.jsonl``; ``track``
+    logs each trial as a nested MLflow run under the study's.
     """
 
     space: SearchSpace

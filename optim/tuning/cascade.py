@@ -1,16 +1,10 @@
 """``chateval cascade`` as a library: build a cascade of saved evaluators, cheapest first, on labelled items.
 
-A cascade is declared (``read_declaration`` for a YAML file, ``declare`` for the ``--stage`` flags): the agreement
-``level`` guaranteed at ``risk``, and stages, each a saved evaluator and optionally the model it runs on.
-``build_cascade`` takes ``chateval calibrate``'s items (``optim.tuning.calibrate.calibration_items``), has every stage
-judge both halves, refits each stage's map on the calibration half (so that every stage is calibrated on the same
-items), chooses the thresholds together (``optim.tuning.selective.choose_cascade_thresholds``, Bonferroni over the
-stages), and saves the cascade (``chateval_dspy.deploy.saved.cascade.save_cascade``).
-
-The check half, which neither the maps nor the thresholds saw, is routed as the saved cascade would route it; every
-stage judged every check item, so the cascade's cost and each stage's alone are measured on the same items. A level
-that no stage reaches is reported with the best level reachable, and the cascade is saved with no threshold (every
-item goes to a person, the last stage's verdict kept as ``withheld``): the level asked for is never lowered silently.
+Declared by ``read_declaration`` (YAML) or ``declare`` (the ``--stage`` flags); ``build_cascade`` has every stage
+judge both halves of ``chateval calibrate``'s items, refits each stage's map on the same calibration half, chooses the
+thresholds together (Bonferroni over the stages) and routes the check half as the saved cascade would. What it
+guarantees and how to read the report: docs/selective.md. A level no stage reaches is reported with the best level
+reachable and the cascade saved with no threshold: the level asked for is never lowered silently.
 """
 
 from __future__ import annotations
@@ -38,8 +32,7 @@ STAGE_KEYS = ("name", "program", "model")
 
 @dataclass(frozen=True)
 class DeclaredStage:
-    """One stage as declared: its ``name``, its saved evaluator's directory ``program``, and the ``model`` it runs
-    on (None: its card's model)."""
+    """One stage as declared (``program``: its saved evaluator's directory; ``model`` None: its card's model)."""
 
     name: str
     program: Path
@@ -575,8 +568,7 @@ class CascadeCost:
 
 @dataclass(frozen=True)
 class SearchedCascade:
-    """What a ``cascade_cost`` search holds fixed: the first stage (judged once on the dev items), and the agreement
-    ``level`` to guarantee at ``risk``."""
+    """What a ``cascade_cost`` search holds fixed: the first stage (judged once on the dev items), level and risk."""
 
     first: StageRun
     level: float

@@ -335,11 +335,6 @@ def compile_and_save(data, config, lm, *, optimizer: str, out: str | Path, metri
     top, recorded under the card's ``labels``); ``config`` a panel or a function of the dataset's format; ``metric``
     ``agreement`` or ``balanced`` (pairwise), ``score_error`` (pointwise), default the first; ``tracking`` a
     ``TrackingSpec`` (None or disabled: nothing goes to MLflow); ``gates`` as for ``save_gated``.
-
-    Example:
-        >>> run = compile_and_save(DataSpec("faireval", limit=3), DebateConfig(roles=("critic",), turns=1),  # doctest: +SKIP
-        ...                        LMSpec(model=url), optimizer="labeled", out="programs/p")
-        >>> run.card["test_metrics"]["after"]["accuracy"]  # doctest: +SKIP
     """
     from chateval_dspy.lm.panel import referee_names
     from chateval_dspy.run.evaluate_dataset import lm_slots

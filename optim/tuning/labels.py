@@ -189,11 +189,6 @@ def read_labels(sources, task=None, *, base: list[dspy.Example] | None = None,
     """Every source's labels (``mlflow:...`` and label files), by the module's rule (files first, then MLflow; in
     order within each kind). ``task``: a ``TaskSpec``, a task file or a built-in name (default pairwise); ``base``:
     the dataset's items, relabelled where their ids are labelled (their full texts kept).
-
-    Example:
-        >>> got = read_labels(["labels.csv"], "pairwise", base=items)  # doctest: +SKIP
-        >>> got.card()["reviewers"]  # doctest: +SKIP
-        {'ann': 12, 'bo': 9}
     """
     task = _task(task)
     known = {str(x.id): x for x in base or []}

@@ -1,26 +1,21 @@
 """Selective verdicts: a confidence threshold chosen so that the verdicts given agree with people at a stated level.
 
-``choose_threshold`` picks, on calibration items (a verdict confidence, and whether people agreed), the lowest
-threshold such that, with probability at least ``1 - risk`` over the calibration draw, verdicts on fresh items at or
-above it agree with people at least ``level`` of the time; items below it get no verdict (``ABSTAINED``). The
-procedure is Trust or Escalate's (Jung, Brahman and Choi, ICLR 2025, arXiv 2407.18370): fixed-sequence testing from
-the highest candidate down, with the exact p-value ``P(Binomial(n, 1 - level) <= k)`` for ``n`` items at or above a
-candidate and ``k`` of them disagreeing; the threshold is lowered while ``p <= risk`` and testing stops at the first
-failure (a later candidate that would pass is never taken: that keeps the family-wise error at ``risk``).
+``choose_threshold`` picks the lowest threshold such that, with probability at least ``1 - risk`` over the
+calibration draw, verdicts at or above it agree with people at least ``level`` of the time; items below it get no
+verdict (``ABSTAINED``). The procedure is Trust or Escalate's (Jung, Brahman and Choi, ICLR 2025, arXiv 2407.18370):
+fixed-sequence testing from the highest candidate down, with the exact p-value ``P(Binomial(n, 1 - level) <= k)``
+(``k`` of ``n`` items at or above a candidate disagreeing), stopping at the first failure (a later candidate that
+would pass is never taken: that keeps the family-wise error at ``risk``). What it promises: docs/selective.md.
 
 Deviations from the paper, stated:
 
-- Candidates are the calibration items' distinct confidences, not the authors' 5,000-point grid: ``(n, k)`` only
-  changes at an observed confidence, so this is what an arbitrarily fine grid tests, whatever the scale.
+- Candidates are the distinct calibration confidences, not a 5,000-point grid: ``(n, k)`` only changes at an
+  observed confidence, so this is what an arbitrarily fine grid tests, whatever the scale.
 - Testing starts at the highest candidate with at least ``min_items`` items at or above it (30, as the authors' code)
-  and ``(1 - alpha) ** n <= risk`` (below that even ``k = 0`` fails). Where the sequence starts thus depends on the
-  confidences (never the labels), not on an order fixed in advance; ``python -m optim.bench selective`` measures how
-  often the guarantee holds.
+  and ``(1 - alpha) ** n <= risk`` (below that even ``k = 0`` fails): the start depends on the confidences, never the
+  labels; ``python -m optim.bench selective`` measures how often the guarantee holds.
 - When no candidate passes, the threshold is ``None`` (every item abstains; the paper's code returns its highest)
-  and ``best_level`` is the largest level on a 0.001 grid below the one asked for that the same procedure reaches:
-  the level asked for is never lowered silently.
-
-The guarantee holds for items exchangeable with the calibration items, as a rate over many verdicts, not for any one.
+  and ``best_level`` is the largest level on a 0.001 grid below the one asked for that the procedure reaches.
 """
 
 from __future__ import annotations

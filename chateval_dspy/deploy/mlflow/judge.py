@@ -29,10 +29,6 @@ def mlflow_judge(judge, *, name: str = "chateval", trace: bool = False, fields: 
     ``judge`` (``chateval_dspy.load``) stays open as long as the scorer is used; ``fields`` maps our input fields to
     ``inputs.<key>``, ``outputs``, ``outputs.<key>`` or ``expectations.<key>``; ``description`` defaults to the panel
     in words. The scorer has no timeout of MLflow's own (``timeout=0``): the LM's item deadline bounds each item.
-
-    Example:
-        >>> with chateval_dspy.load("programs/faireval-bootstrap") as judge:  # doctest: +SKIP
-        ...     result = mlflow.genai.evaluate(data=rows, scorers=[chateval_dspy.mlflow_judge(judge)])
     """
     from chateval_dspy.deploy.mlflow.scorer import ChatEvalJudge
 

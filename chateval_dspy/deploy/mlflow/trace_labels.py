@@ -2,12 +2,9 @@
 
 A trace of a judged item (``chateval_dspy.run.tracing``) holds the item's inputs on its root span. People label it
 in the MLflow UI (a review queue) or with ``mlflow.log_feedback(trace_id, name=<criterion>, value=...,
-source=HUMAN)``; pairwise preferences use the name ``label`` (or ``preference``) with ``1``, ``2`` or ``tie``.
-
-The rule for several answers to one question on one item: each reviewer's latest answer counts once; label scales
-(and pairwise preferences) take the majority, integer scales the mean (as the benchmarks' human scores are means).
-A label question whose reviewers split evenly is a *disagreement*: it is counted, and that criterion is left
-unlabelled on the item (the item is dropped if nothing is left). Feedback from LLM judges or code is ignored.
+source=HUMAN)``; pairwise preferences use the name ``label`` (or ``preference``) with ``1``, ``2`` or ``tie``. How
+several answers to one question make one label: docs/production.md ("The rule"); a criterion split evenly is left
+unlabelled (the item dropped if nothing is left). Feedback from LLM judges or code is ignored.
 """
 
 from __future__ import annotations

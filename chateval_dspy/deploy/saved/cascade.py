@@ -1,15 +1,11 @@
-"""A cascade of saved evaluators at run time: cheap stages first, an item leaving at the first stage confident enough.
+"""A cascade of saved evaluators at run time: cheap stages first, an item leaving at the first stage confident enough
+(how an item leaves, and what its verdict says: docs/selective.md, "Cascades").
 
 Layout of a saved cascade directory (``save_cascade`` writes it, ``read_cascade`` checks it, ``load`` runs it)::
 
     cascade.json           format, version, level, risk, the stages' names and thresholds, and a free-form report
     stages/1-<name>/       a complete saved evaluator with its calibration.json (its map; its threshold is ignored)
     stages/2-<name>/       ...
-
-An item leaves at the first stage whose calibrated confidence (pointwise: its least confident criterion's) reaches
-that stage's threshold, with that stage's verdict; a stage without a threshold (null) gives none. An item no stage
-keeps is withheld (``needs_person``, the last stage's verdict as ``withheld``), as by a calibrated evaluator. Its
-results line names the ``stage`` that gave the verdict and the ``stages_run``, its figures summed over them.
 
 Nothing in the directory is trusted: cascade.json is read within its limit and checked field by field; each stage's
 directory is derived from its checked name and must be a real directory inside the cascade's, with no linked file,

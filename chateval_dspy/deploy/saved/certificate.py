@@ -1,10 +1,7 @@
-"""A card's ``certificate``: the figures a team decides on before letting the panel stand in for its annotators,
-checked as untrusted input (``check_certificate``) and bound to the program it was measured on (``program_digest``).
+"""A card's ``certificate``: the figures a team decides on before letting the panel stand in for its annotators (which
+command fills which part: docs/selective.md, "The certificate"), checked as untrusted input (``check_certificate``)
+and bound to the program it was measured on (``program_digest``: a card naming another program is refused).
 
-Its parts, each filled by the command that measures it: ``people`` (``chateval certify --program``: agreement among
-people and the panel's beside each person, the alternative annotator test), ``audit`` (``chateval audit``: each
-probe's figures), ``calibration`` (``chateval calibrate``: the calibration error on the check half), ``cost`` (per
-1,000 verdicts); ``program`` is the digest of the program the figures belong to (a card naming another is refused).
 Every figure is ``{value, ci_low, ci_high, n}``, its value in the figure's range and inside its interval; lists and
 texts are bounded.
 """

@@ -125,14 +125,7 @@ def _check_version(card: dict, source: str) -> None:
 
 
 class Judge(LoadedJudge):
-    """A loaded evaluator bound to an LM. Use as a context manager, or call ``close()``.
-
-    Example:
-        >>> with load("programs/faireval-bootstrap") as judge:  # doctest: +SKIP
-        ...     v = judge({"question": "...", "answer_1": "...", "answer_2": "..."})
-        ...     v = judge(question="...", answer_1="...", answer_2="...")  # the same item, as a DSPy module takes it
-        ...     v.winner, v.scores, v.rationales
-    """
+    """A loaded evaluator bound to an LM. Use as a context manager, or call ``close()``."""
 
     def __init__(self, program: ChatEval, card: dict, lm: dspy.LM, stack: contextlib.ExitStack,
                  referee_lms: dict[str, dspy.LM] | None = None):

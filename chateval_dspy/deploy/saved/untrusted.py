@@ -1,11 +1,9 @@
 """A saved evaluator's files checked as untrusted input: the card (``check_card``) and the DSPy state
-(``check_program_state``), before anything is built from them.
+(``check_program_state``), before anything is built from them (what is refused: docs/production.md, "A saved
+program is untrusted input").
 
-A directory may come from a registry, a colleague or a download. The card's config and personas and each predictor's
-instructions and demos are checked against the program's signatures and ``limits``, and the state handed to DSPy is
-built from those parts only; an LM, sampling or decoding settings, traces or any unknown key is refused with a
-``ConfigError`` naming the file, the key and the limit. The checks are by hand, not pydantic models: demo fields
-differ per signature, and pydantic's errors would need rewriting into these messages.
+The state handed to DSPy is built from the checked parts only. The checks are by hand, not pydantic models: demo
+fields differ per signature, and pydantic's errors would need rewriting into these messages.
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
-"""A results location for distributed scoring: a directory of JSON Lines part files, resumable by item id.
+"""A results location for distributed scoring: a directory of JSON Lines part files, resumable by item id (the rules a
+user meets, damage included: docs/many-machines.md, "Ray and Spark scoring that resumes").
 
 Every worker (a Ray actor, a Spark task) appends to a part file of its own, created new (never through a link), one
 whole fsynced line per finished item (``records.append_record``), so a kill leaves at most one torn last line.
-
-Every line carries the evaluator's digest (``evaluator``) and the run key (``run_key``: that digest with the identity
-of the LMs the worker bound; a cascade's cover its thresholds and every stage). One directory holds one run's lines:
-before a run the driver reads it (``begin``, under ``run_lock``), and a line of another evaluator or run key, or with
-no identity, is a ``ConfigError`` naming its file and line; each worker checks its own identity before its first LM
-call (``stamp``; the driver does when every id is done: ``check_finished``). The ids with a verdict are done and
-skipped before any LM call; error lines never count as done.
-
-Damage: a torn last line is cut before the run; any other line that is not a results line is skipped, counted
-(``ScaleReport.torn``) and warned about, and its item judged again. An id with verdicts in two parts (a retried task)
-counts from the part whose name sorts first. The identity is a digest, not a signature: keep the directory writable
-only by the job's own user. Ids must be present and unique (``check_ids``): rows have no global order across
-partitions. The location is a local or mounted path (no ``s3://``: an object cannot be appended to), locked by
-``locks.exclusive`` on ``<dir>/run.lock`` (``flock``, which some network filesystems do not honour across hosts).
+Before a run the driver reads the directory (``begin``, under ``run_lock``: ``locks.exclusive`` on
+``<dir>/run.lock``, a ``flock`` that some network filesystems do not honour across hosts); each worker checks its own
+identity (``run_key``; a cascade's covers its thresholds and every stage) before its first LM call (``stamp``; the
+driver does when every id is done: ``check_finished``). Ids must be present and unique (``check_ids``).
 """
 
 from __future__ import annotations
@@ -182,7 +173,7 @@ class PartsRead:
 
 
 def read_parts(out: str | Path, evaluator: str | None = None, *, cut: bool = False) -> PartsRead:
-    """Read and check every part of ``out`` (the module docstring's rules): lines held to ``evaluator`` (None: to the
+    """Read and check every part of ``out`` (docs/many-machines.md's rules): lines held to ``evaluator`` (None: to the
     first line's), one run key throughout, damaged lines skipped and counted. ``cut``: a torn last line is removed
     from its file (only under ``run_lock``: a running worker may be writing it)."""
     got = PartsRead(evaluator=evaluator)

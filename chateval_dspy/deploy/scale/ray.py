@@ -125,7 +125,6 @@ def score_dataset(dataset, evaluator: str, *, out: str, model: str | None = None
         ray_remote_args: Per-actor resources (``{"num_cpus": 1}``); those not in ``NAMED_REMOTE_ARGS`` go as Ray's
             deprecated ``**ray_remote_args``.
         cache_dir: Each worker's LM cache directory (its ``CHATEVAL_CACHE_DIR``); None: the worker's own.
-        cache: False turns the workers' LM cache off.
     """
     from chateval_dspy.concurrency import check_slots
     from chateval_dspy.deploy.scale import parts

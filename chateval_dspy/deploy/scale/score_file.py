@@ -1,10 +1,9 @@
-"""Score a user's file with a saved evaluator: resumable, and bad rows are reported, not fatal.
+"""Score a user's file with a saved evaluator: resumable, and bad rows are reported, not fatal (docs/production.md).
 
-Every input row ends as exactly one line of the output: a verdict, or ``{"id", "row", "error"}`` (a row that cannot
-be read, lacks a field, or repeats an earlier id). A rerun reads the output first (dropping a half-written last line)
-and skips the ids that have a verdict, so no item is paid for twice; error lines never count as done, so a rerun
-writes one again for each row that still fails. Every line carries the run key (``parts.judge_run_key``), so a rerun
-by another evaluator, cascade or model is refused instead of mixing two runs' verdicts.
+Every input row ends as exactly one line of the output: a verdict, or ``{"id", "row", "error"}``; error lines never
+count as done, so a rerun writes one again for each row that still fails. Every line carries the run key
+(``parts.judge_run_key``), so a rerun by another evaluator, cascade or model is refused instead of mixing two runs'
+verdicts.
 """
 
 from __future__ import annotations

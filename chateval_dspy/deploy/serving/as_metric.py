@@ -1,13 +1,10 @@
-"""A loaded evaluator as the metric of another DSPy program (docs/production.md): ``as_metric(judge, inputs=...,
-reference=...)`` is ``metric(example, prediction, trace=None)`` for ``dspy.Evaluate`` and DSPy's optimizers.
+"""A loaded evaluator as the metric of another DSPy program: ``as_metric(judge, inputs=..., reference=...)`` is
+``metric(example, prediction, trace=None)`` for ``dspy.Evaluate`` and DSPy's optimizers (docs/production.md, "As a
+metric for another DSPy program", tells the scoring).
 
-Pointwise, each criterion the panel scored is put on 0..1 by its scale (``lo..hi`` linearly; a label 1 when it is
-one of the criterion's ``good`` labels) and the criteria are averaged. Pairwise, the program's answer is the task's
-first response and the reference the second: a win is 1, a tie 0.5, a loss 0; a judge that does not calibrate
-position is asked in both orders and the outcomes averaged. No verdict, or a blank judged text, scores 0.0 (logged,
-counted in ``metric.abstentions``); a field that cannot be found is a ``ConfigError``. With ``trace`` the metric
-returns ``value >= threshold``; GEPA's feedback call (``pred_name``) gets the referees' evidence as feedback.
-Verdicts are cached per judged item (LRU), so the panel is paid once for a pair asked about twice.
+A judge that does not calibrate position is asked in both orders and the outcomes averaged. No verdict, or a blank
+judged text, scores 0.0 (logged, counted in ``metric.abstentions``); a field that cannot be found is a
+``ConfigError``. GEPA's feedback call (``pred_name``) gets the referees' evidence as feedback.
 """
 
 from __future__ import annotations

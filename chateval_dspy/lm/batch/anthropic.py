@@ -1,9 +1,7 @@
 """Anthropic's Message Batches API as a ``BatchProvider``, over httpx (no ``anthropic`` SDK needed).
 
-Requests arrive as OpenAI chat-completions bodies and answers leave as OpenAI ``chat.completion`` dicts
-(``messages_params`` and ``chat_completion`` translate), so the driver never sees Anthropic's format. What the API
-returns is untrusted: the results download is capped, every line is checked, and a malformed answer becomes that
-request's error instead of the whole batch's.
+``messages_params`` and ``chat_completion`` translate to and from OpenAI's format. What the API returns is untrusted:
+the download is capped, every line checked, and a malformed answer is that request's error, not the batch's.
 """
 
 from __future__ import annotations
@@ -47,10 +45,9 @@ def _text(content) -> str:
 
 
 def with_marks(body: dict, mark_item: bool) -> dict:
-    r"""``body`` with Anthropic's cache breakpoints where a live call's adapter puts them (``DebateAdapter``): at the
-    end of the static part (the message before the question: the system text, or the last demonstration) and, when
-    ``mark_item``, at the end of the item's texts (before the first referee or turn field of the question; judged
-    texts cannot hold a field header, so the first one is the layout's).
+    r"""``body`` with Anthropic's cache breakpoints where a live call's ``DebateAdapter`` puts them: after the static
+    part and, when ``mark_item``, after the item's texts (before the first referee or turn field header: judged
+    texts cannot hold one, so the first is the layout's).
 
     Example:
         >>> b = with_marks({"messages": [{"role": "system", "content": "Rules."}, {"role": "user", "content":
@@ -78,11 +75,8 @@ def _short(text, limit: int = 300) -> str:
 
 
 def messages_params(body: dict) -> dict:
-    """The Messages ``params`` for an OpenAI chat-completions ``body``.
-
-    The system text becomes one block marked for caching: our prompts put their static part (instructions,
-    demos) first, so marking the end of the system text caches that prefix. A json_schema ``response_format``
-    becomes a forced tool, as LiteLLM sends it for Claude models without native structured output.
+    """The Messages ``params`` for an OpenAI chat-completions ``body``: the system text one block marked for caching
+    (our static part comes first), a json_schema ``response_format`` a forced tool (as LiteLLM sends it).
 
     Example:
         >>> p = messages_params({"model": "anthropic/claude-3-5-haiku", "temperature": 0, "stop": "END",
@@ -147,9 +141,8 @@ def _usage(usage) -> dict:
 
 
 def chat_completion(message: dict) -> dict:
-    """The OpenAI ``chat.completion`` for an Anthropic ``message``; ValueError if it is malformed or oversized.
-
-    A ``tool_use`` block (the forced JSON tool) becomes its input as JSON text, as LiteLLM hands it back.
+    """The OpenAI ``chat.completion`` for an Anthropic ``message`` (a ``tool_use`` block: its input as JSON text, as
+    LiteLLM hands it back); ValueError if it is malformed or oversized.
 
     Example:
         >>> c = chat_completion({"id": "msg_1", "model": "claude-x", "stop_reason": "tool_use",
@@ -205,13 +198,9 @@ def _outcome(custom_id: str, result) -> Outcome | None:
 class AnthropicBatches:
     """Anthropic's Message Batches API (``name = "anthropic"``).
 
-    Args:
-        api_key: The key (default: ``ANTHROPIC_API_KEY``); it is sent as ``x-api-key`` and shown nowhere else.
-        base_url: The API's base (default: ``ANTHROPIC_BASE_URL``, else ``https://api.anthropic.com``).
-        retries: Extra tries for a read (state, results) that met a transient fault (429, 5xx, 529, no
-            connection); a submission is never retried, as that could submit the batch twice.
-        max_results_bytes: The cap on one batch's results download, whatever its requests (default
-            ``limits.MAX_BATCH_RESULT_BYTES``, 512 MiB); below it, ``limits.batch_result_bytes`` of its requests.
+    ``api_key`` (default ``ANTHROPIC_API_KEY``) is sent as ``x-api-key`` and shown nowhere else; ``base_url`` defaults
+    to ``ANTHROPIC_BASE_URL``, else the public API. ``retries`` apply to reads only: a retried submission could
+    submit the batch twice. ``max_results_bytes`` caps a download above ``limits.batch_result_bytes`` of its requests.
 
     Example:
         >>> AnthropicBatches(api_key="sk-ant-secret", base_url="http://127.0.0.1:9")

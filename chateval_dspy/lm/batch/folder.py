@@ -1,12 +1,9 @@
 """Batches as files in a folder, for a self-hosted engine: a wave's requests go to ``<label>.input.jsonl`` and its
 answers are read from ``<label>.output.jsonl``, which vLLM's offline runner writes (``FolderBatches.command``).
 
-Both files are OpenAI's batch JSONL, as vLLM's ``run_batch`` reads and writes it (a failed request's ``error`` is a
-string or vLLM's ``ErrorResponse``, flat before vLLM 0.10 and nested under ``"error"`` since). Nothing is sent
-anywhere: the wave is done when the output holds an answer for every request of the input. The folder is shared with
-whoever runs the engine, so its files are untrusted: each is opened as itself (a symbolic link, a named pipe or a
-device is refused, never followed or waited on), and an output is read within ``limits.batch_result_bytes`` of its
-wave's requests.
+Both are OpenAI's batch JSONL as vLLM's ``run_batch`` reads and writes it; the wave is done when the output answers
+every request. The folder is shared with whoever runs the engine, so its files are untrusted: each is opened as
+itself (a link, pipe or device is refused) and read within ``limits.batch_result_bytes`` of its wave's requests.
 
 Example:
     >>> from chateval_dspy.lm.batch.provider import BatchRequest
@@ -46,12 +43,8 @@ NO_STATUS = 502
 class FolderBatches:
     """A ``BatchProvider`` whose batches are files in ``directory``, run by hand (or by a job) with vLLM.
 
-    Args:
-        model: The model name the engine serves; it replaces each body's ``model`` (vLLM answers 404 to a
-            request naming any other) and goes into ``command``. None keeps the bodies' own.
-        max_file_bytes, max_line_bytes: The most a wave's input or output file, and one of its lines, may hold (an
-            output also within ``limits.batch_result_bytes`` of its wave's requests, an answer line within
-            ``limits.MAX_BATCH_RESULT_LINE_BYTES``).
+    ``model`` (the engine's served name) replaces each body's ``model`` (vLLM answers 404 to any other) and goes
+    into ``command``; None keeps the bodies' own. ``max_file_bytes``/``max_line_bytes`` bound a wave's files and lines.
     """
 
     name = "folder"
@@ -70,10 +63,8 @@ class FolderBatches:
         return self.directory / f"{_checked(batch_id)}.output.jsonl"
 
     def submit(self, requests: list[BatchRequest], label: str) -> str:
-        """Write the wave's input file (whole or not at all); its batch id is ``label``.
-
-        Submitting the same requests again under the same label is a no-op; different ones are refused.
-        """
+        """Write the wave's input file (whole or not at all); its batch id is ``label``. The same requests again
+        under the same label are a no-op; different ones are refused."""
         path, data = self.input_path(label), self._input_bytes(requests)
         if os.path.lexists(path):
             with os.fdopen(open_regular(path, os.O_RDONLY, "batch input"), "rb") as f:

@@ -2,16 +2,14 @@
 
 A folder (``<results file>.batches/`` by default) holds:
 
-- ``journal.jsonl``: one line per event: ``intent`` (a batch about to be submitted: its label, wave and request
-  ids; written *before* the submission), ``submitted`` (the provider's batch id for a label) and ``ended`` (a
-  batch whose outcomes were read);
+- ``journal.jsonl``: events ``intent`` (label, wave, request ids; written *before* submitting), ``submitted``
+  (the provider's batch id for a label) and ``ended`` (outcomes read);
 - ``<label>.input.jsonl``: each batch's requests, in OpenAI's batch input format;
 - ``answers.jsonl``: every answer received, by request id.
 
-Lines are appended whole, flushed and fsynced; a torn last line (a kill mid-write) is ignored. A line read back that
-is not what this module writes (or an answer no journaled batch asked for, or a second, different one) is an error
-naming the file and line. A symbolic link, a file with other hard links, a named pipe or a device in the place of the
-folder's files is refused (``files.open_regular``), never written or truncated through.
+Lines are appended whole, flushed and fsynced; a torn last line is ignored. A line read back that this module did
+not write (or an unasked or second, different answer) is an error naming file and line; a link, pipe or device in
+place of its files is refused (``files.open_regular``).
 """
 
 from __future__ import annotations

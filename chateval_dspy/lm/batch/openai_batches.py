@@ -22,10 +22,7 @@ LIST_PAGE = 100  # batches per page of the list ``find`` reads (the API's most)
 
 
 class OpenAIBatches:
-    """Batches through ``base_url`` (``https://api.openai.com/v1`` or a server's ``.../v1``) with ``api_key``.
-
-    The key lives in the client only: never in a repr, a log line, an error or the journal.
-    """
+    """Batches through ``base_url`` (OpenAI's or a server's ``.../v1``); ``api_key`` lives in the client only."""
 
     name = "openai"
 

@@ -1,9 +1,7 @@
 """What every batch provider offers the wave driver: submit a batch, read its state, read its outcomes.
 
-All providers speak one request shape and one answer shape, OpenAI's batch format: a request is an
-OpenAI chat-completions body under a ``custom_id``; an answer is an OpenAI ``chat.completion`` object (or an
-error). A provider whose API differs (Anthropic's Message Batches) translates inside itself, so the driver,
-the journal and the engine never see a provider's own format.
+All speak OpenAI's batch format (a chat-completions body under a ``custom_id`` in; a ``chat.completion`` or an error
+out); a provider whose API differs (Anthropic's) translates inside itself, so driver, journal and engine never see it.
 """
 
 from __future__ import annotations
@@ -32,10 +30,8 @@ class BatchRequest:
 
 @dataclass(frozen=True)
 class BatchState:
-    """Where a submitted batch stands: its ``status`` in OpenAI's words (``validating``, ``in_progress``,
-    ``finalizing`` or one of ``TERMINAL``), its ``{"total", "completed", "failed"}`` request counts as far as the
-    provider says, and ``detail``: the provider's own status word, or why the batch failed (for progress lines).
-    """
+    """Where a submitted batch stands: ``status`` in OpenAI's words, ``{"total", "completed", "failed"}`` counts as
+    far as the provider says, and ``detail`` (the provider's own word, or why it failed) for progress lines."""
 
     id: str
     status: str
@@ -60,12 +56,10 @@ class Outcome:
 class BatchProvider(Protocol):
     """A Batch API (or a folder a self-hosted engine reads).
 
-    ``label`` is a token the driver journals *before* it submits: a provider that can tag a batch with it
-    (OpenAI's batch ``metadata``) can find that batch again after a kill between its submission and the journal's
-    record of it (``find``; None when it cannot tell), so that a rerun attaches instead of submitting twice.
-    ``outcomes`` reads a terminal batch's results (within ``limits.batch_result_bytes(len(asked))``) through
-    ``asked_outcomes``: one per request of ``asked`` that finished, answered or failed on its own; a request without
-    one (an expired or failed batch's unfinished requests) is to be submitted again.
+    ``label`` is journalled *before* submitting: a provider that can tag a batch with it (OpenAI's ``metadata``)
+    ``find``s it after a kill between submission and journal record (None: cannot tell), so a rerun attaches instead
+    of submitting twice. ``outcomes`` reads a terminal batch (within ``limits.batch_result_bytes``) through
+    ``asked_outcomes``; a request without an outcome is submitted again.
     """
 
     name: str
@@ -84,12 +78,9 @@ MAX_MESSAGE = 2000
 
 
 def outcome_of(custom_id: str, record: dict, missing_status: int | None = None) -> Outcome:
-    """The answer or the error that one line of an OpenAI-format batch output or error file holds (OpenAI's own
-    files, vLLM's ``run_batch``). Lines are untrusted: a 200 without a JSON object for a body is an error too.
-
-    Args:
-        missing_status: The status of a failure that states none: None (OpenAI: the batch ran out before the
-            request, ``batch_expired``) or, for an engine whose batches never run out, a server error (502).
+    """The answer or error one line of an OpenAI-format batch output/error file holds (untrusted: a 200 without a
+    JSON object body is an error too). ``missing_status``: a failure's status where it states none (None: OpenAI's
+    ``batch_expired``; 502 for an engine whose batches never run out).
 
     Example:
         >>> outcome_of("r1", {"response": {"status_code": 200, "body": {"choices": []}}, "error": None}).body
@@ -138,13 +129,9 @@ def error_of(status: int | None, error: object, missing_status: int | None = Non
 
 def asked_outcomes(lines: Iterable[tuple[int, str, object]], asked: Collection[str], where: str,
                    parse: Callable[[str, object], Outcome | None]) -> list[Outcome]:
-    """The outcomes that a batch's result ``lines`` (line number, custom_id, what the line says of it) hold for the
-    requests ``asked``; ``parse`` makes an outcome of a line (None: the request did not finish).
-
-    The lines are untrusted. A line for a request never asked is counted, left unread and reported (one warning
-    naming ``where``): it is no answer of this run's. A request answered twice is answered by neither copy unless
-    both say the same: it gets a ``conflicting_answers`` error, which sends it out again, as a batch that ran out
-    before it would.
+    """The outcomes that result ``lines`` (number, custom_id, raw) hold for the requests ``asked``; ``parse`` makes
+    one of a line (None: unfinished). Lines for requests never asked are counted and warned of once; a request
+    answered twice, differently, gets a ``conflicting_answers`` error, which sends it out again.
 
     Example:
         >>> ok = lambda cid, raw: Outcome(cid, body=raw)

@@ -1,12 +1,8 @@
 """Which Batch API a run's model goes through, checked before anything is submitted, and the batching LM itself.
 
-- ``openai/<model>``: OpenAI's Batch API (``OPENAI_BASE_URL`` if set, ``OPENAI_API_KEY``);
-- ``anthropic/<model>``: Anthropic's Message Batches (``ANTHROPIC_BASE_URL`` if set, ``ANTHROPIC_API_KEY``);
-- an ``http(s)://.../v1`` base URL: that server's ``/v1/batches`` (vLLM's server, a LiteLLM proxy ...);
-- ``batch_dir``: files in a folder, for an engine run offline (``vllm run-batch``), whatever the model.
-
-A LiteLLM model must be batch-priced in LiteLLM's cost map (or given a price with ``--price-per-mtok``, taken as
-its batch price); a base URL or a folder is a private endpoint, unpriced unless a price is stated.
+``openai/<model>`` (``OPENAI_BASE_URL``/``OPENAI_API_KEY``), ``anthropic/<model>`` (``ANTHROPIC_*``), an
+``http(s)://.../v1`` base URL (its ``/v1/batches``), or ``batch_dir`` (files for ``vllm run-batch``). A LiteLLM model
+must be batch-priced in the cost map (or given ``--price-per-mtok``); a base URL or folder is unpriced unless stated.
 """
 
 from __future__ import annotations
@@ -96,9 +92,8 @@ def batch_lm(route: BatchRoute, model: str, journal_folder: str | Path, *, batch
              temperature: float = 0.0, max_tokens: int | None = None, retries: int = 2,
              poll_seconds: float = DEFAULT_POLL_SECONDS,
              on_progress: Callable[[dict], None] | None = None) -> Iterator[dspy.LM]:
-    """A ``dspy.LM`` whose calls go out in waves through ``route``'s Batch API (``lm.batch.waves``), priced at
-    ``route.price``, named ``batch/`` and a live run's LM's name (``batch/openai/gpt-4o-mini``; a base URL's or a
-    folder's ``batch/openai-compatible/<model>``), so that its figures read as batched."""
+    """A ``dspy.LM`` whose calls go out in waves through ``route``'s Batch API, priced at ``route.price`` and named
+    ``batch/`` + a live run's LM's name (``batch/openai/gpt-4o-mini``), so its figures read as batched."""
     from chateval_dspy.lm.batch.engine import BatchEngine
     from chateval_dspy.lm.batch.journal import Journal
     from chateval_dspy.lm.batch.waves import Waves

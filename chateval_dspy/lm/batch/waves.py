@@ -1,14 +1,9 @@
-"""The wave driver: the LM calls of every debate in a run gathered into batches, one batch per wave.
+"""The wave driver: the LM calls of every debate in a run gathered into batches, one batch per wave (why waves:
+docs/cost.md, "Batch mode"). The run's threads are counted by a ``concurrency.Gate``: a thread that calls the LM is
+*parked* until its answer is back, and when every thread is parked or ended the driver submits what it gathered.
 
-A debate is a chain of dependent calls, so a run's debates go out together, a wave at a time: the calls that can be
-made now (across all items) form one batch, and when it returns the debates go on to the next wave. A run therefore
-takes as many waves as its longest chain of calls (``program.critical_path``), whatever the number of items. The
-run's threads are counted by a ``concurrency.Gate``: a thread that calls the LM is *parked* until its answer is back,
-and when every thread is parked or ended the calls gathered so far are all there will be, so the driver submits them.
-
-Requests are named by a hash of their body (``request_id``), so identical calls are submitted once and a rerun
-recognises its earlier run's calls: an answer already received (``Journal.answers``) is given at once, and a call in
-a batch still open in the journal waits for that batch instead of going out again.
+Requests are named by a hash of their body (``request_id``), so identical calls go out once and a rerun recognises
+its earlier calls: a journalled answer is given at once; a call in a batch still open waits for that batch.
 """
 
 from __future__ import annotations
@@ -57,14 +52,10 @@ class _Call:
 class Waves:
     """The calls of a run, batched in waves through ``provider``, journaled in ``journal``.
 
-    Args:
-        retries: Further waves a failed request may go out in (a transient failure inside a batch, or a batch
-            that expired or failed before answering it), as many as a live call's retries.
-        price: What the provider bills per token in batches (None: unpriced), for the cost so far.
-        on_progress: Called with a dict after each look at the batches: ``provider``, ``wave``, ``expected`` (the
-            waves the run should take, when its caller set it), ``requests`` (in the wave), ``answered``, ``batches``
-            (each ``id``, ``status``, ``detail``, ``completed``, ``failed``, ``total``), ``submitted`` (requests this
-            process submitted), ``usd`` (the cost so far of the answers received, None when unpriced).
+    ``retries``: further waves a failed request may go out in (transient failure, or its batch expired or failed).
+    ``on_progress`` gets a dict after each look at the batches: ``provider``, ``wave``, ``expected``, ``requests``,
+    ``answered``, ``batches`` (each ``id``, ``status``, ``detail``, ``completed``, ``failed``, ``total``),
+    ``submitted`` (by this process) and ``usd`` (of the answers so far at ``price``; None when unpriced).
     """
 
     def __init__(self, provider: BatchProvider, journal: Journal, *, retries: int = 2, poll_seconds: float = 30.0,

@@ -22,25 +22,14 @@ from chateval_dspy.program.task.templates import default_argue, default_material
 class TaskSpec:
     """What a panel judges and how a verdict looks; ``signatures.signatures_for(spec)`` builds the prompts.
 
-    Empty instructions, ``material``, ``responses`` and ``preference`` are filled with defaults when it is made.
+    Empty instructions, ``material``, ``responses`` and ``preference`` are filled with defaults when it is made. The
+    fields are a task file's (docs/tasks.md); ``label_map`` is read before a label is checked and is no part of any
+    prompt.
 
     Args:
-        name: An identifier (cards, MLflow params and error messages name the task by it).
-        format: ``pointwise`` (one response, rated per criterion) or ``pairwise`` (two responses compared).
-        inputs: The item's input fields, in prompt order.
         criteria: What each referee rates; pairwise, each criterion ``c`` gives fields ``c_1`` and ``c_2``.
-        argue: Instructions of a talk turn (``{criteria}`` allowed).
-        verdict: Instructions of a verdict (``{criteria}`` allowed).
-        evidence: The description of the verdict's reasons field.
         responses: Pairwise: the two input fields compared (the ones position calibration swaps).
-        preference: Pairwise: how the overall preference is formed.
         material: The judged texts as the summarizer reads them (``{input}`` placeholders).
-        criteria_in: ``fields``: each criterion's description is its output field's description;
-            ``instructions``: the verdict instructions describe the criteria (each must be named there).
-        label_map: The data's label values -> ours (``{"0": "tie", "A": "1"}``), read before a label is checked;
-            no part of any prompt.
-        label_map_merge: ``label_map`` may make two of the data's values one label (``A: "1"`` in data that also
-            holds ``1``); without it that is an error (``chateval_dspy.data.loaders.check_label_merges``).
 
     Example:
         >>> spec = TaskSpec.from_dict({"name": "rag", "format": "pointwise",

@@ -1,8 +1,7 @@
-"""When to trace: ``--trace``/``--no-trace`` decide when given; otherwise tracing is on when MLflow is the run's
-tracking target and the run judges at most ``DEFAULT_MAX_ITEMS`` items, a number of debates a person will actually
-read. MLflow is the target of ``chateval evaluate`` unless ``--no-mlflow``, and of ``chateval score`` when
-``--tracking-uri`` or ``$MLFLOW_TRACKING_URI`` names a store. A server (``chateval serve``) judges an unbounded number
-of items: there it is off unless asked for.
+"""When to trace (``tracing_default``): by default only as many debates as a person will actually read, and never
+unasked on a server (``chateval serve``), which judges an unbounded number of items. MLflow is the target of
+``chateval evaluate`` unless ``--no-mlflow``, and of ``chateval score`` when ``--tracking-uri`` or
+``$MLFLOW_TRACKING_URI`` names a store.
 """
 
 from __future__ import annotations
@@ -16,8 +15,8 @@ TRACE_HELP = (f"log each judged item as an MLflow trace (orders, rounds, referee
 
 
 def tracing_default(flag: bool | None, *, mlflow_target: bool, items: int | None) -> bool:
-    """Whether to trace: the flag when given; else on when MLflow is the tracking target and the run judges a
-    known number of items, at most ``DEFAULT_MAX_ITEMS`` (``items=None``: unbounded, a server).
+    """Whether to trace: the flag (``--trace``/``--no-trace``) when given; else on when MLflow is the tracking target
+    and the run judges a known number of items, at most ``DEFAULT_MAX_ITEMS`` (``items=None``: unbounded, a server).
 
     Example:
         >>> tracing_default(None, mlflow_target=True, items=20), tracing_default(None, mlflow_target=True, items=500)

@@ -13,12 +13,9 @@ The tree (``debate_tree``)::
     |   `-- round 2 ...
     `-- order 2 (answers swapped) ...
 
-The root's name is the trace's name in MLflow's trace list (``chateval faireval · q17``: task and item), and its
-outputs (the trace's response preview) start with the verdict: the preferred response's field name or ``tie``
-(pairwise), the scores (pointwise). The root carries the item's LM calls, tokens (``mlflow.chat.tokenUsage``, so
-MLflow's trace list shows them), seconds and the panel's config. Readers find the root by its ``chateval.item_id``
-attribute (``debate_span``), never by its name: traces written before the name carried task and item have a root
-named just ``chateval``. Span times: ``timing``.
+The root's name and response preview are what MLflow's trace list shows (docs/production.md, "With MLflow").
+Readers find the root by its ``chateval.item_id`` attribute (``debate_span``), never by its name: older traces'
+roots are named just ``chateval``. Span times: ``timing``.
 """
 
 from __future__ import annotations
@@ -147,13 +144,10 @@ def debate_tree(record: dict, inputs: Mapping[str, str] | None = None, *, config
     attributes, error, children}`` per span (see the module docstring for the shape).
 
     Args:
-        record: The item's results record (``run.evaluate.result_record``: transcripts, referees, tokens, seconds).
         inputs: The item's inputs as given (truncated here as the panel saw them); None: the order spans name
             no judged texts.
-        config: The panel's ``DebateConfig``: its task, strategy (what each speaker was shown) and limits;
-            None: the record's format's built-in task, and no discussion shown.
+        config: None: the record's format's built-in task, and no discussion shown.
         roles: The referees (``Role`` objects) for their personas; None: personas are left out.
-        ended_ns: When the item finished (``time.time_ns()``; default now).
 
     Example:
         >>> record = {"id": "q1", "format": "pairwise", "prediction": "1", "consistent": True, "abstained": None,

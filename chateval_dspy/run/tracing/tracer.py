@@ -28,14 +28,9 @@ class Tracer:
     Args:
         config: The panel's ``DebateConfig``, or a function of the record's format that returns it (as
             ``evaluate_dataset`` takes it); None: the format's built-in task.
-        roles: The referees, for their personas (default: resolved from ``config``).
         items: The items judged (``dspy.Example`` or dicts with ``id``), so each trace shows the texts the
             panel read; records carry no inputs of their own.
-        model: The LM's model name, as a tag.
-        tags: Tags for every trace (``chateval.command``, ...).
-        metadata: Trace metadata for every trace.
         experiment_id: Where the traces go (default: MLflow's active experiment).
-        flush_every: Drain MLflow's export queue after this many traces (it drops traces beyond 1,000 tasks).
 
     Example:
         >>> tracer = Tracer(items=[{"id": "q1", "question": "2+2?"}])

@@ -1,16 +1,9 @@
 """``python -m optim.bench simulate``: do tuning and search recover signal that is planted with a known size?
 
-The referees are simulated (``chateval_dspy.testing.sim_lm``: the model and its equations are stated
-there once); the program, the optimizers and the search are the product's own. One section per module:
-
-- ``aggregation``: accuracy against the number of referees, independent (Condorcet) and herding per strategy;
-- ``calibration``: a position-biased panel with and without answer-order calibration;
-- ``compiling``: test agreement before/after each optimizer as training labels grow, against the planted ceiling;
-- ``search``: K-trial searches against random search and the oracle's best panel, and the winner's curse;
-- ``labels``: how many labels each optimizer needs before its gain is outside the CI (from ``compiling``).
-
-Every figure is a mean over seeds (a seed is a fresh world: new items, new referee draws) with its
-95% interval, beside the value the model predicts where one is derivable (``theory``).
+The referees are simulated (``chateval_dspy.testing.sim_lm`` states the model); the program, optimizers and search
+are the product's own. One section per module (``aggregation``, ``calibration``, ``compiling``, ``search``, and
+``labels`` from ``compiling``); every figure is a mean over seeds with its 95% interval, beside the value the model
+predicts where one is derivable (``theory``). Method and figures: benchmarks/simulation.md.
 
     python -m optim.bench simulate --smoke          # every section on a small budget (CI)
     python -m optim.bench simulate --markdown       # the full study

@@ -1,10 +1,8 @@
 """Calibration: a position-biased panel with and without answer-order calibration.
 
-Independent referees of accuracy ``p`` say "answer 1" with probability ``position_bias`` whatever the
-item. Uncalibrated, the bias is right on every item whose better answer is shown first and wrong on
-the others; calibrated, each referee also judges the swapped order and the two orders' verdicts are
-pooled, and an item is consistent when both orders' panel verdicts agree. ``theory.panel`` gives both
-figures exactly.
+Independent referees of accuracy ``p`` say "answer 1" with probability ``position_bias`` whatever the item;
+calibrated, each also judges the swapped order and the orders' verdicts are pooled (an item is consistent when both
+orders' panel verdicts agree). ``theory.panel`` gives both figures exactly.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """Compile: test agreement before and after each optimizer as the number of training labels grows.
 
-One General Public referee (untuned accuracy 0.6) judges in one turn, one answer order. Its judge
-predictor can gain ``demo_gain`` per right demonstration (up to ``max_demos``) and
-``instruction_gain`` from instructions holding the key phrase, so the planted ceiling is
-``knobs.p("general_public", right_demos=max_demos, keyed=True)``: demos alone reach
-``p(right_demos=max_demos)``, instructions alone ``p(keyed=True)``. Optimizers run as
-``optim.tuning.compile.compile_evaluator`` runs them for ``chateval compile``: train on the first ``n``
-train items, select on the dev split, figures on a held-out test split; the gain is paired by seed.
+One General Public referee judges; demos and keyed instructions raise its accuracy, so the planted ceiling is
+``knobs.p("general_public", right_demos=max_demos, keyed=True)``. Optimizers run as ``chateval compile`` runs them
+(``compile_evaluator``); the gain is paired by seed. Method: benchmarks/simulation.md.
 """
 
 from __future__ import annotations

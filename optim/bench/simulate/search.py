@@ -1,10 +1,9 @@
 """Search: does a K-trial panel search find the strong persona and the oracle's best panel, and what does it overstate?
 
-Trials are drawn over the product's space (``optim.search.space``) by the search's own sampler (TPE) or Optuna's
-random sampler; a panel drawn again is answered from its first dev judgement, as ``chateval search`` does. Both
-samplers are sequential, so the first K trials of one 40-trial study per seed are a K-trial study. Every panel's
-expected accuracy is exact (``theory.panel``): the oracle, the winner's regret and the winner's curse (dev score minus
-expected accuracy) need no test-set noise. Figures: benchmarks/simulation.md.
+Trials are drawn over the product's space by the search's own sampler (TPE) or Optuna's random sampler; both are
+sequential, so the first K trials of one 40-trial study per seed are a K-trial study. Every panel's expected accuracy
+is exact (``theory.panel``), so the oracle, regret and winner's curse need no test-set noise. Figures:
+benchmarks/simulation.md.
 """
 
 from __future__ import annotations

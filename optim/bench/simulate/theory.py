@@ -1,10 +1,8 @@
 """What the simulated referees' model predicts, exactly: the panel verdict's distribution by dynamic programming.
 
-The model is the one in ``chateval_dspy.testing.sim_lm`` (its docstring holds the equations). For a
-panel whose referees have accuracies ``ps`` (untuned, or tuned to some known level), the probability of
-every final tally is computed speaker by speaker through the strategy's visibility rule, so herding,
-position bias, aggregation and answer-order calibration are all exact, with no sampling. With
-independent referees (no herding, no bias) the majority curve is Condorcet's binomial sum.
+The model is the one in ``chateval_dspy.testing.sim_lm``. Every final tally's probability is computed speaker by
+speaker through the strategy's visibility rule, so herding, position bias, aggregation and answer-order calibration
+are exact, with no sampling; with independent referees the majority curve is Condorcet's binomial sum.
 """
 
 from __future__ import annotations
