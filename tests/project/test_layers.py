@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from repo_paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("chateval_dspy", "optim")
 
 # Lower layers first; a module may import its own layer or lower ones, never a higher one.

@@ -14,25 +14,18 @@ from __future__ import annotations
 
 import contextlib
 import io
-import logging
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import threading
 from pathlib import Path
 
 import pytest
-from readme_section import headings
+from readme_section import DOCS, FENCE, blocks, commands, headings
+from repo_paths import ROOT
 
-import chateval_dspy.lm.resolve
-from chateval_dspy.testing.fake_lm import fake_lm
-
-ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
-DOCS = ROOT / "docs"
-FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 # Pages whose commands this file does not run, and why.
 RUN_ELSEWHERE = {
     "many-machines.md": "run section by section against real servers (test_postgres_store, test_spark_model, "
@@ -45,24 +38,6 @@ RUN_PAGES = [page for page in DOC_PAGES if page.name not in RUN_ELSEWHERE]
 
 def page_id(page: Path) -> str:
     return str(page.relative_to(ROOT))
-
-
-def blocks(text: str) -> list[tuple[str, str, int]]:
-    """``(language, code, line)`` of every fenced block."""
-    return [(m.group(1), m.group(2), text[: m.start()].count("\n") + 1) for m in FENCE.finditer(text)]
-
-
-def commands(code: str) -> list[str]:
-    """Shell command lines: continuations joined, comments and blank lines dropped."""
-    out = []
-    for line in code.replace("\\\n", " ").splitlines():
-        words = shlex.split(line, comments=True)
-        background = bool(words) and words[-1] == "&"
-        if background:
-            words.pop()
-        if words:
-            out.append(shlex.join(words) + (" &" if background else ""))
-    return out
 
 
 def shell_words(command: str) -> list[str]:
@@ -120,36 +95,6 @@ def test_ci_runs_the_documented_commands():
 
 # The commands that report figures with bootstrap CIs (their --resamples flag).
 FIGURES = ("evaluate", "compile", "search", "ablate")
-
-
-@pytest.fixture
-def sandbox(tmp_path, monkeypatch):
-    """A fresh working directory holding the repository's example files, and a fake LM behind every model spec."""
-    shutil.copytree(ROOT / "data", tmp_path / "data")
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("CHATEVAL_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    asked = []
-
-    @contextlib.contextmanager
-    def resolve(spec="embedded", **kwargs):
-        asked.append(spec)
-        yield fake_lm()
-
-    monkeypatch.setattr(chateval_dspy.lm.resolve, "resolve_lm", resolve)
-    # Batch mode builds its own LM: OpenAI's Batch API is the scripted server's, vllm run-batch a stand-in on waves/.
-    from chateval_dspy.testing.fake_server import FakeOpenAIServer
-    from chateval_dspy.testing.fake_vllm import FakeRunBatch
-
-    batch_api = FakeOpenAIServer(model="gpt-4o-mini")
-    monkeypatch.setenv("OPENAI_BASE_URL", batch_api.__enter__())
-    run_batch = FakeRunBatch(tmp_path / "waves").__enter__()
-    levels = {n: logging.getLogger(n).level for n in ("dspy", "httpx", "openai", "LiteLLM", "mlflow", "alembic")}
-    yield asked
-    run_batch.__exit__()
-    batch_api.__exit__()
-    for name, level in levels.items():
-        logging.getLogger(name).setLevel(level)
 
 
 def wait_for(url: str, seconds: float = 60) -> None:

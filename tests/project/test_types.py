@@ -10,9 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import chateval_dspy
+from repo_paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
+import chateval_dspy
 
 # Code a user writes against the public API; each reveal_type names the type pyright must give (a function's: how
 # its type ends, its return type).

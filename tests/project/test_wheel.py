@@ -19,10 +19,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from repo_paths import ROOT
 
 pytestmark = pytest.mark.slow  # builds a wheel and installs it in a fresh environment
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""A LiteLLM proxy on loopback for tests (``tests/test_gateway.py``): ``with Gateway(config_path, env) as gw: gw.url``.
+"""A LiteLLM proxy on loopback for tests (``tests/chateval_dspy/lm/test_gateway.py``):
+``with Gateway(config_path, env) as gw: gw.url``.
 
 The proxy runs from its own venv (``.gateway/bin/litellm``; litellm[proxy]'s pins conflict with the main venv's),
 which the first ``Gateway`` builds with uv (seconds, from the package index) and later runs reuse. It runs offline:
@@ -11,7 +12,6 @@ import fcntl
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,7 +19,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from local_http import free_port
+from repo_paths import ROOT
+
 VENV = ROOT / ".gateway"
 LITELLM = VENV / "bin" / "litellm"
 LITELLM_RELEASE = "1.108"  # the proxy the tests were written against
@@ -29,12 +31,6 @@ OFFLINE_ENV = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY_DISABL
                "LITELLM_MODE": "PRODUCTION", "LITELLM_LOG": "ERROR", "DISABLE_ADMIN_UI": "True",
                "NO_DOCS": "True", "NO_REDOC": "True"}
 START_TIMEOUT_S = 90.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _built() -> bool:

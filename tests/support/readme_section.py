@@ -1,5 +1,5 @@
 """One section of a documentation page, by its heading. The "Many machines" page (``docs/many-machines.md``) is run
-one section at a time, each by its own test (``tests/test_postgres_store.py``, ``test_spark_model.py``,
+one section at a time, each by its own test (``tests/optim/search/test_postgres_store.py``, ``test_spark_model.py``,
 ``test_resumable_scoring.py``, ``test_gateway.py``), with the real servers it names started on loopback, so
 ``test_readme.py`` (whose sandbox fakes every model) leaves that page to them; ``test_cascade_build.py`` runs the
 cascades section of ``docs/selective.md`` on its own."""
@@ -7,9 +7,11 @@ cascades section of ``docs/selective.md`` on its own."""
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from repo_paths import ROOT
+
 DOCS = ROOT / "docs"
 MANY_MACHINES = DOCS / "many-machines.md"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
@@ -41,3 +43,21 @@ def subsection_blocks(page: Path, heading: str) -> list[tuple[str, str]]:
     text = page.read_text(encoding="utf-8")
     start, end = section_span(text, heading)
     return [(m.group(1), m.group(2)) for m in FENCE.finditer(text[start:end])]
+
+
+def blocks(text: str) -> list[tuple[str, str, int]]:
+    """``(language, code, line)`` of every fenced block."""
+    return [(m.group(1), m.group(2), text[: m.start()].count("\n") + 1) for m in FENCE.finditer(text)]
+
+
+def commands(code: str) -> list[str]:
+    """Shell command lines: continuations joined, comments and blank lines dropped."""
+    out = []
+    for line in code.replace("\\\n", " ").splitlines():
+        words = shlex.split(line, comments=True)
+        background = bool(words) and words[-1] == "&"
+        if background:
+            words.pop()
+        if words:
+            out.append(shlex.join(words) + (" &" if background else ""))
+    return out

@@ -1,4 +1,5 @@
-"""Reading back stored MLflow traces in tests (shared by test_tracing and test_mlflow_genai)."""
+"""MLflow traces in tests: reading stored ones back (shared by test_tracing and test_mlflow_genai), and a traced
+item with human feedback on it (test_labels, test_label_integrity)."""
 
 from __future__ import annotations
 
@@ -16,3 +17,19 @@ def span_tree(trace) -> list:
         return [s.name, [walk(c) for c in kids[s.span_id]]] if s.span_id in kids else s.name
 
     return [walk(s) for s in kids[None]]
+
+
+def traced(mlflow, item_id: str, inputs: dict) -> str:
+    with mlflow.start_span("chateval", span_type="EVALUATOR") as span:
+        span.set_inputs({"id": item_id, **inputs})
+        span.set_outputs({"winner": "1"})
+    client = mlflow.MlflowClient()
+    client.set_trace_tag(span.trace_id, "chateval.item_id", item_id)
+    return span.trace_id
+
+
+def feedback(mlflow, trace_id: str, name: str, value, who: str) -> None:
+    from mlflow.entities import AssessmentSource, AssessmentSourceType
+
+    mlflow.log_feedback(trace_id=trace_id, name=name, value=value,
+                        source=AssessmentSource(source_type=AssessmentSourceType.HUMAN, source_id=who))

@@ -6,6 +6,7 @@ import json
 from collections import Counter
 
 import pytest
+from data_files import write_jsonl
 
 from chateval_dspy.data.loaders import (
     DATA_DIR,
@@ -29,11 +30,6 @@ def faireval():
 @pytest.fixture(scope="module")
 def topical():
     return load_topical_chat()
-
-
-def write_jsonl(path, records):
-    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-    return path
 
 
 def pair(i, **changes):

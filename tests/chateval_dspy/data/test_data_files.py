@@ -6,22 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from data_files import LIKERT, write_jsonl
 
 from chateval_dspy.data.loaders import load_custom
 from chateval_dspy.data.rows import read_rows
 from chateval_dspy.errors import DataError
 from chateval_dspy.program.task import TaskSpec
-
-LIKERT = {
-    "name": "likert", "format": "pointwise", "inputs": [{"name": "answer", "judged": True}],
-    "criteria": [{"name": "quality", "description": "is it good?", "scale": "1-5"}],
-}
-
-
-def write_jsonl(path, rows) -> str:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return str(path)
-
 
 # ---- a CSV error at its record ---------------------------------------------------------------------------------
 
@@ -117,7 +107,7 @@ def rated(doc_ids, column="doc") -> list[dict]:
 
 @pytest.mark.parametrize("flag", ["group_by", "system"])
 def test_an_id_written_as_a_number_and_as_a_text_is_an_error_naming_both_rows(tmp_path, flag):
-    path = write_jsonl(tmp_path / "s.jsonl", rated([7, 8, "8", "7"], column="key"))
+    path = str(write_jsonl(tmp_path / "s.jsonl", rated([7, 8, "8", "7"], column="key")))
     task = TaskSpec.from_dict(LIKERT)
     for skip in (False, True):  # a column's mix is the file's problem, not one row's: never skipped
         with pytest.raises(DataError) as err:
@@ -130,5 +120,5 @@ def test_an_id_written_as_a_number_and_as_a_text_is_an_error_naming_both_rows(tm
 def test_ids_of_one_kind_or_that_differ_load(tmp_path):
     task = TaskSpec.from_dict(LIKERT)
     for ids in ([7, 7, 8], ["7", "7", "8"], [7, "8", 9]):
-        items = load_custom(write_jsonl(tmp_path / "s.jsonl", rated(ids)), task, group_by="doc")
+        items = load_custom(str(write_jsonl(tmp_path / "s.jsonl", rated(ids))), task, group_by="doc")
         assert [x.group_id for x in items] == [str(i) for i in ids]

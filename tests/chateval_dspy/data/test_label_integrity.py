@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import json
 
 import pytest
-from test_labels import feedback, store, traced  # noqa: F401 - store: the MLflow fixture, shared
+from data_files import write_jsonl
+from stored_traces import feedback, traced
 
 import chateval_dspy.limits as limits
 from chateval_dspy.config import DebateConfig
@@ -31,11 +31,6 @@ def write_csv(path, rows: list[dict]) -> str:
     return str(path)
 
 
-def write_jsonl(path, rows: list[dict]) -> str:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return str(path)
-
-
 @pytest.mark.parametrize("name", [FORGED, "ann\r", "\x1b[2Jann", "ann\u202egro.evil", "ann\u2028bo"])
 def test_a_reviewer_name_that_would_act_is_refused_where_it_is_read(tmp_path, name):
     path = write_csv(tmp_path / "l.csv", [{"id": "a", **ITEM, "label": "1", "reviewer": "bo"},
@@ -46,7 +41,7 @@ def test_a_reviewer_name_that_would_act_is_refused_where_it_is_read(tmp_path, na
 
 
 @pytest.mark.slow
-def test_a_reviewer_name_in_mlflow_feedback_is_checked_as_in_a_file(store):  # noqa: F811 - the fixture
+def test_a_reviewer_name_in_mlflow_feedback_is_checked_as_in_a_file(store):
     mlflow = store
     ok, bad = traced(mlflow, "a", ITEM), traced(mlflow, "b", ITEM)
     mlflow.flush_trace_async_logging()
@@ -57,14 +52,14 @@ def test_a_reviewer_name_in_mlflow_feedback_is_checked_as_in_a_file(store):  # n
 
 
 def test_ids_and_label_cells_are_checked_too(tmp_path):
-    bad_id = write_jsonl(tmp_path / "i.jsonl", [{"id": "a\nb", **ITEM, "label": "1"}])
+    bad_id = str(write_jsonl(tmp_path / "i.jsonl", [{"id": "a\nb", **ITEM, "label": "1"}]))
     with pytest.raises(DataError, match=r"row 1: field 'id': .*control character"):
         read_labels([bad_id], "pairwise")
-    bad_label = write_jsonl(tmp_path / "v.jsonl", [{"id": "a", **ITEM, "label": ["1"] * 10**5}])
+    bad_label = str(write_jsonl(tmp_path / "v.jsonl", [{"id": "a", **ITEM, "label": ["1"] * 10**5}]))
     with pytest.raises(DataError, match=r"row 1: field 'label': .*is no label") as got:
         read_labels([bad_label], "pairwise")
     assert len(str(got.value)) < 300
-    fine = write_jsonl(tmp_path / "ok.jsonl", [{"id": 7, **ITEM, "label": "1", "reviewer": "Zoë <zoe@example.org>"}])
+    fine = str(write_jsonl(tmp_path / "ok.jsonl", [{"id": 7, **ITEM, "label": "1", "reviewer": "Zoë <zoe@example.org>"}]))
     assert read_labels([fine], "pairwise").reviewers == {"Zoë <zoe@example.org>": 1}
 
 
@@ -80,7 +75,7 @@ def test_a_2mb_reviewer_name_is_a_clear_error_not_a_csv_crash(tmp_path):
         write = write_csv if name.endswith(".csv") else write_jsonl
         with pytest.raises(DataError, match=rf"{name} row \d: field 'reviewer': .* characters long; the limit is "
                                             r"200 \(limits.MAX_LABEL_NAME_CHARS\)") as got:
-            read_labels([write(tmp_path / name, rows)], "pairwise")
+            read_labels([str(write(tmp_path / name, rows))], "pairwise")
         assert len(str(got.value)) < 300
 
 
@@ -119,7 +114,7 @@ def test_60000_reviewers_compile_to_a_card_that_loads(tmp_path, monkeypatch):
     rows = [{"id": f"i{n % 10}", **ITEM, "label": "1", "reviewer": f"reviewer-{n:05d}@example.org"}
             for n in range(60_000)]
     rows[0]["reviewer"] = rows[1]["reviewer"] = "ann"  # the most active reviewer (two items) is named first
-    data = LabelledData((write_jsonl(tmp_path / "many.jsonl", rows),))
+    data = LabelledData((str(write_jsonl(tmp_path / "many.jsonl", rows)),))
     done = compile_and_save(data, DebateConfig(roles=("critic",), turns=1), LMSpec(cache=False), optimizer="labeled",
                             out=tmp_path / "p", settings=OptimizerSettings(max_demos=1))
     assert (tmp_path / "p" / card_store.CARD_FILE).stat().st_size <= limits.MAX_CARD_FILE_BYTES

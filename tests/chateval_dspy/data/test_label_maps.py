@@ -8,8 +8,7 @@ import shutil
 
 import pytest
 import yaml
-from test_data_files import LIKERT, write_jsonl  # the same task and file writer
-from test_search import mlflow_db  # noqa: F401 - the MLflow store template, shared
+from data_files import LIKERT, write_jsonl  # the same task and file writer
 
 import chateval_dspy.lm.resolve
 from chateval_dspy.config import DebateConfig
@@ -64,7 +63,7 @@ def test_a_task_label_map_giving_a_value_twice_is_an_error():
 
 
 def test_a_map_that_merges_two_of_the_files_values_is_an_error_naming_the_entry_and_rows(tmp_path):
-    path = write_jsonl(tmp_path / "p.jsonl", pairs([0, 1, 2, 1, 2, 0]))
+    path = str(write_jsonl(tmp_path / "p.jsonl", pairs([0, 1, 2, 1, 2, 0])))
     with pytest.raises(DataError) as err:
         load_custom(path, "pairwise", label_map=parse_label_map("0=tie,1=2"))
     message = str(err.value)
@@ -74,7 +73,7 @@ def test_a_map_that_merges_two_of_the_files_values_is_an_error_naming_the_entry_
 
 
 def test_the_merge_is_read_when_stated(tmp_path):
-    path = write_jsonl(tmp_path / "p.jsonl", pairs([0, 1, 2, 1, 2, 0]))
+    path = str(write_jsonl(tmp_path / "p.jsonl", pairs([0, 1, 2, 1, 2, 0])))
     items = load_custom(path, "pairwise", label_map=parse_label_map("0=tie,1=2"), label_map_merge=True)
     assert [x.label for x in items] == ["tie", "2", "2", "2", "2", "tie"]
     spec = DataSpec(path, format="pairwise", label_map={"0": "tie", "1": "2"}, label_map_merge=True)
@@ -84,7 +83,7 @@ def test_the_merge_is_read_when_stated(tmp_path):
 
 
 def test_two_values_mapped_onto_one_label_are_a_merge(tmp_path):
-    path = write_jsonl(tmp_path / "p.jsonl", pairs(["A", "B", "C", "A"]))
+    path = str(write_jsonl(tmp_path / "p.jsonl", pairs(["A", "B", "C", "A"])))
     with pytest.raises(DataError, match=r"'A' \(row 1, --label-map entry A=1\); 'C' \(row 3, --label-map entry C=1\)"):
         load_custom(path, "pairwise", label_map={"A": "1", "B": "2", "C": "1"})
 
@@ -97,13 +96,13 @@ def test_two_values_mapped_onto_one_label_are_a_merge(tmp_path):
     (["tie", "tie"], {"tie": "tie"}, ["tie", "tie"]),  # an entry that changes nothing
 ])
 def test_maps_that_merge_nothing_in_the_file_are_read(tmp_path, labels, label_map, expected):
-    path = write_jsonl(tmp_path / "p.jsonl", pairs(labels))
+    path = str(write_jsonl(tmp_path / "p.jsonl", pairs(labels)))
     assert [x.label for x in load_custom(path, "pairwise", label_map=label_map)] == expected
 
 
 def test_a_pointwise_map_onto_a_value_already_on_the_scale_is_a_merge(tmp_path):
     rows = [{"answer": f"a{i}", "quality": q} for i, q in enumerate([0, 1, 3, 5])]
-    path = write_jsonl(tmp_path / "s.jsonl", rows)
+    path = str(write_jsonl(tmp_path / "s.jsonl", rows))
     task = TaskSpec.from_dict(LIKERT)
     with pytest.raises(DataError, match=r"field 'quality'.*'0' \(row 1, --label-map entry 0=1\); '1' \(row 2\)"):
         load_custom(path, task, label_map={"0": "1"})
@@ -112,7 +111,7 @@ def test_a_pointwise_map_onto_a_value_already_on_the_scale_is_a_merge(tmp_path):
 
 
 def test_a_task_files_merging_map_is_refused_unless_the_task_says_so(tmp_path):
-    path = write_jsonl(tmp_path / "p.jsonl", pairs([0, 1, 2]))
+    path = str(write_jsonl(tmp_path / "p.jsonl", pairs([0, 1, 2])))
     merging = {**PANDALM, "inputs": [{"name": "question"}, {"name": "answer_1", "judged": True},
                                      {"name": "answer_2", "judged": True}], "label_map": {0: "tie", 1: "2"}}
     with pytest.raises(DataError, match=r"the task's label_map entry 1: 2"):
@@ -129,7 +128,7 @@ def test_a_task_files_merging_map_is_refused_unless_the_task_says_so(tmp_path):
 
 def test_the_flag_reaches_the_data_spec_and_a_merging_cli_run_stops(tmp_path, capsys, monkeypatch):
     parser = build_parser()
-    path = write_jsonl(tmp_path / "p.jsonl", pairs([0, 1, 2]))
+    path = str(write_jsonl(tmp_path / "p.jsonl", pairs([0, 1, 2])))
     args = parser.parse_args(["evaluate", "--dataset", path, "--format", "pairwise", "--label-map", "0=tie,1=2",
                               "--label-map-merge"])
     assert flags.data_spec(args).label_map_merge is True
@@ -149,7 +148,7 @@ def test_the_flag_reaches_the_data_spec_and_a_merging_cli_run_stops(tmp_path, ca
 
 
 def test_run_params_state_how_the_labels_were_read(tmp_path):
-    path = write_jsonl(tmp_path / "p.jsonl", pairs([0, 1, 2]))
+    path = str(write_jsonl(tmp_path / "p.jsonl", pairs([0, 1, 2])))
     config = DebateConfig(roles=("critic",), turns=1)
     one = DataSpec(path, format="pairwise", label_map={"0": "tie"})
     other = DataSpec(path, format="pairwise", label_map={"0": "1"}, columns={"label": "label"}, skip_bad_rows=True,
@@ -164,14 +163,14 @@ def test_run_params_state_how_the_labels_were_read(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_mlflow_runs_with_different_maps_differ_in_their_params(tmp_path, mlflow_db):  # noqa: F811
+def test_two_mlflow_runs_with_different_maps_differ_in_their_params(tmp_path, mlflow_db):
     import mlflow
 
     from optim.tracking.evaluation import evaluation_run
 
     shutil.copy(mlflow_db, tmp_path / "mlflow.db")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    path = write_jsonl(tmp_path / "p.jsonl", [{**r, "doc": "d"} for r in pairs([0, 1, 2])])
+    path = str(write_jsonl(tmp_path / "p.jsonl", [{**r, "doc": "d"} for r in pairs([0, 1, 2])]))
     config = DebateConfig(roles=("critic",), turns=1)
     ids = []
     for i, label_map in enumerate(({"0": "tie"}, {"0": "1", "1": "2"})):

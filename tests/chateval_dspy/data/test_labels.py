@@ -6,43 +6,14 @@ import os
 from pathlib import Path
 
 import pytest
+from repo_paths import ROOT
+from stored_traces import feedback, traced
 
 from chateval_dspy.data.spec import DataSpec
 from chateval_dspy.deploy.mlflow.trace_labels import resolve
 from chateval_dspy.errors import ConfigError, DataError
 from chateval_dspy.program.task import load_task
 from optim.tuning.labels import LabelledData, labels_from_mlflow, parse_source, read_labels
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture
-def store(tmp_path, monkeypatch):
-    import mlflow
-
-    monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    mlflow.set_tracking_uri(uri)
-    mlflow.set_experiment("review")
-    yield mlflow
-    mlflow.flush_trace_async_logging()
-
-
-def traced(mlflow, item_id: str, inputs: dict) -> str:
-    with mlflow.start_span("chateval", span_type="EVALUATOR") as span:
-        span.set_inputs({"id": item_id, **inputs})
-        span.set_outputs({"winner": "1"})
-    client = mlflow.MlflowClient()
-    client.set_trace_tag(span.trace_id, "chateval.item_id", item_id)
-    return span.trace_id
-
-
-def feedback(mlflow, trace_id: str, name: str, value, who: str) -> None:
-    from mlflow.entities import AssessmentSource, AssessmentSourceType
-
-    mlflow.log_feedback(trace_id=trace_id, name=name, value=value,
-                        source=AssessmentSource(source_type=AssessmentSourceType.HUMAN, source_id=who))
 
 
 def test_parse_source_and_rule():

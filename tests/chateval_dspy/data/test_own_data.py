@@ -11,6 +11,7 @@ import random
 import numpy as np
 import pytest
 import yaml
+from data_files import write_jsonl
 from scipy import stats
 
 import chateval_dspy.lm.resolve
@@ -64,11 +65,6 @@ def write_task(tmp_path, spec: dict, name: str) -> str:
     return str(path)
 
 
-def write_jsonl(path, rows) -> str:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return str(path)
-
-
 def summeval_rows(n_docs: int = 5, n_systems: int = 4) -> list[dict]:
     """SummEval-shaped: every document summarised by every system, human scores that are not the fake judge's."""
     rng, rows = random.Random(23), []
@@ -85,7 +81,7 @@ def summeval_rows(n_docs: int = 5, n_systems: int = 4) -> list[dict]:
 
 
 def test_a_misspelled_label_column_is_an_error_naming_it_and_the_files_columns(tmp_path):
-    path = write_jsonl(tmp_path / "p.jsonl", [{"question": "q", "answer_1": "a", "answer_2": "b", "label": "1"}])
+    path = str(write_jsonl(tmp_path / "p.jsonl", [{"question": "q", "answer_1": "a", "answer_2": "b", "label": "1"}]))
     with pytest.raises(DataError, match=r"label column\(s\) 'lable' \(label\) in no row") as err:
         load_custom(path, "pairwise", parse_columns("label=lable"))
     assert "the file's columns: 'question', 'answer_1', 'answer_2', 'label'" in str(err.value)
@@ -94,7 +90,7 @@ def test_a_misspelled_label_column_is_an_error_naming_it_and_the_files_columns(t
 
 def test_a_criterion_mapped_to_a_missing_nested_column_is_an_error(tmp_path):
     task = TaskSpec.from_dict(SUMMEVAL)
-    path = write_jsonl(tmp_path / "s.jsonl", summeval_rows(1, 3))
+    path = str(write_jsonl(tmp_path / "s.jsonl", summeval_rows(1, 3)))
     with pytest.raises(DataError, match=r"'scores.fluncy' \(fluency\) in no row"):
         load_custom(path, task, {"document": "text", "summary": "summ", "coherence": "scores.coherence",
                                  "fluency": "scores.fluncy"})
@@ -104,7 +100,7 @@ def test_a_file_rating_some_criteria_names_the_others_unlabelled(tmp_path, capsy
     rows = summeval_rows(1, 3)
     for row in rows:
         del row["scores"]["fluency"]
-    path = write_jsonl(tmp_path / "s.jsonl", rows)
+    path = str(write_jsonl(tmp_path / "s.jsonl", rows))
     argv = ("evaluate", "--dataset", path, "--task", write_task(tmp_path, SUMMEVAL, "se"), "--columns",
             "document=text,summary=summ,coherence=scores.coherence", "--no-mlflow", "--no-progress")
     code, _, err = cli(capsys, *argv, "--out", str(tmp_path / "a.jsonl"))
@@ -118,7 +114,7 @@ def test_labels_missing_on_some_rows_are_counted_per_criterion(tmp_path, capsys,
     rows = summeval_rows(2, 3)
     del rows[0]["scores"]["fluency"]
     del rows[1]["scores"]  # no label at all: counted missing for every criterion, not silently dropped
-    path = write_jsonl(tmp_path / "s.jsonl", rows)
+    path = str(write_jsonl(tmp_path / "s.jsonl", rows))
     code, out, err = cli(capsys, "evaluate", "--dataset", path, "--task", write_task(tmp_path, SUMMEVAL, "se"),
                          "--columns", "document=text,summary=summ,coherence=scores.coherence,fluency=scores.fluency",
                          "--out", str(tmp_path / "r.jsonl"), "--turns", "1", "--roles", "1")
@@ -144,7 +140,7 @@ def pandalm_rows() -> list[dict]:
 
 
 def test_pandalm_ties_are_refused_without_a_map_and_judged_with_one(tmp_path, capsys, fake_model):
-    path = write_jsonl(tmp_path / "pandalm.jsonl", pandalm_rows())
+    path = str(write_jsonl(tmp_path / "pandalm.jsonl", pandalm_rows()))
     task = write_task(tmp_path, PANDALM, "pandalm")
     base = ["evaluate", "--dataset", path, "--task", task, "--columns", "id=idx,label=annotator1",
             "--turns", "1", "--roles", "1"]
@@ -161,11 +157,11 @@ def test_a_task_spec_label_map_is_read_and_kept_out_of_other_specs(tmp_path):
     spec = TaskSpec.from_dict({**PANDALM, "label_map": {0: "tie"}})
     assert spec.label_map == (("0", "tie"),) and TaskSpec.from_dict(spec.to_dict()) == spec
     assert "label_map" not in load_task("faireval").to_dict()  # other specs' dicts (and digests) are unchanged
-    items = load_custom(write_jsonl(tmp_path / "p.jsonl", pandalm_rows()), spec,
+    items = load_custom(str(write_jsonl(tmp_path / "p.jsonl", pandalm_rows())), spec,
                         {"id": "idx", "label": "annotator1"})
     assert [x.label for x in items[:3]] == ["tie", "1", "2"]
     # the flag's map goes over the spec's (0=2 in a file that holds 2 too: a merge, stated)
-    items = load_custom(write_jsonl(tmp_path / "p.jsonl", pandalm_rows()), spec,
+    items = load_custom(str(write_jsonl(tmp_path / "p.jsonl", pandalm_rows())), spec,
                         {"id": "idx", "label": "annotator1"}, label_map={"0": "2"}, label_map_merge=True)
     assert items[0].label == "2"
     with pytest.raises(ConfigError, match="label_map"):
@@ -200,7 +196,7 @@ def direct_levels(records, criterion: str) -> dict:
 
 
 def test_summeval_summary_and_system_level_match_scipy(tmp_path, capsys, fake_model):
-    path = write_jsonl(tmp_path / "summeval.jsonl", summeval_rows())
+    path = str(write_jsonl(tmp_path / "summeval.jsonl", summeval_rows()))
     code, out, err = cli(capsys, "evaluate", "--dataset", path, "--task", write_task(tmp_path, SUMMEVAL, "se"),
                          "--columns", "document=text,summary=summ,coherence=scores.coherence,fluency=scores.fluency",
                          "--group-by", "doc", "--system", "model", "--out", str(tmp_path / "r.jsonl"),
@@ -228,7 +224,7 @@ def test_summeval_summary_and_system_level_match_scipy(tmp_path, capsys, fake_mo
 
 
 def test_group_by_on_a_pairwise_task_or_a_builtin_is_refused(tmp_path):
-    path = write_jsonl(tmp_path / "p.jsonl", [{"question": "q", "answer_1": "a", "answer_2": "b", "doc": "x"}])
+    path = str(write_jsonl(tmp_path / "p.jsonl", [{"question": "q", "answer_1": "a", "answer_2": "b", "doc": "x"}]))
     with pytest.raises(DataError, match="pointwise"):
         load_custom(path, "pairwise", group_by="doc")
     with pytest.raises(DataError, match="a file of your own"):

@@ -12,6 +12,7 @@ import math
 
 import dspy
 import pytest
+from confidence_items import FEW, FITTED_ON, IDENTITY, ITEMS
 from fastapi.testclient import TestClient
 
 from chateval_dspy import limits
@@ -38,19 +39,7 @@ from chateval_dspy.run.table import summary_table
 from chateval_dspy.testing.fake_lm import fake_lm
 
 CFG = DebateConfig(roles=("critic",), turns=1)  # 2 calls per item (both answer orders)
-FEW = 200
 ITEM = {"id": "a", "question": "Which?", "answer_1": "short", "answer_2": "a considerably longer answer"}
-IDENTITY = ConfidenceMap(raw=(0.0, 1.0), calibrated=(0.0, 1.0), method="isotonic", n=50)
-FITTED_ON = {"data": "faireval", "split": "calibration", "n": 50, "model": "fake/scripted", "seed": 0}
-
-
-def item(i, label="1"):
-    # answer_1 grows and answer_2 shrinks with i: the score margin (and the confidence) changes from item to item
-    return dspy.Example(id=f"item-{i}", label=label, question=f"question {i}", answer_1="a" * (10 + 9 * i),
-                        answer_2="b" * (60 - 4 * i)).with_inputs(*builtin_task("pairwise").input_names)
-
-
-ITEMS = [item(i, label=["1", "2"][i % 2]) for i in range(8)]
 
 
 def run_eval(items, program, cfg=CFG, **kwargs):

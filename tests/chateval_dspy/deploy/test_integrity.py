@@ -18,7 +18,6 @@ from pathlib import Path
 
 import dspy
 import pytest
-from test_search import mlflow_db  # noqa: F401 - the MLflow store template, shared
 
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.data.rows import read_rows
@@ -360,7 +359,7 @@ sys.exit(main(sys.argv[1:]))
 
 
 @pytest.mark.slow
-def test_a_killed_traced_run_leaves_every_item_traced_once_after_its_rerun(tmp_path, mlflow_db):  # noqa: F811
+def test_a_killed_traced_run_leaves_every_item_traced_once_after_its_rerun(tmp_path, mlflow_db):
     import mlflow
 
     from optim.tracking.runs import EXPERIMENT

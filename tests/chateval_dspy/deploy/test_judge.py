@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import threading
-import time
 
 import dspy
 import httpx
 import pandas as pd
 import pytest
+from local_http import uvicorn_thread
 
 from chateval_dspy.deploy.saved.judge import Verdict, load
 from chateval_dspy.deploy.saved.store import CARD_FILE
@@ -110,31 +109,12 @@ def test_evaluate_batch_keeps_order_and_reports_bad_rows(saved, engine):
 # ---------------------------------------------------------------- HTTP API
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def serving(judge, **kwargs):
-    import uvicorn
-
     from chateval_dspy.deploy.serving.http import create_app
 
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(judge, **kwargs), host="127.0.0.1", port=port, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    for _ in range(200):
-        if server.started:
-            break
-        time.sleep(0.02)
-    try:
+    with uvicorn_thread(create_app(judge, **kwargs), log_level="error") as port:
         yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(5)
 
 
 def test_http_api_validates_and_judges(saved, engine):

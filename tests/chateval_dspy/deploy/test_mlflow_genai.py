@@ -15,7 +15,6 @@ import json
 import shutil
 
 import pytest
-from mlflow_server import mlflow_db, tracking_server  # noqa: F401 - shared fixtures
 from stored_traces import span_tree
 
 import chateval_dspy
@@ -54,7 +53,7 @@ def evaluators(tmp_path_factory):
 
 
 @pytest.fixture
-def on_server(tracking_server, monkeypatch):  # noqa: F811 - the shared fixture
+def on_server(tracking_server, monkeypatch):
     """MLflow pointed at the tracking server, as a user's ``MLFLOW_TRACKING_URI`` would; restored afterwards."""
     import mlflow
 
@@ -198,7 +197,7 @@ def human(trace_id: str, name: str, value, who: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def reviewed(tracking_server, lm_url, tmp_path_factory):  # noqa: F811 - the shared fixture
+def reviewed(tracking_server, lm_url, tmp_path_factory):
     """11 FairEval train items judged by ``chateval evaluate --trace`` on the server, then labelled by people in
     MLflow: ann on all, bo agreeing with her on the first two and splitting evenly with her on the last.
 
@@ -314,7 +313,7 @@ def _unlabelled_trace(traces):
     return t
 
 
-def test_nothing_the_tracking_server_stored_holds_the_key(tracking_server, lm_url):  # noqa: F811
+def test_nothing_the_tracking_server_stored_holds_the_key(tracking_server, lm_url):
     """Runs after the tests above, which sent the server feedbacks, traces, params and artifacts."""
     import mlflow
 
@@ -328,7 +327,7 @@ def test_nothing_the_tracking_server_stored_holds_the_key(tracking_server, lm_ur
 # ---- on the default local store, and the judge on its own -------------------------------------------------------
 
 @pytest.mark.slow
-def test_on_the_default_local_store_too(evaluators, lm_url, tmp_path, monkeypatch, mlflow_db):  # noqa: F811
+def test_on_the_default_local_store_too(evaluators, lm_url, tmp_path, monkeypatch, mlflow_db):
     import mlflow
 
     from optim.tracking import runs as tracking

@@ -12,7 +12,6 @@ import json
 import shutil
 
 import pytest
-from test_search import mlflow_db  # noqa: F401 - the MLflow store template, shared
 
 import chateval_dspy
 from chateval_dspy.config import DebateConfig
@@ -55,7 +54,7 @@ def evaluators(tmp_path_factory):
 
 
 @pytest.fixture
-def store(tmp_path, monkeypatch, mlflow_db):  # noqa: F811 - the shared template fixture
+def store(tmp_path, monkeypatch, mlflow_db):
     """MLflow on a fresh sqlite store in ``tmp_path``; the previous tracking URI is restored afterwards."""
     import mlflow
 

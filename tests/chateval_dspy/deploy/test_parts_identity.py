@@ -5,7 +5,7 @@ resources are checked before Ray waits forever; and an actor's LM calls in fligh
 
 The driver's and the workers' steps are called directly (``parts.begin``, ``parts.stamp``, ``parts.judge_rows``),
 on a real loaded evaluator against the scripted fake LM server: no Ray or Spark cluster is needed here (the real
-ones run in tests/test_resumable_scoring.py).
+ones run in tests/chateval_dspy/deploy/test_resumable_scoring.py).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import warnings
 
 import pandas as pd
 import pytest
+from readme_section import MANY_MACHINES, subsection_blocks
 
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.deploy.saved.card import make_card
@@ -23,7 +24,6 @@ from chateval_dspy.errors import DataError
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.testing.fake_server import FakeOpenAIServer
 from optim.bench.scale import kill_when_written, start_ray_job, start_spark_job, verdict_lines
-from tests.readme_section import MANY_MACHINES, subsection_blocks
 
 pytestmark = pytest.mark.slow  # real Ray and Spark jobs
 

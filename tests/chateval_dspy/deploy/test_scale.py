@@ -43,7 +43,7 @@ def test_resolve_lm_reports_a_dead_endpoint_clearly():
 
 
 # Ray Data and Spark scoring (lazy ``judge_dataset``, resumable ``score_dataset``/``score_spark``, Ray's knobs and
-# no deprecated arguments) are tested on real clusters in tests/test_resumable_scoring.py.
+# no deprecated arguments) are tested on real clusters in tests/chateval_dspy/deploy/test_resumable_scoring.py.
 
 
 def test_dspy_context_is_untouched_by_loading(saved):

@@ -6,17 +6,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from data_files import write_jsonl
 
 from chateval_dspy.deploy.saved.judge import load
 from chateval_dspy.deploy.scale.score_file import score_file
 
 ITEM = {"id": "a", "question": "Which?", "answer_1": "short", "answer_2": "a considerably longer answer"}
 CALLS = 8  # per item: 2 referees x 2 turns x 2 orders
-
-
-def write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
 
 
 def lines(path):

@@ -13,14 +13,13 @@ import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
 import pytest
-import uvicorn
+from local_http import free_port, uvicorn_thread
 
 from chateval_dspy.deploy.serving.http import MAX_JSON_DEPTH, create_app
 
@@ -39,29 +38,11 @@ class StubJudge:
         return SimpleNamespace(to_dict=lambda: {"id": str(item.get("id", row)), "winner": "2"})
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def serving(**kwargs):
     """A real uvicorn server (in a thread) around a stub judge; yields its port."""
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(StubJudge(), **kwargs), host="127.0.0.1", port=port,
-                                           log_level="critical"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    for _ in range(250):
-        if server.started:
-            break
-        time.sleep(0.02)
-    try:
+    with uvicorn_thread(create_app(StubJudge(), **kwargs), log_level="critical") as port:
         yield port
-    finally:
-        server.should_exit = True
-        thread.join(5)
 
 
 def raw_exchange(port: int, request: bytes, wait: float = 10.0) -> tuple[int | None, dict, bytes, bool]:
@@ -212,7 +193,7 @@ def test_an_oversized_chunked_body_does_not_grow_server_memory():
     """A 300 MB chunked body grew server RSS 272 -> 805 MiB. Here 24 MB against a 256 KB limit
     (bounded, so a regression costs tens of MB, not the machine): the server's peak RSS must barely move."""
     limit, body_mb = 256_000, 24
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen([sys.executable, "-c", SERVER, str(port), str(limit)], env=os.environ.copy(),
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import gc
 import json
-from pathlib import Path
 
 import dspy
 import pytest
+from repo_paths import TEST_DATA
 
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.lm.adapter import DebateAdapter, Style, rendering
@@ -16,7 +16,7 @@ from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.signatures import signatures_for
 from chateval_dspy.testing.fake_lm import ScriptedEngine, fake_lm
 
-PINNED = Path(__file__).parent / "data" / "prompts.json"
+PINNED = TEST_DATA / "prompts.json"
 PairwiseVerdict, ScoringArgument = signatures_for("pairwise")[1], signatures_for("pointwise")[0]
 INPUTS = {"question": "What is 2+2?", "answer_1": "4", "answer_2": "5", "persona": "You are strict.",
           "discussion": "(nothing yet)"}

@@ -14,15 +14,15 @@ import json
 import logging
 import shlex
 import shutil
-from pathlib import Path
 
 import pytest
+from repo_paths import TEST_DATA
 
 from chateval_dspy.errors import ConfigError, FatalLMError
 from chateval_dspy.lm.batch.folder import FolderBatches
 from chateval_dspy.lm.batch.provider import BatchRequest
 
-RECORDED = Path(__file__).parent / "data" / "vllm_run_batch_output.jsonl"
+RECORDED = TEST_DATA / "vllm_run_batch_output.jsonl"
 MODEL = "Qwen/Qwen2.5-1.5B-Instruct"
 ASKED = ["request-1", "request-2", "request-3"]  # the custom_ids of ``requests()``, as the driver journals them
 

@@ -12,10 +12,10 @@ import os
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import httpx
 import pytest
+from repo_paths import ROOT
 from said import said
 
 from chateval_dspy.config import DebateConfig
@@ -353,7 +353,7 @@ except BaseException as exc:
 
 def test_a_huge_output_file_fails_cleanly_within_a_memory_limit():
     done = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT], capture_output=True, text=True, timeout=300,
-                          cwd=Path(__file__).resolve().parent.parent)
+                          cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["error"] == "FatalLMError", got

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import dspy
 import pytest
-from test_search import mlflow_db  # noqa: F401 - the MLflow store template, shared
+from repo_paths import ROOT
 
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.data.spec import DataSpec
@@ -105,7 +105,7 @@ def test_a_stated_price_prices_a_private_endpoint(tmp_path, capsys):
 
 
 def test_mlflow_logs_dollars_as_metrics_and_unpriced_as_a_tag(priced, tmp_path, monkeypatch,
-                                                                       mlflow_db):  # noqa: F811
+                                                                       mlflow_db):
     import shutil
 
     import mlflow
@@ -191,4 +191,4 @@ def test_bench_tables_show_dollars_where_they_show_tokens(tmp_path):
                      "embedded")
     assert re.search(r"\| single agent \(1 role, 1 turn\) \|.*\| unpriced \|$", table, re.M), table
     # Figures measured before dollars were recorded: the embedded model's rows say unpriced.
-    assert "| unpriced |" in render_file(Path(__file__).resolve().parent.parent / "benchmarks" / "cost.json")
+    assert "| unpriced |" in render_file(ROOT / "benchmarks" / "cost.json")

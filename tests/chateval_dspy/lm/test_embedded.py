@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from repo_paths import ROOT
 
 pytestmark = pytest.mark.embedded
 
@@ -75,9 +76,8 @@ def test_custom_pointwise_task_end_to_end(tmp_path):
     """The embedded model judges a declared task (a label scale and a 1-5 scale) from the CLI, and every
     verdict parses under the spec's scales."""
     import shutil
-    from pathlib import Path
 
-    examples = Path(__file__).resolve().parent.parent / "data" / "examples"
+    examples = ROOT / "data" / "examples"
     for name in ("rag.yaml", "rag.jsonl"):
         shutil.copy(examples / name, tmp_path / name)
     out = tmp_path / "rag-results.jsonl"

@@ -173,7 +173,7 @@ def test_empty_choices_is_a_server_error(server):
         OpenAICompatEngine(url(server), "m", max_retries=0, timeout=5).complete(request())
 
 
-# A 429 is waited out, never raised as the call's error: tests/test_rate_limits.py.
+# A 429 is waited out, never raised as the call's error: tests/chateval_dspy/lm/test_rate_limits.py.
 @pytest.mark.parametrize(("status", "error"), [(401, lm15.AuthError), (400, lm15.InvalidRequestError)])
 def test_other_statuses(server, status, error):
     server.reply = (status, {"error": {"message": "nope", "type": "x"}})

@@ -1,7 +1,7 @@
 """Many workers behind one LiteLLM proxy (README "A shared LLM gateway"): a shared rate limit, a budget that stops
 the run cleanly and resumes, a shared response cache, and run tags in the proxy's spend logs.
 
-The proxy (``tests/gateway.py``) runs from ``.gateway`` in front of the scripted upstream ``FakeOpenAIServer``; the
+The proxy (``tests/support/gateway.py``) runs from ``.gateway`` in front of the scripted upstream ``FakeOpenAIServer``; the
 workers are real ``chateval evaluate`` processes.
 """
 
@@ -25,8 +25,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from gateway import OFFLINE_ENV, ROOT, Gateway, ensure_proxy, free_port
+from gateway import OFFLINE_ENV, Gateway, ensure_proxy
+from local_http import free_port
 from readme_section import MANY_MACHINES, subsection_blocks
+from repo_paths import ROOT
 
 from chateval_dspy.testing.fake_lm import default_responder
 from chateval_dspy.testing.fake_server import FakeOpenAIServer

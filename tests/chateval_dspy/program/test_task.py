@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 import typing
-from pathlib import Path
 
 import dspy
 import pytest
 import yaml
 from dspy.adapters.json_adapter import _get_structured_outputs_response_format
+from repo_paths import TEST_DATA
 
 from chateval_dspy import limits
 from chateval_dspy.config import DebateConfig
@@ -32,7 +32,7 @@ from chateval_dspy.program.task import (
 
 # DSPy's JSONAdapter().format(...) of the hand-written signatures (with one demo each), their JSON schema and saved
 # state, recorded before the signatures were built from specs.
-PROMPTS = json.loads((Path(__file__).parent / "data" / "prompts_builtin.json").read_text(encoding="utf-8"))
+PROMPTS = json.loads((TEST_DATA / "prompts_builtin.json").read_text(encoding="utf-8"))
 
 SUMMEVAL_YAML = """
 name: summeval

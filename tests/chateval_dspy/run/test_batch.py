@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from repo_paths import TEST_DATA
 from said import said
 
 from chateval_dspy.config import DebateConfig
@@ -29,7 +30,7 @@ from chateval_dspy.testing.fake_lm import default_responder
 from chateval_dspy.testing.fake_server import FakeOpenAIServer
 
 DATA = DataSpec("faireval", limit=6)
-RECORDED = Path(__file__).parent / "data" / "vllm_run_batch_output.jsonl"
+RECORDED = TEST_DATA / "vllm_run_batch_output.jsonl"
 
 
 def responder(call):

@@ -14,7 +14,6 @@ from pathlib import Path
 import dspy
 import pytest
 from stored_traces import span_tree
-from test_search import mlflow_db  # noqa: F401 - the MLflow store template, shared
 
 from chateval_dspy import scrub
 from chateval_dspy.config import DebateConfig
@@ -203,7 +202,7 @@ def test_tracking_refuses_the_same_secrets_that_traces_scrub(tmp_path, monkeypat
 # ---- in MLflow: the default local store ----------------------------------------------------------------------
 
 @pytest.fixture
-def local_store(tmp_path, monkeypatch, mlflow_db):  # noqa: F811 - the shared template fixture
+def local_store(tmp_path, monkeypatch, mlflow_db):
     """The default local store (``sqlite:///mlruns/mlflow.db`` under the working directory), from the template."""
     import mlflow
 

@@ -15,7 +15,6 @@ import json
 
 import dspy
 import pytest
-from test_search import mlflow_db  # noqa: F401 - the MLflow store template, shared
 
 import chateval_dspy.lm.resolve
 from chateval_dspy.config import DebateConfig
@@ -209,7 +208,7 @@ def test_fields_of_names_the_question_and_answers():
 
 
 def test_the_command_prints_each_figure_and_logs_to_mlflow(tmp_path, monkeypatch, capsys,
-                                                           mlflow_db):  # noqa: F811 - the shared fixture
+                                                           mlflow_db):
     import shutil
 
     from mlflow import MlflowClient

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from repo_paths import TEST_DATA
 from scipy import stats
 from sklearn.metrics import cohen_kappa_score
 
@@ -151,7 +152,7 @@ PUBLISHED = {
 
 @pytest.mark.parametrize(("dataset", "scoring", "epsilon"), list(PUBLISHED))
 def test_alt_test_reproduces_the_authors_published_example(dataset, scoring, epsilon):
-    data = json.loads((Path(__file__).parent / "data" / "alt_test_published.json").read_text(encoding="utf-8"))
+    data = json.loads((TEST_DATA / "alt_test_published.json").read_text(encoding="utf-8"))
     found = data["sets"][dataset]
     labels: dict[str, dict] = {}
     for who, answers in found["humans"].items():

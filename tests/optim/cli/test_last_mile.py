@@ -11,7 +11,7 @@ from pathlib import Path
 
 import mlflow
 import pytest
-from test_search import mlflow_db, workdir  # noqa: F401 - the MLflow store template and the fake-LM working folder
+from repo_paths import ROOT
 
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.data.spec import DataSpec
@@ -39,7 +39,7 @@ def _search(data: DataSpec, tmp_path, name: str = "read"):
                       tracking=TrackingSpec(uri=f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}", log_model=False))
 
 
-def test_a_search_parent_run_logs_how_the_labels_were_read(workdir, tmp_path):  # noqa: F811
+def test_a_search_parent_run_logs_how_the_labels_were_read(workdir, tmp_path):
     path = _coded_pairs(tmp_path / "coded.jsonl")
     data = DataSpec(path, format="pairwise", columns={"label": "winner"}, label_map={"0": "tie"}, skip_bad_rows=True)
     done = _search(data, tmp_path)
@@ -50,7 +50,7 @@ def test_a_search_parent_run_logs_how_the_labels_were_read(workdir, tmp_path):  
     assert params["data.skip_bad_rows"] == "true" and params["data.group_by"] == "-"
 
 
-def test_a_search_worker_reading_labels_otherwise_is_refused_before_mlflow(workdir, tmp_path):  # noqa: F811
+def test_a_search_worker_reading_labels_otherwise_is_refused_before_mlflow(workdir, tmp_path):
     """--skip-bad-rows on a clean file leaves the dataset's hash alone: the study's settings still tell the
     reading apart, so the worker gets the study's refusal and not MLflow's "changing param values"."""
     path = _coded_pairs(tmp_path / "coded.jsonl")
@@ -61,7 +61,7 @@ def test_a_search_worker_reading_labels_otherwise_is_refused_before_mlflow(workd
                          skip_bad_rows=True), tmp_path)
 
 
-def test_a_study_read_with_default_flags_records_no_reading_and_resumes_as_before(workdir, tmp_path):  # noqa: F811
+def test_a_study_read_with_default_flags_records_no_reading_and_resumes_as_before(workdir, tmp_path):
     import optuna
 
     _search(DataSpec("faireval", limit=3), tmp_path, name="plain")
@@ -71,7 +71,6 @@ def test_a_study_read_with_default_flags_records_no_reading_and_resumes_as_befor
 
 # ---- data files are bounded before they are read ----------------------------------------------------------------
 
-ROOT = Path(__file__).resolve().parent.parent
 CAP_MB = 200
 ROWS = 1_000  # the child's MAX_DATA_ROWS: the files below hold 5,000 times as many rows of a few bytes
 

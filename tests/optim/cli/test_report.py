@@ -8,14 +8,14 @@ import optuna
 import pytest
 
 # The fake-LM working directory and the ready-made MLflow store are shared with the search tests.
-from test_search import cli, mlflow_db, workdir  # noqa: F401
+from chateval_cli import chateval_few_resamples
 
 
-def test_report_for_a_two_objective_study_writes_its_plots(workdir, tmp_path, capsys):  # noqa: F811
-    assert cli("search", "--dataset", "faireval", "--limit", "4", "--trials", "6", "--turns", "1", "--no-test",
-               "--no-progress", "--objectives", "agreement,tokens", "--study", "pareto") == 0
+def test_report_for_a_two_objective_study_writes_its_plots(workdir, tmp_path, capsys):
+    assert chateval_few_resamples("search", "--dataset", "faireval", "--limit", "4", "--trials", "6", "--turns", "1", "--no-test",
+                                  "--no-progress", "--objectives", "agreement,tokens", "--study", "pareto") == 0
     capsys.readouterr()
-    assert cli("report", "pareto", "--out", "reports/p") == 0
+    assert chateval_few_resamples("report", "pareto", "--out", "reports/p") == 0
     out = capsys.readouterr().out
     names = {p.name for p in (tmp_path / "reports" / "p").iterdir()}
     assert {"agreement_vs_roles_turns.png", "optimization_history.png", "param_importances.png",
@@ -33,10 +33,10 @@ def test_report_for_a_two_objective_study_writes_its_plots(workdir, tmp_path, ca
     assert "report/pareto_front.png" in logged
 
 
-def test_report_with_one_trial_explains_the_missing_importances(workdir, tmp_path, capsys):  # noqa: F811
-    assert cli("search", "--dataset", "faireval", "--limit", "2", "--trials", "1", "--turns", "1", "--no-test",
-               "--no-mlflow", "--no-progress", "--study", "tiny") == 0
-    assert cli("report", "tiny", "--no-mlflow") == 0
+def test_report_with_one_trial_explains_the_missing_importances(workdir, tmp_path, capsys):
+    assert chateval_few_resamples("search", "--dataset", "faireval", "--limit", "2", "--trials", "1", "--turns", "1", "--no-test",
+                                  "--no-mlflow", "--no-progress", "--study", "tiny") == 0
+    assert chateval_few_resamples("report", "tiny", "--no-mlflow") == 0
     out = capsys.readouterr().out
     assert "parameter importances need at least 2 complete trials; the study has 1" in out
     written = {p.name for p in (tmp_path / "reports" / "tiny").iterdir()}
@@ -44,15 +44,15 @@ def test_report_with_one_trial_explains_the_missing_importances(workdir, tmp_pat
 
 
 @pytest.mark.slow
-def test_report_for_evaluate_runs_draws_a_confusion_matrix_and_a_scatter(workdir, tmp_path, capsys):  # noqa: F811
+def test_report_for_evaluate_runs_draws_a_confusion_matrix_and_a_scatter(workdir, tmp_path, capsys):
     import mlflow
 
     ids = {}
     for dataset in ("faireval", "topical_chat"):
-        assert cli("evaluate", "--dataset", dataset, "--limit", "4", "--turns", "1", "--no-progress",
-                   "--out", f"{dataset}.jsonl") == 0
+        assert chateval_few_resamples("evaluate", "--dataset", dataset, "--limit", "4", "--turns", "1", "--no-progress",
+                                      "--out", f"{dataset}.jsonl") == 0
         ids[dataset] = re.search(r"mlflow run: ([0-9a-f]{32})", capsys.readouterr().out).group(1)
-    assert cli("report", ids["faireval"]) == 0
+    assert chateval_few_resamples("report", ids["faireval"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"accuracy\s+\d\.\d{3}\s+\[\d\.\d{3}, \d\.\d{3}\]", out) and "dataset=faireval" in out
     assert (tmp_path / "reports" / ids["faireval"] / "confusion_faireval.png").exists()
@@ -60,15 +60,15 @@ def test_report_for_evaluate_runs_draws_a_confusion_matrix_and_a_scatter(workdir
     assert "report/confusion_faireval.png" in {
         a.path for a in mlflow.MlflowClient().list_artifacts(ids["faireval"], "report")}
 
-    assert cli("report", ids["topical_chat"], "--out", "reports/tc", "--no-mlflow") == 0
+    assert chateval_few_resamples("report", ids["topical_chat"], "--out", "reports/tc", "--no-mlflow") == 0
     assert (tmp_path / "reports" / "tc" / "scatter_topical_chat.png").exists()
     out = capsys.readouterr().out
     assert "dataset=topical_chat" in out and "calls_per_item" in out and "Downloading" not in out
 
 
-def test_unknown_targets_are_clear_errors(workdir, capsys):  # noqa: F811
-    assert cli("report", "no-such-study") == 2
+def test_unknown_targets_are_clear_errors(workdir, capsys):
+    assert chateval_few_resamples("report", "no-such-study") == 2
     err = capsys.readouterr().err
     assert "no study named 'no-such-study'" in err and "32 hex characters" in err
-    assert cli("report", "0" * 32) == 2
+    assert chateval_few_resamples("report", "0" * 32) == 2
     assert "no study or MLflow run '" + "0" * 32 + "'" in capsys.readouterr().err

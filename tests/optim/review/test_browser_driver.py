@@ -1,4 +1,4 @@
-"""The headless-Chromium test driver (tests/browser.py) against a tiny local form server.
+"""The headless-Chromium test driver (tests/support/browser.py) against a tiny local form server.
 
 One browser serves the whole module: starting Chromium is the slow part (a few seconds).
 """

@@ -10,13 +10,11 @@ readable as labels by ``optim.tuning.labels``.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 from types import SimpleNamespace as NS
 
 import pytest
-from mlflow_server import mlflow_db, tracking_server  # noqa: F401 - shared fixtures
+from chateval_cli import chateval_captured
 
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.program.task import TaskSpec, as_task
@@ -233,17 +231,8 @@ def lm_url():
         yield url
 
 
-def cli(*argv) -> tuple[int, str, str]:
-    from optim.cli.main import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(list(argv))
-    return code, out.getvalue(), err.getvalue()
-
-
 @pytest.fixture(scope="module")
-def judged(tracking_server, lm_url, tmp_path_factory):  # noqa: F811 - the shared fixture
+def judged(tracking_server, lm_url, tmp_path_factory):
     """Six FairEval train items judged with traces on the server: ``(uri, work dir, results file, experiment)``."""
     import mlflow
 
@@ -252,9 +241,9 @@ def judged(tracking_server, lm_url, tmp_path_factory):  # noqa: F811 - the share
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(work)
         mp.setenv("MLFLOW_TRACKING_URI", uri)
-        code, out, err = cli("evaluate", "--dataset", "faireval", "--split", "train", "--limit", str(ITEMS),
-                             "--roles", "2", "--turns", "1", "--model", lm_url, "--no-cache", "--trace",
-                             "--no-progress", "--out", "results/judged.jsonl")
+        code, out, err = chateval_captured("evaluate", "--dataset", "faireval", "--split", "train", "--limit", str(ITEMS),
+                                           "--roles", "2", "--turns", "1", "--model", lm_url, "--no-cache", "--trace",
+                                           "--no-progress", "--out", "results/judged.jsonl")
         assert code == 0, out + err
         mlflow.set_tracking_uri(uri)
         mlflow.flush_trace_async_logging()
@@ -324,8 +313,8 @@ def test_review_creates_the_questions_and_queues_the_most_uncertain_traces(on_se
     from mlflow.genai.label_schemas import list_label_schemas
 
     uri, _, results, experiment = on_server
-    code, out, err = cli("review", str(results), "--queue", "unsure", "--top", "3", "--reviewer", "Alice",
-                         "--reviewer", "bob", "--explain")
+    code, out, err = chateval_captured("review", str(results), "--queue", "unsure", "--top", "3", "--reviewer", "Alice",
+                                       "--reviewer", "bob", "--explain")
     assert code == 0, out + err
     behaviour = {str(x.id): BEHAVIOURS[i] for i, x in enumerate(judged_items())}
     traces = traces_by_item(experiment, results)
@@ -350,7 +339,7 @@ def test_the_page_walks_the_queue_most_uncertain_first(on_server):
     _, _, results, experiment = on_server
 
     def added(*argv) -> list[str]:
-        code, out, err = cli("review", str(results), "--queue", "ordered", *argv, "--explain")
+        code, out, err = chateval_captured("review", str(results), "--queue", "ordered", *argv, "--explain")
         assert code == 0, out + err
         return [line.split("] ", 1)[1].split(":", 1)[0] for line in out.splitlines() if line.startswith("[added]")]
 
@@ -365,10 +354,10 @@ def test_the_page_walks_the_queue_most_uncertain_first(on_server):
 
 def test_a_second_review_adds_nothing_new(on_server):
     _, _, results, experiment = on_server
-    assert cli("review", str(results), "--queue", "again", "--top", "2")[0] == 0
+    assert chateval_captured("review", str(results), "--queue", "again", "--top", "2")[0] == 0
     found = queue_named(experiment, "again")
     before = queue_items(found.queue_id)
-    code, out, _ = cli("review", str(results), "--queue", "again", "--top", "2")
+    code, out, _ = chateval_captured("review", str(results), "--queue", "again", "--top", "2")
     assert code == 0 and "0 added, 2 already queued" in out
     assert queue_items(found.queue_id) == before and len(before) == 2
 
@@ -384,8 +373,8 @@ def test_an_experiment_of_traces_ranks_as_its_results_file_does(on_server):
         assert back["id"] == item_id and back["trace_id"] == trace_id
         assert uncertainty.uncertainty(back) == uncertainty.uncertainty(records[item_id])
     key = records[next(iter(records))]["run_key"]
-    code, out, err = cli("review", f"mlflow:chateval-dspy?filter=tags.`chateval.run_key` = '{key}'",
-                         "--queue", "from-traces", "--top", "3")
+    code, out, err = chateval_captured("review", f"mlflow:chateval-dspy?filter=tags.`chateval.run_key` = '{key}'",
+                                       "--queue", "from-traces", "--top", "3")
     assert code == 0, err
     behaviour = {str(x.id): BEHAVIOURS[i] for i, x in enumerate(judged_items())}
     expected = {traces[i] for i, b in behaviour.items() if b in ("split", "biased")}
@@ -394,9 +383,9 @@ def test_an_experiment_of_traces_ranks_as_its_results_file_does(on_server):
 
 def test_an_item_waiting_in_another_queue_is_not_queued_again(on_server):
     _, _, results, experiment = on_server
-    assert cli("review", str(results), "--queue", "first", "--top", "2")[0] == 0
+    assert chateval_captured("review", str(results), "--queue", "first", "--top", "2")[0] == 0
     waiting = queue_items(queue_named(experiment, "first").queue_id)
-    code, out, err = cli("review", "mlflow:chateval-dspy", "--queue", "second", "--top", "4", "--explain")
+    code, out, err = chateval_captured("review", "mlflow:chateval-dspy", "--queue", "second", "--top", "4", "--explain")
     assert code == 0, err
     assert "2 added, 0 already queued, 0 already answered, 2 waiting in another queue" in out
     assert out.count("[in another queue]") == 2 and "several origins" not in err
@@ -409,22 +398,23 @@ def test_items_without_a_trace_are_counted_and_the_fix_is_named(on_server, tmp_p
     partly = tmp_path / "partly.jsonl"
     ghost = {**json.loads(lines[0]), "id": "never-traced", "consistent": False}
     partly.write_text("\n".join([*lines, json.dumps(ghost)]) + "\n")
-    code, out, err = cli("review", str(partly), "--queue", "partly", "--top", "2", "--explain")
+    code, out, err = chateval_captured("review", str(partly), "--queue", "partly", "--top", "2", "--explain")
     assert code == 0 and "1 of 7 items have no trace" in err and "--trace" in err
     assert "[no trace] never-traced" in out
     alone = tmp_path / "alone.jsonl"
     alone.write_text(json.dumps(ghost) + "\n")
-    code, _, err = cli("review", str(alone), "--queue", "partly")
+    code, _, err = chateval_captured("review", str(alone), "--queue", "partly")
     assert code == 2 and "none of the 1 items" in err and "--trace" in err and len(err.strip().splitlines()) == 1
 
 
 def test_a_scored_task_gets_one_numeric_question_per_criterion(on_server, lm_url):
     from mlflow.genai.label_schemas import list_label_schemas
 
-    code, out, err = cli("evaluate", "--dataset", "topical_chat", "--limit", "3", "--roles", "2", "--turns", "1",
-                         "--model", lm_url, "--no-cache", "--trace", "--no-progress", "--out", "results/scored.jsonl")
+    code, out, err = chateval_captured("evaluate", "--dataset", "topical_chat", "--limit", "3", "--roles", "2",
+                                       "--turns", "1", "--model", lm_url, "--no-cache", "--trace", "--no-progress",
+                                       "--out", "results/scored.jsonl")
     assert code == 0, out + err
-    code, out, err = cli("review", "results/scored.jsonl", "--queue", "scored", "--top", "2")
+    code, out, err = chateval_captured("review", "results/scored.jsonl", "--queue", "scored", "--top", "2")
     assert code == 0, err
     experiment = on_server[3]
     schemas = {s.name: s for s in list_label_schemas(experiment)}
@@ -443,13 +433,13 @@ def test_a_budget_tops_the_queue_up_and_skips_answered_items(on_server):
     traces = traces_by_item(experiment, results)
     records = [json.loads(line) for line in results.read_text().splitlines()]
     order = [u.item_id for _, u in uncertainty.rank(records)]
-    assert cli("review", str(results), "--queue", "budget", "--top", "2")[0] == 0
+    assert chateval_captured("review", str(results), "--queue", "budget", "--top", "2")[0] == 0
     human(traces[order[2]], "preference", "1", "carol")  # the third most uncertain item is answered already
-    code, out, _ = cli("review", str(results), "--queue", "budget", "--budget", "4")
+    code, out, _ = chateval_captured("review", str(results), "--queue", "budget", "--budget", "4")
     assert code == 0 and "2 added, 2 already queued, 1 already answered" in out
     assert queue_items(queue_named(experiment, "budget").queue_id) == {traces[i] for i in
                                                                        order[:2] + order[3:5]}
-    assert "0 added" in cli("review", str(results), "--queue", "budget", "--budget", "4")[1]
+    assert "0 added" in chateval_captured("review", str(results), "--queue", "budget", "--budget", "4")[1]
 
 
 def test_two_reviewers_answers_on_one_trace_are_both_kept_and_resolved_by_the_labels_rule(on_server):
@@ -458,7 +448,8 @@ def test_two_reviewers_answers_on_one_trace_are_both_kept_and_resolved_by_the_la
     from optim.tuning.labels import labels_from_mlflow
 
     _, _, results, experiment = on_server
-    assert cli("review", str(results), "--queue", "two", "--top", "2", "--reviewer", "ann", "--reviewer", "bo")[0] == 0
+    assert chateval_captured("review", str(results), "--queue", "two", "--top", "2",
+                             "--reviewer", "ann", "--reviewer", "bo")[0] == 0
     agreed, split_ = sorted(queue_items(queue_named(experiment, "two").queue_id))
     human(agreed, "preference", "2", "ann")
     human(agreed, "preference", "2", "bo")
@@ -479,8 +470,8 @@ def test_answers_on_queued_traces_become_the_labels_and_demos_of_a_compile(on_se
     """The round trip: queue, answers by two reviewers, ``chateval compile --labels mlflow:...``; the card says how
     many labels came from review and from whom, and every referee's demos hold the reviewed items."""
     _, work, results, experiment = on_server
-    code, out, err = cli("review", str(results), "--queue", "round-trip", "--top", str(ITEMS), "--reviewer", "ann",
-                         "--reviewer", "bo")
+    code, out, err = chateval_captured("review", str(results), "--queue", "round-trip", "--top", str(ITEMS), "--reviewer", "ann",
+                                       "--reviewer", "bo")
     assert code == 0, err
     traces = traces_by_item(experiment, results)
     added = {i for i, t in traces.items() if t in queue_items(queue_named(experiment, "round-trip").queue_id)}
@@ -492,9 +483,10 @@ def test_answers_on_queued_traces_become_the_labels_and_demos_of_a_compile(on_se
     key = json.loads(results.read_text().splitlines()[0])["run_key"]
     source = f"mlflow:chateval-dspy?filter=tags.`chateval.run_key` = '{key}'"
     program = work / "programs" / "after-review"
-    code, out, err = cli("compile", "--labels", source, "--dataset", "faireval", "--limit", "2", "--roles", "2",
-                         "--turns", "1", "--model", lm_url, "--no-cache", "--optimizer", "labeled", "--max-demos", "16",
-                         "--out", str(program), "--no-progress", "--no-log-model")
+    code, out, err = chateval_captured("compile", "--labels", source, "--dataset", "faireval", "--limit", "2",
+                                       "--roles", "2", "--turns", "1", "--model", lm_url, "--no-cache",
+                                       "--optimizer", "labeled", "--max-demos", "16",
+                                       "--out", str(program), "--no-progress", "--no-log-model")
     assert code == 0, out + err
     labels = json.loads((program / "card.json").read_text())["labels"]
     assert {traces[i] for i in added} <= set(labels["traces"])

@@ -1,5 +1,5 @@
 """The review page in a real browser: ``chateval review serve`` over a real ``mlflow server``, driven by Debian's
-headless Chromium with the keyboard alone (``tests/browser.py`` speaks the DevTools protocol; no browser is
+headless Chromium with the keyboard alone (``tests/support/browser.py`` speaks the DevTools protocol; no browser is
 downloaded).
 
 A queued pairwise item whose second answer is 3,000 characters must show that answer's last sentence (in the DOM,
@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,9 +23,9 @@ from pathlib import Path
 
 import pytest
 from browser import Browser, find_chromium
-from mlflow_server import mlflow_db, tracking_server  # noqa: F401 - shared fixtures
-from test_review import cli
-from test_review_page import EXAMPLES, LAST_SENTENCE, queued  # noqa: F401 - the judged, queued items
+from chateval_cli import chateval_captured
+from local_http import free_port
+from review_items import EXAMPLES, LAST_SENTENCE
 
 from chateval_dspy.testing.fake_server import FakeOpenAIServer
 
@@ -38,15 +37,9 @@ SHOTS = os.environ.get("CHATEVAL_REVIEW_SCREENSHOTS") and Path(os.environ["CHATE
 BLIND = ("verdict", "panel said", "score_1", "score_2", "winner", "consistent")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def serve(queue: str, uri: str, work: Path, *extra: str):
     """``chateval review serve`` as a user starts it: (process, {reviewer: link}, base URL)."""
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "CHATEVAL_REVIEW_TOKEN": "a-long-review-secret-for-tests"}
     proc = subprocess.Popen([sys.executable, "-m", "optim.cli", "review", "serve", "--queue", queue, "--port",
                              str(port), *extra], cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -114,7 +107,7 @@ SENTENCE_BOX = f"""(() => {{
 }})()"""
 
 
-def test_two_reviewers_answer_the_whole_item_blind_with_the_keyboard(queued, tmp_path):  # noqa: F811
+def test_two_reviewers_answer_the_whole_item_blind_with_the_keyboard(queued, tmp_path):
     import mlflow
 
     uri, _, work = queued
@@ -154,15 +147,15 @@ def test_two_reviewers_answer_the_whole_item_blind_with_the_keyboard(queued, tmp
                  if a.name == "preference")
     assert got == [("ann", "2"), ("bo", "2")]
     with FakeOpenAIServer() as lm:
-        code, out, err = cli("compile", "--dataset", "faireval", "--limit", "2", "--labels", "mlflow:chateval-dspy",
-                             "--roles", "2", "--turns", "1", "--model", lm, "--no-cache", "--optimizer", "labeled",
-                             "--no-progress", "--no-log-model", "--out", str(tmp_path / "program"))
+        code, out, err = chateval_captured("compile", "--dataset", "faireval", "--limit", "2", "--labels", "mlflow:chateval-dspy",
+                                           "--roles", "2", "--turns", "1", "--model", lm, "--no-cache", "--optimizer", "labeled",
+                                           "--no-progress", "--no-log-model", "--out", str(tmp_path / "program"))
     assert code == 0, out + err
     labels = json.loads((tmp_path / "program" / "card.json").read_text())["labels"]
     assert labels["reviewers"] == {"ann": 1, "bo": 1} and long_trace in labels["traces"]
 
 
-def test_a_pointwise_queue_is_answered_with_digits(queued, tmp_path):  # noqa: F811
+def test_a_pointwise_queue_is_answered_with_digits(queued, tmp_path):
     import mlflow
 
     uri, _, work = queued
@@ -195,7 +188,7 @@ LAYOUT = """(() => {
 })()"""
 
 
-def test_long_unbroken_strings_wrap_and_bidi_controls_show_as_read(queued, tmp_path):  # noqa: F811
+def test_long_unbroken_strings_wrap_and_bidi_controls_show_as_read(queued, tmp_path):
     """At 1,400 px: a 5,000-character string and a long URL wrap (the page no wider than the window, answer 1's
     box and text left of answer 2's), and a right-to-left override is shown as a marker, not applied."""
     uri, _, work = queued
@@ -208,7 +201,7 @@ def test_long_unbroken_strings_wrap_and_bidi_controls_show_as_read(queued, tmp_p
         for argv in (("evaluate", "--format", "pairwise", "--dataset", "wide.jsonl", "--out", "wide.out", "--roles", "2",
                       "--turns", "1", "--model", lm, "--no-cache", "--trace", "--no-progress"),
                      ("review", "wide.out", "--queue", "wide", "--top", "1", "--reviewer", "ann")):
-            code, out, err = cli(*argv)
+            code, out, err = chateval_captured(*argv)
             assert code == 0, out + err
     proc, links, _ = serve("wide", uri, work)
     try:

@@ -16,8 +16,8 @@ import re
 from html import unescape
 
 import pytest
-from mlflow_server import mlflow_db, tracking_server  # noqa: F401 - shared fixtures
-from test_review_page import client, queued  # noqa: F401 - the judged, queued items
+from chateval_cli import chateval_captured
+from review_items import client
 
 from chateval_dspy.errors import ConfigError
 from chateval_dspy.program.task import as_task
@@ -143,10 +143,9 @@ def test_public_url_is_what_the_links_start_with():
 
 
 def test_the_serve_command_refuses_a_bad_public_url_before_reading_mlflow():
-    from test_review import cli
-
-    code, out, err = cli("review", "serve", "--queue", "q", "--host", "0.0.0.0", "--public-url", "review.example.org",
-                         "--tracking-uri", "http://127.0.0.1:9")  # nothing listens there: it must not be asked
+    code, out, err = chateval_captured("review", "serve", "--queue", "q", "--host", "0.0.0.0",
+                                       "--public-url", "review.example.org",
+                                       "--tracking-uri", "http://127.0.0.1:9")  # nothing listens there: it must not be asked
     assert code != 0 and "--public-url 'review.example.org'" in err, out + err
 
 
@@ -243,7 +242,7 @@ def test_the_owner_sees_agreement_with_its_counts_and_exports_the_answers():
 
 # ---- on a real mlflow server ------------------------------------------------------------------------------------
 
-def test_comment_cant_judge_and_withdraw_as_mlflow_and_the_labels_reader_hold_them(queued):  # noqa: F811
+def test_comment_cant_judge_and_withdraw_as_mlflow_and_the_labels_reader_hold_them(queued):
     import mlflow
     from mlflow.genai.review_queues import list_review_queue_items
 

@@ -9,72 +9,14 @@ by ``chateval review`` for two reviewers; the page is then driven through FastAP
 
 from __future__ import annotations
 
-import json
 import re
 from html import unescape
-from pathlib import Path
 
 import pytest
-from mlflow_server import mlflow_db, tracking_server  # noqa: F401 - shared fixtures
-from test_review import cli
+from chateval_cli import chateval_captured
+from review_items import EXAMPLES, LAST_SENTENCE, LONG, client
 
-from chateval_dspy.testing.fake_server import FakeOpenAIServer
 from optim.review import reviewers
-from optim.review.server import create_review_app, open_reviewing
-
-LAST_SENTENCE = "The lighthouse keeper finally counted forty-two herons at dusk."
-LONG = ("The second answer explains at length. " * 80)[:2930] + " " + LAST_SENTENCE
-EXAMPLES = Path(__file__).resolve().parents[1] / "data" / "examples"
-PAIRS = [
-    {"id": "p1", "question": "How do I list files?", "answer_1": "Use this:\n\n```\nls -la\n```\n\n- `-l` long\n- `-a` all",
-     "answer_2": LONG, "label": "1"},
-    {"id": "p2", "question": "What is 2+2?", "answer_1": "4", "answer_2": "<script>alert(1)</script> five",
-     "label": "1"},
-    {"id": "p3", "question": "Capital of France?", "answer_1": "Lyon", "answer_2": "Paris", "label": "2"},
-    {"id": "p4", "question": "Spell cat backwards", "answer_1": "tac", "answer_2": "tac", "label": "tie"},
-]
-RAG = [{"id": f"r{i}", "question": f"When does pool {i} open?", "context": f"Pool {i} opens at {6 + i}am.",
-        "answer": f"At {6 + i}am."} for i in range(3)]
-
-
-@pytest.fixture(scope="module")
-def queued(tracking_server, tmp_path_factory):  # noqa: F811 - the shared fixture
-    """The items judged with traces and queued for ann and bo: ``(uri, experiment id, work dir)``."""
-    import mlflow
-
-    uri, _ = tracking_server
-    work = tmp_path_factory.mktemp("review-page")
-    for name, rows in (("pairs.jsonl", PAIRS), ("rag.jsonl", RAG)):
-        (work / name).write_text("".join(json.dumps(row) + "\n" for row in rows))
-    with pytest.MonkeyPatch.context() as mp, FakeOpenAIServer() as lm:
-        mp.chdir(work)
-        mp.setenv("MLFLOW_TRACKING_URI", uri)
-        common = ("--roles", "2", "--turns", "1", "--model", lm, "--no-cache", "--trace", "--no-progress")
-        for argv in (("--format", "pairwise", "--dataset", "pairs.jsonl", "--out", "pairs.jsonl.out"),
-                     ("--task", str(EXAMPLES / "rag.yaml"), "--dataset", "rag.jsonl", "--out", "rag.out")):
-            code, out, err = cli("evaluate", *argv, *common)
-            assert code == 0, out + err
-        for results, queue, extra in (("pairs.jsonl.out", "pairs", ()),
-                                      ("rag.out", "rag", ("--task", str(EXAMPLES / "rag.yaml")))):
-            code, out, err = cli("review", results, "--queue", queue, "--top", "4",
-                                 "--reviewer", "ann", "--reviewer", "bo", *extra)
-            assert code == 0, out + err
-        mlflow.set_tracking_uri(uri)
-        mlflow.flush_trace_async_logging()
-        yield uri, mlflow.get_experiment_by_name("chateval-dspy").experiment_id, work
-
-
-def client(queue: str, uri: str, reviewer: str | None, *, task=None, secret: str = "s3cret"):
-    """A test client of the page over ``queue``, logged in as ``reviewer`` through their own link."""
-    from fastapi.testclient import TestClient
-
-    state = open_reviewing(queue, task=task, tracking_uri=uri, token=secret)
-    c = TestClient(create_review_app(state))
-    if reviewer:
-        start = c.get(state.link("http://testserver", reviewer).removeprefix("http://testserver"),
-                      follow_redirects=False)
-        assert start.status_code == 303, start.text
-    return c, state
 
 
 def text_of(html: str) -> str:
@@ -182,7 +124,7 @@ def test_a_queue_made_with_show_panel_shows_the_verdict_first_and_says_so(queued
         with pytest.MonkeyPatch.context() as mp:
             mp.chdir(work)
             mp.setenv("MLFLOW_TRACKING_URI", uri)
-            code, out, err = cli("review", "pairs.jsonl.out", "--queue", "pairs", "--top", "4", *flag)
+            code, out, err = chateval_captured("review", "pairs.jsonl.out", "--queue", "pairs", "--top", "4", *flag)
         assert code == 0 and "0 added" in out, out + err
 
     review("--show-panel")

@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import textwrap
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from local_http import free_port
 from mlflow_server import stop_group
 from optuna.trial import TrialState
 from postgres import PG_BIN, postgres  # noqa: F401 - the fixture
@@ -27,7 +27,6 @@ from chateval_dspy.testing.fake_lm import fake_lm
 pytestmark = pytest.mark.slow  # real PostgreSQL and mlflow servers
 
 PLANTED = "pw-planted-Q7x93k"  # a password in every URL: trust auth accepts it, and it must never be shown
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _runs(uri: str) -> list:
@@ -163,12 +162,6 @@ SHIM = textwrap.dedent("""\
 """)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _readme_scripts(pg: str, port: int, artifacts: Path) -> tuple[str, str]:
     """The two subsections' bash blocks with the README's placeholders swapped for this test's servers: the
     PostgreSQL URL (the fixture's, with a planted password), the MLflow host and port (loopback, a free port), and
@@ -217,7 +210,7 @@ def test_readme_two_search_workers_share_a_postgresql_study_and_a_postgresql_bac
     ``mlflow server`` on one serves artifacts itself, two ``chateval search`` processes share a study on the other.
     The trials split between them with none run twice, one parent run holds them, one worker saves the program and
     registers its pyfunc model (one version), the artifacts go through the server, and no password is shown."""
-    pg, port, artifacts = postgres.url("", PLANTED).rstrip("/"), _free_port(), tmp_path / "artifacts"
+    pg, port, artifacts = postgres.url("", PLANTED).rstrip("/"), free_port(), tmp_path / "artifacts"
     store, workers = _readme_scripts(pg, port, artifacts)
     env, work = _env(tmp_path, pg, port), tmp_path / "work"
     work.mkdir()

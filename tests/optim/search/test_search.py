@@ -5,16 +5,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
-import zlib
-from pathlib import Path
 
 import dspy
 import optuna
 import pytest
+from chateval_cli import RESAMPLES, chateval_few_resamples
+from keyholding import varied
 from optuna.trial import TrialState
 
 import chateval_dspy.lm.resolve
@@ -26,71 +25,12 @@ from chateval_dspy.lm.adapter import DebateAdapter
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.roles import DEFAULT_ORDER
 from chateval_dspy.program.strategies import STRATEGIES
-from chateval_dspy.testing.fake_lm import ScriptedEngine, default_responder, fake_lm
+from chateval_dspy.testing.fake_lm import fake_lm
 from optim.search import study as search
 from optim.search.objective import Objective, config_of
 from optim.search.space import COMPILE_CHOICES, SearchSpace, parse_objectives, suggest_config
 
 PLANTED = "sk-planted-XYZ123456789"
-# Few resamples: these tests check that CIs are there and ordered, not how precise they are.
-RESAMPLES = 20
-
-
-def varied(call):
-    """Scores that depend on the referee and the answer (never on its position), so panels differ in agreement."""
-    out = default_responder(call)
-    if "score_1" in out:
-        persona = call.inputs.get("persona", "")[:30]
-        out["score_1"], out["score_2"] = (1 + zlib.crc32((persona + call.inputs.get(k, "")).encode()) % 10
-                                          for k in ("answer_1", "answer_2"))
-    return out
-
-
-class KeyHoldingEngine(ScriptedEngine):
-    """Holds the API key as a real client does: were the LM ever pickled or logged, the key would leak."""
-
-    def __init__(self, responder=varied):
-        super().__init__(responder)
-        self.api_key = os.environ.get("OPENAI_API_KEY", "")
-
-
-@pytest.fixture(scope="session")
-def mlflow_db(tmp_path_factory) -> Path:
-    """An MLflow sqlite store whose tables exist already (its migrations take seconds); each test copies it."""
-    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-
-    root = tmp_path_factory.getbasetemp() / "mlflow-template"  # a fixed place: test_report imports this fixture too
-    if not (root / "mlflow.db").exists():
-        root.mkdir(exist_ok=True)
-        SqlAlchemyStore(f"sqlite:///{root / 'mlflow.db'}", str(root / "artifacts"))
-    return root / "mlflow.db"
-
-
-@pytest.fixture
-def workdir(tmp_path, monkeypatch, mlflow_db):
-    """Run in tmp_path with the fake LM behind resolve_lm; returns the LMs handed out (their calls are recorded)."""
-    handed = []
-
-    @contextlib.contextmanager
-    def resolve(*args, **kwargs):
-        lm = dspy.LM("fake/keyholder", engine=KeyHoldingEngine(), cache=False, num_retries=0)
-        handed.append(lm)
-        yield lm
-
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.setattr(chateval_dspy.lm.resolve, "resolve_lm", resolve)
-    (tmp_path / "mlruns").mkdir()
-    shutil.copy(mlflow_db, tmp_path / "mlruns" / "mlflow.db")
-    return handed
-
-
-def cli(*argv: str) -> int:
-    from optim.cli.main import main
-
-    # report only reads figures back: it has no --resamples
-    extra = [] if argv[0] == "report" else ["--resamples", str(RESAMPLES)]
-    return main([*argv, *extra])
 
 
 def faireval_parts(limit: int) -> dict:
@@ -205,13 +145,13 @@ def test_an_interrupted_trial_fails_and_the_rerun_completes_the_budget(workdir, 
             "--no-test", "--no-progress", "--study", "stop"]
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(chateval_dspy.lm.resolve, "resolve_lm", resolve)
-        assert cli(*argv) == 130
+        assert chateval_few_resamples(*argv) == 130
     study = optuna.load_study(study_name="stop", storage="sqlite:///mlruns/optuna.db")
     failed = [t.number for t in study.trials if t.state == TrialState.FAIL]
     finished = {t.number: t.params for t in study.trials if t.state == TrialState.COMPLETE}
     assert len(failed) == 1 and failed[0] == max(t.number for t in study.trials)
 
-    assert cli(*argv) == 0
+    assert chateval_few_resamples(*argv) == 0
     study = optuna.load_study(study_name="stop", storage="sqlite:///mlruns/optuna.db")
     done = [t for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     assert len(done) == 4 and failed[0] not in [t.number for t in done]
@@ -319,8 +259,8 @@ def test_search_logs_nested_trial_runs_saves_the_best_and_leaks_no_key(workdir, 
     monkeypatch.setenv("OPENAI_API_KEY", PLANTED)
     argv = ["search", "--dataset", "faireval", "--limit", "3", "--turns", "1", "--no-progress", "--study", "tracked",
             "--out", "programs/best"]
-    assert cli(*argv, "--trials", "3") == 0
-    assert cli(*argv, "--trials", "4", "--no-log-model") == 0  # resumed: same parent run, one more trial
+    assert chateval_few_resamples(*argv, "--trials", "3") == 0
+    assert chateval_few_resamples(*argv, "--trials", "4", "--no-log-model") == 0  # resumed: same parent run, one more trial
     out = capsys.readouterr().out
     assert "trial   3" in out and "== best trial" in out and "saved evaluator: programs/best" in out
 
@@ -365,8 +305,8 @@ def test_search_logs_nested_trial_runs_saves_the_best_and_leaks_no_key(workdir, 
 def test_search_refuses_to_mix_settings_into_a_study(workdir, capsys):
     argv = ["search", "--dataset", "faireval", "--trials", "1", "--turns", "1", "--roles", "1", "--no-mlflow",
             "--no-test", "--no-progress", "--study", "fixed"]
-    assert cli(*argv, "--limit", "2") == 0
-    assert cli(*argv, "--limit", "3") == 2
+    assert chateval_few_resamples(*argv, "--limit", "2") == 0
+    assert chateval_few_resamples(*argv, "--limit", "3") == 2
     assert "was run with other settings (limit: study has 2, now 3)" in capsys.readouterr().err
 
 

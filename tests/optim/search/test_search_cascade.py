@@ -15,8 +15,8 @@ import math
 
 import optuna
 import pytest
+from chateval_cli import chateval_few_resamples
 from optuna.trial import TrialState
-from test_search import mlflow_db  # noqa: F401 - the MLflow store template, shared
 
 import chateval_dspy.lm.resolve
 from chateval_dspy.config import DebateConfig
@@ -54,7 +54,7 @@ def models(made: list, *, priced: bool = True):
 
 
 @pytest.fixture
-def workdir(tmp_path, monkeypatch, mlflow_db):  # noqa: F811 - the fixture imported above
+def workdir(tmp_path, monkeypatch, mlflow_db):
     """A working directory with the labelled items, a saved cheap evaluator (one Scientist, one order) and an MLflow
     store."""
     import shutil
@@ -72,12 +72,6 @@ def workdir(tmp_path, monkeypatch, mlflow_db):  # noqa: F811 - the fixture impor
     return tmp_path
 
 
-def cli(*argv: str) -> int:
-    from optim.cli.main import main
-
-    return main([*argv, "--resamples", "20"])
-
-
 SEARCH = ("search", "--dataset", "sim.jsonl", "--format", "pairwise", "--same-role", "1", "--turns", "1",
           "--strategy", "one_by_one", "--aggregate", "mean", "--no-calibrate", "--no-progress",
           "--objectives", "agreement,cascade_cost", "--first-stage", "programs/single", "--risk", "0.2")
@@ -89,8 +83,8 @@ def test_a_trial_is_valued_at_the_cascade_dollars_per_1000_verdicts_and_logged(w
 
     made: list = []
     with models(made):
-        assert cli(*SEARCH, "--limit", "80", "--trials", "2", "--agree-at-least", "0.75", "--study", "c",
-                   "--out", "programs/best", "--no-log-model") == 0
+        assert chateval_few_resamples(*SEARCH, "--limit", "80", "--trials", "2", "--agree-at-least", "0.75", "--study", "c",
+                                      "--out", "programs/best", "--no-log-model") == 0
     out = capsys.readouterr().out
     study = optuna.load_study(study_name="c", storage="sqlite:///mlruns/optuna.db")
     assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE"]
@@ -128,12 +122,12 @@ def test_the_first_stage_is_judged_once_and_a_rerun_reads_it_back(workdir, capsy
     made: list = []
     argv = (*SEARCH, "--limit", "40", "--agree-at-least", "0.75", "--study", "once", "--no-mlflow", "--no-test")
     with models(made):
-        assert cli(*argv, "--trials", "1") == 0
+        assert chateval_few_resamples(*argv, "--trials", "1") == 0
     first_calls = [len(lm.engine.calls) for lm in made]
     assert first_calls[0] == 40  # one referee, one order, 40 dev items: the first stage
     made.clear()
     with models(made):
-        assert cli(*argv, "--trials", "2") == 0
+        assert chateval_few_resamples(*argv, "--trials", "2") == 0
     # The rerun: the first stage's LM answered nothing (its results file was read back).
     assert len(made[0].engine.calls) == 0
     study = optuna.load_study(study_name="once", storage="sqlite:///mlruns/optuna.db")
@@ -141,8 +135,9 @@ def test_the_first_stage_is_judged_once_and_a_rerun_reads_it_back(workdir, capsy
     capsys.readouterr()
     # Another level is another search: the study refuses to mix it in.
     with models([]):
-        assert cli(*SEARCH, "--limit", "40", "--agree-at-least", "0.7", "--study", "once", "--no-mlflow", "--no-test",
-                   "--trials", "3") == 2
+        assert chateval_few_resamples(*SEARCH, "--limit", "40", "--agree-at-least", "0.7", "--study", "once",
+                                      "--no-mlflow", "--no-test",
+                                      "--trials", "3") == 2
     assert "other settings (cascade:" in capsys.readouterr().err
 
 
@@ -150,8 +145,8 @@ def test_a_level_no_threshold_reaches_counts_as_infinite_and_is_chosen_last(work
     made: list = []
     with models(made):
         # 10 dev items: the fixed-sequence test needs 30 verdicts above a threshold, so no level is reachable.
-        assert cli(*SEARCH, "--limit", "10", "--trials", "1", "--agree-at-least", "0.75", "--study", "few",
-                   "--out", "programs/few", "--no-mlflow") == 0
+        assert chateval_few_resamples(*SEARCH, "--limit", "10", "--trials", "1", "--agree-at-least", "0.75", "--study", "few",
+                                      "--out", "programs/few", "--no-mlflow") == 0
     study = optuna.load_study(study_name="few", storage="sqlite:///mlruns/optuna.db")
     (trial,) = study.trials
     assert trial.state == TrialState.COMPLETE and trial.values[1] == math.inf
@@ -192,8 +187,8 @@ def test_cascade_flags_go_together(workdir):
 def test_an_unpriced_first_stage_is_refused_before_any_trial(workdir, capsys):
     made: list = []
     with models(made, priced=False):
-        assert cli(*SEARCH, "--limit", "10", "--trials", "1", "--agree-at-least", "0.75", "--study", "free",
-                   "--no-mlflow") == 2
+        assert chateval_few_resamples(*SEARCH, "--limit", "10", "--trials", "1", "--agree-at-least", "0.75", "--study", "free",
+                                      "--no-mlflow") == 2
     assert "carry no US dollars" in capsys.readouterr().err
     assert len(made) == 1  # the first stage's LM only: no trial ran
 
@@ -202,6 +197,7 @@ def test_a_first_stage_of_another_task_is_refused(workdir, capsys):
     program = build_evaluator(DebateConfig(format="pointwise", roles=("scientist",), turns=1))
     save_program(program, workdir / "programs" / "scores", make_card(program, model="sim/referees"))
     with models([]):
-        assert cli(*SEARCH[:-4], "--first-stage", "programs/scores", "--risk", "0.2", "--limit", "10", "--trials", "1",
-                   "--agree-at-least", "0.75", "--study", "task", "--no-mlflow") == 2
+        assert chateval_few_resamples(*SEARCH[:-4], "--first-stage", "programs/scores", "--risk", "0.2",
+                                      "--limit", "10", "--trials", "1",
+                                      "--agree-at-least", "0.75", "--study", "task", "--no-mlflow") == 2
     assert "same task" in capsys.readouterr().err

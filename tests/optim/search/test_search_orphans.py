@@ -14,9 +14,8 @@ import warnings
 
 import optuna
 import pytest
+from killed_runs import spawn, use_mlflow_store
 from optuna.trial import TrialState
-from test_compile_resume import spawn, use_mlflow_store
-from test_search import mlflow_db, workdir  # noqa: F401 - the MLflow store template and the fake LM, shared
 
 from chateval_dspy.config import DebateConfig
 from optim.search import study as studies
@@ -32,7 +31,7 @@ def _runs(store):
     return mlflow.search_runs(experiment_names=["chateval-dspy"], output_format="list")
 
 
-def test_a_trial_failed_by_the_heartbeat_has_its_run_ended_by_the_next_worker(workdir, tmp_path):  # noqa: F811
+def test_a_trial_failed_by_the_heartbeat_has_its_run_ended_by_the_next_worker(workdir, tmp_path):
     """A study holds a trial that Optuna failed (as its heartbeat does for a worker on another host that stopped)
     while its MLflow run is RUNNING. The next worker's search ends that run as KILLED with a note; the check at start
     (``end_dead_runs``) cannot, as it cannot tell that the other host's worker died."""
@@ -66,7 +65,7 @@ def test_a_trial_failed_by_the_heartbeat_has_its_run_ended_by_the_next_worker(wo
     assert sorted(r.info.status for r in runs.values() if r.data.tags.get("optuna.trial") == "1") == ["FINISHED"]
 
 
-def test_runs_of_failed_trials_already_ended_or_gone_are_left_alone(tmp_path, mlflow_db):  # noqa: F811
+def test_runs_of_failed_trials_already_ended_or_gone_are_left_alone(tmp_path, mlflow_db):
     """Only a RUNNING run is ended: one that ended (the trial failed in its own worker: FAILED) keeps its status,
     and a run id the store does not hold is skipped."""
     from optim.tracking import runs as tracking
@@ -126,7 +125,7 @@ def _wait(what, ready, procs, timeout: float = 240) -> None:
 
 
 @pytest.mark.slow  # two search processes, a SIGKILL and a heartbeat grace period
-def test_a_killed_workers_trial_run_is_ended_when_the_heartbeat_fails_its_trial(tmp_path, mlflow_db):  # noqa: F811
+def test_a_killed_workers_trial_run_is_ended_when_the_heartbeat_fails_its_trial(tmp_path, mlflow_db):
     """Worker A (host "far") runs trial 0 with a slow LM; worker B (host "near") joins, runs trial 1, then waits
     for A. A is SIGKILLed mid-trial: B cannot see A's process, Optuna's heartbeat fails trial 0, and B runs its panel
     again, tests and saves. Afterwards no MLflow run of the study is RUNNING: A's trial run ended KILLED, with a note."""

@@ -17,9 +17,9 @@ import warnings
 
 import optuna
 import pytest
+from chateval_cli import chateval
+from killed_runs import kill_when, lines, slow, spawn, use_mlflow_store
 from optuna.trial import TrialState
-from test_compile_resume import cli, kill_when, lines, slow, spawn, use_mlflow_store
-from test_search import mlflow_db  # noqa: F401 - the MLflow store template, shared
 
 from chateval_dspy.testing.fake_server import FakeOpenAIServer
 from optim.search import study as studies
@@ -44,12 +44,12 @@ def _clean_run(tmp_path, monkeypatch, argv) -> FakeOpenAIServer:
     monkeypatch.chdir(tmp_path / "clean")
     clean = FakeOpenAIServer(responder=slow)
     with clean as url:
-        assert cli([*argv, "--model", url, "--no-mlflow"]) == 0
+        assert chateval([*argv, "--model", url, "--no-mlflow"]) == 0
     return clean
 
 
 def test_search_killed_in_a_trial_finishes_and_saves_on_the_first_rerun(tmp_path, monkeypatch, capsys,
-                                                                        mlflow_db):  # noqa: F811
+                                                                        mlflow_db):
     """Rerun at once after a SIGKILL in trial 0, the search fails the dead
     trial without waiting for its heartbeat, draws its panel again (resuming its dev results), runs
     the rest of the budget, tests and saves; the killed trial's MLflow run ends KILLED."""
@@ -61,7 +61,7 @@ def test_search_killed_in_a_trial_finishes_and_saves_on_the_first_rerun(tmp_path
     with killed as url:
         proc = spawn([*argv, "--model", url], tmp_path)
         kill_when(proc, lambda: lines(tmp_path / "results" / "s" / "trial-0000-dev.jsonl") >= 1)
-        assert cli([*argv, "--model", url]) == 0
+        assert chateval([*argv, "--model", url]) == 0
     out = capsys.readouterr().out
     assert "saved evaluator: programs/s" in out and "still running" not in out
 
@@ -97,7 +97,7 @@ def test_search_killed_in_its_final_test_resumes_the_test_and_saves(tmp_path, mo
         proc = spawn([*argv, "--model", url], tmp_path)
         kill_when(proc, lambda: lines(test_file) >= 1)
         assert not (tmp_path / "programs" / "s" / "card.json").exists()
-        assert cli([*argv, "--model", url]) == 0
+        assert chateval([*argv, "--model", url]) == 0
     assert lines(test_file) == 3 and (tmp_path / "programs" / "s" / "card.json").exists()
     clean = _clean_run(tmp_path, monkeypatch, argv)
     assert (tmp_path / "programs/s/program.json").read_bytes() == \
@@ -128,7 +128,7 @@ WORKER = textwrap.dedent("""
 
 
 def test_two_workers_share_one_parent_run_and_the_study_ends_tested_whoever_finishes_last(
-        tmp_path, mlflow_db):  # noqa: F811
+        tmp_path, mlflow_db):
     """The README's pattern, a slow ``--no-test`` worker in the background and a fast
     one in front: one MLflow parent run holds every trial, and the front worker waits for the other's
     last trial, then tests and saves the best panel."""

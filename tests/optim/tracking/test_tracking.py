@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-from test_search import mlflow_db  # noqa: F401 - the MLflow store template, shared
 
 from chateval_dspy.testing.fake_lm import ScriptedEngine
 
@@ -100,7 +99,7 @@ def _local_store(tmp_path, monkeypatch, template) -> None:
 
 
 def test_runs_of_a_dead_worker_end_killed_with_their_children_and_nothing_else(tmp_path, monkeypatch,
-                                                                              mlflow_db):  # noqa: F811
+                                                                              mlflow_db):
     """A killed command's RUNNING runs (and the optimizer's child runs under them) are
     ended as KILLED by the rerun; runs of live workers, other hosts or other folders are left alone."""
     import subprocess
@@ -135,7 +134,7 @@ def test_runs_of_a_dead_worker_end_killed_with_their_children_and_nothing_else(t
                       elsewhere: "RUNNING", other_folder: "RUNNING"}
 
 
-def test_a_run_that_raises_ends_failed_and_is_tagged_with_its_worker(tmp_path, monkeypatch, mlflow_db):  # noqa: F811
+def test_a_run_that_raises_ends_failed_and_is_tagged_with_its_worker(tmp_path, monkeypatch, mlflow_db):
     """An exception ends the run FAILED (never RUNNING), and every run names its worker."""
     import mlflow
 
@@ -159,7 +158,7 @@ def default_sigterm():
     signal.signal(signal.SIGTERM, previous)
 
 
-def test_ctrl_c_and_sigterm_end_the_run_and_its_open_child_killed(tmp_path, monkeypatch, mlflow_db,  # noqa: F811
+def test_ctrl_c_and_sigterm_end_the_run_and_its_open_child_killed(tmp_path, monkeypatch, mlflow_db,
                                                                   default_sigterm):
     """A run stopped by Ctrl-C or SIGTERM ends KILLED, the child run open in it too; SIGTERM
     becomes ``Terminated`` only while a run is open, and MLflow's link lines are switched off only meanwhile."""

@@ -12,7 +12,6 @@ import io
 import json
 
 import pytest
-from test_search import mlflow_db  # noqa: F401 - the MLflow store template, shared
 
 import chateval_dspy.lm.resolve
 from chateval_dspy.config import DebateConfig
@@ -164,7 +163,7 @@ def main_quiet(argv: list[str]) -> int:
 
 
 def test_the_command_logs_its_figures_and_files_to_mlflow(saved, tmp_path, monkeypatch, capsys,
-                                                          mlflow_db):  # noqa: F811 - the shared fixture
+                                                          mlflow_db):
     import shutil
 
     from mlflow import MlflowClient

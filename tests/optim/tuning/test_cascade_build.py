@@ -13,8 +13,6 @@ import json
 import shutil
 
 import pytest
-from test_readme import sandbox  # noqa: F401 - the README's sandbox: its files, a fake LM behind every model
-from test_search import mlflow_db  # noqa: F401 - the MLflow store template, shared
 
 import chateval_dspy.lm.resolve
 from chateval_dspy.config import DebateConfig
@@ -253,7 +251,7 @@ def test_the_spec_and_the_stage_flags_do_not_mix(tmp_path, capsys):
 
 @pytest.mark.slow  # the shared build judges 200 items on both stages (20 s)
 def test_the_command_logs_its_figures_and_files_to_mlflow(built, tmp_path, monkeypatch, capsys,
-                                                          mlflow_db):  # noqa: F811 - the shared fixture
+                                                          mlflow_db):
     from mlflow import MlflowClient
 
     root, data, _, _ = built
@@ -282,12 +280,12 @@ def test_the_command_logs_its_figures_and_files_to_mlflow(built, tmp_path, monke
 
 
 @pytest.mark.slow  # compiles two programs and builds a cascade on FairEval with the scripted fake LM
-def test_the_readme_cascades_subsection_runs_as_written(sandbox):  # noqa: F811 - test_readme's fixture
+def test_the_readme_cascades_subsection_runs_as_written(sandbox):
     """docs/selective.md "## Cascades", block by block, after the page's compile that makes ``programs/quick`` (the
     whole page also runs in ``test_readme.py``; this checks the section on its own, quicker)."""
     import shlex
 
-    from test_readme import DOCS, blocks, commands
+    from readme_section import DOCS, blocks, commands
 
     from optim.cli.main import main
 

@@ -7,68 +7,18 @@ this process, against the same fake OpenAI-compatible server, so every LM reques
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 import signal
-import subprocess
-import sys
 import textwrap
-import time
-from pathlib import Path
 
 import pytest
-from test_search import mlflow_db  # noqa: F401 - the MLflow store template, shared
+from chateval_cli import chateval
+from killed_runs import kill_when, lines, slow, spawn, use_mlflow_store
 
-from chateval_dspy.testing.fake_lm import default_responder
 from chateval_dspy.testing.fake_server import FakeOpenAIServer
 
 pytestmark = pytest.mark.slow  # kills whole compile commands and reruns them
 
 BEFORE_CALLS = 3 * 2  # the before-test: 3 test items, 1 referee, 1 turn, both answer orders
-
-
-def slow(call):
-    """Answers as the fake LM does, slowly enough that a kill lands in the middle of something."""
-    time.sleep(0.02)
-    return default_responder(call)
-
-
-def spawn(args: list[str], cwd: Path, script: str | None = None) -> subprocess.Popen:
-    """``chateval ARGS`` in its own process (or ``script`` with ARGS), output captured."""
-    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "OPENAI_API_KEY")}
-    command = [sys.executable, "-c", script] if script else [sys.executable, "-m", "optim.cli.main"]
-    return subprocess.Popen([*command, *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-
-
-def kill_when(proc: subprocess.Popen, ready, timeout: float = 120) -> None:
-    """SIGKILL ``proc`` as soon as ``ready()`` holds; fail if it ended first (the kill must land mid-run)."""
-    deadline = time.time() + timeout
-    while time.time() < deadline and proc.poll() is None and not ready():
-        time.sleep(0.005)
-    if proc.poll() is not None:
-        out, err = proc.communicate()
-        pytest.fail(f"the process ended (exit {proc.returncode}) before the kill point\n{out}\n{err}")
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=30)  # reaped: the rerun sees the process gone, not a zombie
-    assert proc.returncode == -signal.SIGKILL
-
-
-def lines(path: Path) -> int:
-    return path.read_text().count("\n") if path.exists() else 0
-
-
-def cli(args: list[str]) -> int:
-    from optim.cli.main import main
-
-    return main(args)
-
-
-def use_mlflow_store(cwd: Path, template: Path) -> Path:
-    """The default local store (``./mlruns/mlflow.db``) of a command run in ``cwd``, already migrated."""
-    (cwd / "mlruns").mkdir(parents=True, exist_ok=True)
-    shutil.copy(template, cwd / "mlruns" / "mlflow.db")
-    return cwd / "mlruns" / "mlflow.db"
 
 
 @pytest.mark.parametrize("optimizer,kill_at", [("bootstrap", BEFORE_CALLS + 3), ("mipro", BEFORE_CALLS + 12)])
@@ -85,10 +35,10 @@ def test_compile_killed_mid_optimization_reruns_to_the_identical_program(tmp_pat
         kill_when(proc, lambda: len(killed.requests) >= kill_at)
         assert lines(tmp_path / "killed" / "results" / "test_before.jsonl") == 3
         assert not (tmp_path / "killed" / "card.json").exists()
-        assert cli(args) == 0
+        assert chateval(args) == 0
     clean = FakeOpenAIServer(responder=slow)
     with clean as url:
-        assert cli([*common, "--model", url, "--out", str(tmp_path / "clean"),
+        assert chateval([*common, "--model", url, "--out", str(tmp_path / "clean"),
                     "--cache-dir", str(tmp_path / "cache-clean")]) == 0
     assert (tmp_path / "killed" / "program.json").read_bytes() == (tmp_path / "clean" / "program.json").read_bytes()
     # At most the calls in flight at the kill repeat: one per answer order (the two run at once).
@@ -98,7 +48,7 @@ def test_compile_killed_mid_optimization_reruns_to_the_identical_program(tmp_pat
 
 
 def test_compile_killed_after_its_card_completes_mlflow_logging_and_registration_when_rerun(
-        tmp_path, monkeypatch, mlflow_db):  # noqa: F811
+        tmp_path, monkeypatch, mlflow_db):
     """Killed after the card was written but before the model was logged, the rerun
     logs and registers it instead of refusing the folder, and the killed MLflow run ends KILLED."""
     import mlflow
@@ -121,7 +71,7 @@ def test_compile_killed_after_its_card_completes_mlflow_logging_and_registration
         yield fake_lm()
 
     monkeypatch.setattr(lm_module, "resolve_lm", resolve)
-    assert cli(args) == 0
+    assert chateval(args) == 0
     mlflow.set_tracking_uri(f"sqlite:///{store}")
     runs = mlflow.search_runs(experiment_names=["chateval-dspy"], output_format="list")
     compiles = sorted((r for r in runs if r.info.run_name == "compile"), key=lambda r: r.info.start_time)
@@ -129,7 +79,7 @@ def test_compile_killed_after_its_card_completes_mlflow_logging_and_registration
     assert [r.info.run_id for r in runs if r.info.status == "RUNNING"] == []  # the optimizer's child runs too
     (version,) = mlflow.MlflowClient().search_model_versions("name='toy-judge'")
     assert version.run_id == compiles[1].info.run_id
-    assert cli(args) == 2  # a finished evaluator is never overwritten
+    assert chateval(args) == 2  # a finished evaluator is never overwritten
 
 
 # Runs ``chateval ARGS`` on the scripted fake LM, and SIGKILLs itself when ``<module>.<NAME>`` is called.

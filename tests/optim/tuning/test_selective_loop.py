@@ -10,14 +10,12 @@ threshold between them.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 
 import dspy
 import pytest
-from mlflow_server import mlflow_db, tracking_server  # noqa: F401 - shared fixtures
-from test_confidence_runtime import FEW, FITTED_ON, IDENTITY, ITEMS  # the same items and map
+from chateval_cli import chateval_captured
+from confidence_items import FEW, FITTED_ON, IDENTITY, ITEMS  # the same items and map
 
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.deploy.saved.card import make_card
@@ -147,15 +145,6 @@ def test_a_trace_holds_the_confidence_and_the_withheld_verdict(both):
 # ---------------------------------------------------------------- 2. the loop: score, review, labels
 
 
-def cli(*argv) -> tuple[int, str, str]:
-    from optim.cli.main import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(list(argv))
-    return code, out.getvalue(), err.getvalue()
-
-
 def saved_evaluator(tmp_path):
     program = build_evaluator(CFG)
     return save_program(program, tmp_path / "prog", make_card(program, model="fake/card-model"))
@@ -170,7 +159,7 @@ def items_file(tmp_path, items=ITEMS):
 
 @pytest.mark.slow
 def test_withheld_verdicts_go_to_a_queue_and_the_answers_come_back_as_labels(
-        tracking_server, engine, restore_logging, tmp_path, monkeypatch):  # noqa: F811 - the shared fixture
+        tracking_server, engine, restore_logging, tmp_path, monkeypatch):
     import mlflow
     from mlflow.entities import AssessmentSource, AssessmentSourceType
     from mlflow.genai.review_queues import list_review_queue_items, list_review_queues
@@ -183,19 +172,19 @@ def test_withheld_verdicts_go_to_a_queue_and_the_answers_come_back_as_labels(
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     saved, src = saved_evaluator(tmp_path), items_file(tmp_path)
     plain = tmp_path / "plain.jsonl"
-    code, out, err = cli("score", str(saved), "--in", str(src), "--out", str(plain), "--no-trace", "--no-progress")
+    code, out, err = chateval_captured("score", str(saved), "--in", str(src), "--out", str(plain), "--no-trace", "--no-progress")
     assert code == 0, out + err
     save_calibration(saved, with_threshold(middle_threshold(plain)))
     judged = tmp_path / "judged.jsonl"
-    code, out, err = cli("score", str(saved), "--in", str(src), "--out", str(judged), "--trace", "--no-progress")
+    code, out, err = chateval_captured("score", str(saved), "--in", str(src), "--out", str(judged), "--trace", "--no-progress")
     assert code == 0, out + err
     mlflow.set_tracking_uri(uri)
     mlflow.flush_trace_async_logging()
     withheld = {x["id"] for x in lines(judged) if x["abstained"] == NEEDS_PERSON}
     assert 0 < len(withheld) < len(ITEMS)
 
-    code, out, err = cli("review", str(judged), "--queue", "needs-people", "--top", str(len(withheld)),
-                         "--reviewer", "ann")
+    code, out, err = chateval_captured("review", str(judged), "--queue", "needs-people", "--top", str(len(withheld)),
+                                       "--reviewer", "ann")
     assert code == 0, out + err
     experiment = mlflow.get_experiment_by_name("chateval-dspy").experiment_id
     (queue,) = [q for q in list_review_queues(experiment_id=experiment) if q.name == "needs-people"]
