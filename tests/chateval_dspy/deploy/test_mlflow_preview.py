@@ -92,6 +92,7 @@ def in_row_order(df):
     return df.assign(_question=question).sort_values("_question")
 
 
+@pytest.mark.slow  # over a few seconds
 def test_a_pairwise_judge_reports_preferences_their_shares_and_agreement(store, evaluators, lm_url):
     mlflow = store
     with chateval_dspy.load(evaluators["pairwise"], lm=LMSpec(model=lm_url, cache=False)) as judge:

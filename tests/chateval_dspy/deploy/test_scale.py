@@ -54,6 +54,7 @@ def test_dspy_context_is_untouched_by_loading(saved):
         assert dspy.settings.lm is None
 
 
+@pytest.mark.slow  # over a few seconds
 def test_mlflow_pyfunc_model_judges_without_pickle(saved, tmp_path, monkeypatch):
     import mlflow
 

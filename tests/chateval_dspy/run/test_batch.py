@@ -184,6 +184,7 @@ def test_sigkill_then_rerun_submits_nothing_twice(tmp_path, live, where):
     assert len(fake.created) == 4
 
 
+@pytest.mark.slow  # over a few seconds
 def test_batch_mode_refuses_what_it_cannot_do_before_submitting(tmp_path):
     with pytest.raises(ConfigError, match="embedded model has no batch API"):
         LMSpec(model="embedded", batch=True)

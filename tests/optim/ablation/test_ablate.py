@@ -50,6 +50,7 @@ def test_exact_mcnemar_matches_the_binomial_by_hand():
     assert mcnemar_exact({i: False for i in "abcde"}, {i: True for i in "abcde"})["p"] == pytest.approx(2 / 2 ** 5)
 
 
+@pytest.mark.slow  # over a few seconds
 def test_leaving_out_the_always_wrong_referee_raises_agreement_with_the_paired_test(scripted, tmp_path):
     done = ablate(DATA, PANEL, LMSpec("embedded"), out=tmp_path / "a")
     assert [r.variant.slug for r in done.rows] == ["full", f"without-{GOOD}", f"without-{PARTLY}", f"without-{BAD}",
@@ -137,6 +138,7 @@ def test_mlflow_gets_one_parent_run_and_a_child_per_variant(scripted, tmp_path, 
     assert "sk-planted" not in everything
 
 
+@pytest.mark.slow  # over a few seconds
 def test_the_cli_prints_the_table_and_writes_the_plot(scripted, tmp_path, capsys):
     from optim.cli.main import main
 

@@ -114,6 +114,7 @@ def found(report, probe: str, figure: str):
     return next(f.estimate for f in report.findings if f.probe == probe and f.figure == figure)
 
 
+@pytest.mark.slow  # over a few seconds
 def test_a_planted_position_bias_is_recovered_and_calibration_cancels_it(tmp_path):
     items = synthetic_items(120)
     judge = judge_on(one_referee(tmp_path), sim_lm(RIGHT.replace(position_bias=0.3), known(items, 0)))
@@ -137,6 +138,7 @@ def test_a_planted_verbosity_bias_is_recovered(tmp_path):
     assert robust.value == pytest.approx(1 - towards.value)
 
 
+@pytest.mark.slow  # over a few seconds
 def test_a_no_bias_control_reads_zero_on_every_probe(tmp_path):
     items = synthetic_items(80)
     judge = judge_on(one_referee(tmp_path), sim_lm(RIGHT, known(items, 0)))
@@ -250,6 +252,7 @@ def test_the_command_prints_each_figure_and_logs_to_mlflow(tmp_path, monkeypatch
     assert "audit/perturbations.jsonl" in logged
 
 
+@pytest.mark.slow  # over a few seconds
 def test_the_recovery_benchmark_recovers_a_panels_expected_rate(tmp_path):
     from optim.audit.recovery import markdown, recover
 

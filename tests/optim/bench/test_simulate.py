@@ -39,6 +39,7 @@ def single(world, n_roles: int = 1, **changes) -> DebateConfig:
                         aggregate="majority", strategy="simultaneous_talk").replace(**changes)
 
 
+@pytest.mark.slow  # over a few seconds
 def test_a_referee_of_accuracy_07_is_right_07_of_the_time():
     world = make_world(SimKnobs(default_accuracy=0.7), 0, {"test": 2000}, roles=independent_roles(1))
     judged = judge(world, single(world), world.splits["test"])
@@ -46,6 +47,7 @@ def test_a_referee_of_accuracy_07_is_right_07_of_the_time():
     assert not within(sum(judged.correct), 2000, 0.65) and not within(sum(judged.correct), 2000, 0.75)
 
 
+@pytest.mark.slow  # over a few seconds
 def test_position_bias_says_answer_1_at_its_set_rate():
     knobs = SimKnobs(default_accuracy=0.8, position_bias=0.3)
     world = make_world(knobs, 1, {"test": 2000}, roles=independent_roles(1))
@@ -77,6 +79,7 @@ def test_a_discussion_that_states_no_leaning_cannot_be_copied():
 
 @pytest.mark.parametrize("labels_right,expected", [(True, 0.6 + 4 * 0.04), (False, 0.6 - 4 * 0.04)],
                          ids=["right demos", "wrong demos"])
+@pytest.mark.slow  # over a few seconds
 def test_demos_move_accuracy_by_their_stated_gain_and_loss(labels_right, expected):
     knobs = SimKnobs(default_accuracy=0.6)
     world = make_world(knobs, 3, {"train": 4, "test": 1500}, roles=independent_roles(1))
@@ -92,6 +95,7 @@ def test_demos_move_accuracy_by_their_stated_gain_and_loss(labels_right, expecte
     assert within(sum(judged.correct), 1500, expected)
 
 
+@pytest.mark.slow  # over a few seconds
 def test_instructions_with_the_key_phrase_add_their_stated_gain():
     knobs = SimKnobs(default_accuracy=0.6)
     world = make_world(knobs, 4, {"test": 2000}, roles=independent_roles(1))
@@ -163,6 +167,7 @@ SANITY = Budget(seeds=4, train_sizes=(8,), dev=12, test=120, optimizers=("labele
                 dev_sizes=(10,), search_seeds=4, search_test=120)
 
 
+@pytest.mark.slow  # over a few seconds
 def test_the_study_finds_the_planted_gain():
     found = run_sections(SANITY, ("compile",))["compile"]["rows"]
     assert all(r["gain"]["ci_low"] > 0 for r in found), found

@@ -39,6 +39,7 @@ def _search(data: DataSpec, tmp_path, name: str = "read"):
                       tracking=TrackingSpec(uri=f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}", log_model=False))
 
 
+@pytest.mark.slow  # over a few seconds
 def test_a_search_parent_run_logs_how_the_labels_were_read(workdir, tmp_path):
     path = _coded_pairs(tmp_path / "coded.jsonl")
     data = DataSpec(path, format="pairwise", columns={"label": "winner"}, label_map={"0": "tie"}, skip_bad_rows=True)
@@ -50,6 +51,7 @@ def test_a_search_parent_run_logs_how_the_labels_were_read(workdir, tmp_path):
     assert params["data.skip_bad_rows"] == "true" and params["data.group_by"] == "-"
 
 
+@pytest.mark.slow  # over a few seconds
 def test_a_search_worker_reading_labels_otherwise_is_refused_before_mlflow(workdir, tmp_path):
     """--skip-bad-rows on a clean file leaves the dataset's hash alone: the study's settings still tell the
     reading apart, so the worker gets the study's refusal and not MLflow's "changing param values"."""

@@ -253,6 +253,7 @@ def test_undefined_scoring_agreement_counts_as_zero_and_two_objectives_give_a_pa
 # --- the command: MLflow and secrets --------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # over a few seconds
 def test_search_logs_nested_trial_runs_saves_the_best_and_leaks_no_key(workdir, tmp_path, monkeypatch, capsys):
     import mlflow
 
@@ -313,6 +314,7 @@ def test_search_refuses_to_mix_settings_into_a_study(workdir, capsys):
 # --- chateval search as a function ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # over a few seconds
 def test_run_search_is_the_search_command_as_a_function(workdir, tmp_path):
     """Trials, the final test, the card and the save are one library call on frozen specs."""
     from chateval_dspy.data.spec import DataSpec

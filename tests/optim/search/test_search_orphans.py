@@ -31,6 +31,7 @@ def _runs(store):
     return mlflow.search_runs(experiment_names=["chateval-dspy"], output_format="list")
 
 
+@pytest.mark.slow  # over a few seconds
 def test_a_trial_failed_by_the_heartbeat_has_its_run_ended_by_the_next_worker(workdir, tmp_path):
     """A study holds a trial that Optuna failed (as its heartbeat does for a worker on another host that stopped)
     while its MLflow run is RUNNING. The next worker's search ends that run as KILLED with a note; the check at start
