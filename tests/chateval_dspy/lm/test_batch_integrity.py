@@ -16,6 +16,7 @@ import threading
 import httpx
 import pytest
 from repo_paths import ROOT
+from responders import by_length
 from said import said
 
 from chateval_dspy.config import DebateConfig
@@ -31,21 +32,12 @@ from chateval_dspy.lm.batch.provider import BatchRequest, Outcome, asked_outcome
 from chateval_dspy.lm.spec import LMSpec
 from chateval_dspy.run.evaluate_dataset import evaluate_dataset
 from chateval_dspy.testing.fake_batches import FakeBatches
-from chateval_dspy.testing.fake_lm import default_responder
 from chateval_dspy.testing.fake_server import FakeOpenAIServer
 
 DATA = DataSpec("faireval", limit=2)
 KEEP = b"someone else's file, with no newline"
 ASKED = ["request-1", "request-2", "request-3"]
 
-
-def responder(call):
-    """Verdicts that differ per item and answer order (scores by length), so that a cross-wired answer shows."""
-    out = default_responder(call)
-    if call.kind == "verdict" and "score_1" in out:
-        a1, a2 = call.inputs.get("answer_1", ""), call.inputs.get("answer_2", "")
-        out = {**out, "score_1": 1 + len(a1) % 10, "score_2": 1 + len(a2) % 10}
-    return out
 
 
 def batch_spec(url: str) -> LMSpec:
@@ -55,7 +47,7 @@ def batch_spec(url: str) -> LMSpec:
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
     out = tmp_path_factory.mktemp("live") / "live.jsonl"
-    with FakeOpenAIServer(responder=responder) as url:
+    with FakeOpenAIServer(responder=by_length) as url:
         evaluate_dataset(DATA, DebateConfig(), LMSpec(model=url, cache=False), out=out)
     return said(out)
 
@@ -91,7 +83,7 @@ def test_a_run_refuses_journal_files_linked_elsewhere_and_leaves_their_targets_a
     (folder / JOURNAL).symlink_to(victims[0])
     (folder / ANSWERS).symlink_to(victims[1])
     fake = FakeBatches()
-    with FakeOpenAIServer(responder=responder, batches=fake) as url, \
+    with FakeOpenAIServer(responder=by_length, batches=fake) as url, \
             pytest.raises(ConfigError, match=f"{JOURNAL} is a symbolic link; refusing to follow it"):
         evaluate_dataset(DATA, DebateConfig(), batch_spec(url), out=out)
     assert [v.read_bytes() for v in victims] == [KEEP, KEEP]
@@ -251,7 +243,7 @@ def test_answers_to_requests_never_made_are_not_journaled(tmp_path, live, caplog
 
     fake = FakeBatches(forge=pad)
     out = tmp_path / "b.jsonl"
-    with FakeOpenAIServer(responder=responder, batches=fake) as url:
+    with FakeOpenAIServer(responder=by_length, batches=fake) as url:
         run = evaluate_dataset(DATA, DebateConfig(), batch_spec(url), out=out)
     assert said(out) == live
     answers = (tmp_path / "b.jsonl.batches" / ANSWERS).read_text().splitlines()
@@ -272,7 +264,7 @@ def test_a_forged_first_copy_of_an_answer_is_not_trusted(tmp_path, live):
 
     fake = FakeBatches(forge=forge)
     out = tmp_path / "b.jsonl"
-    with FakeOpenAIServer(responder=responder, batches=fake) as url:
+    with FakeOpenAIServer(responder=by_length, batches=fake) as url:
         run = evaluate_dataset(DATA, DebateConfig(), batch_spec(url), out=out)
     assert said(out) == live  # not one abstention, not one forged turn
     first = fake.requests_in(fake.created[0])

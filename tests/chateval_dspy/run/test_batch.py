@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from repo_paths import TEST_DATA
+from responders import by_length
 from said import said
 
 from chateval_dspy.config import DebateConfig
@@ -26,20 +27,11 @@ from chateval_dspy.lm.spec import LMSpec
 from chateval_dspy.program.critical_path import critical_path
 from chateval_dspy.run.evaluate_dataset import evaluate_dataset
 from chateval_dspy.testing.fake_batches import FakeBatches
-from chateval_dspy.testing.fake_lm import default_responder
 from chateval_dspy.testing.fake_server import FakeOpenAIServer
 
 DATA = DataSpec("faireval", limit=6)
 RECORDED = TEST_DATA / "vllm_run_batch_output.jsonl"
 
-
-def responder(call):
-    """Verdicts that differ per item (scores by length, modulo 10), so that equal verdicts mean something."""
-    out = default_responder(call)
-    if call.kind == "verdict" and "score_1" in out:
-        a1, a2 = call.inputs.get("answer_1", ""), call.inputs.get("answer_2", "")
-        out = {**out, "score_1": 1 + len(a1) % 10, "score_2": 1 + len(a2) % 10}
-    return out
 
 
 def batch_spec(url: str, **kwargs) -> LMSpec:
@@ -49,7 +41,7 @@ def batch_spec(url: str, **kwargs) -> LMSpec:
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
     out = tmp_path_factory.mktemp("live") / "live.jsonl"
-    with FakeOpenAIServer(responder=responder) as url:
+    with FakeOpenAIServer(responder=by_length) as url:
         evaluate_dataset(DATA, DebateConfig(), LMSpec(model=url, cache=False), out=out)
     return said(out)
 
@@ -57,7 +49,7 @@ def live(tmp_path_factory):
 def test_a_batch_run_gives_the_live_verdicts_in_as_many_waves_as_the_critical_path(tmp_path, live):
     fake = FakeBatches(delay=0.05)
     seen = []
-    with FakeOpenAIServer(responder=responder, batches=fake) as url:
+    with FakeOpenAIServer(responder=by_length, batches=fake) as url:
         run = evaluate_dataset(DATA, DebateConfig(), batch_spec(url), out=tmp_path / "b.jsonl", on_wave=seen.append)
     assert said(tmp_path / "b.jsonl") == live
     chain = critical_path(DebateConfig())["chain"]
@@ -75,7 +67,7 @@ def test_a_batch_run_gives_the_live_verdicts_in_as_many_waves_as_the_critical_pa
 def test_waves_equal_each_strategys_critical_path(tmp_path, strategy):
     cfg = DebateConfig(strategy=strategy, roles=("general_public", "critic", "scientist"), turns=2)
     fake = FakeBatches()
-    with FakeOpenAIServer(responder=responder, batches=fake) as url:
+    with FakeOpenAIServer(responder=by_length, batches=fake) as url:
         run = evaluate_dataset(DataSpec("faireval", limit=3), cfg, batch_spec(url), out=tmp_path / "b.jsonl")
     path = critical_path(cfg)
     assert run.batch["waves"] == path["chain"] == len(fake.created), (strategy, path)
@@ -87,7 +79,7 @@ def test_identical_calls_are_submitted_once(tmp_path):
     src = tmp_path / "same.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
     fake = FakeBatches()
-    with FakeOpenAIServer(responder=responder, batches=fake) as url:
+    with FakeOpenAIServer(responder=by_length, batches=fake) as url:
         run = evaluate_dataset(DataSpec(str(src), format="pairwise"), DebateConfig(), batch_spec(url),
                                out=tmp_path / "b.jsonl")
     assert run.result.n == 4
@@ -96,7 +88,7 @@ def test_identical_calls_are_submitted_once(tmp_path):
 
 def test_an_expired_batch_resubmits_only_its_unanswered_requests(tmp_path, live):
     fake = FakeBatches(expire=1, expire_keep=0.5)
-    with FakeOpenAIServer(responder=responder, batches=fake) as url:
+    with FakeOpenAIServer(responder=by_length, batches=fake) as url:
         run = evaluate_dataset(DATA, DebateConfig(), batch_spec(url), out=tmp_path / "b.jsonl")
     assert said(tmp_path / "b.jsonl") == live
     assert len(fake.submitted) == 48
@@ -108,13 +100,13 @@ def test_an_expired_batch_resubmits_only_its_unanswered_requests(tmp_path, live)
 def test_failed_requests_are_retried_then_abstain_like_live_calls(tmp_path, live):
     # A 500 is transient: the request goes out in the next wave and the verdicts are unchanged.
     fake = FakeBatches(fail=lambda cid, body: 500, fail_times=1)
-    with FakeOpenAIServer(responder=responder, batches=fake) as url:
+    with FakeOpenAIServer(responder=by_length, batches=fake) as url:
         evaluate_dataset(DATA, DebateConfig(), batch_spec(url), out=tmp_path / "retried.jsonl")
     assert said(tmp_path / "retried.jsonl") == live
     assert set(fake.submitted.values()) == {2}
     # A 400 is not: the referee abstains with the live call's cause, and the run goes on.
     fake = FakeBatches(fail=lambda cid, body: 400, fail_times=100)
-    with FakeOpenAIServer(responder=responder, batches=fake) as url:
+    with FakeOpenAIServer(responder=by_length, batches=fake) as url:
         run = evaluate_dataset(DataSpec("faireval", limit=2), DebateConfig(), batch_spec(url),
                                out=tmp_path / "refused.jsonl")
     lines = [json.loads(line) for line in (tmp_path / "refused.jsonl").read_text().splitlines()]
@@ -125,14 +117,14 @@ def test_failed_requests_are_retried_then_abstain_like_live_calls(tmp_path, live
 
 def test_a_failed_batch_goes_out_again(tmp_path, live):
     fake = FakeBatches(fail_batches=1)
-    with FakeOpenAIServer(responder=responder, batches=fake) as url:
+    with FakeOpenAIServer(responder=by_length, batches=fake) as url:
         run = evaluate_dataset(DATA, DebateConfig(), batch_spec(url), out=tmp_path / "b.jsonl")
     assert said(tmp_path / "b.jsonl") == live and run.batch["waves"] == 5
 
 
 def test_a_rerun_answers_from_the_journal_without_submitting(tmp_path, live):
     fake = FakeBatches()
-    with FakeOpenAIServer(responder=responder, batches=fake) as url:
+    with FakeOpenAIServer(responder=by_length, batches=fake) as url:
         evaluate_dataset(DATA, DebateConfig(), batch_spec(url), out=tmp_path / "b.jsonl")
         # The results file lost, the journal kept: every call is answered from the journal, none submitted.
         (tmp_path / "b.jsonl").unlink()
@@ -163,7 +155,7 @@ def test_sigkill_then_rerun_submits_nothing_twice(tmp_path, live, where):
     env = dict(os.environ, HOME=str(tmp_path), CHATEVAL_CACHE_DIR=str(tmp_path / "cache"))
     out = tmp_path / "b.jsonl"
     journal = tmp_path / "b.jsonl.batches"
-    with FakeOpenAIServer(responder=responder, batches=fake) as url:
+    with FakeOpenAIServer(responder=by_length, batches=fake) as url:
         args = ["evaluate", "--dataset", "faireval", "--limit", "6", "--model", url, "--batch", "--batch-poll", "0.05",
                 "--out", str(out), "--no-progress", "--no-mlflow"]
         proc = _cli(args, env)
@@ -213,7 +205,7 @@ def test_folder_mode_round_trips_vllm_run_batch_files(tmp_path, live):
     folder = tmp_path / "waves"
     spec = LMSpec(model="openai/meta-llama/Llama-3.1-8B-Instruct", served_model="meta-llama/Llama-3.1-8B-Instruct",
                   cache=False, batch_dir=str(folder), batch_poll=0.02)
-    with FakeRunBatch(folder, FakeOpenAIServer(responder=responder)) as engine:
+    with FakeRunBatch(folder, FakeOpenAIServer(responder=by_length)) as engine:
         run = evaluate_dataset(DATA, DebateConfig(), spec, out=tmp_path / "b.jsonl")
     assert said(tmp_path / "b.jsonl") == live and len(engine.waves) == 4
     # The stand-in writes the recorded file's layout: the same keys, at every level that names them.
@@ -234,7 +226,7 @@ def test_folder_mode_round_trips_vllm_run_batch_files(tmp_path, live):
 def test_anthropic_message_batches_give_the_live_verdicts_at_batch_prices(tmp_path, monkeypatch, live):
     from chateval_dspy.testing.fake_anthropic import FakeAnthropicServer
 
-    server = FakeAnthropicServer(responder)
+    server = FakeAnthropicServer(by_length)
     with server as base:
         monkeypatch.setenv("ANTHROPIC_BASE_URL", base)
         monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test-not-a-key")
@@ -263,7 +255,7 @@ def test_score_and_ablate_run_in_batch_mode(tmp_path):
     rows = [{"id": f"r{i}", "question": f"q{i}?", "answer_1": "a" * i, "answer_2": "b" * (9 - i)} for i in range(5)]
     (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     fake = FakeBatches()
-    with FakeOpenAIServer(responder=responder, batches=fake) as url:
+    with FakeOpenAIServer(responder=by_length, batches=fake) as url:
         with load(tmp_path / "judge", lm=LMSpec(model=url, cache=False, batch=True, batch_poll=0.02),
                   journal=tmp_path / "out.jsonl.batches") as judge:
             report = score_file(judge, tmp_path / "in.jsonl", tmp_path / "out.jsonl", waves=True)
@@ -298,7 +290,7 @@ def test_the_batch_suite_prices_live_and_batched_rows_and_counts_waves(tmp_path,
 def test_answers_enter_the_lm_cache_so_a_new_file_pays_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("CHATEVAL_CACHE_DIR", str(tmp_path / "cache"))
     fake = FakeBatches()
-    with FakeOpenAIServer(responder=responder, batches=fake) as url:
+    with FakeOpenAIServer(responder=by_length, batches=fake) as url:
         spec = LMSpec(model=url, batch=True, batch_poll=0.02)  # DSPy's cache on
         evaluate_dataset(DATA, DebateConfig(), spec, out=tmp_path / "first.jsonl")
         again = evaluate_dataset(DATA, DebateConfig(), spec, out=tmp_path / "second.jsonl")  # no journal of its own
@@ -319,7 +311,7 @@ def test_the_cli_batches_evaluate_and_score_and_tags_the_mlflow_run(tmp_path, mo
     monkeypatch.setenv("CHATEVAL_CACHE_DIR", str(tmp_path / "cache"))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     fake = FakeBatches()
-    with FakeOpenAIServer(responder=responder, batches=fake) as url:
+    with FakeOpenAIServer(responder=by_length, batches=fake) as url:
         assert main(["evaluate", "--dataset", "faireval", "--limit", "3", "--model", url, "--batch", "--batch-poll",
                      "0.02", "--out", "r.jsonl", "--no-cache", "--tracking-uri", uri]) == 0
         printed = capsys.readouterr()
