@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -21,15 +22,21 @@ from pathlib import Path
 import pytest
 from repo_paths import ROOT
 
-pytestmark = pytest.mark.slow  # builds a wheel and installs it in a fresh environment
+from optim.tracking.models import SOURCES
 
+pytestmark = pytest.mark.slow  # builds a wheel and installs it in a fresh environment
 
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     work = tmp_path_factory.mktemp("wheel")
+    # Built from a copy: a build in the checkout writes build/ there, which another test process may be building in.
+    src = work / "src"
+    src.mkdir()
+    for name in SOURCES:
+        (shutil.copytree if (ROOT / name).is_dir() else shutil.copy2)(ROOT / name, src / name)
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
-                            "-w", str(work / "dist"), str(ROOT)], capture_output=True, text=True, timeout=600)
+                            "-w", str(work / "dist"), str(src)], capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, build.stderr
     wheel = next((work / "dist").glob("chateval_dspy-*.whl"))
     assert not [n for n in zipfile.ZipFile(wheel).namelist() if n.startswith("optim/bench/")]  # run from a checkout
