@@ -15,8 +15,8 @@ import threading
 
 import httpx
 import pytest
+from batch_runs import batch_spec, by_length, live_verdicts
 from repo_paths import ROOT
-from responders import by_length
 from said import said
 
 from chateval_dspy.config import DebateConfig
@@ -29,7 +29,6 @@ from chateval_dspy.lm.batch.folder import FolderBatches
 from chateval_dspy.lm.batch.journal import ANSWERS, JOURNAL, Journal
 from chateval_dspy.lm.batch.openai_batches import OpenAIBatches
 from chateval_dspy.lm.batch.provider import BatchRequest, Outcome, asked_outcomes, capped_lines
-from chateval_dspy.lm.spec import LMSpec
 from chateval_dspy.run.evaluate_dataset import evaluate_dataset
 from chateval_dspy.testing.fake_batches import FakeBatches
 from chateval_dspy.testing.fake_server import FakeOpenAIServer
@@ -40,16 +39,10 @@ ASKED = ["request-1", "request-2", "request-3"]
 
 
 
-def batch_spec(url: str) -> LMSpec:
-    return LMSpec(model=url, cache=False, batch=True, batch_poll=0.02)
-
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    out = tmp_path_factory.mktemp("live") / "live.jsonl"
-    with FakeOpenAIServer(responder=by_length) as url:
-        evaluate_dataset(DATA, DebateConfig(), LMSpec(model=url, cache=False), out=out)
-    return said(out)
+    return live_verdicts(tmp_path_factory.mktemp("live") / "live.jsonl", DATA)
 
 
 def finishes(call, seconds: float = 60.0):

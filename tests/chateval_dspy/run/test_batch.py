@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
+from batch_runs import batch_spec, by_length, live_verdicts
 from repo_paths import TEST_DATA
-from responders import by_length
 from said import said
 
 from chateval_dspy.config import DebateConfig
@@ -34,16 +34,10 @@ RECORDED = TEST_DATA / "vllm_run_batch_output.jsonl"
 
 
 
-def batch_spec(url: str, **kwargs) -> LMSpec:
-    return LMSpec(model=url, cache=False, batch=True, batch_poll=0.02, **kwargs)
-
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    out = tmp_path_factory.mktemp("live") / "live.jsonl"
-    with FakeOpenAIServer(responder=by_length) as url:
-        evaluate_dataset(DATA, DebateConfig(), LMSpec(model=url, cache=False), out=out)
-    return said(out)
+    return live_verdicts(tmp_path_factory.mktemp("live") / "live.jsonl", DATA)
 
 
 def test_a_batch_run_gives_the_live_verdicts_in_as_many_waves_as_the_critical_path(tmp_path, live):
