@@ -156,16 +156,16 @@ def results_file(data: DataSpec, key: str, out: str | Path | None = None) -> Pat
     return path
 
 
-def results_path(data: DataSpec, key: str, out: str | Path | None = None, *, overwrite: bool = False,
-                 ids=None) -> Path:
-    """``results_file(data, key, out)``, checked before any model starts (as its one writer, ``locks.exclusive``).
+def results_path(path: Path, key: str, *, overwrite: bool = False, ids=None) -> Path:
+    """The results file ``path`` of run ``key``, its folder made and checked before any model starts (as its one
+    writer, ``locks.exclusive``).
 
     A file of another run is refused (``ConfigError``), and so is a symbolic link as the file or as its batch
     journal (``journal_folder``): neither is written through. ``overwrite`` empties the file (and its journal)
     first. ``ids``: the run's item ids; lines of other items, and every line of an item after its first, are
     dropped (``records.ResultsStream``).
     """
-    path = results_file(data, key, out)
+    path.parent.mkdir(parents=True, exist_ok=True)
     locks.refuse_link(path)
     locks.refuse_link(journal_folder(path), "batch journal")
     with locks.exclusive(path):
@@ -227,7 +227,7 @@ def judge_plan(plan: RunPlan, *, overwrite: bool = False, concurrency: int = 1,
     cfg, lm, path = plan.config, plan.lm, plan.out
     program = build_evaluator(cfg)  # its roles read and checked before any model starts
     with locks.exclusive(path):
-        results_path(plan.data, plan.key, path, overwrite=overwrite, ids=[x.id for x in plan.items])
+        results_path(path, plan.key, overwrite=overwrite, ids=[x.id for x in plan.items])
         at_once, waves = _batching(plan, concurrency)
         # The requests carry the task and run as tags, for a shared gateway's spend logs (``lm.tags``).
         with tags.tagging(cfg.task_spec.name), \

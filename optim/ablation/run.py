@@ -254,7 +254,7 @@ def _plan(data: DataSpec, config, lm: LMSpec, out, overwrite: bool) -> AblationP
     configs = [replace(cfg, roles=v.roles) for v in panels]
     keys = [identity.run_key(c, lm.identity(), items) for c in configs]
     out = Path(out) if out else Path("results") / f"ablate-{data.name}-{keys[0]}"
-    paths = [results_path(data, key, out / f"{v.slug}.jsonl", overwrite=overwrite) for v, key in zip(panels, keys)]
+    paths = [results_path(out / f"{v.slug}.jsonl", key, overwrite=overwrite) for v, key in zip(panels, keys)]
     test = "exact McNemar" if cfg.format == "pairwise" else "paired bootstrap"
     return AblationPlan(items, cfg, list(zip(panels, configs, keys, paths)), out, primary_metric(cfg.task_spec), test)
 
