@@ -20,6 +20,16 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
+@contextlib.contextmanager
+def set_within(var: contextvars.ContextVar, value: T) -> Iterator[T]:
+    """``var`` set to ``value`` within the block (and the threads that copy its context); yields ``value``."""
+    token = var.set(value)
+    try:
+        yield value
+    finally:
+        var.reset(token)
+
+
 def _submit(pool: ThreadPoolExecutor, fn: Callable[[T], R], item: T) -> Future:
     # One copied context per task: a Context cannot be entered by two threads at once.
     return pool.submit(contextvars.copy_context().run, fn, item)
@@ -68,8 +78,7 @@ class CallSlots:
     """
 
     def __init__(self, n: int):
-        self.n = check_slots(n)
-        self._free = threading.Semaphore(n)
+        self._free = threading.Semaphore(check_slots(n))
         self._mine = threading.local()  # .held: whether this thread holds a slot
 
     def _held(self) -> bool:
@@ -116,8 +125,7 @@ def check_slots(n: int | None) -> int | None:
 _SLOTS: contextvars.ContextVar[CallSlots | None] = contextvars.ContextVar("chateval_call_slots", default=None)
 
 
-@contextlib.contextmanager
-def call_slots(n: int | None) -> Iterator[None]:
+def call_slots(n: int | None) -> contextlib.AbstractContextManager:
     """Within the block (and the threads started in it), at most ``n`` LM calls in flight (``CallSlots``); None: no
     bound beyond the items and referees themselves.
 
@@ -137,14 +145,7 @@ def call_slots(n: int | None) -> Iterator[None]:
         >>> most[0] <= 4
         True
     """
-    if n is None:
-        yield
-        return
-    token = _SLOTS.set(CallSlots(n))
-    try:
-        yield
-    finally:
-        _SLOTS.reset(token)
+    return contextlib.nullcontext() if n is None else set_within(_SLOTS, CallSlots(n))
 
 
 def _slotted(fn: Callable[[T], R]) -> Callable[[T], R]:
@@ -173,13 +174,13 @@ class Gate:
         self.runnable = 0
         self.parked = 0
 
-    def add(self, n: int = 1) -> None:
+    def add(self, n: int) -> None:
         with self._cond:
             self.runnable += n
 
-    def done(self, n: int = 1) -> None:
+    def done(self) -> None:
         with self._cond:
-            self.runnable -= n
+            self.runnable -= 1
             self._cond.notify_all()
 
     def park(self) -> None:
@@ -193,15 +194,10 @@ class Gate:
             self.runnable += n
             self.parked -= n
 
-    def wait_quiet(self, stop: Callable[[], bool], timeout: float | None = None) -> bool:
-        """Wait until no thread could still call (or ``stop()``); whether that came before ``timeout``."""
+    def wait_quiet(self) -> None:
+        """Wait until no thread could still call."""
         with self._cond:
-            return self._cond.wait_for(lambda: self.runnable <= 0 or stop(), timeout)
-
-    def wake(self) -> None:
-        """Make ``wait_quiet`` look again (``stop()`` may have changed)."""
-        with self._cond:
-            self._cond.notify_all()
+            self._cond.wait_for(lambda: self.runnable <= 0)
 
 
 _GATE: contextvars.ContextVar[Gate | None] = contextvars.ContextVar("chateval_gate", default=None)
@@ -256,13 +252,10 @@ def run_gated(fn: Callable[[T], R], items: Iterable[T], workers: int) -> Iterato
             gate.done()
             results.put(_END)
 
-    token = _GATE.set(gate)
-    try:
+    with set_within(_GATE, gate):
         gate.add(workers)
         threads = [threading.Thread(target=contextvars.copy_context().run, args=(worker,), daemon=True,
                                     name=f"chateval-wave-{i}") for i in range(workers)]
-    finally:
-        _GATE.reset(token)
     for t in threads:
         t.start()
     running = len(threads)

@@ -83,7 +83,7 @@ class DebateConfig:
                                        ("max_text_chars", limits.MIN_TEXT_CHARS, f"at least {limits.MIN_TEXT_CHARS}",
                                         "MAX_TEXT_CHARS")):
             value, most = getattr(self, name), getattr(limits, limit)
-            if not _is_int(value) or value < low:
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:  # True would pass as 1
                 raise ConfigError(f"{name} must be {said}, got {shown(value, 80)}")
             if value > most:
                 raise ConfigError(f"{name} must be at most {most} (limits.{limit}), got {value}")
@@ -170,8 +170,3 @@ class DebateConfig:
 
     def replace(self, **changes) -> DebateConfig:
         return replace(self, **changes)
-
-
-def _is_int(value) -> bool:
-    """An integer that is not a bool (``True`` would otherwise pass as ``1``)."""
-    return isinstance(value, int) and not isinstance(value, bool)

@@ -8,6 +8,7 @@ a text that holds one (``optim.tracking.runs.assert_no_secrets``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -40,16 +41,12 @@ def secret_values() -> list[str]:
         True
         >>> del os.environ["DOCTEST_API_KEY"]
     """
-    found = {v for k, v in os.environ.items() if _SECRET_NAME.search(k) and len(v) >= _MIN_SECRET_CHARS} | _registered
+    found = {v for k, v in os.environ.items() if _SECRET_NAME.search(k)} | _registered
     key_file = os.environ.get("CHATEVAL_API_KEY_FILE")
     if key_file:
-        try:
-            key = Path(key_file).read_text(encoding="utf-8").strip()
-        except OSError:
-            key = ""
-        if len(key) >= _MIN_SECRET_CHARS:
-            found.add(key)
-    return sorted(found, key=len, reverse=True)
+        with contextlib.suppress(OSError):  # a key this process cannot read, it cannot leak either
+            found.add(Path(key_file).read_text(encoding="utf-8").strip())
+    return sorted((v for v in found if len(v) >= _MIN_SECRET_CHARS), key=len, reverse=True)
 
 
 def scrub(value, secrets: Iterable[str] | None = None):
@@ -60,19 +57,13 @@ def scrub(value, secrets: Iterable[str] | None = None):
         >>> scrub({"said": "my key is sk-12345678", "n": [1, "sk-12345678"]}, secrets=["sk-12345678"])
         {'said': 'my key is [REDACTED]', 'n': [1, '[REDACTED]']}
     """
-    secrets = secret_values() if secrets is None else list(secrets)
-    if not secrets:
-        return value
-    return _scrub(value, secrets)
-
-
-def _scrub(value, secrets: list[str]):
+    secrets = secret_values() if secrets is None else secrets if isinstance(secrets, list) else list(secrets)
     if isinstance(value, str):
         for secret in secrets:
             value = value.replace(secret, REDACTED)
         return value
-    if isinstance(value, Mapping):
-        return {_scrub(k, secrets) if isinstance(k, str) else k: _scrub(v, secrets) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_scrub(v, secrets) for v in value]
+    if isinstance(value, Mapping) and secrets:
+        return {scrub(k, secrets) if isinstance(k, str) else k: scrub(v, secrets) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) and secrets:
+        return [scrub(v, secrets) for v in value]
     return value

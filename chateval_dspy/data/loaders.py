@@ -71,10 +71,6 @@ def _text(record: dict, inp: InputSpec, column: str, source: str, row: int) -> s
     return value
 
 
-def _example(task: TaskSpec, item_id: str, texts: dict, **labels) -> dspy.Example:
-    return dspy.Example(id=item_id, **texts, **labels).with_inputs(*task.input_names)
-
-
 def load_faireval(path: str | Path | None = None, task: TaskSpec | str = "pairwise") -> list[dspy.Example]:
     """FairEval: answer_1 is ChatGPT's, answer_2 is Vicuna-13B's, as in the paper's Assistant 1/2."""
     path = Path(path or DATA_DIR / BUILTIN["faireval"][0])
@@ -198,15 +194,16 @@ def item_from_record(record: dict, task: TaskSpec | str, *, columns: dict[str, s
     item_id = str(raw_id if raw_id not in (None, "") else row)
     texts = {i.name: _text(record, i, col[i.name], source, row) for i in task.inputs}
     if task.format == "pairwise":
-        raw = _mapped(_value(record, col["label"]), label_map)
-        return _example(task, item_id, texts, label=_winner(raw, task, source, row, col["label"]))
+        label = _winner(_mapped(_value(record, col["label"]), label_map), task, source, row, col["label"])
+        return dspy.Example(id=item_id, **texts, label=label).with_inputs(*task.input_names)
     human = {}
     for c in task.criteria:
         try:
             human[c.name] = c.scale.human(_mapped(_value(record, col[c.name]), label_map))
         except ValueError as exc:
             raise DataError(str(exc), source=source, row=row, field=col[c.name]) from None
-    return _example(task, item_id, texts, human=human if any(v is not None for v in human.values()) else None)
+    human = human if any(v is not None for v in human.values()) else None
+    return dspy.Example(id=item_id, **texts, human=human).with_inputs(*task.input_names)
 
 
 SKIP_HINT = "; to skip malformed rows (counted and listed at the end), pass --skip-bad-rows"

@@ -30,9 +30,7 @@ def read_rows(path: str | Path, *, bad_rows: str = "raise") -> list[tuple[int, d
     keep = bad_rows == "keep"
     path = Path(path)
     source = str(path)
-    raw = _read_data_file(path, source)
-    if raw.startswith(b"\xef\xbb\xbf"):
-        raw = raw[3:]
+    raw = _read_data_file(path, source).removeprefix(b"\xef\xbb\xbf")
     suffix = path.suffix.lower()
     if suffix == ".csv":
         rows = _csv_rows(raw, source, keep)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from chateval_dspy.data.splits import SPLITS
@@ -61,8 +62,6 @@ class DataSpec:
     @property
     def name(self) -> str:
         """The dataset's short name (a file's stem), for results file names."""
-        from pathlib import Path
-
         return Path(self.dataset).stem if Path(self.dataset).suffix else self.dataset
 
     def task_spec(self) -> TaskSpec | None:

@@ -90,8 +90,7 @@ def split(items: list[dspy.Example], *, seed: int = 0, fractions=SPLIT_FRACTIONS
         n_dev = round(n * (fractions[0] + fractions[1])) - n_train
         bounds = {"train": groups[:n_train], "dev": groups[n_train:n_train + n_dev], "test": groups[n_train + n_dev:]}
         for name, keys in bounds.items():
-            for key in keys:
-                out[name].extend(strata[stratum][key])
+            out[name] += [item for key in keys for item in strata[stratum][key]]
     order = {id(x): i for i, x in enumerate(items)}
     return {s: sorted(v, key=lambda x: order[id(x)]) for s, v in out.items()}
 

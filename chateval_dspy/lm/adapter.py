@@ -8,7 +8,6 @@ signature class (held weakly, as optimizers create many) and instructions.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import threading
 import weakref
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 import dspy
 from dspy.adapters.utils import format_field_value
 
+from chateval_dspy.concurrency import set_within
 from chateval_dspy.lm.layout import REFEREE_FIELDS, field_order, item_fields, lean_system, text_block
 
 _ABSENT = object()
@@ -46,15 +46,6 @@ def current_style() -> Style:
     return _STYLE.get() or Style()
 
 
-@contextlib.contextmanager
-def _setting(var: contextvars.ContextVar, value):
-    token = var.set(value)
-    try:
-        yield
-    finally:
-        var.reset(token)
-
-
 def placement(*, persona_static: bool, mark_item: bool):
     """Calls made inside the block put the persona in the static part, or not, and mark the item's texts, or not.
 
@@ -62,7 +53,7 @@ def placement(*, persona_static: bool, mark_item: bool):
     persona must come after the item's texts, which they share) and whether another call of the item reads the
     prefix through the item's texts (else an Anthropic cache write there is paid for and never read).
     """
-    return _setting(_PLACEMENT, {"persona_static": persona_static, "mark_item": mark_item})
+    return set_within(_PLACEMENT, {"persona_static": persona_static, "mark_item": mark_item})
 
 
 def rendering(style: Style):
@@ -75,7 +66,7 @@ def rendering(style: Style):
         >>> "Outputs will be a JSON object" in system
         False
     """
-    return _setting(_STYLE, style)
+    return set_within(_STYLE, style)
 
 
 def wants_marks(lm) -> bool:

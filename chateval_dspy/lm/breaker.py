@@ -236,9 +236,7 @@ class Breaker:
 def breaker_of(lm) -> Breaker | None:
     """The breaker of an LM: its engine's (``lm.engine``'s engines), else the one ``with_breaker`` gave it."""
     found = getattr(getattr(lm, "engine", None), "breaker", None)
-    if isinstance(found, Breaker):
-        return found
-    found = getattr(lm, _BREAKER_ATTR, None)
+    found = found if isinstance(found, Breaker) else getattr(lm, _BREAKER_ATTR, None)
     return found if isinstance(found, Breaker) else None
 
 

@@ -81,8 +81,8 @@ class Pace:
     """An endpoint's measured speed and the bounds that follow it: the stated bounds, stretched when it is slow.
 
     The pace is seconds per token of answered attempts (queueing included; slower taken at once, faster gradually).
-    An attempt may take ``margin`` times what the largest request so far needs at that pace (deadlines in
-    proportion), up to ``max_slowdown`` times the stated bounds; a live endpoint's timeout doubles the stretch.
+    An attempt may take ``PACE_MARGIN`` times what the largest request so far needs at that pace (deadlines in
+    proportion), up to ``MAX_SLOWDOWN`` times the stated bounds; a live endpoint's timeout doubles the stretch.
 
     Example:
         >>> pace = Pace(CallBounds.derive(10))
@@ -93,9 +93,8 @@ class Pace:
         4.8
     """
 
-    def __init__(self, stated: CallBounds, margin: float = PACE_MARGIN, max_slowdown: float = MAX_SLOWDOWN):
-        self.stated, self.margin, self.max_slowdown = stated, margin, max_slowdown
-        self.slowdown = 1.0
+    def __init__(self, stated: CallBounds):
+        self.stated, self.slowdown = stated, 1.0
         self._per_token: float | None = None
         self._largest = 0
         self._lock = threading.Lock()
@@ -109,13 +108,13 @@ class Pace:
             last = self._per_token
             self._per_token = per_token if last is None or per_token > last else 0.8 * last + 0.2 * per_token
             self._largest = max(self._largest, tokens_asked, tokens_used)
-            need = self.margin * self._per_token * self._largest
-            self.slowdown = min(self.max_slowdown, max(1.0, need / self.stated.timeout))
+            need = PACE_MARGIN * self._per_token * self._largest
+            self.slowdown = min(MAX_SLOWDOWN, max(1.0, need / self.stated.timeout))
 
     def timed_out(self) -> None:
         """A live endpoint let an attempt time out: stretch the bounds twice as far."""
         with self._lock:
-            self.slowdown = min(self.max_slowdown, 2 * self.slowdown)
+            self.slowdown = min(MAX_SLOWDOWN, 2 * self.slowdown)
 
     def bounds(self) -> CallBounds:
         """The stated bounds, each times the current slowdown."""

@@ -27,6 +27,7 @@ from dspy import lm15
 from dspy.lm15 import Message, Response, TextPart, TokenLogprob, TopLogprob, Usage, response_to_events
 from dspy.utils.exceptions import LMError, LMRateLimitError, is_retryable_lm_error
 
+from chateval_dspy.concurrency import set_within
 from chateval_dspy.errors import BudgetExceeded, FatalLMError, cause_of
 from chateval_dspy.lm import tags
 from chateval_dspy.lm.breaker import Breaker, Watch, context_breakers, failure_kind
@@ -37,7 +38,6 @@ from chateval_dspy.lm.call_limits import (
     DEFAULT_TIMEOUT,
     CallBounds,
     Pace,
-    check_threshold,
 )
 
 R = TypeVar("R")
@@ -76,9 +76,7 @@ _BOUNDS_ATTR = "_chateval_bounds"
 def bounds_of(lm) -> CallBounds | None:
     """The bounds an LM was built with: its engine's (this module's engines), else those ``with_bounds`` gave it."""
     found = getattr(getattr(lm, "engine", None), "bounds", None)
-    if isinstance(found, CallBounds):
-        return found
-    found = getattr(lm, _BOUNDS_ATTR, None)
+    found = found if isinstance(found, CallBounds) else getattr(lm, _BOUNDS_ATTR, None)
     return found if isinstance(found, CallBounds) else None
 
 
@@ -89,16 +87,10 @@ def with_bounds(lm, bounds: CallBounds):
     return lm
 
 
-@contextlib.contextmanager
-def item_scope(bounds: CallBounds | None) -> Iterator[None]:
+def item_scope(bounds: CallBounds | None) -> contextlib.AbstractContextManager:
     """The time of one judged item: every call inside ends by ``item_deadline`` from now (``ChatEval`` enters it)."""
     outer = _ITEM_END.get()
-    end = outer if bounds is None else min(outer or math.inf, time.monotonic() + bounds.item_deadline)
-    token = _ITEM_END.set(end)
-    try:
-        yield
-    finally:
-        _ITEM_END.reset(token)
+    return set_within(_ITEM_END, outer if bounds is None else min(outer or math.inf, time.monotonic() + bounds.item_deadline))
 
 
 def call_end(bounds: CallBounds | None) -> float:
@@ -353,9 +345,7 @@ class OpenAICompatEngine:
         messages += [{"role": m.role, "content": m.text or ""} for m in request.messages]
         cfg = request.config
         body = {"model": self.model, "messages": messages}
-        for name in ("temperature", "max_tokens", "top_p", "seed"):
-            if getattr(cfg, name) is not None:
-                body[name] = getattr(cfg, name)
+        body.update({n: getattr(cfg, n) for n in ("temperature", "max_tokens", "top_p", "seed") if getattr(cfg, n) is not None})
         if cfg.stop:
             body["stop"] = list(cfg.stop)
         if cfg.response_format:
@@ -526,7 +516,7 @@ def _dead_failures(bounds) -> Iterator[float]:
             t, attempt = t + pause, attempt + 1
 
 
-def dead_endpoint_stop(bounds, threshold: int = DEFAULT_BREAKER, streams: int = 2) -> float:
+def dead_endpoint_stop(bounds, streams: int = 2) -> float:
     """Seconds until a dead endpoint (it takes each request and never answers) opens the breaker, with ``streams``
     calls in flight at once (2: the default panel's two answer orders), each stream's calls one after another.
 
@@ -535,5 +525,5 @@ def dead_endpoint_stop(bounds, threshold: int = DEFAULT_BREAKER, streams: int = 
         >>> dead_endpoint_stop(bounds), 2 * bounds.call_deadline, dead_endpoint_stop(bounds, streams=1)
         (240.5, 500.0, 490.5)
     """
-    nth = math.ceil(check_threshold(threshold) / streams)  # the streams fail in step
+    nth = math.ceil(DEFAULT_BREAKER / streams)  # the streams fail in step
     return next(itertools.islice(_dead_failures(bounds), nth - 1, None))

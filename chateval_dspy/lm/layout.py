@@ -36,9 +36,7 @@ def field_order(names) -> list[str]:
         >>> field_order(["question", "answer_1", "answer_2", "discussion", "persona"])
         ['question', 'answer_1', 'answer_2', 'persona', 'discussion']
     """
-    names = list(names)
-    return ([n for n in names if n not in REFEREE_FIELDS + TURN_FIELDS] + [n for n in names if n in REFEREE_FIELDS]
-            + [n for n in names if n in TURN_FIELDS])
+    return sorted(names, key=lambda n: (n in TURN_FIELDS, n in REFEREE_FIELDS))  # stable: declared order within each
 
 
 def item_fields(names) -> list[str]:

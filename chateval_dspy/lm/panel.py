@@ -71,7 +71,7 @@ def check_panel(referees: Mapping[str, str], roles) -> None:
                           "name a referee of the panel (--role SLUG)")
 
 
-def referee_names(lms: Mapping[str, dspy.LM] | None = None) -> dict[str, str]:
+def referee_names() -> dict[str, str]:
     """``{slug: model name}`` of the bound referees (what a card records; a URL's LM is ``openai-compatible/<id>``).
 
     Example:
@@ -80,7 +80,7 @@ def referee_names(lms: Mapping[str, dspy.LM] | None = None) -> dict[str, str]:
         ...     referee_names()
         {'critic': 'openai/gpt-4o-mini'}
     """
-    return {slug: lm.model for slug, lm in sorted((referee_lms() if lms is None else lms).items())}
+    return {slug: lm.model for slug, lm in sorted(referee_lms().items())}
 
 
 @contextlib.contextmanager

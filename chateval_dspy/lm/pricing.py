@@ -286,7 +286,4 @@ def token_counts(usage: dict | None) -> TokenCounts:
 
 def _first_count(*values) -> int:
     # The first count reported: one provider's two names for the same tokens are alternatives, not parts.
-    for value in values:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return int(value)
-    return 0
+    return next((int(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)), 0)

@@ -41,7 +41,8 @@ EMBEDDED = "embedded"
 EMBEDDED_MODEL_ID = "embedded/gemma-3-270m-q4_k_m"
 # Per slot: FairEval's longest item is ~1,100 tokens of text plus ~600 of instructions and discussion.
 EMBEDDED_CTX_PER_SLOT = 8192
-# Gemma 3 270M's KV state is about 18 KB per token: 1 GiB holds ~58k prompt tokens, a few dozen debates.
+# llama.cpp's prompt cache, reused as items return in every optimizer trial: its own default, 8 GiB per server, a
+# long compile fills. Gemma 3 270M's KV state is about 18 KB per token: 1 GiB holds ~58k prompt tokens.
 EMBEDDED_PROMPT_CACHE_MIB = 1024
 KEY_VARIABLES = ("CHATEVAL_API_KEY", "OPENAI_API_KEY")
 EMBEDDED_MAX_TOKENS = 320
@@ -68,29 +69,19 @@ def configure_cache(enabled: bool = True, directory: str | Path | None = None) -
         dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=False)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _post_json(url: str, body: dict, timeout: float = 30) -> dict:
+def _post_json(url: str, body: dict) -> dict:
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - loopback only
+    with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310 - loopback only
         return json.loads(resp.read())
 
 
 class EmbeddedServer:
     """The embedded model behind llama.cpp's OpenAI-compatible server, in this process (the GGUF comes from a Python
     package, not the Hugging Face hub, so it needs none of the offline switches); entering gives its base URL.
-
-    ``cache_mib`` bounds llama.cpp's prompt cache (reused as items return in every optimizer trial): its own default,
-    8 GiB per server, a long compile fills.
     """
 
-    def __init__(self, slots: int = 2, threads: int | None = None, cache_mib: int = EMBEDDED_PROMPT_CACHE_MIB):
+    def __init__(self, slots: int = 2, threads: int | None = None):
         self.slots, self.threads = max(1, slots), threads or os.cpu_count() or 2
-        self.cache_mib = cache_mib
         self._server = None
 
     def __enter__(self) -> str:
@@ -106,30 +97,29 @@ class EmbeddedServer:
         params.n_ctx = EMBEDDED_CTX_PER_SLOT * self.slots
         params.cpuparams.n_threads = self.threads
         params.cpuparams_batch.n_threads = self.threads
-        params.cache_ram_mib = self.cache_mib
+        params.cache_ram_mib = EMBEDDED_PROMPT_CACHE_MIB
         # The GGUF is a base model without a chat template. With Jinja on, "gemma" would be
         # taken as a literal template and every prompt would silently become the word "gemma".
         params.use_jinja = False
         params.chat_template = "gemma"
-        params.port = _free_port()
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            params.port = s.getsockname()[1]
         params.verbosity = -1
         try:
             self._server = xllamacpp.Server(params)
         except Exception as exc:  # xllamacpp raises plain RuntimeErrors
             raise FatalLMError(f"could not start the embedded model server: {exc}") from exc
-        self.base_url = self._server.listening_address.rstrip("/") + "/v1"
-        self._check_template()
-        log.info("embedded model serving at %s (%d slots)", self.base_url, self.slots)
-        return self.base_url
-
-    def _check_template(self) -> None:
-        root = self.base_url[: -len("/v1")]
+        root = self._server.listening_address.rstrip("/")
         try:
             prompt = _post_json(root + "/apply-template", {"messages": [{"role": "user", "content": "ping"}]})["prompt"]
         except (OSError, KeyError, ValueError) as exc:
             raise FatalLMError(f"embedded server did not answer /apply-template: {exc}") from exc
         if "<start_of_turn>user" not in prompt or "ping" not in prompt:
             raise FatalLMError(f"embedded server renders prompts wrongly (chat template not applied): {prompt[:80]!r}")
+        self.base_url = root + "/v1"
+        log.info("embedded model serving at %s (%d slots)", self.base_url, self.slots)
+        return self.base_url
 
     def __exit__(self, *exc) -> None:
         # xllamacpp stops its loop when the Server object is destroyed.
@@ -209,12 +199,10 @@ def resolve_lm(spec: str = EMBEDDED, *, slots: int = 2, temperature: float = 0.0
                call_deadline: float | None = None, item_deadline: float | None = None,
                threads: int | None = None, breaker: int = DEFAULT_BREAKER,
                rate_limit_wait: float = DEFAULT_RATE_LIMIT_WAIT) -> Iterator[dspy.LM]:
-    """Build (and for ``embedded``, start and later stop) the LM named by ``spec``.
+    """Build (and for ``embedded``, start and later stop) the LM named by ``spec``; the settings are ``LMSpec``'s.
 
     ``slots``: requests kept in flight at once (the embedded server's slots). ``max_tokens`` defaults to 320 for the
-    embedded model, else 1024. ``served_model``: a base URL's model id (default: the first it lists). ``retries``
-    happen in one layer (``lm.engine``). ``breaker``: the embedded server is restarted on a lost connection instead,
-    so only its timeouts count. The time bounds are ``CallBounds``'; the engines stretch them (``Pace``).
+    embedded model, else 1024. A lost embedded server is restarted, so only its timeouts count for the breaker.
     """
     check_model_spec(spec)
     bounds = CallBounds.derive(timeout, retries, call_deadline, item_deadline)

@@ -162,7 +162,7 @@ class LMSpec:
         return out
 
     @contextlib.contextmanager
-    def judging(self, slots: int = 1, *, threads: int | None = None, journal: str | Path | None = None,
+    def judging(self, slots: int = 1, *, journal: str | Path | None = None,
                 on_wave: Callable[[dict], None] | None = None) -> Iterator[dspy.LM]:
         """``opened``'s LMs, entered with the JSON adapter and a mixed panel's referee LMs bound (``lm.panel``);
         yields the main LM. Batch mode: ``journal`` keeps the batches beside the results file; ``on_wave`` sees
@@ -173,12 +173,12 @@ class LMSpec:
         from chateval_dspy.lm.adapter import DebateAdapter
         from chateval_dspy.lm.bound import binding
 
-        with tags.tagging(), self.opened(slots, threads=threads, journal=journal, on_wave=on_wave) as (lm, referees), \
+        with tags.tagging(), self.opened(slots, journal=journal, on_wave=on_wave) as (lm, referees), \
                 dspy.context(lm=lm, adapter=DebateAdapter()), binding(referees):  # a caller's tags (its task) stay
             yield lm
 
     @contextlib.contextmanager
-    def opened(self, slots: int = 1, *, threads: int | None = None, journal: str | Path | None = None,
+    def opened(self, slots: int = 1, *, journal: str | Path | None = None,
                on_wave: Callable[[dict], None] | None = None) -> Iterator[tuple[dspy.LM, dict[str, dspy.LM]]]:
         """``(main LM, {referee slug: LM})`` with this spec's settings, started or reached, stopped on exit (batch
         mode: the batching LM, no referee LMs). No DSPy context is entered (``judging`` does), so a loaded ``Judge``
@@ -198,5 +198,5 @@ class LMSpec:
             return
         settings = {name: getattr(self, name) for name in ("temperature", "max_tokens", "served_model", "timeout",
                     "retries", "call_deadline", "item_deadline", "breaker", "rate_limit_wait")}
-        with panel.open_panel(self.target, self.referee_map, slots=slots, threads=threads, **settings) as (lm, referees):
+        with panel.open_panel(self.target, self.referee_map, slots=slots, **settings) as (lm, referees):
             yield attach_price(lm, self.price()), referees

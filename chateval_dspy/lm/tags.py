@@ -14,7 +14,8 @@ import os
 import re
 import sys
 import uuid
-from collections.abc import Iterator
+
+from chateval_dspy.concurrency import set_within
 
 log = logging.getLogger(__name__)
 
@@ -57,15 +58,9 @@ def header() -> dict[str, str]:
     return {TAG_HEADER: ",".join(tags)} if tags else {}
 
 
-@contextlib.contextmanager
-def tagging(task: str | None = None) -> Iterator[tuple[str, ...]]:
+def tagging(task: str | None = None) -> contextlib.AbstractContextManager[tuple[str, ...]]:
     """Tag the requests sent inside (threads that copy the context keep them); nested, it adds the task."""
-    outer = _TAGS.get()
-    tags = outer or ("chateval", f"run:{clean(run_id())}")
+    tags = _TAGS.get() or ("chateval", f"run:{clean(run_id())}")
     if task and not any(t.startswith("task:") for t in tags):
         tags = (*tags, f"task:{clean(task)}")
-    token = _TAGS.set(tags)
-    try:
-        yield tags
-    finally:
-        _TAGS.reset(token)
+    return set_within(_TAGS, tags)

@@ -60,11 +60,6 @@ def vote(verdict: dict | None, task: TaskSpec | str = "pairwise") -> str | None:
     return verdict.get("preference") or preference(combined(verdict, 1, task), combined(verdict, 2, task))
 
 
-def _score(verdict: dict, key: str) -> float:
-    # A G-Eval expected score, where the LM gave one, stands in for the integer rating.
-    return verdict.get("expected", {}).get(key, verdict[key])
-
-
 def mean_scores(verdicts: Sequence[dict[str, float] | None]) -> dict[str, float] | None:
     """Per-score mean over the verdicts that were given (abstentions skipped); None if none were.
 
@@ -75,7 +70,8 @@ def mean_scores(verdicts: Sequence[dict[str, float] | None]) -> dict[str, float]
     given = [v for v in verdicts if v is not None]
     if not given:
         return None
-    return {key: fmean(_score(v, key) for v in given) for key in _numeric(given[0])}
+    # A G-Eval expected score, where the LM gave one, stands in for the integer rating.
+    return {key: fmean(v.get("expected", {}).get(key, v[key]) for v in given) for key in _numeric(given[0])}
 
 
 def mode_scores(verdicts: Sequence[dict[str, float] | None]) -> dict[str, float] | None:

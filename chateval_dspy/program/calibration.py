@@ -24,14 +24,6 @@ def swap(inputs: dict, task: TaskSpec | str = "pairwise") -> dict:
     return out
 
 
-def _flipped(task: TaskSpec) -> dict[str, str]:
-    """Each verdict field of response 1 -> the same criterion's field of response 2, and back."""
-    out = {}
-    for c in task.criteria:
-        out[f"{c.name}_1"], out[f"{c.name}_2"] = f"{c.name}_2", f"{c.name}_1"
-    return out
-
-
 def unswap_scores(verdict: dict | None, task: TaskSpec | str = "pairwise") -> dict | None:
     """Scores given in the swapped order, mapped back to the original responses (every criterion's
     ``_1``/``_2`` fields, a stated preference, and the weighted ``expected`` scores).
@@ -42,7 +34,7 @@ def unswap_scores(verdict: dict | None, task: TaskSpec | str = "pairwise") -> di
     """
     if verdict is None:
         return None
-    flip = _flipped(as_task(task))
+    flip = {f"{c.name}_{n}": f"{c.name}_{3 - n}" for c in as_task(task).criteria for n in (1, 2)}
     out = dict(verdict)
     for name, other in flip.items():
         if other in verdict:

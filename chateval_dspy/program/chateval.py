@@ -58,9 +58,8 @@ class ChatEval(dspy.Module):
         how, task = self.config.aggregate, self.config.task_spec
         orders = [inputs, calibration.swap(inputs, task)] if self.config.calibrate else [inputs]
         first, *swapped = self._debates(orders)
-        runs = [(first, first.verdicts)]
-        for second in swapped:
-            runs.append((second, {k: calibration.unswap_scores(v, task) for k, v in second.verdicts.items()}))
+        runs = [(first, first.verdicts)] + [
+            (second, {k: calibration.unswap_scores(v, task) for k, v in second.verdicts.items()}) for second in swapped]
         per_order = [pairwise_verdict(list(verdicts.values()), how, task)[0] for _, verdicts in runs]
         pooled = [v for _, verdicts in runs for v in verdicts.values()]
         pref, means = pairwise_verdict(pooled, how, task)

@@ -53,9 +53,6 @@ class Evidence:
     token_certainty: float | None = None
     verdicts: int = 0
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
 
 def raw_confidence(ev: Evidence) -> float:
     """The weighted mean (``WEIGHTS``) of the evidence a verdict has, in [0, 1]: agreement, consistency (1 or 0),

@@ -115,10 +115,9 @@ class Debate(dspy.Module):
         verdicts: dict[str, dict | None] = {}
         abstentions: dict[str, str] = {}
         calls = 0
-        rounds = 0
         plan = self.placements()
         for rnd in range(1, cfg.turns + 1):
-            rounds, final = rnd, rnd == cfg.turns
+            final = rnd == cfg.turns
             # With consensus_stop every round ends in scores, so agreement can be checked after each one.
             judging = final or cfg.consensus_stop
             speakers = list(self.referees.values())
@@ -149,7 +148,7 @@ class Debate(dspy.Module):
                     summary = self._summarize(item, [u for u in transcript if u.round == rnd or u.speaker == SUMMARIZER])
                 transcript.append(Utterance(rnd, SUMMARIZER, "Summary", summary, "summary", **took))
         return dspy.Prediction(transcript=transcript, verdicts=verdicts, abstentions=abstentions, calls=calls,
-                               rounds=rounds)
+                               rounds=rnd)  # turns >= 1 (DebateConfig), so the loop ran
 
     def placements(self) -> dict[tuple[str, bool], dict]:
         """Where each referee's calls put its persona and whether they mark the item's texts (``lm.layout``), by

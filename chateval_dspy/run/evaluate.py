@@ -9,6 +9,7 @@ import logging
 import threading
 import time
 import traceback
+from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -69,15 +70,6 @@ def empty_fields(item: dspy.Example, config: DebateConfig) -> list[str]:
     return empty
 
 
-def prediction_of(config: DebateConfig, pred: dspy.Prediction):
-    """What a results line records as the panel's verdict: the preference (pairwise), or
-    ``{criterion: score or label}`` (pointwise; None when every referee abstained)."""
-    task = config.task_spec
-    if task.format == "pairwise":
-        return pred.preference
-    return None if pred.abstained else {a: pred[a] for a in task.output_fields}
-
-
 def result_record(program: dspy.Module, item: dspy.Example, config: DebateConfig) -> dict:
     """One item's result record (what a line of the results file holds; its fields: docs/tasks.md, docs/cost.md).
 
@@ -110,7 +102,8 @@ def result_record(program: dspy.Module, item: dspy.Example, config: DebateConfig
         record.update(prediction=None, abstained=error, calls=None)
     else:
         record.update(
-            prediction=prediction_of(config, pred),
+            # pointwise: {criterion: score or label}, None when every referee abstained
+            prediction=pred.preference if pairwise else None if pred.abstained else {a: pred[a] for a in task.output_fields},
             **({**{name: pred[name] for name in task.output_fields}, "order_preferences": pred.order_preferences}
                if pairwise else {}),
             consistent=pred.consistent, abstained=pred.abstained, abstentions=pred.abstentions,
@@ -186,10 +179,7 @@ class FailedCalls(BaseCallback):
     def by_model(self) -> dict[str, int]:
         """Failed calls per model so far; a call still open once its item is judged was given up on."""
         with self._lock:
-            out = dict(self._failed)
-            for model in self._open.values():
-                out[model] = out.get(model, 0) + 1
-        return out
+            return dict(Counter(self._failed) + Counter(self._open.values()))
 
 
 def call_counts(usage, meter: ModelMeter, failed: dict[str, int], calls: int | None) -> tuple[dict, int, int]:

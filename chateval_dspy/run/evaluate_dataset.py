@@ -177,12 +177,6 @@ def results_path(path: Path, key: str, *, overwrite: bool = False, ids=None) -> 
     return path
 
 
-def _todo(path: Path, key: str, items) -> int:
-    """Items of ``items`` that ``path`` does not hold a finished line of yet."""
-    done = {str(r["id"]) for r in records.finished_records(path, key) if not records.is_error(r)}
-    return sum(str(x.id) not in done for x in items)
-
-
 def plan_run(data: DataSpec, config: DebateConfig | Callable[[str], DebateConfig], lm: LMSpec,
              out: str | Path | None = None) -> RunPlan:
     """Read ``data``'s items, build the panel for their format (``config`` may be a function of it, as the CLI's
@@ -247,6 +241,7 @@ def _batching(plan: RunPlan, concurrency: int) -> tuple[int, int | None]:
     """Items judged at once and the waves expected: a live run judges ``concurrency`` at once and plans no waves."""
     if not plan.lm.batch:
         return concurrency, None
-    todo = _todo(plan.out, plan.key, plan.items)
+    done = {str(r["id"]) for r in records.finished_records(plan.out, plan.key) if not records.is_error(r)}
+    todo = sum(str(x.id) not in done for x in plan.items)
     at_once = batch_items(concurrency, todo)
     return at_once, expected_waves(plan.config, todo, at_once)

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 
 def append_record(sink: IO[str], record: dict) -> None:
-    sink.write(_line(record))
+    sink.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
     sink.flush()
     os.fsync(sink.fileno())
 
@@ -314,7 +314,3 @@ def _identity(path: Path) -> tuple | None:
     except FileNotFoundError:
         return None
     return st.st_ino, st.st_size, st.st_mtime_ns
-
-
-def _line(record: dict) -> str:
-    return json.dumps(record, ensure_ascii=False, default=str) + "\n"

@@ -9,6 +9,7 @@ docs/selective.md.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections import Counter
@@ -67,14 +68,8 @@ class RunResult:
             self.predicted.append(record["prediction"])
             self.groups.append(record.get("group_id"))
             self.systems.append(record.get("system_id"))
-        self.calls += record["calls"] or 0
-        self.cached_calls += record.get("cached_calls") or 0
-        self.failed_calls += record.get("failed_calls") or 0
-        self.prompt_tokens += record["prompt_tokens"]
-        self.cached_prompt_tokens += record.get("cached_prompt_tokens") or 0
-        self.cache_write_tokens += record.get("cache_write_tokens") or 0
-        self.completion_tokens += record["completion_tokens"]
-        self.seconds += record["seconds"]
+        for name in (*MODEL_FIGURES, "failed_calls"):  # an older line may lack the cache and failure counts
+            setattr(self, name, getattr(self, name) + (record.get(name) or 0))
         if record.get("consistent") is not None:
             self.consistent.append(record["consistent"])
         if record["abstained"]:
@@ -140,10 +135,7 @@ class RunResult:
         """The run's cost in US dollars, or None when some model it used is unpriced (or a line has no costs)."""
         if self.uncosted:
             return None
-        total: float | None = 0.0
-        for figures in self.models.values():
-            total = add_usd(total, figures["cost_usd"])
-        return total
+        return functools.reduce(add_usd, (figures["cost_usd"] for figures in self.models.values()), 0.0)
 
     def model_usage(self) -> dict[str, dict]:
         """Per model, over the run: ``calls``, ``cached_calls``, ``prompt_tokens`` (``cached_prompt_tokens`` and

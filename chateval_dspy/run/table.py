@@ -18,10 +18,6 @@ def _fmt(value) -> str:
     return str(value)
 
 
-def _cost_value(key: str, value) -> str:
-    return usd_text(value) if key.startswith("cost_usd") else _fmt(value)
-
-
 def summary_table(metrics: dict, cost: dict, header: dict, abstentions: dict | None = None,
                   models: dict | None = None) -> str:
     """A plain-text table: what was run (model, data, split, config), agreement, cost, and abstentions.
@@ -58,8 +54,8 @@ def summary_table(metrics: dict, cost: dict, header: dict, abstentions: dict | N
         lines += ["", "(no human labels in these items: no agreement figures; a file's label columns are named by "
                       "--columns or the task)"]
     lines += selective_lines(cost)
-    cost_frame = pd.DataFrame([(k, _cost_value(k, v)) for k, v in cost.items() if k not in SELECTIVE],
-                              columns=["cost", "value"])
+    cost_frame = pd.DataFrame([(k, usd_text(v) if k.startswith("cost_usd") else _fmt(v)) for k, v in cost.items()
+                               if k not in SELECTIVE], columns=["cost", "value"])
     lines += ["", cost_frame.to_string(index=False)]
     if cost.get("cached_calls_per_item"):
         lines.append("(tokens and seconds count only calls that reached the LM; rerun with --no-cache for full costs)")

@@ -7,6 +7,7 @@ unpriced model's ``cost_usd`` is None, and so is the item's (docs/cost.md).
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import defaultdict
@@ -106,7 +107,4 @@ def item_cost(models: dict[str, dict]) -> float | None:
         >>> item_cost({"a": {"cost_usd": 0.5}, "b": {"cost_usd": 0.25}}), item_cost({"a": {"cost_usd": None}})
         (0.75, None)
     """
-    total: float | None = 0.0
-    for used in models.values():
-        total = add_usd(total, used.get("cost_usd"))
-    return total
+    return functools.reduce(add_usd, (used.get("cost_usd") for used in models.values()), 0.0)

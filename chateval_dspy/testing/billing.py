@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
+import itertools
 import json
 import os
 import threading
@@ -147,10 +148,6 @@ class Bill:
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
 
-    @property
-    def uncached_tokens(self) -> int:
-        return self.prompt_tokens - self.cache_read_tokens - self.cache_write_tokens
-
     def openai_usage(self, completion_tokens: int) -> dict:
         """OpenAI's chat completion ``usage`` (prompt_tokens include the cached ones)."""
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens,
@@ -159,7 +156,8 @@ class Bill:
 
     def anthropic_usage(self, output_tokens: int) -> dict:
         """Anthropic's Messages ``usage`` (the three input counters are disjoint)."""
-        return {"input_tokens": self.uncached_tokens, "cache_read_input_tokens": self.cache_read_tokens,
+        uncached = self.prompt_tokens - self.cache_read_tokens - self.cache_write_tokens
+        return {"input_tokens": uncached, "cache_read_input_tokens": self.cache_read_tokens,
                 "cache_creation_input_tokens": self.cache_write_tokens, "output_tokens": output_tokens}
 
     def lm15_usage(self, output_tokens: int) -> dspy.lm15.Usage:
@@ -210,13 +208,9 @@ class OpenAICaching(_PromptCache):
             digest.update(array("I", tokens[start:end]).tobytes())
             keys.append((end, digest.digest()))
             start = end
-        cached = 0
         with self._lock:
             seen = self._store.setdefault(model, set())
-            for end, key in keys:
-                if key not in seen:
-                    break
-                cached = end
+            cached = max((end for end, key in itertools.takewhile(lambda k: k[1] in seen, keys)), default=0)
             seen.update(key for _, key in keys)
         return Bill(len(tokens), cached)
 

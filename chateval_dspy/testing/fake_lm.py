@@ -57,19 +57,9 @@ class Call:
 
 def schema_filler(call: Call) -> dict:
     """Any valid object for the requested schema: the first enum value, or a short text."""
-    out = {}
-    for name, prop in call.schema.get("properties", {}).items():
-        if "enum" in prop:
-            out[name] = prop["enum"][0]
-        elif prop.get("type") in ("integer", "number"):
-            out[name] = 1
-        elif prop.get("type") == "array":
-            out[name] = []
-        elif prop.get("type") == "boolean":
-            out[name] = True
-        else:
-            out[name] = f"{name} from the fake LM"
-    return out
+    by_type = {"integer": 1, "number": 1, "array": [], "boolean": True}
+    return {name: prop["enum"][0] if "enum" in prop else by_type.get(prop.get("type"), f"{name} from the fake LM")
+            for name, prop in call.schema.get("properties", {}).items()}
 
 
 TOPICAL_CHAT = ("naturalness", "coherence", "engagingness", "groundedness")
@@ -126,14 +116,6 @@ def default_responder(call: Call) -> dict:
     return spec_filler(call, persona)  # any other task: a valid verdict for its schema
 
 
-def with_stated_preference(call: Call, out):
-    """Scripts written for scores alone state the preference their scores imply."""
-    if isinstance(out, dict) and "preference" in call.outputs and "preference" not in out and "score_1" in out:
-        s1, s2 = out["score_1"], out["score_2"]
-        return {"evidence": out.get("evidence", ""), "preference": "1" if s1 > s2 else "2" if s2 > s1 else "tie", **out}
-    return out
-
-
 def content_text(content) -> str:
     """A message's text, whether its content is a string or a list of content blocks."""
     if isinstance(content, str):
@@ -142,8 +124,12 @@ def content_text(content) -> str:
 
 
 def respond(responder: Callable[[Call], dict | str], call: Call) -> tuple[dict | str, str]:
-    """The responder's answer to ``call`` (a stated preference added where needed) and its text as sent."""
-    out = with_stated_preference(call, responder(call))
+    """The responder's answer to ``call`` and its text as sent; a script written for scores alone states the
+    preference its scores imply."""
+    out = responder(call)
+    if isinstance(out, dict) and "preference" in call.outputs and "preference" not in out and "score_1" in out:
+        s1, s2 = out["score_1"], out["score_2"]
+        out = {"evidence": out.get("evidence", ""), "preference": "1" if s1 > s2 else "2" if s2 > s1 else "tie", **out}
     return out, out if isinstance(out, str) else json.dumps(out)
 
 

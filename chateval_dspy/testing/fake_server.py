@@ -127,9 +127,7 @@ class _Handler(BaseHTTPRequestHandler):
         return True
 
     def do_DELETE(self):
-        if self._redirected():
-            return
-        if not self._batches("DELETE"):
+        if not (self._redirected() or self._batches("DELETE")):
             self._send(404, b'{"error": "not found"}')
 
     def do_GET(self):

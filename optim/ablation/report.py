@@ -21,12 +21,6 @@ def _est(d: dict | None, signed: bool = False) -> str:
     return f"{f.format(d['value'])} [{f.format(d['ci_low'])}, {f.format(d['ci_high'])}]"
 
 
-def _p(p) -> str:
-    if p is None or (isinstance(p, float) and math.isnan(p)):
-        return "-"
-    return "<0.001" if p < 0.001 else f"{p:.3f}"
-
-
 def ablation_table(summary: dict) -> str:
     """What was judged (model, data, split, items, panel), then one line per variant.
 
@@ -51,7 +45,8 @@ def ablation_table(summary: dict) -> str:
                 f"{metric} [95% CI]": _est(r["agreement"]),
                 "Δ vs full [95% CI]": _est(vs["delta"], signed=True) if vs else "-"}
         if pairwise:
-            line["McNemar p"] = _p(vs["p"]) if vs else "-"
+            p = vs["p"] if vs else None
+            line["McNemar p"] = "-" if p is None or math.isnan(p) else "<0.001" if p < 0.001 else f"{p:.3f}"
             line["right only (full/variant)"] = f"{vs['reference_only']}/{vs['row_only']}" if vs else "-"
         line.update({"calls/item": f"{cost['calls_per_item']:.1f}", "tokens/item": f"{cost['tokens_per_item']:,.0f}",
                      "USD/item": usd_text(cost["cost_usd_per_item"])})

@@ -336,8 +336,7 @@ class AblationRuns:
         mlflow_runs.log_metrics({**row.metrics, "agreement": row.agreement},
                                 {**cost, "tokens_per_item": row.tokens_per_item(), **row.result.abstention_metrics(),
                                  **row.result.model_metrics()})
-        if row.vs_full is not None:
-            vs = row.vs_full
+        if (vs := row.vs_full) is not None:
             mlflow_runs.log_metrics({"vs_full.delta": vs["delta"], "vs_full.n": vs["n"],
                                      **({"vs_full.p": vs["p"]} if vs["p"] is not None else {}),
                                      **{f"vs_full.{k}": vs[k] for k in ("reference_only", "row_only") if k in vs}})

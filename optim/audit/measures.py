@@ -9,7 +9,6 @@ change at all (CALM's definition).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 from chateval_dspy.run.metrics import Estimate
@@ -64,8 +63,6 @@ def position_bias(first: Estimate) -> Estimate:
         >>> str(position_bias(Estimate(0.65, 0.6, 0.7, 400)))
         '0.300 [0.200, 0.400]'
     """
-    if math.isnan(first.value):
-        return first
     return Estimate(2 * first.value - 1, 2 * first.low - 1, 2 * first.high - 1, first.n)
 
 
@@ -148,8 +145,6 @@ def accuracy_by_type(original: Mapping[str, str | None], labels: Mapping[str, st
         >>> out["length"].value
         0.5
     """
-    out = {}
-    for kind in sorted(set(types.values())):
-        ids = [i for i, t in types.items() if t == kind and labels.get(i) in DECISIVE]
-        out[kind] = exact_rate(sum(original.get(i) == labels[i] for i in ids), len(ids))
-    return out
+    ids = {kind: [i for i, t in types.items() if t == kind and labels.get(i) in DECISIVE]
+           for kind in sorted(set(types.values()))}
+    return {kind: exact_rate(sum(original.get(i) == labels[i] for i in these), len(these)) for kind, these in ids.items()}

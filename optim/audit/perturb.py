@@ -10,7 +10,7 @@ and the item's id (never Python's ``hash`` or the items' order), so a rerun with
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from chateval_dspy.errors import ConfigError
 
@@ -54,8 +54,7 @@ class Perturbation:
     changed: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {"probe": self.probe, "seed": self.seed, "id": self.item["id"], "item": self.item,
-                "changed": self.changed}
+        return {**asdict(self), "id": self.item["id"]}
 
 
 def applies(probe: str, fmt: str) -> bool:

@@ -68,7 +68,8 @@ class AuditReport:
 
     def metrics(self) -> dict[str, Estimate]:
         """Every figure with an estimate, named ``<probe>_<figure>`` for MLflow."""
-        return {_metric_name(f.probe, f.figure): f.estimate for f in self.findings if f.estimate is not None}
+        return {re.sub(r"[^a-z0-9]+", "_", f"{f.probe} {f.figure}".lower()).strip("_"): f.estimate
+                for f in self.findings if f.estimate is not None}
 
     def robustness(self) -> dict[str, Estimate]:
         """Each probe's robustness rate that was measured on at least one item, by probe."""
@@ -88,10 +89,6 @@ class AuditReport:
         """
         rates = [e.value for e in self.robustness().values()]
         return sum(rates) / len(rates) if rates else float("nan")
-
-
-def _metric_name(probe: str, figure: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "_", f"{probe} {figure}".lower()).strip("_")
 
 
 def fields_of(task) -> dict[str, str | None]:

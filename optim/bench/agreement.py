@@ -60,14 +60,6 @@ def _significance(rows: list[dict], fmt: str, items, seed: int, n_resamples: int
                                                                         seed=seed, n_resamples=n_resamples)
 
 
-def agreement_key(entry: Entry, cfg: DebateConfig, model: str, args) -> str:
-    """The run key of one row's results file (without the item limit, so a larger --limit resumes)."""
-    return bench.bench_key(suite="agreement", entry=entry.name, kind=entry.kind, config=cfg.changes(), model=model,
-                         dataset=args.dataset, split=args.split, seed=args.seed,
-                         mec_k=args.mec_k if entry.kind == "mec" else None,
-                         program=str(args.program) if entry.kind == "compiled" else None)
-
-
 def run_agreement(args, factory: bench.LMFactory) -> dict:
     """Judge the split with every chosen configuration; write the figures JSON; return it with its tables."""
     all_items, fmt = load_dataset(args.dataset)
@@ -91,7 +83,10 @@ def run_agreement(args, factory: bench.LMFactory) -> dict:
                 program, cfg = program_for(entry, args)
                 if cfg.format != fmt:
                     raise ConfigError(f"{entry.name}: a {cfg.format} program cannot judge {args.dataset} ({fmt})")
-                key = agreement_key(entry, cfg, model, args)
+                key = bench.bench_key(suite="agreement", entry=entry.name, kind=entry.kind, config=cfg.changes(),
+                                      model=model, dataset=args.dataset, split=args.split, seed=args.seed,
+                                      mec_k=args.mec_k if entry.kind == "mec" else None,
+                                      program=str(args.program) if entry.kind == "compiled" else None)
                 run = bench.run_config(program, items, cfg, out=base / f"{entry.name}.jsonl", key=key,
                                        concurrency=args.concurrency, meter=meter)
                 preds = {str(r["id"]): r["prediction"] for r in run.records}

@@ -140,8 +140,7 @@ def provider_rows(args, workdir: Path) -> list[dict]:
     rows = []
     for model in args.models:
         for layout in LAYOUTS:
-            for name, config in panels().items():
-                rows.append(measure(model, name, config, layout, items, workdir=workdir))
+            rows += [measure(model, name, config, layout, items, workdir=workdir) for name, config in panels().items()]
             row = measure(model, "compiled", cfg, layout, items, program=program, workdir=workdir)
             rows.append({**row, "demos": counts})
     return rows

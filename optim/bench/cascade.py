@@ -247,12 +247,10 @@ def run_cascade(args) -> int:
         print(f"bench: error: {exc}")
         return 2
     rng = np.random.default_rng(args.seed)
-    rows = []
-    for evidence, acc in itertools.product(kinds, accuracies):
-        for name, calibrate_on in (("exchangeable", args.hard), ("control", args.easy)):
-            row = run_row(acc, args, evidence=evidence, level=args.level, calibrate_on=calibrate_on,
-                          use_on=args.hard, rng=rng)
-            rows.append({"row": name, **row})
+    rows = [{"row": name, **run_row(acc, args, evidence=evidence, level=args.level, calibrate_on=calibrate_on,
+                                    use_on=args.hard, rng=rng)}
+            for evidence, acc in itertools.product(kinds, accuracies)
+            for name, calibrate_on in (("exchangeable", args.hard), ("control", args.easy))]
     print(render(rows, args))
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")

@@ -119,10 +119,8 @@ class MultipleEvidence(dspy.Module):
         common = {"referees": referees, "transcripts": [t for s in samples for t in s.transcripts],
                   "abstentions": abstentions, "calls": sum(s.calls for s in samples)}
         if fmt == "pairwise":
-            per_order = []
-            for j in range(max(len(p) for s in samples for p in s.referees.values())):
-                shown = [p[j] for s in samples for p in s.referees.values() if len(p) > j]
-                per_order.append(pairwise_verdict(shown, "mean")[0])
+            per_order = [pairwise_verdict([p[j] for s in samples for p in s.referees.values() if len(p) > j], "mean")[0]
+                         for j in range(max(len(p) for s in samples for p in s.referees.values()))]
             pref, means = pairwise_verdict(verdicts, "mean")
             return dspy.Prediction(preference=pref, score_1=means["score_1"] if means else None,
                                    score_2=means["score_2"] if means else None, order_preferences=per_order,

@@ -230,9 +230,8 @@ def tracing_rows(args, factory: bench.LMFactory, all_items, model: str, workdir:
     rows = []
     for latency in (args.fake_latency, 0.0):
         lm = fake_lm(default_responder, latency=latency)
-        rows.append(tracing_overhead(fake_items, cfg, lambda lm=lm: bench.judging(lambda slots: contextlib.nullcontext(lm)),
-                                     workdir, label=f"fake LM, {latency * 1000:.0f} ms per call"))
-        rows[-1]["model"] = False
+        rows.append({**tracing_overhead(fake_items, cfg, lambda lm=lm: bench.judging(lambda slots: contextlib.nullcontext(lm)),
+                                        workdir, label=f"fake LM, {latency * 1000:.0f} ms per call"), "model": False})
     if kept is not None:
         return rows + kept
     model_items = select(all_items, args.split, seed=args.seed, limit=min(2, args.limit or 2))
@@ -265,12 +264,10 @@ def rss_child(n: int, out: str) -> dict:
 def _high_water_mb() -> float | None:
     """This process's own peak RSS (``VmHWM``): ``ru_maxrss`` survives ``execve`` on Linux, so a child of a parent
     that holds the embedded model (1.8 GB) reports the parent's peak."""
-    try:
-        for line in open("/proc/self/status", encoding="ascii"):
+    with contextlib.suppress(OSError), open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) / 1024
-    except OSError:
-        return None
     return None
 
 

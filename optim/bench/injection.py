@@ -193,20 +193,16 @@ def second_order_rows(args, entry, base: list, clean: dict, work: Path, key: str
     return rows
 
 
-@contextlib.contextmanager
 def guard_off():
     """The discussion as it was shown before the fix: generated texts unguarded (the judged texts stay guarded).
 
     Only a benchmark's 'before' row should enter this; it patches the module for the whole process.
     """
+    from unittest import mock
+
     from chateval_dspy.program import strategies
 
-    kept = strategies.guard
-    strategies.guard = lambda text: text
-    try:
-        yield
-    finally:
-        strategies.guard = kept
+    return mock.patch.object(strategies, "guard", lambda text: text)
 
 
 class _Planted:

@@ -42,10 +42,9 @@ def panel_plot(report: dict, path: Path) -> Path | None:
             p = row and _point(row, key)
             if p:
                 ax.errorbar([x], [p[0]], yerr=p[1], fmt="o", color="C0", capsize=4)
-        if "single" in rows and _point(rows["single"], key):
-            ax.axhline(_point(rows["single"], key)[0], color="C1", ls="--", label="single agent")
-        if "majority" in rows and _point(rows["majority"], key):
-            ax.axhline(_point(rows["majority"], key)[0], color="C2", ls=":", label="majority class")
+        for ref, color, ls, what in (("single", "C1", "--", "single agent"), ("majority", "C2", ":", "majority class")):
+            if ref in rows and _point(rows[ref], key):
+                ax.axhline(_point(rows[ref], key)[0], color=color, ls=ls, label=what)
         ax.set_xlabel(f"{name} (other fixed at 2)")
         ax.set_xticks([x for x, _ in points])
         ax.legend(fontsize=8)

@@ -171,14 +171,6 @@ def _time_spark(spark, saved: str, rows: list[dict], out: Path, url: str, per_ta
     return time.perf_counter() - start
 
 
-def _spark_session(workdir: Path):
-    from pyspark.sql import SparkSession
-
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    return (SparkSession.builder.master("local[2]").appName("chateval-bench-scale").config("spark.ui.enabled", "false")
-            .config("spark.local.dir", str(workdir / "spark")).getOrCreate())
-
-
 def _kill_rerun(ray, saved: str, rows: list[dict], workdir: Path, url: str, server, actors: int, per_actor: int) -> dict:
     import pandas as pd
 
@@ -216,7 +208,11 @@ def _measure(args, workdir: Path, saved: str, rows: list[dict]) -> dict:
         finally:
             ray.shutdown()
         start = time.perf_counter()
-        spark = _spark_session(workdir)
+        from pyspark.sql import SparkSession
+
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+        spark = (SparkSession.builder.master("local[2]").appName("chateval-bench-scale")
+                 .config("spark.ui.enabled", "false").config("spark.local.dir", str(workdir / "spark")).getOrCreate())
         try:
             started["spark"] = time.perf_counter() - start
             seconds["spark"] = _time_spark(spark, saved, rows, workdir / "spark-out", url, per)

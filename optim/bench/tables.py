@@ -182,13 +182,7 @@ MARKER = re.compile(r"(<!-- bench:(?P<file>[^ ]+?) -->\n)(?P<body>.*?)(<!-- /ben
 
 def update_markdown(path: Path) -> int:
     """Replace each ``<!-- bench:FILE -->...<!-- /bench -->`` block with FILE's table (FILE relative to ``path``)."""
-    text = path.read_text(encoding="utf-8")
-    count = 0
-
-    def fill(m: re.Match) -> str:
-        nonlocal count
-        count += 1
-        return f"{m.group(1)}{render_file(path.parent / m.group('file'))}\n{m.group(4)}"
-
-    path.write_text(MARKER.sub(fill, text), encoding="utf-8")
+    text, count = MARKER.subn(lambda m: f"{m.group(1)}{render_file(path.parent / m.group('file'))}\n{m.group(4)}",
+                              path.read_text(encoding="utf-8"))
+    path.write_text(text, encoding="utf-8")
     return count

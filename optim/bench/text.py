@@ -17,12 +17,6 @@ def references(all_items) -> dict[str, str]:
     return {x.dialogue_history: x.response for x in all_items if x.get("system") == REFERENCE_SYSTEM}
 
 
-def _pairs(items, all_items) -> tuple[list[str], list[str], list[str]]:
-    refs = references(all_items)
-    kept = [x for x in items if x.dialogue_history in refs]
-    return [str(x.id) for x in kept], [x.response for x in kept], [refs[x.dialogue_history] for x in kept]
-
-
 def rouge_l(hyps: list[str], refs: list[str]) -> list[float]:
     from rouge_score import rouge_scorer
 
@@ -53,12 +47,13 @@ SCORERS = {"rouge_l": (rouge_l, "rouge-score"), "bleu_4": (bleu_4, "sacrebleu"),
 def text_scores(name: str, items, all_items) -> tuple[dict[str, float] | None, str]:
     """Per-item scores of one baseline (None with the reason when its library is not installed)."""
     fn, needs = SCORERS[name]
-    ids, hyps, refs = _pairs(items, all_items)
+    refs = references(all_items)
+    kept = [x for x in items if x.dialogue_history in refs]
     try:
-        values = fn(hyps, refs)
+        values = fn([x.response for x in kept], [refs[x.dialogue_history] for x in kept])
     except ImportError as exc:
         return None, f"needs {needs} ({exc})"
     note = "scored against the 'Original Ground Truth' response of the same context"
     if name == "bertscore":
         note += "; encoder all-MiniLM-L6-v2 (layer 6), not the paper's RoBERTa-large"
-    return dict(zip(ids, values)), note
+    return {str(x.id): v for x, v in zip(kept, values)}, note

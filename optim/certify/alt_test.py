@@ -50,8 +50,6 @@ def by_rejections(p_values, q: float = Q_FDR) -> list[bool]:
     """
     p = np.asarray(p_values, dtype=float)
     m = len(p)
-    if not m:
-        return []
     order = np.argsort(p, kind="stable")
     thresholds = np.arange(1, m + 1) / m * q / np.sum(1.0 / np.arange(1, m + 1))
     passed = np.nonzero(p[order] <= thresholds)[0]
@@ -119,16 +117,6 @@ class AltTest:
                 f"scoring {self.scoring}; p-values: {p})")
 
 
-def _epsilon(epsilon: float | None, kind: str) -> float:
-    if epsilon is None:
-        if kind not in EPSILON:
-            raise ConfigError(f"unknown kind of annotators {kind!r}; choose one of: {', '.join(EPSILON)}")
-        return EPSILON[kind]
-    if not 0 <= epsilon < 1:
-        raise ConfigError(f"epsilon must be in [0, 1), got {epsilon}")
-    return float(epsilon)
-
-
 def _usable(judged: dict, labels: dict, scoring: str) -> tuple[dict, dict, int]:
     """The judge's labels and the people's on the items the test uses (judged, two people or more)."""
     judge, people, abstained = {}, {}, 0
@@ -157,8 +145,7 @@ def indicators(person: str, judge: dict, people: dict, scoring: str) -> dict[str
 def _compare(person: str, wins: dict[str, tuple[int, int]], epsilon: float) -> Comparison:
     from scipy.stats import ttest_1samp
 
-    w_f = np.array([f for f, _ in wins.values()], dtype=float)
-    w_h = np.array([h for _, h in wins.values()], dtype=float)
+    w_f, w_h = np.array(list(wins.values()), dtype=float).T
     diff = w_h - w_f
     if np.all(diff == diff[0]):  # no variance: the t statistic is +-inf, so the test is decided by the mean alone
         p_value = 0.0 if diff[0] < epsilon else 1.0
@@ -195,7 +182,11 @@ def alt_test(judged: dict[str, str | None], labels: dict[str, dict[str, str]], *
     """
     if scoring not in SCORING:
         raise ConfigError(f"unknown scoring {scoring!r}; choose one of: {', '.join(SCORING)}")
-    epsilon = _epsilon(epsilon, kind)
+    if epsilon is None and kind not in EPSILON:
+        raise ConfigError(f"unknown kind of annotators {kind!r}; choose one of: {', '.join(EPSILON)}")
+    if epsilon is not None and not 0 <= epsilon < 1:
+        raise ConfigError(f"epsilon must be in [0, 1), got {epsilon}")
+    epsilon = EPSILON[kind] if epsilon is None else float(epsilon)
     judge, people, abstained = _usable(judged, labels, scoring)
     everyone = sorted({who for by in people.values() for who in by})
     wins = {who: indicators(who, judge, people, scoring) for who in everyone}

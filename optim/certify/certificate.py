@@ -26,34 +26,24 @@ def figure(estimate: Estimate) -> dict:
         >>> figure(Estimate(0.5, 0.25, 0.75, 40)), figure(Estimate(math.nan, math.nan, math.nan, 1))
         ({'value': 0.5, 'ci_low': 0.25, 'ci_high': 0.75, 'n': 40}, {'value': None, 'ci_low': None, 'ci_high': None, 'n': 1})
     """
-    def number(x) -> float | None:
-        return None if x is None or math.isnan(x) else float(x)
-
-    return {"value": number(estimate.value), "ci_low": number(estimate.low), "ci_high": number(estimate.high),
-            "n": int(estimate.n)}
+    bounds = {k: None if v is None or math.isnan(v) else float(v) for k, v in estimate.to_dict().items() if k != "n"}
+    return {**bounds, "n": int(estimate.n)}
 
 
 def estimate(block: dict) -> Estimate:
     """The stored figure back as an ``Estimate`` (null as NaN)."""
-    def number(x) -> float:
-        return math.nan if x is None else float(x)
-
-    return Estimate(number(block["value"]), number(block["ci_low"]), number(block["ci_high"]), block["n"])
+    return Estimate(*(math.nan if block[k] is None else float(block[k]) for k in ("value", "ci_low", "ci_high")), block["n"])
 
 
 def _short(text, limit: int = MAX_TEXT) -> str:
     return str(text) if len(str(text)) <= limit else str(text)[:limit - 3] + "..."
 
 
-def _kept(among: list) -> list:
-    """The agreement figures a card holds: with many people, the first pairs' kappas, then Fleiss' kappa and
-    Krippendorff's alpha (the last two), which always stay."""
-    return among if len(among) <= MAX_FIGURES else among[:MAX_FIGURES - 2] + among[-2:]
-
-
 def people_part(cert) -> dict:
     """The ``people`` part from ``certify``'s result (``alt_test`` None without the panel's results)."""
-    test, alt = cert.test, None
+    test, alt, among = cert.test, None, cert.among
+    if len(among) > MAX_FIGURES:  # many people: the first pairs' kappas, then Fleiss' kappa and Krippendorff's alpha
+        among = among[:MAX_FIGURES - 2] + among[-2:]
     if test is not None:
         omega = None if math.isnan(test.omega) else test.omega
         alt = {"replaces": test.replaces, "omega": omega, "rho": figure(test.rho), "epsilon": test.epsilon,
@@ -62,7 +52,7 @@ def people_part(cert) -> dict:
                else _short(test.missing, MAX_LINE)}
     return {"data": _short(cert.people.source), "results": None if cert.results is None else _short(cert.results),
             "n": len(cert.people.labels), "people": len(cert.people.annotators()), "level": cert.level,
-            "agreement": [{"name": _short(f.name), "estimate": figure(f.estimate)} for f in _kept(cert.among)],
+            "agreement": [{"name": _short(f.name), "estimate": figure(f.estimate)} for f in among],
             "panel": [{"person": _short(r.person), "people": figure(r.people), "panel": figure(r.panel)}
                       for r in cert.beside],
             "alt_test": alt}

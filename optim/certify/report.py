@@ -64,11 +64,8 @@ def check_join(verdicts: dict, people: People, results: str, *, judged_only: boo
     unlabelled = sorted(set(verdicts) - set(people.labels))
     if not unjudged and not unlabelled:
         return people
-    parts = []
-    if unlabelled:
-        parts.append(f"{len(unlabelled)} judged item(s) no person labelled (e.g. {unlabelled[:SHOWN_IDS]})")
-    if unjudged:
-        parts.append(f"{len(unjudged)} labelled item(s) with no results line (e.g. {unjudged[:SHOWN_IDS]})")
+    parts = [f"{len(ids)} {what} (e.g. {ids[:SHOWN_IDS]})" for ids, what in (
+        (unlabelled, "judged item(s) no person labelled"), (unjudged, "labelled item(s) with no results line")) if ids]
     raise DataError(f"item ids do not match {people.source} ({len(people.labels)} labelled, {len(verdicts)} judged): "
                     + "; ".join(parts) + ". Run the panel on exactly the labelled items (or certify only the judged ones)",
                     source=results)
@@ -133,9 +130,6 @@ def certify_judged(verdicts: dict[str, str | None], people: People, *, results: 
         (True, 0)
     """
     level = check_level(level or level_for(people))
-    if sorted(verdicts) != sorted(people.labels):
-        raise DataError(f"the panel judged {len(verdicts)} item(s) and the people labelled {len(people.labels)}: "
-                        "both must name the same items", source=results)
     bad = sorted(i for i, v in verdicts.items() if level != "nominal" and v is not None and not is_number(v))
     if bad:
         raise DataError(f"level {level} needs numbers; the panel's label of item(s) {bad[:SHOWN_IDS]} is not one",

@@ -26,15 +26,12 @@ def run(args) -> int:
     from optim.ablation.run import AblationHooks, ablate
     from optim.tracking.runs import TrackingSpec
 
-    waves = show.wave_progress(not args.no_progress)
-
     class Printed(AblationHooks):
+        wave = staticmethod(show.wave_progress(not args.no_progress))
+
         def progress(self, variant, total):
             print(f"{variant.name}: {', '.join(variant.roles)}", file=sys.stderr)
             return show.progress(total, not args.no_progress)
-
-        def wave(self, progress):
-            waves(progress)
 
         def judged(self, row):
             if row.result.resumed:

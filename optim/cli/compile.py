@@ -40,10 +40,17 @@ def add_command(sub, settings: OptimizerSettings | None = None) -> None:
 
 
 def run(args) -> int:
+    from chateval_dspy.errors import ConfigError
     from optim.cli.hooks import CompilePrinted
     from optim.tuning.compile import compile_and_save
+    from optim.tuning.labels import LabelledData
 
-    data = compile_data(args)
+    if not args.dataset and not args.labels:
+        raise ConfigError("compile needs --dataset, --labels, or both")
+    data = flags.data_spec(args) if args.dataset else None
+    if args.labels:  # people's labels on top of the dataset's
+        data = LabelledData(tuple(args.labels), data, task=flags.task(args) or args.format, seed=args.seed,
+                            limit=args.limit, tracking_uri=args.tracking_uri)
     settings = OptimizerSettings(max_demos=args.max_demos, candidates=args.candidates, auto=args.auto,
                                  threads=args.threads, seed=args.seed)
     gates = flags.gates(args)
@@ -57,17 +64,3 @@ def run(args) -> int:
     if done.mlflow_run_id:
         print(f"mlflow run: {done.mlflow_run_id}")
     return 0
-
-
-def compile_data(args):
-    """``--dataset`` and ``--labels`` -> the ``DataSpec``, or the ``LabelledData`` with people's labels on top."""
-    from chateval_dspy.errors import ConfigError
-    from optim.tuning.labels import LabelledData
-
-    if not args.dataset and not args.labels:
-        raise ConfigError("compile needs --dataset, --labels, or both")
-    base = flags.data_spec(args) if args.dataset else None
-    if not args.labels:
-        return base
-    return LabelledData(tuple(args.labels), base, task=flags.task(args) or args.format, seed=args.seed,
-                        limit=args.limit, tracking_uri=args.tracking_uri)

@@ -26,7 +26,7 @@ def add_command(sub) -> None:
 def run(args) -> int:
     """Judge, print the figures, and (without ``--no-mlflow``) log it all to an MLflow run that is open, RUNNING,
     from before the first item until the command ends (FINISHED, FAILED or KILLED)."""
-    from chateval_dspy.run.evaluate_dataset import plan_run
+    from chateval_dspy.run.evaluate_dataset import judge_plan, plan_run
     from optim.tracking.runs import tracer_for
 
     data = flags.data_spec(args)
@@ -35,8 +35,18 @@ def run(args) -> int:
     tracer = None if args.trace is False else tracer_for(
         args.trace, items=plan.items, config=plan.config, uri=args.tracking_uri, mlflow_target=not args.no_mlflow,
         tags={"chateval.command": "evaluate"})
-    with _tracked(args, plan) as tracked:
-        done = _judge(args, plan, concurrency, tracer, tracked)
+    if args.no_mlflow:
+        opened = contextlib.nullcontext()
+    else:
+        from optim.tracking.evaluation import evaluation_run
+
+        opened = evaluation_run(plan.data, plan.config, plan.items, out=plan.out, uri=args.tracking_uri)
+    with opened as tracked:
+        with show.progress(None, not args.no_progress) as on_item:
+            done = judge_plan(plan, overwrite=args.overwrite, concurrency=concurrency,
+                              on_item=tracer.on_item(on_item) if tracer else on_item,
+                              on_wave=show.wave_progress(not args.no_progress),
+                              on_start=tracked.judging if tracked is not None else None)
         metrics = _report(done)
         if tracked is not None:
             tracked.log(done, metrics)
@@ -48,25 +58,6 @@ def run(args) -> int:
         tracer.flush()
         print(f"mlflow traces: {len(tracer.trace_ids)} (experiment {tracer.experiment_id})", file=sys.stderr)
     return 0
-
-
-def _tracked(args, plan):
-    """The MLflow run (``optim.tracking.evaluation.EvaluationRun``), opened now; a context yielding None with --no-mlflow."""
-    if args.no_mlflow:
-        return contextlib.nullcontext()
-    from optim.tracking.evaluation import evaluation_run
-
-    return evaluation_run(plan.data, plan.config, plan.items, out=plan.out, uri=args.tracking_uri)
-
-
-def _judge(args, plan, concurrency: int, tracer, tracked):
-    from chateval_dspy.run.evaluate_dataset import judge_plan
-
-    with show.progress(None, not args.no_progress) as on_item:
-        return judge_plan(plan, overwrite=args.overwrite, concurrency=concurrency,
-                          on_item=tracer.on_item(on_item) if tracer else on_item,
-                          on_wave=show.wave_progress(not args.no_progress),
-                          on_start=tracked.judging if tracked is not None else None)
 
 
 def _report(done) -> dict:

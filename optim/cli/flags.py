@@ -255,20 +255,16 @@ def task(args):
 def lm_spec(args) -> LMSpec:
     from chateval_dspy.lm.panel import parse_referees
 
+    batch = {}  # none for a command without the batch flags (serve parses --batch only to refuse it)
+    if hasattr(args, "batch_poll"):
+        batch = {"batch": args.batch, "batch_dir": args.batch_dir, "batch_poll": args.batch_poll}
     return LMSpec(model=args.model, served_model=args.served_model, temperature=args.temperature,
                   max_tokens=args.max_tokens, timeout=args.timeout, retries=args.retries,
                   call_deadline=args.call_deadline, item_deadline=args.item_deadline, breaker=args.breaker,
                   rate_limit_wait=getattr(args, "rate_limit_wait", default(LMSpec, "rate_limit_wait")),
                   cache=not args.no_cache, cache_dir=args.cache_dir,
                   referee_models=parse_referees(getattr(args, "referee", None)),
-                  price_per_mtok=getattr(args, "price_per_mtok", None), **batch_settings(args))
-
-
-def batch_settings(args) -> dict:
-    """``--batch``, ``--batch-dir``, ``--batch-poll`` as ``LMSpec`` fields (none for a command without them)."""
-    if not hasattr(args, "batch_poll"):  # serve parses --batch only to refuse it
-        return {}
-    return {"batch": args.batch, "batch_dir": args.batch_dir, "batch_poll": args.batch_poll}
+                  price_per_mtok=getattr(args, "price_per_mtok", None), **batch)
 
 
 def panel_roles(args) -> tuple[str, ...]:

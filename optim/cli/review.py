@@ -35,6 +35,7 @@ def add_command(sub) -> None:
 def run(args) -> int:
     from chateval_dspy.errors import ConfigError
     from optim.review.queue import build_queue, rank_source
+    from optim.tracking import runs as tracking
 
     if args.no_mlflow:
         if args.source.startswith("mlflow:"):
@@ -48,14 +49,7 @@ def run(args) -> int:
     result = build_queue(args.source, queue=args.queue, task=args.task, top=args.top, budget=args.budget,
                          reviewers=args.reviewer, experiment=args.experiment, tracking_uri=args.tracking_uri,
                          show_panel=args.show_panel)
-    _report(args, result)
-    return 0
-
-
-def _report(args, result) -> None:
-    """What became of the ranked items, and where reviewers answer."""
-    from optim.tracking import runs as tracking
-
+    # What became of the ranked items, and where reviewers answer.
     if args.explain:
         for r in result.ranked:
             print(f"[{r.status}] {r.uncertainty.explain()}")
@@ -79,3 +73,4 @@ def _report(args, result) -> None:
     uri = tracking.tracking_uri(args.tracking_uri)
     if not uri.startswith(("http://", "https://")):  # a local store has no UI until one serves it
         print(f"  (serve the store first: mlflow ui --backend-store-uri {uri})")
+    return 0

@@ -106,9 +106,11 @@ class Desk:
         self.users = list(found.users)
         items = queue_items(self.queue_id)
         if any(i.item_id not in self.ranks for i in items):  # new items: read their ranks (one search)
-            found = read_ranks(self.experiment_id, self.queue_id)
+            tag = RANK_TAG.format(queue_id=self.queue_id)
+            found = {t.info.trace_id: (t.info.tags or {}).get(tag) or "" for t in sources.search(self.experiment_id, spans=False)}
             for i in items:  # an item queued without a rank goes after the ranked ones of its call
-                self.ranks.setdefault(i.item_id, found.get(i.item_id, MAX_ITEMS))
+                rank = found.get(i.item_id, "")
+                self.ranks.setdefault(i.item_id, int(rank) if rank.isdigit() else MAX_ITEMS)
         self.trace_ids = [i.item_id for i in sorted(items, key=lambda i: (
             i.creation_time_ms or 0, self.ranks[i.item_id], i.item_id))]
 
@@ -144,13 +146,6 @@ class Desk:
         comments = {who: a.comment for by in found.values() for who, a in by.items() if a.comment}
         return ReviewItem(trace_id, sources.item_id_of(trace) or trace_id, inputs, judged,
                           sources.record_from_trace(trace, task) or {}, values_of(found), comments)
-
-
-def read_ranks(experiment_id: str, queue_id: str) -> dict[str, int]:
-    """``{trace id: rank}`` of the experiment's traces that ``chateval review`` ranked into ``queue_id``."""
-    tag = RANK_TAG.format(queue_id=queue_id)
-    ranks = {t.info.trace_id: (t.info.tags or {}).get(tag) or "" for t in sources.search(experiment_id, spans=False)}
-    return {trace_id: int(rank) for trace_id, rank in ranks.items() if rank.isdigit()}
 
 
 def task_of(trace) -> TaskSpec:

@@ -203,14 +203,6 @@ def _checked(queue: str, reviewers, top: int | None, budget: int | None) -> tupl
     return size, reviewers
 
 
-def _waiting_elsewhere(experiment_id: str, queue_id: str) -> set[str]:
-    """Trace ids still pending in the experiment's other queues: an item waits for one review at a time."""
-    from mlflow.genai import review_queues
-
-    return {trace_id for other in paged(review_queues.list_review_queues, experiment_id=experiment_id)
-            if other.queue_id != queue_id for trace_id in _queued(other.queue_id, status="pending")}
-
-
 def _choose(result: QueueResult, *, queued_traces: set[str], queued: set[str], answered: set[str],
             elsewhere: set[str], size: int, budget: int | None) -> None:
     """Each ranked item's status: top takes the ``size`` most uncertain traced items, whatever became of them;
@@ -249,7 +241,9 @@ def _fill(result: QueueResult, asked: list[Question], every: list, *, reviewers:
     schema_ids, result.created_questions = _schemas(result.experiment_id, asked)
     found = _queue(result.experiment_id, result.queue, reviewers, schema_ids)
     queued_traces = _queued(found.queue_id)
-    elsewhere = {item_of.get(t, t) for t in _waiting_elsewhere(result.experiment_id, found.queue_id)}
+    # Items still pending in the experiment's other queues: an item waits for one review at a time.
+    elsewhere = {item_of.get(t, t) for other in paged(review_queues.list_review_queues, experiment_id=result.experiment_id)
+                 if other.queue_id != found.queue_id for t in _queued(other.queue_id, status="pending")}
     _choose(result, queued_traces=queued_traces, queued={item_of.get(t, t) for t in queued_traces},
             answered=answered, elsewhere=elsewhere, size=size, budget=budget)
     if result.added:

@@ -97,16 +97,15 @@ def public_base(host: str, port: int, public_url: str | None = None) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def _html(body: str, nonce: str, status: int = 200):
+def _html(body: str, nonce: str | None = None, status: int = 200):
     return HTMLResponse(body, status_code=status, headers={
-        "Content-Security-Policy": CSP.format(nonce=nonce), "Cache-Control": "no-store",
+        "Content-Security-Policy": CSP.format(nonce=nonce or secrets.token_urlsafe(16)), "Cache-Control": "no-store",
         "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"})
 
 
 def _refused(why: str, status: int = 403):
-    nonce = secrets.token_urlsafe(16)
-    return _html(f"<!doctype html><meta charset=utf-8><title>review</title><p>{html.escape(page.visible(why))}</p>", nonce,
-                 status)
+    return _html(f"<!doctype html><meta charset=utf-8><title>review</title><p>{html.escape(page.visible(why))}</p>",
+                 status=status)
 
 
 def _page(desk: Desk, reviewer: str, *, status: int = 200, **parts):

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import dspy
-import numpy as np
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
@@ -24,7 +23,7 @@ from chateval_dspy.errors import ConfigError
 from chateval_dspy.program.chateval import ChatEval, build_evaluator
 from chateval_dspy.run import identity, records
 from chateval_dspy.run.evaluate import evaluate
-from chateval_dspy.run.metrics import accuracy, label_accuracy, plain, primary_metric, spearman
+from chateval_dspy.run.metrics import plain, primary_metric
 from chateval_dspy.run.result import RunResult
 from optim.search.space import SearchSpace, suggest_config
 from optim.search.study import FINISHED, SurplusTrial, make_sampler
@@ -36,26 +35,18 @@ from optim.tuning.objectives import make_metric
 
 
 def running_agreement(result: RunResult) -> float:
-    """The task's primary metric without bootstrap (for pruning after each chunk of dev items)."""
+    """The task's primary metric without bootstrap (``optim.ablation.paired.agreement_statistic``), for pruning after
+    each chunk of dev items; a scored item without a verdict is left out."""
+    from optim.ablation.paired import agreement_statistic
+
     if not result.human:
         return math.nan
-    if result.config.format == "pairwise":
-        return accuracy(result.human, result.predicted)
-    task = result.config.task_spec
-    pairs = [(h, p) for h, p in zip(result.human, result.predicted) if p is not None]
-    ordinal = any(c.scale.ordinal for c in task.criteria)
-    figures = []
-    for c in task.criteria:
-        if c.scale.ordinal != ordinal:
-            continue  # the primary metric averages one kind: correlations, or else label accuracy
-        given = [(h[c.name], p[c.name]) for h, p in pairs if h.get(c.name) is not None]
-        human, predicted = [h for h, _ in given], [p for _, p in given]
-        figures.append(spearman(human, predicted) if ordinal else label_accuracy(human, predicted))
-    return float(np.mean(figures))
+    pairwise = result.config.format == "pairwise"
+    kept = [(h, p) for h, p in zip(result.human, result.predicted) if pairwise or p is not None]
+    return agreement_statistic(result.config.task_spec)([h for h, _ in kept], [p for _, p in kept])
 
 
-def build_for_trial(config: DebateConfig, compile_choice: str, trainset: Sequence,
-                    settings: OptimizerSettings | None = None) -> ChatEval:
+def build_for_trial(config: DebateConfig, compile_choice: str, trainset: Sequence, settings: OptimizerSettings) -> ChatEval:
     """``build_evaluator(config)``, compiled on ``trainset`` when the trial chose to compile."""
     program = build_evaluator(config)
     if compile_choice == "none":
@@ -64,7 +55,7 @@ def build_for_trial(config: DebateConfig, compile_choice: str, trainset: Sequenc
         raise ConfigError("compiling needs a non-empty train split: use more items or a larger --limit")
     return compile_evaluator(program, optimizer=compile_choice, trainset=trainset, valset=None,
                              metric=make_metric(None, config.task_spec, trainset),
-                             settings=settings or OptimizerSettings())
+                             settings=settings)
 
 
 def config_of(trial: FrozenTrial) -> tuple[DebateConfig, str]:
@@ -127,7 +118,9 @@ class Objective:
         config, compile_choice = suggest_config(trial, self.space, self.base)
         trial.set_user_attr("config", config.to_dict())
         trial.set_user_attr("compile", compile_choice)
-        same = self._duplicate_of(trial)
+        # A finished trial with the very same parameters: its figures are reused, nothing is judged twice.
+        same = next((t for t in trial.study.get_trials(deepcopy=False, states=FINISHED)
+                     if t.number != trial.number and t.params == trial.params), None)
         if not self.track:
             return self._reuse(trial, same) if same else self._run(trial, config, compile_choice)
         from optim.tracking import runs as tracking
@@ -150,11 +143,6 @@ class Objective:
         if pruned is not None:
             raise pruned
         return values
-
-    def _duplicate_of(self, trial: optuna.Trial) -> FrozenTrial | None:
-        """A finished trial with the very same parameters: its figures are reused, nothing is judged twice."""
-        return next((t for t in trial.study.get_trials(deepcopy=False, states=FINISHED)
-                     if t.number != trial.number and t.params == trial.params), None)
 
     def _reuse(self, trial: optuna.Trial, same: FrozenTrial):
         trial.set_user_attr("duplicate_of", same.user_attrs.get("duplicate_of", same.number))

@@ -221,7 +221,6 @@ def search_card(data, plan: SearchPlan, spec: StudySpec, space: SearchSpace, rec
                 finished: int) -> dict:
     """What the saved evaluator's card says of the data, the split and the search that chose it (a figure that is
     not finite, a cascade that reached no threshold, as None: JSON has no infinity)."""
-    items = plan.items
     values = [v if math.isfinite(v) else None for v in tested.trial.values]
     cascade = ({"cascade": {**recorded["cascade"], "dev": tested.trial.user_attrs.get("cascade"),
                             "note": IN_SAMPLE_NOTE}} if "cascade" in recorded else {})
@@ -231,7 +230,7 @@ def search_card(data, plan: SearchPlan, spec: StudySpec, space: SearchSpace, rec
         "search": {"study": spec.name, "storage": studies.storage_label(spec.storage),
                    "trial": tested.trial.number, "objectives": list(spec.objectives),
                    "trials_finished": finished, "space": space.to_dict(), "values": values, **cascade},
-        **({"skipped_rows": skipped_rows(items.skipped)} if getattr(items, "skipped", None) else {})}
+        **({"skipped_rows": skipped_rows(plan.items.skipped)} if getattr(plan.items, "skipped", None) else {})}
 
 
 def objective_for(data, plan: SearchPlan, spec: StudySpec, space: SearchSpace, *, concurrency: int, track: bool,

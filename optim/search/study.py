@@ -75,9 +75,7 @@ def make_sampler(seed: int, slot: int | None = None) -> optuna.samplers.TPESampl
     """TPE seeded by the search seed and, once known, the trial's slot: one seed per process would replay the same
     start-up draws in a resumed study and in every worker; by slot each trial is reproducible, distinct from the
     others, and the same for a trial that retries a failed one."""
-    if slot is None:
-        return optuna.samplers.TPESampler(seed=seed)
-    mixed = int(np.random.SeedSequence([seed, slot]).generate_state(1)[0])
+    mixed = seed if slot is None else int(np.random.SeedSequence([seed, slot]).generate_state(1)[0])
     return optuna.samplers.TPESampler(seed=mixed)
 
 

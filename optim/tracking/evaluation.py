@@ -62,15 +62,11 @@ def batch_tags(batch: dict | None) -> dict:
 
 
 class EvaluationRun:
-    """``chateval evaluate``'s MLflow run, opened before anything is judged (``evaluation_run``).
+    """``chateval evaluate``'s MLflow run, opened before anything is judged (``evaluation_run``), RUNNING meanwhile:
+    the model is logged once the LM is up (``judging``), figures, cost and files at the end (``log``)."""
 
-    It is RUNNING while the items are judged, so a long run shows in the MLflow UI as it goes, and ends FINISHED,
-    FAILED or KILLED (``optim.tracking.runs.run``). The panel, data, split and results file are logged when it opens,
-    the model once the LM is up (``judging``), figures, cost and files at the end (``log``).
-    """
-
-    def __init__(self, active, uri: str | None = None):
-        self.run_id, self.uri = active.info.run_id, uri
+    def __init__(self, active):
+        self.run_id = active.info.run_id
 
     def judging(self, out: Path, model: str, referee_models: dict[str, str] | None = None) -> None:
         """The LM is up (``evaluate_dataset``'s ``on_start``): log the model, and a mixed panel's referee models."""
@@ -86,6 +82,7 @@ class EvaluationRun:
         ``cost_usd_per_item`` and ``cost_usd_total`` when every model used is priced, else as the tag
         ``cost_usd: unpriced``; per-model figures as ``model/<name>/<figure>_per_item``.
         """
+        from chateval_dspy.run.evaluate_dataset import skipped_rows
         from optim.tracking import runs as tracking
 
         cost, batch = done.result.cost(), getattr(done, "batch", None)
@@ -95,29 +92,20 @@ class EvaluationRun:
         tracking.log_metrics(metrics, {**cost, **done.result.abstention_metrics(), **done.result.model_metrics(),
                                        **extra, **waves})
         tracking.log_file(done.out, "results")
-        _log_task_and_skipped(done)
-
-
-def _log_task_and_skipped(done) -> None:
-    from chateval_dspy.run.evaluate_dataset import skipped_rows
-    from optim.tracking import runs as tracking
-
-    with tempfile.TemporaryDirectory() as tmp:
-        if done.config.task is not None:
-            path = Path(tmp) / "task.json"
-            path.write_text(json.dumps(done.config.task.to_dict(), indent=2, ensure_ascii=False), encoding="utf-8")
-            tracking.log_file(path, "task")
-        if done.skipped:
-            path = Path(tmp) / "skipped_rows.json"
-            path.write_text(json.dumps(skipped_rows(done.skipped), indent=2, ensure_ascii=False), encoding="utf-8")
-            tracking.log_file(path, "skipped")
+        files = {"task": ("task.json", done.config.task and done.config.task.to_dict()),
+                 "skipped": ("skipped_rows.json", done.skipped and skipped_rows(done.skipped))}
+        with tempfile.TemporaryDirectory() as tmp:
+            for artifact_dir, (name, content) in files.items():
+                if content:
+                    path = Path(tmp) / name
+                    path.write_text(json.dumps(content, indent=2, ensure_ascii=False), encoding="utf-8")
+                    tracking.log_file(path, artifact_dir)
 
 
 @contextlib.contextmanager
 def evaluation_run(data, config, items, *, out: str | Path, uri: str | None = None) -> Iterator[EvaluationRun]:
-    """Open the evaluate run of results file ``out`` now, with what is known before judging: panel, dataset and its
-    hash, split, seed, limit, and the file as the tag ``chateval.out`` (the model follows once the LM is up:
-    ``EvaluationRun.judging``).
+    """Open the evaluate run of results file ``out`` now, with ``run_params`` less the model (known once the LM is
+    up: ``EvaluationRun.judging``) and the file as the tag ``chateval.out``.
 
     A SIGKILL leaves a run RUNNING (nothing can catch it): an earlier run of the same file whose process is gone
     (on this host) is ended KILLED first, when the same command is rerun to resume it.
@@ -129,15 +117,11 @@ def evaluation_run(data, config, items, *, out: str | Path, uri: str | None = No
     params = run_params(data, config, "", items)
     params.pop("model")
     with tracking.run("evaluate", params=params, uri=uri, tags=scope) as active:
-        yield EvaluationRun(active, uri)
+        yield EvaluationRun(active)
 
 
 def log_evaluation(done, metrics: dict, *, uri: str | None = None) -> str:
-    """Log a finished ``DatasetRun`` (from ``evaluate_dataset``) as one MLflow run; returns its id.
-
-    For a run judged outside MLflow (the Python API); ``chateval evaluate`` opens its run before judging
-    (``evaluation_run``) and logs into it as it goes.
-    """
+    """Log a finished ``DatasetRun`` judged outside MLflow (the Python API) as one MLflow run; returns its id."""
     with evaluation_run(done.data, done.config, done.items, out=done.out, uri=uri) as tracked:
         tracked.judging(done.out, done.model, getattr(done, "referee_models", None))
         tracked.log(done, metrics)

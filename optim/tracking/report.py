@@ -61,12 +61,6 @@ def _sqlite_missing(url: str) -> bool:
     return path is not None and not path.exists()
 
 
-def study_names(storage: str) -> list[str]:
-    import optuna
-
-    return [] if _sqlite_missing(storage) else sorted(optuna.get_all_study_names(storage=storage))
-
-
 def mlflow_client(uri: str | None):
     """An MLflow client on the tracking store, or None when the default local store was never created."""
     from optim.tracking import runs as tracking
@@ -93,7 +87,7 @@ def find(target: str, *, storage: str, uri: str | None = None):
 
     from optim.tracking.stores import redact_url
 
-    known = study_names(storage)
+    known = [] if _sqlite_missing(storage) else sorted(optuna.get_all_study_names(storage=storage))
     if target in known:
         return "study", optuna.load_study(study_name=target, storage=storage)
     where = f"studies in {redact_url(storage)}: {', '.join(known) if known else 'none'}"
@@ -123,8 +117,7 @@ def trials_frame(study):
         metric = metric or next((k for k in map(primary_metric, ("pairwise", "pointwise")) if k in dev), None)
         figure = dev.get(metric) if metric else None
         cost = t.user_attrs.get("cost") or {}
-        tokens = (cost.get("prompt_tokens_per_item", math.nan) + cost.get("completion_tokens_per_item", math.nan)
-                  if cost else math.nan)
+        tokens = cost.get("prompt_tokens_per_item", math.nan) + cost.get("completion_tokens_per_item", math.nan)
         share = cost.get("cached_prompt_share")
         rows.append({
             "trial": t.number, "state": t.state.name.lower(),

@@ -72,27 +72,23 @@ def redact_url(url: str) -> str:
     return url
 
 
-def _lock_key(purpose: str) -> int:
-    """A signed 64-bit advisory lock key per purpose: Optuna and MLflow stores in one database lock apart."""
-    digest = hashlib.sha256(f"chateval-dspy:{purpose}".encode()).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
-
-
 @contextlib.contextmanager
 def _advisory_lock(url: str, purpose: str) -> Iterator[None]:
     """``pg_advisory_lock`` on a connection of its own (closing it releases the lock, should this process die)."""
     import sqlalchemy
     from sqlalchemy.pool import NullPool
 
+    # A signed 64-bit key per purpose: Optuna and MLflow stores in one database lock apart.
+    key = {"k": int.from_bytes(hashlib.sha256(f"chateval-dspy:{purpose}".encode()).digest()[:8], "big", signed=True)}
     engine = sqlalchemy.create_engine(url, poolclass=NullPool)
     try:
         with engine.connect() as conn:
-            conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": _lock_key(purpose)})
+            conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), key)
             conn.commit()  # the lock is the session's, not the transaction's: no transaction stays open meanwhile
             try:
                 yield
             finally:
-                conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:k)"), {"k": _lock_key(purpose)})
+                conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:k)"), key)
                 conn.commit()
     finally:
         engine.dispose()

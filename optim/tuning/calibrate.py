@@ -242,8 +242,7 @@ def calibrate_judge(judge, program_dir: str | Path, data: DataSpec, *, out_dir: 
 
     if (level is None) != (risk is None):
         raise ConfigError("give the agreement level and the risk together (--agree-at-least and --risk), or neither")
-    if seed is None:
-        seed = recorded_seed(judge.card)
+    seed = recorded_seed(judge.card) if seed is None else seed
     task = judge.config.task_spec
     data = split_for(data, data.seed if seed is None else seed, task)
     out_dir = Path(out_dir)

@@ -27,7 +27,6 @@ from optim.tuning.selective import Cascade, choose_cascade_thresholds, exact_rat
 # A declaration is a few lines; anything much longer is not one (read before parsing).
 MAX_DECLARATION_BYTES = 64 * 1024
 DECLARATION_KEYS = ("level", "risk", "stages")
-STAGE_KEYS = ("name", "program", "model")
 
 
 @dataclass(frozen=True)
@@ -46,10 +45,6 @@ class DeclaredCascade:
     level: float
     risk: float
     stages: tuple[DeclaredStage, ...]
-
-
-def _number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def check_declaration(data, source: str, *, model_names_only: bool = True) -> DeclaredCascade:
@@ -71,8 +66,8 @@ def check_declaration(data, source: str, *, model_names_only: bool = True) -> De
     if not isinstance(data, dict) or set(data) != set(DECLARATION_KEYS):
         got = sorted(map(str, data))[:10] if isinstance(data, dict) else shown(data, 60)
         raise ConfigError(f"{source}: a cascade declares exactly {', '.join(DECLARATION_KEYS)}; got {got}")
-    for key in ("level", "risk"):
-        if not _number(data[key]) or not 0 < data[key] < 1:
+    for key in ("level", "risk"):  # NaN and infinities fail the range test too
+        if isinstance(data[key], bool) or not isinstance(data[key], (int, float)) or not 0 < data[key] < 1:
             raise ConfigError(f"{source}: key {key!r}: must be a number strictly between 0 and 1, got "
                               f"{shown(data[key], 40)}")
     stages = data["stages"]
@@ -91,7 +86,7 @@ def _check_stage(stage, key: str, source: str, model_names_only: bool) -> Declar
     from chateval_dspy.deploy.saved.cascade import NAME
     from chateval_dspy.deploy.saved.untrusted import check_model_name
 
-    if not isinstance(stage, dict) or not {"name", "program"} <= set(stage) <= set(STAGE_KEYS):
+    if not isinstance(stage, dict) or not {"name", "program"} <= set(stage) <= {"name", "program", "model"}:
         raise ConfigError(f"{source}: key {key!r}: a stage is name, program and optionally model; got "
                           f"{shown(stage, 80)}")
     if not isinstance(stage["name"], str) or not NAME.match(stage["name"]):
@@ -183,8 +178,7 @@ def split_of(declared: DeclaredCascade, data: DataSpec, seed: int | None) -> tup
     if seed is None and len(set(seeds.values())) > 1:
         raise ConfigError(f"the stages' cards record different split seeds ({seeds}): an item one stage was tested on "
                           "may have tuned another; give --seed to choose the split")
-    if seed is None:
-        seed = next(iter(seeds.values()), data.seed)
+    seed = next(iter(seeds.values()), data.seed) if seed is None else seed
     return calibrate.split_for(data, seed, tasks[first]), tasks[first]
 
 
@@ -347,10 +341,6 @@ class CascadeReport:
         return self.cascade.reached
 
     @property
-    def best_level(self) -> float | None:
-        return self.cascade.best_level
-
-    @property
     def given(self) -> int:
         return sum(s.left for s in self.stages)
 
@@ -372,7 +362,7 @@ class CascadeReport:
                 "check": {"coverage": self.coverage.to_dict(), "agreement": self.agreement.to_dict(),
                           "usd_per_1000": plain(self.per_1000),
                           "stages": [plain(vars(s)) for s in self.stages]},
-                "reached": self.reached, "best_level": self.best_level})
+                "reached": self.reached, "best_level": self.cascade.best_level})
 
     def lines(self) -> list[str]:
         """What the command prints: every figure with its model, data, split, n and 95% interval."""
@@ -386,11 +376,14 @@ class CascadeReport:
         for i, s in enumerate(self.stages, start=1):
             out.append(f"{check}: stage {i} {s.name} ({s.model}, threshold {_threshold(s.threshold)}): "
                        f"{s.left} item(s) left here, their agreement with people {_rate(s.agreement)} (exact 95% CI); "
-                       f"judged {s.reached} item(s): {s.calls} calls, {_usd(s.usd)}")
+                       f"judged {s.reached} item(s): {s.calls} calls, {'unpriced' if s.usd is None else f'${s.usd:.6f}'}")
         out.append(f"{check}: {h['items']['check'] - self.given} item(s) to a person (no stage kept them)")
         out.append(f"{check}: coverage {_rate(self.coverage)}, agreement with people of the verdicts given "
                    f"{_rate(self.agreement)} (exact 95% CI)")
-        out.append(self._cost_line(check))
+        usd = [f"cascade {_est_usd(self.per_1000.get('cascade'))} ({self.given} verdicts given)"]
+        usd += [f"{s.name} on every item {_est_usd(self.per_1000.get(key))} (agreement {_rate(s.alone)})"
+                for key, s in (("last_stage", self.stages[-1]), ("first_stage", self.stages[0]))]
+        out.append(f"{check}: USD per 1,000 verdicts (95% bootstrap CI over items): " + "; ".join(usd))
         if self.saved is not None:
             out.append(f"cascade: {self.saved}")
         out += [f"results: {p}" for p in self.results]
@@ -403,17 +396,11 @@ class CascadeReport:
                            for s, sel in zip(self.declared.stages, c.stages))
         if self.reached:
             return f"{head}: reached. Thresholds {chosen}; calibration coverage {_rate(c.coverage)}."
-        best = (f"the best level reachable at this risk with these items is {self.best_level:.1%}"
-                if self.best_level is not None else "no level can be guaranteed at this risk with these items")
+        best = (f"the best level reachable at this risk with these items is {c.best_level:.1%}"
+                if c.best_level is not None else "no level can be guaranteed at this risk with these items")
         return (f"{head}: NOT REACHED by any stage ({chosen}); {best}. No threshold saved: the cascade gives no "
                 "verdict, every item goes to a person with the last stage's verdict kept as withheld. Ask for a lower "
                 "level or a higher risk, or build on more labelled items.")
-
-    def _cost_line(self, check: str) -> str:
-        parts = [f"cascade {_est_usd(self.per_1000.get('cascade'))} ({self.given} verdicts given)"]
-        parts += [f"{s.name} on every item {_est_usd(self.per_1000.get(key))} (agreement {_rate(s.alone)})"
-                  for key, s in (("last_stage", self.stages[-1]), ("first_stage", self.stages[0]))]
-        return f"{check}: USD per 1,000 verdicts (95% bootstrap CI over items): " + "; ".join(parts)
 
 
 def _finite(value):
@@ -432,10 +419,6 @@ def _threshold(t: float | None) -> str:
 
 
 _rate = partial(rate_text, empty="n/a (no verdict)")
-
-
-def _usd(value: float | None) -> str:
-    return "unpriced" if value is None else f"${value:.6f}"
 
 
 def _est_usd(e: Estimate | None) -> str:
@@ -487,7 +470,7 @@ def log_report(report: CascadeReport, data: DataSpec, *, method: str, uri: str |
     params = {"dataset": data.dataset, "split": report.header["split"], "seed": data.seed, "limit": data.limit,
               "method": method, "level": report.cascade.level, "risk": report.cascade.risk,
               "n_calibration": report.n["calibration"], "n_check": report.n["check"], "reached": report.reached,
-              "best_level": report.best_level}
+              "best_level": report.cascade.best_level}
     for i, s in enumerate(report.stages, start=1):
         params.update({f"stage_{i}_name": s.name, f"stage_{i}_model": s.model, f"stage_{i}_threshold": s.threshold})
     files = (report.saved, report.report_file, *report.results)
@@ -543,15 +526,11 @@ class CascadeCost:
     figures: dict
     header: dict
 
-    @property
-    def reached(self) -> bool:
-        return self.cascade.reached
-
     def to_dict(self) -> dict:
         """The figures as a trial's user attribute (JSON: an unreached cascade's dollars are None)."""
-        f = self.figures
-        return _finite({"header": self.header, "reached": self.reached, "in_sample": True,
-                        "usd_per_1000": self.usd_per_1000 if self.reached else None,
+        f, reached = self.figures, self.cascade.reached
+        return _finite({"header": self.header, "reached": reached, "in_sample": True,
+                        "usd_per_1000": self.usd_per_1000 if reached else None,
                         "best_level": self.cascade.best_level,
                         "thresholds": [s.threshold for s in self.cascade.stages],
                         "coverage": f["coverage"].to_dict(), "agreement": f["agreement"].to_dict(),
@@ -561,7 +540,7 @@ class CascadeCost:
     def metrics(self) -> dict:
         """For the trial's MLflow run (``optim.tracking.runs.metric_values``); no dollars when unreached."""
         f = self.figures
-        out = {"reached": float(self.reached), "coverage": f["coverage"], "agreement": f["agreement"]}
+        out = {"reached": float(self.cascade.reached), "coverage": f["coverage"], "agreement": f["agreement"]}
         out.update({f"usd_per_1000_{k}": v for k, v in f["per_1000"].items() if v is not None})
         return out
 

@@ -66,8 +66,7 @@ def check_name(value, *, source: str, row: int | None, field: str) -> str:
         raise DataError(f"{shown(value, 60)} is {len(value)} characters long; the limit is "
                         f"{limits.MAX_LABEL_NAME_CHARS} (limits.MAX_LABEL_NAME_CHARS)", source=source, row=row,
                         field=field)
-    bad = unprintable(value)
-    if bad is not None:
+    if (bad := unprintable(value)) is not None:
         raise DataError(f"{shown(value, 60)} holds the control character {bad!r}; names and ids are one line of "
                         "printable text", source=source, row=row, field=field)
     return value
@@ -132,13 +131,9 @@ def label_rows(path: str) -> list[tuple[int, dict]]:
     """A label file's ``(row, record)`` pairs; whatever Python's CSV reader still refuses (``read_rows`` bounds
     cells itself) is a ``DataError`` naming the file, never a bare ``csv.Error``."""
     try:
-        rows = read_rows(path)
+        return read_rows(path)
     except csv.Error as exc:
         raise DataError(f"cannot read it as CSV ({shown(str(exc), 80)})", source=path) from exc
-    for _, record in rows:
-        if isinstance(record, DataError):
-            raise record
-    return rows
 
 
 def _answers_of(record: dict, row: int, path: str, questions: tuple[str, ...]) -> tuple[str, str, dict]:

@@ -63,9 +63,7 @@ def score_error_for(task: TaskSpec | str) -> Metric:
     return score_error
 
 
-def score_error(example: dspy.Example, pred: dspy.Prediction, trace=None) -> float:
-    """1 - mean absolute error over Topical-Chat's aspects, each scaled to 0..1 by its range; abstention is 0."""
-    return score_error_for("pointwise")(example, pred, trace)
+score_error = score_error_for("pointwise")  # over Topical-Chat's aspects
 
 
 METRICS = {"pairwise": ("agreement", "balanced"), "pointwise": ("score_error",)}  # each format's first is its default

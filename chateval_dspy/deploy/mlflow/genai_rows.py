@@ -16,18 +16,6 @@ EXPECTED_RESPONSE = "expected_response"
 EXPECTED_KEYS = ("label", "preference")
 
 
-def _lookup(row: dict, path: str):
-    source, _, key = path.partition(".")
-    if source not in SOURCES:
-        raise DataError(f"fields: {path!r} must start with one of {', '.join(SOURCES)}")
-    value = row.get(source)
-    if key:
-        if not isinstance(value, Mapping) or key not in value:
-            raise DataError(f"fields: the row has no {path!r}")
-        value = value[key]
-    return value
-
-
 def item_for(task, inputs=None, outputs=None, expectations=None, *, fields: Mapping[str, str] | None = None,
              item_id: str | None = None) -> dict:
     """The item a row of ``mlflow.genai.evaluate`` describes (see the module docstring for where each field
@@ -47,7 +35,13 @@ def item_for(task, inputs=None, outputs=None, expectations=None, *, fields: Mapp
     for ours, path in (fields or {}).items():
         if ours not in names and ours != "id":
             raise DataError(f"fields: {ours!r} is not an input of task {task.name!r} ({', '.join(names)})")
-        item[ours] = _lookup(row, path)
+        source, _, key = path.partition(".")
+        if source not in SOURCES:
+            raise DataError(f"fields: {path!r} must start with one of {', '.join(SOURCES)}")
+        value = row.get(source)
+        if key and (not isinstance(value, Mapping) or key not in value):
+            raise DataError(f"fields: the row has no {path!r}")
+        item[ours] = value[key] if key else value
 
     def take(source) -> None:
         if isinstance(source, Mapping):

@@ -69,8 +69,7 @@ class ChatEvalJudge(MlflowJudge):
         return value_type(self._judge.task, self._per_criterion)
 
     def get_input_fields(self) -> list:
-        task = self._judge.task
-        return [JudgeField(name=i.name, description=i.description or i.name, value_type=str) for i in task.inputs]
+        return [JudgeField(name=i.name, description=i.description or i.name, value_type=str) for i in self._judge.task.inputs]
 
     def __call__(self, *, inputs=None, outputs=None, expectations=None, trace=None):
         task = self._judge.task

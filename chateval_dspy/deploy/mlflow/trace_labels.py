@@ -138,11 +138,9 @@ def relabelled(item: dspy.Example, labels: dict, task) -> dspy.Example:
 
 def labelled(item_id: str, answers: dict[str, dict[str, object]], task, *, inputs: dict | None = None,
              base: dspy.Example | None = None, source: str = "trace", row: int | None = None) -> Labelled:
-    """One item with the labels its reviewers' ``answers`` give it, by the module's rule.
-
-    The item is ``base`` relabelled when the item is known (a dataset's item of that id: its full texts are used),
-    else it is built from ``inputs`` (what the trace or label file recorded of the judged texts).
-    """
+    """One item with the labels its reviewers' ``answers`` give it, by the module's rule: ``base`` relabelled when
+    the item is known (a dataset's, with its full texts), else built from ``inputs`` (what the trace or label file
+    recorded of the judged texts)."""
     labels, counted, split = label_record(answers, task)
     who = Counter(w for by in answers.values() for w in by)
     if not labels:

@@ -41,11 +41,6 @@ def _code(value) -> str:
     return f"`{text}`" if TOKEN.fullmatch(text) else md_text(text)
 
 
-def _criterion_text(criterion: dict) -> str:
-    scale = criterion["scale"]
-    return md_text(f"{criterion['name']} {scale if isinstance(scale, str) else '/'.join(map(str, scale))}")
-
-
 def _cost_lines(cost: dict) -> list[str]:
     """The card's cost block in words: the figures per item, then calls, tokens and dollars per model."""
     line = "- cost per item: " + ", ".join(
@@ -78,9 +73,10 @@ def _panel_lines(card: dict) -> list[str]:
     if referees:
         lines.append(f"- referee models: {', '.join(f'{md_text(k)} {_code(v)}' for k, v in referees.items())}")
     if task:
+        criteria = (f"{c['name']} {c['scale'] if isinstance(c['scale'], str) else '/'.join(map(str, c['scale']))}"
+                    for c in task["criteria"])
         lines.append(f"- task: {md_text(task['name'])} ({md_text(task['format'])}); inputs "
-                     f"{', '.join(md_text(i['name']) for i in task['inputs'])}; criteria "
-                     f"{', '.join(_criterion_text(c) for c in task['criteria'])}")
+                     f"{', '.join(md_text(i['name']) for i in task['inputs'])}; criteria {', '.join(map(md_text, criteria))}")
     lines.append(f"- panel: {', '.join(md_text(r) for r in cfg['roles'])}; strategy {md_text(cfg['strategy'])}; "
                  f"{md_text(cfg['turns'])} turn(s); aggregate {md_text(cfg['aggregate'])}; position calibration "
                  f"{'on' if cfg['calibrate'] else 'off'}")
@@ -156,22 +152,18 @@ def _figure(block: dict) -> str:
     return f"{block['value']:.3f} [{ci}] n={block['n']}"
 
 
-def _people_lines(part: dict) -> list[str]:
-    lines = [f"  - people: {md_text(part['data'])}, {part['n']} items, {part['people']} people, level "
-             f"{md_text(part['level'])}; panel's results {md_text(part['results'] or 'none')}"]
-    lines += [f"    - among the people, {md_text(f['name'])}: {_figure(f['estimate'])}" for f in part["agreement"]]
-    lines += [f"    - {md_text(r['person'])}: other people's kappa {_figure(r['people'])}, the panel's "
-              f"{_figure(r['panel'])}" for r in part["panel"]]
-    if part["alt_test"] is not None:
-        lines.append(f"    - alternative annotator test: {md_text(part['alt_test']['line'], 1000)}")
-    return lines
-
-
 def _certificate_lines(cert: dict) -> list[str]:
     """The card's ``certificate`` in words: each part filled, with what it was measured on, 95% intervals."""
     lines = [f"- certificate (program {_code(cert['program'])}; each figure with its 95% bootstrap interval):"]
     if "people" in cert:
-        lines += _people_lines(cert["people"])
+        part = cert["people"]
+        lines.append(f"  - people: {md_text(part['data'])}, {part['n']} items, {part['people']} people, level "
+                     f"{md_text(part['level'])}; panel's results {md_text(part['results'] or 'none')}")
+        lines += [f"    - among the people, {md_text(f['name'])}: {_figure(f['estimate'])}" for f in part["agreement"]]
+        lines += [f"    - {md_text(r['person'])}: other people's kappa {_figure(r['people'])}, the panel's "
+                  f"{_figure(r['panel'])}" for r in part["panel"]]
+        if part["alt_test"] is not None:
+            lines.append(f"    - alternative annotator test: {md_text(part['alt_test']['line'], 1000)}")
     if "audit" in cert:
         audit = cert["audit"]
         lines.append(f"  - bias audit: model {_code(audit['model'])}, data {md_text(audit['data'])}, {audit['n']} "

@@ -329,10 +329,9 @@ class CascadeJudge(LoadedJudge):
         """Batch mode: stage 1 on every ``(key, example)`` of ``todo``, then stage 2 on those stage 1 did not keep,
         and so on; ``runner(fn, items, workers)`` (``concurrency.run_gated``) makes each stage's calls in waves.
         Yields ``(key, verdict)`` as each item leaves the cascade."""
-        keys, pending, lines = [], [], {}
-        for n, (key, example) in enumerate(todo):  # by position: a key need not be hashable
-            keys.append(key)
-            pending.append((n, example))
+        todo, lines = list(todo), {}
+        keys = [key for key, _ in todo]
+        pending = [(n, example) for n, (_, example) in enumerate(todo)]  # by position: a key need not be hashable
         for judge, stage in zip(self.stages, self.spec.stages):
             going_on = []
             for (n, example), record in runner(lambda x, j=judge: j.record(x[1]), pending, workers):

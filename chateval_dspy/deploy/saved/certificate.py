@@ -94,16 +94,18 @@ def check_estimate(block, where, key: str, bounds: tuple[float, float]) -> None:
         raise _fail(where, key, "a value inside its interval", f"{value} outside [{ci_low}, {ci_high}]")
 
 
-def _list(value, where, key: str, limit: int) -> list:
-    if not isinstance(value, list) or len(value) > limit:
-        raise _fail(where, key, f"a list of at most {limit} entries", value)
-    return value
-
-
 def _keys(block, where, key: str, keys: tuple[str, ...]) -> dict:
     if not isinstance(block, dict) or set(block) != set(keys):
         raise _fail(where, key, f"a mapping of exactly {', '.join(keys)}", block)
     return block
+
+
+def _entries(value, where, key: str, limit: int, keys: tuple[str, ...]):
+    """``(key of the entry, entry)`` of a list of at most ``limit`` mappings of exactly ``keys``."""
+    if not isinstance(value, list) or len(value) > limit:
+        raise _fail(where, key, f"a list of at most {limit} entries", value)
+    for i, entry in enumerate(value):
+        yield f"{key}[{i}]", _keys(entry, where, f"{key}[{i}]", keys)
 
 
 def _check_alt_test(block, where) -> None:
@@ -141,14 +143,10 @@ def _check_people(block, where) -> None:
         raise _fail(where, "people.people", f"at most {MAX_PEOPLE}", block["people"])
     if block["level"] not in LEVELS:
         raise _fail(where, "people.level", f"one of {', '.join(LEVELS)}", block["level"])
-    for i, entry in enumerate(_list(block["agreement"], where, "people.agreement", MAX_FIGURES)):
-        at = f"people.agreement[{i}]"
-        _keys(entry, where, at, ("name", "estimate"))
+    for at, entry in _entries(block["agreement"], where, "people.agreement", MAX_FIGURES, ("name", "estimate")):
         _text(entry["name"], where, f"{at}.name")
         check_estimate(entry["estimate"], where, f"{at}.estimate", AGREEMENT)
-    for i, entry in enumerate(_list(block["panel"], where, "people.panel", MAX_PEOPLE)):
-        at = f"people.panel[{i}]"
-        _keys(entry, where, at, ("person", "people", "panel"))
+    for at, entry in _entries(block["panel"], where, "people.panel", MAX_PEOPLE, ("person", "people", "panel")):
         _text(entry["person"], where, f"{at}.person")
         check_estimate(entry["people"], where, f"{at}.people", AGREEMENT)
         check_estimate(entry["panel"], where, f"{at}.panel", AGREEMENT)
@@ -164,9 +162,7 @@ def _check_audit(block, where) -> None:
     _count(block["n"], where, "audit.n")
     if not isinstance(block["calibrated"], bool):
         raise _fail(where, "audit.calibrated", "true or false", block["calibrated"])
-    for i, entry in enumerate(_list(block["figures"], where, "audit.figures", MAX_FIGURES)):
-        at = f"audit.figures[{i}]"
-        _keys(entry, where, at, ("probe", "figure", "estimate"))
+    for at, entry in _entries(block["figures"], where, "audit.figures", MAX_FIGURES, ("probe", "figure", "estimate")):
         _text(entry["probe"], where, f"{at}.probe")
         _text(entry["figure"], where, f"{at}.figure")
         check_estimate(entry["estimate"], where, f"{at}.estimate", audit_range(entry["figure"]))

@@ -56,9 +56,8 @@ def unpickle_model(uri: str, trust_pickle: bool) -> ChatEval:
     try:
         return mlflow.dspy.load_model(uri)
     finally:
-        if previous is None:
-            os.environ.pop("MLFLOW_ALLOW_PICKLE_DESERIALIZATION", None)
-        else:
+        os.environ.pop("MLFLOW_ALLOW_PICKLE_DESERIALIZATION", None)
+        if previous is not None:
             os.environ["MLFLOW_ALLOW_PICKLE_DESERIALIZATION"] = previous
 
 

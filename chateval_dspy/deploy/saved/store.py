@@ -98,11 +98,8 @@ def _write_calibration(directory: Path, calibration: Calibration) -> None:
 
 def save_calibration(directory: str | Path, calibration: Calibration) -> Path:
     """Add ``calibration`` to the saved evaluator in ``directory`` (replacing any): ``calibration.json``, and its
-    summary (``card.calibration_block``) in ``card.json`` and ``card.md``. Returns the calibration file's path.
-
-    Raises:
-        ConfigError: ``directory`` is not a saved evaluator, or its card breaks a rule (``check_card``).
-    """
+    summary (``card.calibration_block``) in ``card.json`` and ``card.md``. Returns the calibration file's path; a
+    ``ConfigError`` when ``directory`` is not a saved evaluator, or its card breaks a rule (``check_card``)."""
     directory = Path(directory)
     card = read_card(directory)
     check_card(card, directory / CARD_FILE)

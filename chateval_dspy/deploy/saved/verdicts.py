@@ -1,6 +1,6 @@
 """The rows a batch prediction takes (``model_records``) and returns (``verdict_frame``; ``RESULT_TYPE`` is their
-Spark struct, for ``mlflow.pyfunc.spark_udf``), and ``judge_batch`` between them (``LoadedJudge.evaluate_batch``,
-a ``Judge``'s or a ``CascadeJudge``'s).
+Spark struct, for ``mlflow.pyfunc.spark_udf``), and ``LoadedJudge.evaluate_batch`` between them (a ``Judge``'s or
+a ``CascadeJudge``'s).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ VERDICT_COLUMNS = (("verdict", "string"), ("id", "string"), ("format", "string")
                    ("seconds", "double"), ("cost_usd", "double"), ("confidence", "string"))
 RESULT_TYPE = ", ".join(f"{name} {kind}" for name, kind in VERDICT_COLUMNS)
 _FILLED = {"prompt_tokens": 0, "completion_tokens": 0, "seconds": 0.0}  # an invalid row spent nothing
-_DTYPES = {"long": "int64", "double": "float64"}
 # A verdict's fields that hold lists or objects: JSON text in a flat frame, for Arrow-based engines.
 NESTED_COLUMNS = ("scores", "rationales", "referees", "truncated", "criteria", "empty", "usage_by_model", "confidence",
                   "raw_confidence", "withheld", "stages_run")
@@ -59,7 +58,7 @@ def verdict_frame(frame):
         if name not in out:
             out[name] = None
         if name in _FILLED:
-            out[name] = out[name].fillna(_FILLED[name]).astype(_DTYPES[kind])
+            out[name] = out[name].fillna(_FILLED[name]).astype({"long": "int64", "double": "float64"}[kind])
         elif kind == "double":
             out[name] = pd.to_numeric(out[name], errors="coerce").astype("float64")
     pairwise = out["format"] == "pairwise"
@@ -73,14 +72,35 @@ _Loaded = TypeVar("_Loaded", bound="LoadedJudge")
 
 
 class LoadedJudge:
-    """What a loaded ``Judge`` and ``CascadeJudge`` share: batches (``judge_batch``), and closing its LMs (its
+    """What a loaded ``Judge`` and ``CascadeJudge`` share: batches (``evaluate_batch``), and closing its LMs (its
     ``_stack``) as a context manager, or by ``close()``."""
 
     _stack: contextlib.ExitStack
 
     def evaluate_batch(self, items, *, concurrency: int = 4, flat: bool = False) -> pd.DataFrame:
-        """Judge many items (a DataFrame or records) into a DataFrame in input order (``judge_batch``)."""
-        return judge_batch(self, items, concurrency=concurrency, flat=flat)
+        """Judge many items (a DataFrame or records), at most ``concurrency`` in flight, into a DataFrame in input
+        order: an invalid row gets its error in ``error`` and the batch goes on; ``flat``: ``NESTED_COLUMNS`` as JSON
+        text, for Arrow-based engines (Ray, Spark, MLflow serving)."""
+        import pandas as pd
+
+        records = items.to_dict("records") if isinstance(items, pd.DataFrame) else list(items)
+
+        def one(indexed):
+            i, record = indexed
+            try:
+                return {**self(record, row=i + 1, source="batch").to_dict(), "error": None}
+            except DataError as exc:
+                return {"id": str(record.get("id", i + 1)) if isinstance(record, dict) else str(i + 1), "error": str(exc)}
+
+        out = [None] * len(records)
+        for (i, _), verdict in bounded_unordered(one, list(enumerate(records)), concurrency):
+            out[i] = verdict
+        frame = pd.DataFrame(out)
+        if flat:
+            for column in NESTED_COLUMNS:
+                if column in frame:
+                    frame[column] = frame[column].map(lambda v: None if v is None else json.dumps(v, default=str))
+        return frame
 
     def close(self) -> None:
         self._stack.close()
@@ -90,29 +110,3 @@ class LoadedJudge:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def judge_batch(judge, items, *, concurrency: int = 4, flat: bool = False) -> pd.DataFrame:
-    """Judge many items (a DataFrame or records), at most ``concurrency`` in flight, into a DataFrame in input order:
-    an invalid row gets its error in ``error`` and the batch goes on; ``flat``: ``NESTED_COLUMNS`` as JSON text, for
-    Arrow-based engines (Ray, Spark, MLflow serving)."""
-    import pandas as pd
-
-    records = items.to_dict("records") if isinstance(items, pd.DataFrame) else list(items)
-
-    def one(indexed):
-        i, record = indexed
-        try:
-            return {**judge(record, row=i + 1, source="batch").to_dict(), "error": None}
-        except DataError as exc:
-            return {"id": str(record.get("id", i + 1)) if isinstance(record, dict) else str(i + 1), "error": str(exc)}
-
-    out = [None] * len(records)
-    for (i, _), verdict in bounded_unordered(one, list(enumerate(records)), concurrency):
-        out[i] = verdict
-    frame = pd.DataFrame(out)
-    if flat:
-        for column in NESTED_COLUMNS:
-            if column in frame:
-                frame[column] = frame[column].map(lambda v: None if v is None else json.dumps(v, default=str))
-    return frame

@@ -17,9 +17,8 @@ class JudgeBatches:
     """A Ray Data ``map_batches`` callable: load once per actor, then judge pandas batches into this actor's part
     file in ``out`` (returning one row of counts), or without ``out`` into verdicts."""
 
-    def __init__(self, evaluator: str, model: str | None = None, concurrency: int = 2, out: str | None = None,
-                 done: frozenset = frozenset(), cache_dir: str | None = None, cache: bool = True,
-                 identity=None, max_in_flight: int | None = None):
+    def __init__(self, evaluator: str, model: str | None, concurrency: int, out: str | None, done: frozenset,
+                 cache_dir: str | None, cache: bool, identity, max_in_flight: int | None):
         from chateval_dspy.deploy.saved.judge import load
         from chateval_dspy.deploy.scale.parts import worker_env
         from chateval_dspy.lm.spec import LMSpec

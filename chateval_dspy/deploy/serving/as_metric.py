@@ -169,7 +169,7 @@ class JudgeMetric:
 
     def result(self, example, prediction) -> MetricResult:
         """Judge one (example, prediction) pair, or answer it from the cache."""
-        item = {name: _text(value) for name, value in self._item(example, prediction).items()}
+        item = {name: "" if value is None else str(value) for name, value in self._item(example, prediction).items()}
         blank = sorted(name for name in self._must_have_text if name in item and not item[name].strip())
         if blank:  # nothing to judge: a blank answer scores as a failed one, without paying the panel
             return self._abstain(item, f"blank:{','.join(blank)}", ())
@@ -372,27 +372,16 @@ def _getter(path, where: str) -> Callable:
     def get(example, prediction):
         value = example if root == "example" else prediction
         for part in parts:
-            value = _step(value, part, path)
+            try:
+                value = value[part]
+            except (KeyError, IndexError, TypeError):
+                if not hasattr(value, part):
+                    keys = list(value.keys()) if hasattr(value, "keys") else []
+                    raise ConfigError(f"as_metric: {path} not found ({type(value).__name__} has no {part!r}"
+                                      f"{'; it has ' + ', '.join(map(str, keys)) if keys else ''})") from None
+                value = getattr(value, part)
         return value
     return get
-
-
-def _step(obj, part: str, path: str):
-    try:
-        return obj[part]
-    except (KeyError, IndexError, TypeError):
-        pass
-    try:
-        return getattr(obj, part)
-    except AttributeError:
-        keys = list(obj.keys()) if hasattr(obj, "keys") else []
-        raise ConfigError(f"as_metric: {path} not found ({type(obj).__name__} has no {part!r}"
-                          f"{'; it has ' + ', '.join(map(str, keys)) if keys else ''})") from None
-
-
-def _text(value) -> str:
-    """A judged field as text: None is blank, numbers and other values are written out."""
-    return "" if value is None else value if isinstance(value, str) else str(value)
 
 
 def _same_label(value, label: str) -> bool:

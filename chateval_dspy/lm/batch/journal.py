@@ -34,10 +34,9 @@ MAX_LINE_BYTES = 4 * 1024 * 1024
 
 @dataclass
 class Submitted:
-    """A batch in the journal: its label, wave, request ids, and (once known) the provider's id and end."""
+    """A batch in the journal: its label, request ids, and (once known) the provider's id and end."""
 
     label: str
-    wave: int
     custom_ids: list[str]
     id: str | None = None
     ended: bool = False
@@ -89,7 +88,7 @@ class Journal:
             if not isinstance(ids, list) or not all(isinstance(i, str) and ID_PATTERN.match(i) for i in ids) \
                     or not isinstance(wave, int):
                 raise ConfigError(f"{self.folder / JOURNAL}: intent {label!r} lists invalid request ids")
-            self.batches[label] = Submitted(label, wave, ids)
+            self.batches[label] = Submitted(label, ids)
         elif kind in ("submitted", "ended") and label in self.batches:
             batch = self.batches[label]
             if kind == "submitted" and isinstance(event.get("id"), str):
@@ -106,7 +105,7 @@ class Journal:
         self.folder.mkdir(parents=True, exist_ok=True)
         write_atomic(self.folder / f"{label}.input.jsonl", lines.encode("utf-8"))
         self._append(self.folder / JOURNAL, {"event": "intent", "label": label, "wave": wave, "custom_ids": ids})
-        self.batches[label] = Submitted(label, wave, ids)
+        self.batches[label] = Submitted(label, ids)
 
     def submitted(self, label: str, batch_id: str) -> None:
         self._append(self.folder / JOURNAL, {"event": "submitted", "label": label, "id": batch_id})

@@ -26,10 +26,10 @@ class OpenAIBatches:
 
     name = "openai"
 
-    def __init__(self, base_url: str, api_key: str, *, timeout: float = 120.0):
+    def __init__(self, base_url: str, api_key: str):
         self.base_url = base_url.rstrip("/")
         # No redirects: an answer may not choose where requests, files and the key go (a 3xx is an error).
-        self.client = openai.OpenAI(base_url=self.base_url, api_key=api_key, timeout=timeout, max_retries=3,
+        self.client = openai.OpenAI(base_url=self.base_url, api_key=api_key, timeout=120.0, max_retries=3,
                                     http_client=openai.DefaultHttpxClient(follow_redirects=False))
 
     def __repr__(self) -> str:

@@ -107,7 +107,7 @@ class Waves:
     def _drive(self, gate: Gate) -> None:
         """Submit a wave each time every thread of ``gate`` is parked; end when they have all ended."""
         while True:
-            gate.wait_quiet(lambda: False)
+            gate.wait_quiet()
             with self._lock:
                 calls, self._pending = self._pending, {}
                 if not calls and gate.parked == 0 and gate.runnable <= 0:
@@ -176,8 +176,7 @@ class Waves:
             self.journal.submitted(label, batch_id)
             self.submitted += len(fresh)
             labels.append(label)
-        for label in labels:
-            self.batch_ids.append(self.journal.batches[label].id)
+        self.batch_ids += [self.journal.batches[label].id for label in labels]
         return labels
 
     def _found(self, label: str) -> bool:
@@ -192,20 +191,16 @@ class Waves:
     def _wait(self, labels: list[str], calls: dict[str, _Call]) -> dict[str, BatchState]:
         states = {label: self.provider.state(self.journal.batches[label].id) for label in labels}
         while True:
-            self._progress(calls, states)
+            if self.on_progress is not None:
+                self.on_progress({
+                    "provider": self.provider.name, "wave": self.wave, "expected": self.expected, "requests": len(calls),
+                    "submitted": self.submitted, "usd": self.usd,
+                    "answered": sum(1 for c in calls.values() if c.body is not None),
+                    "batches": [{"id": s.id, "status": s.status, "detail": s.detail, **s.counts} for s in states.values()]})
             if all(s.terminal for s in states.values()):
                 return states
             time.sleep(self.poll_seconds)
             states = {label: s if s.terminal else self.provider.state(s.id) for label, s in states.items()}
-
-    def _progress(self, calls: dict[str, _Call], states: dict[str, BatchState]) -> None:
-        if self.on_progress is None:
-            return
-        self.on_progress({
-            "provider": self.provider.name, "wave": self.wave, "expected": self.expected, "requests": len(calls),
-            "submitted": self.submitted, "usd": self.usd,
-            "answered": sum(1 for c in calls.values() if c.body is not None),
-            "batches": [{"id": s.id, "status": s.status, "detail": s.detail, **s.counts} for s in states.values()]})
 
     def _keep(self, outcome: Outcome) -> None:
         if len(json.dumps(outcome.body)) > MAX_BATCH_ANSWER_BYTES:

@@ -55,19 +55,16 @@ def _fields(data: dict) -> dict:
     responses = data.get("responses") or ()
     if not isinstance(responses, (list, tuple)):
         raise ConfigError("key 'responses': a list of the two compared inputs")
+    merge = data.get("label_map_merge", False)
+    if not isinstance(merge, bool):
+        raise ConfigError(f"key 'label_map_merge': true or false, got {shown(merge, 40)}")
     return {"name": data["name"], "format": data["format"], "inputs": parsed_inputs, "criteria": parsed_criteria,
             "argue": _opt_text(instructions.get("argue"), "instructions.argue"),
             "verdict": _opt_text(instructions.get("verdict"), "instructions.verdict"),
             **{key: data[key] for key in ("evidence", "criteria_in") if key in data},  # absent: the spec's default
             "responses": tuple(responses), "preference": preference,
             "material": _opt_text(data.get("material"), "material"), "label_map": label_pairs(data.get("label_map")),
-            "label_map_merge": _flag(data.get("label_map_merge", False), "label_map_merge")}
-
-
-def _flag(value, key: str) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(f"key '{key}': true or false, got {shown(value, 40)}")
-    return value
+            "label_map_merge": merge}
 
 
 def _criterion(i: int, entry: dict) -> Criterion:

@@ -6,6 +6,7 @@ unasked on a server (``chateval serve``), which judges an unbounded number of it
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 # Tracing is on by default for runs of at most this many items (and MLflow as the tracking target).
@@ -32,11 +33,5 @@ def tracing_default(flag: bool | None, *, mlflow_target: bool, items: int | None
 def at_most_lines(path: str | Path, n: int) -> bool:
     """Whether the file has at most ``n`` non-blank lines, reading no further than line ``n + 1``
     (a cheap upper bound on its rows, for the default rule)."""
-    count = 0
     with open(path, "rb") as f:
-        for line in f:
-            if line.strip():
-                count += 1
-                if count > n:
-                    return False
-    return True
+        return next(itertools.islice((line for line in f if line.strip()), n, None), None) is None

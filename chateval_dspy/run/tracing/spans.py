@@ -69,13 +69,6 @@ def _shown(transcript: list[dict], i: int, strategy) -> list[Utterance]:
     return strategy.visible(before, u["round"]) if strategy is not None else before
 
 
-def _as_said(verdict: dict | None, swapped: bool, task) -> dict | None:
-    """A referee's verdict as it was given in its answer order (records keep order 2's mapped back)."""
-    if verdict is None or not swapped:
-        return verdict
-    return calibration.unswap_scores(verdict, task)  # the swap is its own inverse
-
-
 def _usage(prompt: int | None, completion: int | None) -> dict:
     prompt, completion = int(prompt or 0), int(completion or 0)
     return {"input_tokens": prompt, "output_tokens": completion, "total_tokens": prompt + completion}
@@ -211,9 +204,11 @@ class _Debate:
         return self.task.format == "pairwise" and o == 1
 
     def verdict(self, slug: str, o: int) -> dict | None:
-        """A referee's verdict in answer order ``o`` as it was given (in that order's positions)."""
+        """A referee's verdict in answer order ``o`` as it was given (in that order's positions; records keep
+        order 2's mapped back, and the swap is its own inverse)."""
         verdicts = self.referees.get(slug) or []
-        return _as_said(verdicts[o] if o < len(verdicts) else None, self.swapped(o), self.task)
+        verdict = verdicts[o] if o < len(verdicts) else None
+        return calibration.unswap_scores(verdict, self.task) if self.swapped(o) else verdict
 
 
 def _shown_item(inputs: Mapping[str, str] | None, task, config) -> dict | None:

@@ -105,13 +105,12 @@ def _quiet():
 
     previous = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    loggers = [logging.getLogger(n) for n in ("dspy", "optuna", "chateval_dspy")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
+    levels = {lg: lg.level for lg in map(logging.getLogger, ("dspy", "optuna", "chateval_dspy"))}
+    for lg in levels:
         lg.setLevel(logging.ERROR)
     try:
         yield
     finally:
         optuna.logging.set_verbosity(previous)
-        for lg, level in zip(loggers, levels):
+        for lg, level in levels.items():
             lg.setLevel(level)

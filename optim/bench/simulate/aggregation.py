@@ -21,8 +21,7 @@ HERDING = SimKnobs(default_accuracy=0.65, herding=0.5)
 def run_aggregation(budget) -> dict:
     """Rows ``{kind, n, strategy, aggregate, accuracy (over seeds), theory}`` for both panels' families."""
     rows = []
-    most = max(max(budget.panel_sizes), max(budget.herd_sizes))
-    roles = independent_roles(most)
+    roles = independent_roles(max(budget.panel_sizes + budget.herd_sizes))
     cells = [("independent", n, "simultaneous_talk", 1, aggregate, INDEPENDENT)
              for n in budget.panel_sizes for aggregate in ("majority", "mean")]
     cells += [("herding", n, strategy, 2, "majority", HERDING) for strategy in STRATEGIES for n in budget.herd_sizes]

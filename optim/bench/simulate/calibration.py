@@ -7,6 +7,8 @@ orders' panel verdicts agree). ``theory.panel`` gives both figures exactly.
 
 from __future__ import annotations
 
+import itertools
+
 from chateval_dspy.config import DebateConfig
 from chateval_dspy.testing.sim_lm import SimKnobs
 from optim.bench.simulate import theory
@@ -20,16 +22,14 @@ def run_calibration(budget) -> dict:
     roles = independent_roles(max(budget.calibration_sizes))
     worlds = [make_world(BIASED, seed, {"test": budget.items}, roles=roles) for seed in range(budget.seeds)]
     rows = []
-    for n in budget.calibration_sizes:
-        for aggregate in ("majority", "mean"):
-            for calibrate in (False, True):
-                cfg = DebateConfig(roles=tuple(r.slug for r in roles[:n]), turns=1, strategy="simultaneous_talk",
-                                   aggregate=aggregate, calibrate=calibrate)
-                judged = [judge(w, cfg, w.splits["test"]) for w in worlds]
-                exact = theory.panel([BIASED.default_accuracy] * n, BIASED, aggregate=aggregate, calibrate=calibrate)
-                rows.append({"n": n, "aggregate": aggregate, "calibrate": calibrate,
-                             "accuracy": across([j.accuracy for j in judged]),
-                             "consistency": across([j.consistency for j in judged]) if calibrate else None,
-                             "first_rate": across([j.first_rate for j in judged]),
-                             "theory_accuracy": exact["accuracy"], "theory_consistency": exact["consistency"]})
+    for n, aggregate, calibrate in itertools.product(budget.calibration_sizes, ("majority", "mean"), (False, True)):
+        cfg = DebateConfig(roles=tuple(r.slug for r in roles[:n]), turns=1, strategy="simultaneous_talk",
+                           aggregate=aggregate, calibrate=calibrate)
+        judged = [judge(w, cfg, w.splits["test"]) for w in worlds]
+        exact = theory.panel([BIASED.default_accuracy] * n, BIASED, aggregate=aggregate, calibrate=calibrate)
+        rows.append({"n": n, "aggregate": aggregate, "calibrate": calibrate,
+                     "accuracy": across([j.accuracy for j in judged]),
+                     "consistency": across([j.consistency for j in judged]) if calibrate else None,
+                     "first_rate": across([j.first_rate for j in judged]),
+                     "theory_accuracy": exact["accuracy"], "theory_consistency": exact["consistency"]})
     return {"knobs": BIASED, "items": budget.items, "rows": rows}

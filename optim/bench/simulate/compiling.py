@@ -36,12 +36,6 @@ def compile_once(world, optimizer: str, n_train: int, budget) -> dict:
             "demos": len(judge_predictor.demos), "keyed": keyed}
 
 
-def ceilings(knobs: SimKnobs, max_demos: int) -> dict:
-    """The planted accuracies: untuned, demos only, instructions only, both (the ceiling)."""
-    return {"untuned": knobs.p(REFEREE), "demos": knobs.p(REFEREE, right_demos=max_demos),
-            "instructions": knobs.p(REFEREE, keyed=True), "ceiling": knobs.p(REFEREE, right_demos=max_demos, keyed=True)}
-
-
 def run_compile(budget, knobs: SimKnobs = TUNABLE) -> dict:
     """Rows ``{optimizer, n_train, before, after, gain, demos, keyed}`` over seeds, with the planted values."""
     sizes = {"train": max(budget.train_sizes), "dev": budget.dev, "test": budget.test}
@@ -57,7 +51,10 @@ def run_compile(budget, knobs: SimKnobs = TUNABLE) -> dict:
                          "demos": across([r["demos"] for r in runs]),
                          "keyed": across([float(r["keyed"]) for r in runs])})
     return {"knobs": knobs, "config": CONFIG.changes(), "max_demos": budget.max_demos, "dev": budget.dev,
-            "test": budget.test, "planted": ceilings(knobs, budget.max_demos), "rows": rows}
+            "test": budget.test,
+            "planted": {"untuned": knobs.p(REFEREE), "demos": knobs.p(REFEREE, right_demos=budget.max_demos),
+                        "instructions": knobs.p(REFEREE, keyed=True),
+                        "ceiling": knobs.p(REFEREE, right_demos=budget.max_demos, keyed=True)}, "rows": rows}
 
 
 def labels_needed(compiled: dict) -> list[dict]:

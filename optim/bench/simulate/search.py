@@ -28,13 +28,9 @@ RANDOM_OFFSET = 7919
 
 def every_panel(space: SearchSpace = SPACE) -> list[DebateConfig]:
     """Every panel the space can draw."""
-    out = []
-    for n in range(space.n_roles[0], space.n_roles[1] + 1):
-        for roles in persona_sets(n):
-            for strategy in space.strategies:
-                for aggregate in space.aggregates:
-                    out.append(BASE.replace(roles=tuple(roles.split("+")), strategy=strategy, aggregate=aggregate))
-    return out
+    return [BASE.replace(roles=tuple(roles.split("+")), strategy=strategy, aggregate=aggregate)
+            for n in range(space.n_roles[0], space.n_roles[1] + 1) for roles in persona_sets(n)
+            for strategy in space.strategies for aggregate in space.aggregates]
 
 
 def key(cfg: DebateConfig) -> str:

@@ -11,6 +11,7 @@ from chateval_dspy.run.metrics import (
     Estimate,
     accuracy,
     bootstrap,
+    cohen_kappa,
     kappa,
     kendall,
     pairwise_report,
@@ -59,6 +60,30 @@ def test_kappa_by_hand():
 ])
 def test_kappa_matches_the_confusion_matrix_formula(predicted):
     assert kappa(HUMAN, predicted) == pytest.approx(kappa_by_hand(HUMAN, predicted))
+
+
+def test_cohen_kappa_is_sklearns_on_every_case_it_defines():
+    """The counted kappa equals ``sklearn.metrics.cohen_kappa_score`` on random draws of labels (few items, missing
+    classes, labels outside the list), NaN where sklearn's is NaN; where sklearn refuses (no pair within the
+    labels) it is NaN, which the bootstrap leaves out."""
+    import warnings
+
+    import numpy as np
+    from sklearn.metrics import cohen_kappa_score
+
+    rng, classes = np.random.default_rng(7), ["1", "2", "tie", "abstain"]
+    for draw in range(600):
+        n, labels = int(rng.integers(1, 12)), classes if draw % 3 else classes[:2]
+        human = list(rng.choice(classes[:rng.integers(1, 4)], n))
+        predicted = list(rng.choice(classes[:rng.integers(1, 5)], n))
+        ours = cohen_kappa(human, predicted, labels)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                theirs = cohen_kappa_score(human, predicted, labels=labels)
+            except ValueError:
+                theirs = math.nan
+        assert (math.isnan(ours) and math.isnan(theirs)) or ours == pytest.approx(theirs, abs=1e-12), (human, predicted)
 
 
 def test_abstention_counts_as_disagreement():

@@ -111,17 +111,22 @@ WORKER = textwrap.dedent("""
     from chateval_dspy.lm.offline import ensure_offline
     ensure_offline()
     import chateval_dspy.lm.resolve
-    from chateval_dspy.testing.fake_lm import fake_lm
+    from chateval_dspy.testing.fake_lm import default_responder, fake_lm
+
+    def responder(call):
+        pathlib.Path("calling-" + sys.argv[1]).touch()
+        return default_responder(call)
 
     @contextlib.contextmanager
     def resolve(*args, **kwargs):
-        yield fake_lm(latency=float(sys.argv[2]))
+        yield fake_lm(responder, latency=float(sys.argv[2]))
 
     chateval_dspy.lm.resolve.resolve_lm = resolve
     from optim.cli.main import main
 
-    pathlib.Path("ready-" + sys.argv[1]).touch()
-    while len(list(pathlib.Path().glob("ready-*"))) < 2:  # start together, so the two really share the study
+    # The fast worker starts once the slow one is in a trial, so the two really share the study, however loaded
+    # the machine (a slow start-up would otherwise leave the fast one every trial).
+    while sys.argv[1] == "fast" and not pathlib.Path("calling-slow").exists():
         time.sleep(0.02)
     sys.exit(main([*sys.argv[3:], "--resamples", "20"]))
 """)
