@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import warnings
 
 import optuna
@@ -114,37 +115,54 @@ WORKER = textwrap.dedent("""
     from chateval_dspy.testing.fake_lm import default_responder, fake_lm
 
     def responder(call):
-        pathlib.Path("calling-" + sys.argv[1]).touch()
+        if sys.argv[1] == "slow":  # its one trial stays open until the test lets it go
+            pathlib.Path("calling-slow").touch()
+            while not pathlib.Path("release").exists():
+                time.sleep(0.02)
         return default_responder(call)
 
     @contextlib.contextmanager
     def resolve(*args, **kwargs):
-        yield fake_lm(responder, latency=float(sys.argv[2]))
+        yield fake_lm(responder)
 
     chateval_dspy.lm.resolve.resolve_lm = resolve
     from optim.cli.main import main
 
-    # The fast worker starts once the slow one is in a trial, so the two really share the study, however loaded
-    # the machine (a slow start-up would otherwise leave the fast one every trial).
+    # The fast worker starts once the slow one is in a trial, so the two share the study however loaded the machine.
     while sys.argv[1] == "fast" and not pathlib.Path("calling-slow").exists():
         time.sleep(0.02)
-    sys.exit(main([*sys.argv[3:], "--resamples", "20"]))
+    sys.exit(main([*sys.argv[2:], "--resamples", "20"]))
 """)
+WAITING = "waiting for 1 trial(s) still running in other workers"
 
 
 def test_two_workers_share_one_parent_run_and_the_study_ends_tested_whoever_finishes_last(
         tmp_path, mlflow_db):
     """The README's pattern, a slow ``--no-test`` worker in the background and a fast
     one in front: one MLflow parent run holds every trial, and the front worker waits for the other's
-    last trial, then tests and saves the best panel."""
+    last trial, then tests and saves the best panel. The slow worker's trial is held open until the fast one says
+    it waits, so the order does not depend on the machine's load."""
     store = use_mlflow_store(tmp_path, mlflow_db)
     argv = ["search", "--dataset", "faireval", "--limit", "3", "--turns", "1", "--roles", "1", "--trials", "4",
             "--no-progress", "--study", "shared", "--out", "programs/shared", "--no-log-model"]
-    workers = [spawn(["slow", "0.8", *argv, "--no-test"], tmp_path, script=WORKER),
-               spawn(["fast", "0.001", *argv], tmp_path, script=WORKER)]
-    (slow_out, slow_err), (fast_out, fast_err) = [w.communicate(timeout=300) for w in workers]
-    assert [w.returncode for w in workers] == [0, 0], slow_err + fast_err
-    assert "waiting for 1 trial(s) still running in other workers" in fast_out
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "OPENAI_API_KEY")}
+    env["PYTHONUNBUFFERED"] = "1"  # the fast worker's lines reach its file as they are printed
+    out = {name: tmp_path / f"{name}.out" for name in ("slow", "fast")}
+
+    def worker(name: str, *extra: str) -> subprocess.Popen:
+        with out[name].open("w") as stdout:
+            return subprocess.Popen([sys.executable, "-c", WORKER, name, *argv, *extra], cwd=tmp_path, env=env,
+                                    stdout=stdout, stderr=subprocess.STDOUT, text=True)
+
+    workers = [worker("slow", "--no-test"), worker("fast")]
+    deadline = time.monotonic() + 240
+    while WAITING not in out["fast"].read_text() and workers[1].poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (tmp_path / "release").touch()
+    codes = [w.wait(timeout=300) for w in workers]
+    slow_out, fast_out = (out[name].read_text() for name in ("slow", "fast"))
+    assert codes == [0, 0], slow_out[-3000:] + fast_out[-3000:]
+    assert WAITING in fast_out
     assert "saved evaluator: programs/shared" in fast_out and "--no-test" in slow_out
 
     study = optuna.load_study(study_name="shared", storage=f"sqlite:///{tmp_path / 'mlruns' / 'optuna.db'}")
