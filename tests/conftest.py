@@ -21,6 +21,7 @@ import shutil  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import dspy  # noqa: E402
+import early_runs  # noqa: E402
 import pytest  # noqa: E402
 from dspy.dsp.utils.utils import dotdict  # noqa: E402
 from keyholding import KeyHoldingEngine  # noqa: E402
@@ -224,3 +225,20 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("embedded") or "tracking_server" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
+
+
+def pytest_collection_finish(session):
+    """One process (no xdist): start the long waits of the selected tests now (``early_runs``)."""
+    if not hasattr(session.config, "workerinput"):
+        early_runs.start(session.config._tmp_path_factory.getbasetemp(), [item.nodeid for item in session.items])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    """Under xdist, the controller starts them as soon as the first worker has collected the selected tests."""
+    early_runs.start(node.config._tmp_path_factory.getbasetemp(), ids)
+
+
+def pytest_sessionfinish(session):
+    if not hasattr(session.config, "workerinput"):
+        early_runs.stop()
