@@ -158,6 +158,10 @@ class PageRun:
         self.ran["chateval"] += 1
         if argv[0] in FIGURES:  # fewer bootstrap resamples than a user's 2,000: this checks the commands run
             argv += ["--resamples", "200"]
+        if argv[0] == "evaluate" and not {"--trace", "--no-trace"} & set(argv):
+            # MLflow writes each default trace in ~0.1 s of CPU, the bulk of a page's run with the fake LM; the
+            # tracing rule and the traces are test_tracing's, and the commands that ask for --trace keep it here.
+            argv += ["--no-trace"]
         if argv[0] == "serve" or argv[:2] == ["review", "serve"]:
             threading.Thread(target=main, args=(argv,), daemon=True).start()
             wait_for(f"http://127.0.0.1:{argv[argv.index('--port') + 1]}/health")
